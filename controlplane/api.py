@@ -1,0 +1,80 @@
+"""The canonical tool inputs (seed 001), as strict pydantic models.
+
+These models are the input schemas the MCP surface publishes, and the validation it applies:
+unknown fields are rejected (seed 003 section 4), types are strict (no "5" for 5), and every
+field either changes behaviour or does not exist.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from controlplane.states import TaskState
+
+TaskId = Annotated[str, Field(min_length=4, max_length=64, description="The task id returned by submit_task")]
+Tag = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")]
+
+
+class _Input(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class Resources(_Input):
+    resource_class: str | None = Field(default=None, max_length=64,
+                                       description="Queue to run in (default: the tool's resource class)")
+    max_runtime_s: int | None = Field(default=None, ge=1, description="Kill the task after this many seconds of "
+                                      "running (default: the tool's default, capped at its max)")
+    cpu: float | None = Field(default=None, gt=0, description="vCPUs (at most the resource class's)")
+    memory_mb: int | None = Field(default=None, gt=0, description="Memory in MiB (at most the resource class's)")
+    gpu: int | None = Field(default=None, ge=0, description="GPUs (at most the resource class's)")
+    scratch_mb: int | None = Field(default=None, ge=0, description="Scratch disk in MiB (at most the class's)")
+
+
+class SubmitTask(_Input):
+    tool_name: str = Field(min_length=1, max_length=128, description="A tool of the catalog")
+    inputs: dict[str, Any] = Field(default_factory=dict, description="The tool's inputs, per its input schema")
+    resources: Resources | None = Field(default=None, description="Resource requests and limits")
+    ttl_s: int | None = Field(default=None, ge=60, description="Keep the task, its logs and artifacts this many "
+                              "seconds after it finishes")
+    idempotency_key: str | None = Field(default=None, min_length=1, max_length=200,
+                                        description="A repeated submit with the same key (per caller and tool) "
+                                        "returns the existing task instead of creating another")
+    priority: int = Field(default=0, ge=-100, le=100, description="Higher runs first; FIFO within a priority")
+    tags: list[Tag] = Field(default_factory=list, max_length=32, description="Labels to filter list_tasks by")
+
+
+class GetTaskStatus(_Input):
+    task_id: TaskId
+
+
+class TailTaskLogs(_Input):
+    task_id: TaskId
+    cursor: str | None = Field(default=None, max_length=64,
+                               description="next_cursor of the previous page; omit to start at the beginning")
+    limit: int = Field(default=200, ge=1, le=1000, description="Lines per page")
+    from_end: bool = Field(default=False, description="Return the last `limit` lines (not with a cursor); its "
+                           "next_cursor then follows the log from there")
+
+
+class ListTasks(_Input):
+    states: list[TaskState] | None = Field(default=None, max_length=10, description="Only tasks in these states")
+    tool_name: str | None = Field(default=None, max_length=128)
+    tags_any: list[Tag] | None = Field(default=None, max_length=32, description="Tasks with any of these tags")
+    submitted_after: datetime | None = Field(default=None, description="ISO 8601 time")
+    submitted_before: datetime | None = Field(default=None, description="ISO 8601 time")
+    limit: int = Field(default=50, ge=1, le=200)
+    cursor: str | None = Field(default=None, max_length=64, description="next_cursor of the previous page")
+
+
+class CancelTask(_Input):
+    task_id: TaskId
+    reason: str = Field(default="user-request", min_length=1, max_length=500)
+
+
+class GetTaskResult(_Input):
+    task_id: TaskId
+    url_ttl_s: int | None = Field(default=None, ge=60, description="Lifetime of the artifact download links "
+                                  "(default from the server's settings, capped at 7 days)")

@@ -1,0 +1,237 @@
+"""The composition root: builds the control plane from settings and runs its loops.
+
+`ControlPlane(settings)` opens the database (applying migrations), loads the catalog, opens the
+object store and the providers the catalog names, and wires the task service, the ingestor,
+the scheduler and the reconciler. `async with cp.running():` starts:
+
+* the internal HTTP listener for runner callbacks and artifact downloads, unless the MCP HTTP
+  app already serves those routes (`cp.public_url` set before entering);
+* the leader lease: several processes may share one database (stdio clients each start their
+  own server), and only the lease holder schedules and reconciles;
+* the scheduler and reconciler loops, woken early by submits, cancels and finished jobs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import secrets
+import socket
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import anyio.to_thread
+
+from controlplane.catalog import Catalog, ensure_catalog
+from controlplane.estimates import Estimator
+from controlplane.ingest import Ingestor
+from controlplane.launch import build_launch_spec
+from controlplane.objectstore import open_store
+from controlplane.objectstore.local import LinkSigner, LocalObjectStore
+from controlplane.reconciler import Reconciler
+from controlplane.scheduler import Scheduler
+from controlplane.service import TaskService
+from controlplane.settings import Settings
+from controlplane.store.db import Database
+from controlplane.store.store import Store
+from providers import create_provider
+from providers.base import LaunchSpec, Provider
+
+log = logging.getLogger("controlplane")
+LEADER_LEASE = "leader"
+
+
+class ControlPlane:
+    def __init__(self, settings: Settings | None = None, *, catalog: Catalog | None = None,
+                 providers: dict[str, Provider] | None = None, migrate: bool = True):
+        self.settings = settings or Settings()
+        self.settings.ensure_home()
+        self.db = Database(self.settings.resolved_database_url)
+        if migrate:
+            self.db.upgrade()
+        self.store = Store(self.db)
+        self.catalog = catalog or ensure_catalog(self.settings.resolved_catalog_path)
+        self.secret_key = self.settings.secret_key()
+        self.objects = open_store(self.settings.resolved_object_store_url)
+        if isinstance(self.objects, LocalObjectStore):
+            self.objects.signer = LinkSigner(self.secret_key)
+        names = sorted({t.provider for t in self.catalog.tools.values()})
+        self.providers: dict[str, Provider] = providers or {n: create_provider(n, self.settings) for n in names}
+        self.estimator = Estimator()
+        self.ingestor = Ingestor(self.store, self.catalog, self.objects, self.settings)
+        self.service = TaskService(self.settings, self.store, self.catalog, self.objects, self.estimator,
+                                   wake=self.wake)
+        self.scheduler = Scheduler(self.store, self.catalog, self.providers, self.objects, self.build_spec)
+        self.reconciler = Reconciler(self.store, self.providers, self.objects, self.ingestor, self.settings)
+        self.public_url: str | None = self.settings.public_url
+        self.serves_http_routes = False  # True when the MCP HTTP app carries the runner/download routes
+        self.holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        self.is_leader = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._sched_wake: anyio.Event | None = None
+        self._recon_wake: anyio.Event | None = None
+        self._running = 0
+
+    # ---- wiring -------------------------------------------------------------------------------
+    @property
+    def callback_url(self) -> str | None:
+        return f"{self.public_url.rstrip('/')}/runner/v1" if self.public_url else None
+
+    def build_spec(self, task: dict[str, Any], job: dict[str, Any]) -> LaunchSpec:
+        return build_launch_spec(task, job, self.catalog, self.settings, secret_key=self.secret_key,
+                                 callback_url=self.callback_url, store_url=self.objects.url)
+
+    def wake(self) -> None:
+        """Run the scheduler and reconciler soon (callable from any thread)."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._set_wake)
+
+    def _set_wake(self) -> None:
+        for ev in (self._sched_wake, self._recon_wake):
+            if ev is not None:
+                ev.set()
+
+    # ---- running ------------------------------------------------------------------------------
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[ControlPlane]:
+        self._running += 1
+        if self._running > 1:  # already running (nested lifespans share one runtime)
+            try:
+                yield self
+            finally:
+                self._running -= 1
+            return
+        self._loop = asyncio.get_running_loop()
+        self._sched_wake, self._recon_wake = anyio.Event(), anyio.Event()
+        # The loops run in their own task so that whichever task enters and leaves this context
+        # (lifespans are not always left by the task that entered them) can stop them.
+        server = None if self.serves_http_routes else self._bind_internal_http()
+        self._write_endpoint_file()
+        background = asyncio.create_task(self._background(server))
+        try:
+            yield self
+        finally:
+            self._running -= 1
+            background.cancel()
+            with anyio.CancelScope(shield=True):
+                try:
+                    await background
+                except asyncio.CancelledError:
+                    pass
+                if self.is_leader:
+                    await anyio.to_thread.run_sync(self.store.release_lease, LEADER_LEASE, self.holder)
+                    self.is_leader = False
+            self._loop = None
+
+    async def _background(self, server: Any) -> None:
+        async with anyio.create_task_group() as tg:
+            if server is not None:
+                tg.start_soon(server.serve_forever)
+            tg.start_soon(self._leader_loop)
+            tg.start_soon(self._scheduler_loop)
+            tg.start_soon(self._reconciler_loop)
+
+    def _bind_internal_http(self) -> _InternalHTTP:
+        """Bind the runner/download listener now (so its URL is known), serve it later."""
+        from controlplane.http.routes import routes
+
+        srv = _InternalHTTP(self.settings.internal_host, self.settings.internal_port, routes(self))
+        if self.public_url is None:
+            self.public_url = srv.url
+        if isinstance(self.objects, LocalObjectStore) and self.objects.signer is not None:
+            self.objects.signer.base_url = self.public_url
+        return srv
+
+    def set_public_url(self, url: str) -> None:
+        """The MCP HTTP app serves the runner and download routes at `url`."""
+        self.public_url = url
+        self.serves_http_routes = True
+        if isinstance(self.objects, LocalObjectStore) and self.objects.signer is not None:
+            self.objects.signer.base_url = url
+
+    def _write_endpoint_file(self) -> None:
+        if not self.callback_url:
+            return
+        path = self.settings.endpoint_file
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"callback_url": self.callback_url, "pid": os.getpid()}))
+        os.replace(tmp, path)
+
+    # ---- loops --------------------------------------------------------------------------------
+    async def _leader_loop(self) -> None:
+        lease = self.settings.leader_lease_s
+        while True:
+            try:
+                was = self.is_leader
+                self.is_leader = await anyio.to_thread.run_sync(self.store.acquire_lease, LEADER_LEASE,
+                                                                self.holder, lease)
+                if self.is_leader and not was:
+                    log.info("this process leads scheduling and reconciling (%s)", self.holder)
+                    self.reconciler.started_at = time.time()
+                    self._set_wake()
+            except Exception:  # noqa: BLE001
+                log.exception("leader lease renewal failed")
+                self.is_leader = False
+            await anyio.sleep(lease / 3)
+
+    async def _wait(self, which: str, interval: float) -> None:
+        ev = self._sched_wake if which == "sched" else self._recon_wake
+        assert ev is not None
+        with anyio.move_on_after(interval):
+            await ev.wait()
+        if which == "sched":
+            self._sched_wake = anyio.Event()
+        else:
+            self._recon_wake = anyio.Event()
+
+    async def _scheduler_loop(self) -> None:
+        while True:
+            await self._wait("sched", self.settings.scheduler_interval_s)
+            if not self.is_leader:
+                continue
+            try:
+                await self.scheduler.tick()
+            except Exception:  # noqa: BLE001
+                log.exception("scheduler tick failed")
+
+    async def _reconciler_loop(self) -> None:
+        while True:
+            await self._wait("recon", self.settings.reconcile_interval_s)
+            try:
+                if self.is_leader:
+                    stats = await self.reconciler.cycle()
+                    if (stats.finished or stats.lost or stats.expired) and self._sched_wake is not None:
+                        self._sched_wake.set()
+                else:
+                    await anyio.to_thread.run_sync(self.ingestor.flush_beats)
+            except Exception:  # noqa: BLE001
+                log.exception("reconcile cycle failed")
+
+
+class _InternalHTTP:
+    """A uvicorn server on an already-bound loopback socket, for runners and downloads."""
+
+    def __init__(self, host: str, port: int, routes: list[Any]):
+        import uvicorn
+        from starlette.applications import Starlette
+
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((host, port))
+        self.sock.listen(256)
+        h, p = self.sock.getsockname()[:2]
+        self.url = f"http://{h}:{p}"
+        config = uvicorn.Config(Starlette(routes=routes), log_level="warning", lifespan="off", access_log=False)
+        self.server = uvicorn.Server(config)
+
+    async def serve_forever(self) -> None:
+        try:
+            await self.server.serve(sockets=[self.sock])
+        finally:
+            self.sock.close()

@@ -1,0 +1,251 @@
+"""The tool catalog: the tools operators allow agents to run, and the queues they run in.
+
+A catalog is a TOML or YAML file with two tables:
+
+    [resource_classes.cpu_small]        # one queue per resource class
+    max_concurrency = 2                 # slots: tasks scheduled or running at once
+    max_queue_length = 1000             # queued tasks beyond this answer QUEUE_OVERLOADED
+    cpu = 1                             # the most a task of this class may ask for
+    memory_mb = 2048
+
+    [tools.lj_relax]
+    description = "..."
+    schema_version = 1
+    provider = "local"
+    resource_class = "cpu_small"
+    command = ["{python}", "-m", "infra.tools.lj_relax"]
+    image = "ghcr.io/org/tools:1"       # container providers only
+    default_runtime_s = 600
+    max_runtime_s = 3600
+    estimate_s = 20
+    [tools.lj_relax.retry]
+    max_attempts = 2
+    backoff_s = 5
+    retry_on = ["worker_lost"]
+    [tools.lj_relax.input_schema]       # JSON Schema 2020-12, an object schema
+    ...
+
+Loading validates everything and reports errors as `<file>: tools.<name>.<field>: <problem>`.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+TOOL_NAME_PATTERN = r"^[a-zA-Z][a-zA-Z0-9_\-]{0,63}$"
+# Names of the canonical tools; a catalog tool may not shadow them.
+RESERVED_NAMES = frozenset(
+    {
+        "submit_task",
+        "get_task_status",
+        "tail_task_logs",
+        "list_tasks",
+        "cancel_task",
+        "get_task_result",
+        "wait_task",
+    }
+)
+RETRYABLE = frozenset({"worker_lost", "launch_failed", "tool_failed"})
+
+
+class CatalogError(ValueError):
+    """The catalog file is unusable; the message names the file, the tool and the field."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RetryPolicy(_Strict):
+    max_attempts: int = Field(default=1, ge=1, le=20)
+    backoff_s: float = Field(default=10.0, ge=0, le=3600)
+    # Failures that earn another attempt. Scientific tools rarely benefit from re-running a
+    # failed computation, so by default only infrastructure failures are retried.
+    retry_on: tuple[str, ...] = ("worker_lost",)
+
+    @field_validator("retry_on")
+    @classmethod
+    def _known(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        unknown = set(v) - RETRYABLE
+        if unknown:
+            raise ValueError(f"unknown failure kinds {sorted(unknown)}; allowed: {sorted(RETRYABLE)}")
+        return v
+
+
+class ResourceClass(_Strict):
+    name: str
+    max_concurrency: int = Field(default=2, ge=1, le=100_000)
+    max_queue_length: int = Field(default=1000, ge=0, le=10_000_000)
+    cpu: float = Field(default=1, gt=0)
+    memory_mb: int = Field(default=2048, gt=0)
+    gpu: int = Field(default=0, ge=0)
+    scratch_mb: int = Field(default=10240, ge=0)
+    # Provider-specific settings (job queue, job definition, ...), read only by providers.
+    provider_options: dict[str, Any] = Field(default_factory=dict)
+
+
+class ToolSpec(_Strict):
+    name: str = Field(pattern=TOOL_NAME_PATTERN)
+    description: str = Field(min_length=1)
+    schema_version: int = Field(default=1, ge=1)
+    provider: str = "local"
+    resource_class: str
+    command: tuple[str, ...] = Field(min_length=1)
+    image: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    default_runtime_s: int = Field(default=3600, ge=1)
+    max_runtime_s: int = Field(default=86_400, ge=1, le=30 * 86_400)
+    estimate_s: float = Field(default=60.0, ge=0)
+    # Input field whose size drives runtime estimates (a number, or the length of a string or array).
+    size_feature: str | None = None
+    ttl_s: int | None = Field(default=None, ge=1)
+    retry: RetryPolicy = Field(default_factory=RetryPolicy)
+    input_schema: dict[str, Any]
+    provider_options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _not_reserved(cls, v: str) -> str:
+        if v in RESERVED_NAMES:
+            raise ValueError(f"'{v}' is the name of a canonical tool")
+        return v
+
+    @field_validator("input_schema")
+    @classmethod
+    def _valid_schema(cls, v: dict[str, Any]) -> dict[str, Any]:
+        try:
+            Draft202012Validator.check_schema(v)
+        except SchemaError as e:
+            where = "/".join(str(p) for p in e.path) or "(root)"
+            raise ValueError(f"not a valid JSON Schema 2020-12 at {where}: {e.message}") from None
+        if v.get("type") != "object":
+            raise ValueError("must be an object schema (type = \"object\")")
+        if v.get("additionalProperties", False) is not False:
+            raise ValueError("additionalProperties must be false: unknown arguments are rejected")
+        return {"additionalProperties": False, **v}
+
+    @model_validator(mode="after")
+    def _runtime_bounds(self) -> ToolSpec:
+        if self.default_runtime_s > self.max_runtime_s:
+            raise ValueError("default_runtime_s must not exceed max_runtime_s")
+        if self.size_feature and self.size_feature not in self.input_schema.get("properties", {}):
+            raise ValueError(f"size_feature '{self.size_feature}' is not an input property")
+        return self
+
+    def validator(self) -> Draft202012Validator:
+        return Draft202012Validator(self.input_schema)
+
+    def input_size(self, inputs: dict[str, Any]) -> float | None:
+        if not self.size_feature or self.size_feature not in inputs:
+            return None
+        v = inputs[self.size_feature]
+        if isinstance(v, bool):
+            return float(v)
+        if isinstance(v, int | float):
+            return float(v)
+        if isinstance(v, str | list | dict):
+            return float(len(v))
+        return None
+
+
+class Catalog:
+    def __init__(self, tools: dict[str, ToolSpec], classes: dict[str, ResourceClass], source: str):
+        self.tools = tools
+        self.resource_classes = classes
+        self.source = source
+        self._validators = {name: t.validator() for name, t in tools.items()}
+
+    def tool(self, name: str) -> ToolSpec | None:
+        return self.tools.get(name)
+
+    def validator(self, name: str) -> Draft202012Validator:
+        return self._validators[name]
+
+    # ---- loading --------------------------------------------------------------------------
+    @classmethod
+    def load(cls, path: Path) -> Catalog:
+        try:
+            raw_text = path.read_text()
+        except OSError as e:
+            raise CatalogError(f"{path}: cannot read catalog: {e.strerror}") from None
+        return cls.parse(raw_text, source=str(path), fmt="yaml" if path.suffix in (".yaml", ".yml") else "toml")
+
+    @classmethod
+    def parse(cls, text: str, *, source: str = "<catalog>", fmt: Literal["toml", "yaml"] = "toml") -> Catalog:
+        try:
+            data = tomllib.loads(text) if fmt == "toml" else (yaml.safe_load(text) or {})
+        except (tomllib.TOMLDecodeError, yaml.YAMLError) as e:
+            raise CatalogError(f"{source}: not valid {fmt.upper()}: {e}") from None
+        if not isinstance(data, dict):
+            raise CatalogError(f"{source}: the catalog must be a table of tables")
+        unknown = set(data) - {"tools", "resource_classes"}
+        if unknown:
+            raise CatalogError(f"{source}: unknown top-level keys {sorted(unknown)}")
+
+        classes: dict[str, ResourceClass] = {}
+        for name, body in (data.get("resource_classes") or {}).items():
+            classes[name] = _build(ResourceClass, {"name": name, **_table(body, source, f"resource_classes.{name}")},
+                                   source, f"resource_classes.{name}")
+        if not classes:
+            raise CatalogError(f"{source}: resource_classes: at least one resource class is required")
+
+        tools: dict[str, ToolSpec] = {}
+        for name, body in (data.get("tools") or {}).items():
+            where = f"tools.{name}"
+            spec = _build(ToolSpec, {"name": name, **_table(body, source, where)}, source, where)
+            if spec.resource_class not in classes:
+                raise CatalogError(
+                    f"{source}: {where}.resource_class: unknown resource class '{spec.resource_class}'"
+                    f" (declared: {', '.join(sorted(classes))})"
+                )
+            tools[name] = spec
+        return cls(tools, classes, source)
+
+
+def _table(body: Any, source: str, where: str) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise CatalogError(f"{source}: {where}: must be a table")
+    return body
+
+
+def _build(model: type[BaseModel], data: dict[str, Any], source: str, where: str) -> Any:
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        field = ".".join(str(p) for p in first["loc"])
+        msg = first["msg"].removeprefix("Value error, ")
+        if first["type"] == "extra_forbidden":
+            msg = "unknown field"
+        more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
+        raise CatalogError(f"{source}: {where}.{field}: {msg}{more}") from None
+
+
+def default_catalog_text() -> str:
+    return resources.files("controlplane").joinpath("default_catalog.toml").read_text()
+
+
+def ensure_catalog(path: Path) -> Catalog:
+    """Load the catalog at `path`, writing the default catalog there on first use."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(default_catalog_text())
+        try:
+            tmp.replace(path) if not path.exists() else tmp.unlink()
+        except OSError:
+            tmp.unlink(missing_ok=True)
+    return Catalog.load(path)
+
+
+def schema_json(spec: ToolSpec) -> str:
+    return json.dumps(spec.input_schema, sort_keys=True)

@@ -1,0 +1,112 @@
+"""HTTP routes that are not MCP: the runner callback API and signed artifact downloads.
+
+    POST /runner/v1/tasks/{task_id}/attempts/{attempt}/events   runner -> control plane
+    GET  /objects/{key}?expires=&filename=&signature=            signed download (local store)
+    GET  /healthz
+
+These routes are not behind the MCP bearer auth: runners authenticate with their per-task,
+per-attempt secret, downloads with the link's HMAC signature. Answers never include internals.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import anyio.to_thread
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.routing import Route
+
+from controlplane.launch import runner_secret
+from controlplane.objectstore.base import UnsafeKey, guess_content_type
+from controlplane.objectstore.local import LocalObjectStore
+from controlplane.states import FINAL, TaskState
+from controlplane.store.store import StaleAttempt
+
+if TYPE_CHECKING:
+    from controlplane.app import ControlPlane
+
+log = logging.getLogger("controlplane.http")
+MAX_EVENTS_BODY = 16 * 1024 * 1024
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def routes(cp: ControlPlane) -> list[Route]:
+    async def runner_events(request: Request) -> Response:
+        task_id = request.path_params["task_id"]
+        try:
+            attempt = int(request.path_params["attempt"])
+        except ValueError:
+            return _error(404, "not found")
+        auth = request.headers.get("authorization", "")
+        expected = "Bearer " + runner_secret(cp.secret_key, task_id, attempt)
+        if not hmac.compare_digest(auth.encode(), expected.encode()):
+            return _error(401, "bad runner credentials")
+        if int(request.headers.get("content-length") or 0) > MAX_EVENTS_BODY:
+            return _error(413, "batch too large")
+        body = await request.body()
+        if len(body) > MAX_EVENTS_BODY:
+            return _error(413, "batch too large")
+        try:
+            payload = json.loads(body or b"{}")
+            events = payload.get("events", [])
+            if not isinstance(events, list) or not all(isinstance(e, dict) for e in events):
+                raise ValueError
+        except (ValueError, AttributeError):
+            return _error(400, "body must be {\"events\": [objects]}")
+
+        if not events:  # a heartbeat: cheap, buffered, written in batches
+            task = await anyio.to_thread.run_sync(cp.store.get, task_id)
+            if task is None or task["attempt"] != attempt or TaskState(task["state"]) in FINAL:
+                return _error(409, "this attempt is no longer current")
+            cp.ingestor.beat(task_id, attempt, time.time())
+            job = await anyio.to_thread.run_sync(cp.store.job, task_id, attempt)
+            return JSONResponse({"ack_seq": job["event_seq"] if job else 0, "cancel": bool(task["cancel_requested"])})
+        try:
+            result = await anyio.to_thread.run_sync(cp.ingestor.apply, task_id, attempt, events)
+        except StaleAttempt:
+            return _error(409, "this attempt is no longer current")
+        except Exception:  # noqa: BLE001
+            log.exception("ingesting events of %s/%s failed", task_id, attempt)
+            return _error(500, "internal error")
+        if result.finished or result.cancel:
+            cp.wake()
+        return JSONResponse({"ack_seq": result.ack_seq, "cancel": result.cancel})
+
+    async def download(request: Request) -> Response:
+        store = cp.objects
+        key = request.path_params["key"]
+        q = request.query_params
+        signer = getattr(store, "signer", None)
+        if not isinstance(store, LocalObjectStore) or signer is None:
+            return _error(404, "not found")
+        filename = q.get("filename", "")
+        if not signer.verify(key, q.get("expires", ""), filename, q.get("signature", "")):
+            return _error(403, "invalid or expired link")
+        try:
+            path = store.path_of(key)
+        except UnsafeKey:
+            return _error(404, "not found")
+        if not path.is_file():
+            return _error(404, "not found")
+        info = store.stat(key)
+        return FileResponse(path, filename=filename or path.name, media_type=guess_content_type(key),
+                            headers={"Cache-Control": "private, max-age=60",
+                                     "Content-Length": str(info.size_bytes if info else path.stat().st_size)})
+
+    async def healthz(_request: Request) -> Response:
+        return JSONResponse({"ok": True})
+
+    return [
+        Route("/runner/v1/tasks/{task_id}/attempts/{attempt}/events", runner_events, methods=["POST"]),
+        Route("/objects/{key:path}", download, methods=["GET", "HEAD"]),
+        Route("/healthz", healthz, methods=["GET"]),
+    ]
+

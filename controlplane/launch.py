@@ -1,0 +1,50 @@
+"""From a scheduled task to a `LaunchSpec`: the job contract the runner is started with.
+
+Also derives the per-task, per-attempt runner secret: an HMAC of (task id, attempt) under the
+server key, so nothing secret is stored and a restarted control plane still recognises it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from typing import Any
+
+from controlplane.catalog import Catalog
+from controlplane.settings import Settings
+from providers.base import LaunchSpec
+
+
+def runner_secret(key: bytes, task_id: str, attempt: int) -> str:
+    return hmac.new(key, f"controlplane/runner\n{task_id}\n{attempt}".encode(), hashlib.sha256).hexdigest()
+
+
+def build_launch_spec(task: dict[str, Any], job: dict[str, Any], catalog: Catalog, settings: Settings, *,
+                      secret_key: bytes, callback_url: str | None, store_url: str) -> LaunchSpec:
+    tool = catalog.tools[task["tool_name"]]
+    rc = catalog.resource_classes[task["resource_class"]]
+    res = json.loads(task["resources_json"] or "{}")
+    env = dict(tool.env)
+    env.update({
+        "CONTROLPLANE_TASK_ID": task["task_id"],
+        "CONTROLPLANE_ATTEMPT": str(task["attempt"]),
+        "CONTROLPLANE_JOB_NAME": job["job_name"],
+        "CONTROLPLANE_STORE_URL": store_url,
+        "CONTROLPLANE_CALLBACK_SECRET": runner_secret(secret_key, task["task_id"], task["attempt"]),
+        "CONTROLPLANE_HEARTBEAT_S": str(settings.heartbeat_interval_s),
+        "CONTROLPLANE_KILL_GRACE_S": str(settings.kill_grace_s),
+    })
+    if callback_url:
+        env["CONTROLPLANE_CALLBACK_URL"] = callback_url
+    if task["provider"] == "local":
+        env["CONTROLPLANE_ENDPOINT_FILE"] = str(settings.endpoint_file)
+    return LaunchSpec(
+        task_id=task["task_id"], attempt=task["attempt"], job_name=job["job_name"], tool_name=tool.name,
+        owner=task["owner"], command=tool.command, image=tool.image, env=env,
+        cpu=float(res.get("cpu") or rc.cpu), memory_mb=int(res.get("memory_mb") or rc.memory_mb),
+        gpu=int(res.get("gpu") if res.get("gpu") is not None else rc.gpu),
+        scratch_mb=int(res.get("scratch_mb") if res.get("scratch_mb") is not None else rc.scratch_mb),
+        max_runtime_s=int(task["max_runtime_s"]), resource_class=rc.name,
+        options={**rc.provider_options, **tool.provider_options},
+    )

@@ -1,0 +1,1 @@
+"""The MCP surface: tool components, the server factory, bearer-token auth."""

@@ -1,0 +1,70 @@
+"""Bearer-token auth for the HTTP transport: each token maps to one caller identity.
+
+Tokens come from `CONTROLPLANE_AUTH_TOKENS` ("token=identity,token2=identity2") and/or the file
+named by `CONTROLPLANE_AUTH_TOKENS_FILE`, a TOML file:
+
+    [tokens]
+    "sha256:5e884898da28..." = "alice"   # store the SHA-256 of a token rather than the token
+    "plain-token-for-dev" = "bob"
+
+Tokens are looked up by their SHA-256. The identity becomes the owner of every
+task the caller submits; a caller only ever sees its own tasks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tomllib
+
+from fastmcp.server.auth.auth import AccessToken, TokenVerifier
+
+from controlplane.settings import Settings
+
+
+class TokenFileError(ValueError):
+    pass
+
+
+def _digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def load_tokens(settings: Settings) -> dict[str, str]:
+    """{sha256(token): identity}"""
+    out: dict[str, str] = {}
+    if settings.auth_tokens:
+        for pair in settings.auth_tokens.split(","):
+            token, sep, ident = pair.strip().partition("=")
+            if not sep or not token or not ident:
+                raise TokenFileError("CONTROLPLANE_AUTH_TOKENS must be 'token=identity,...'")
+            out[_digest(token)] = ident
+    if settings.auth_tokens_file:
+        try:
+            data = tomllib.loads(settings.auth_tokens_file.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            raise TokenFileError(f"{settings.auth_tokens_file}: cannot read tokens: {e}") from None
+        table = data.get("tokens")
+        if not isinstance(table, dict):
+            raise TokenFileError(f"{settings.auth_tokens_file}: expected a [tokens] table")
+        for token, ident in table.items():
+            if not isinstance(ident, str) or not ident:
+                raise TokenFileError(f"{settings.auth_tokens_file}: tokens.{token[:8]}...: identity must be a string")
+            out[token.removeprefix("sha256:").lower() if token.startswith("sha256:") else _digest(token)] = ident
+    return out
+
+
+class BearerTokens(TokenVerifier):
+    def __init__(self, digests: dict[str, str]):
+        super().__init__()
+        self._digests = digests
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        ident = self._digests.get(_digest(token))  # a digest lookup leaks nothing about the token
+        if ident is None:
+            return None
+        return AccessToken(token=token, client_id=ident, scopes=[], expires_at=None)
+
+
+def build_auth(settings: Settings) -> BearerTokens | None:
+    tokens = load_tokens(settings)
+    return BearerTokens(tokens) if tokens else None

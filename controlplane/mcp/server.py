@@ -1,0 +1,90 @@
+"""The MCP server (fastmcp): the canonical task tools, one tool per catalog entry, and the
+non-MCP HTTP routes (runner callbacks, artifact downloads) on the same app.
+
+The server's lifespan runs the control plane (scheduler, reconciler, and, when the MCP transport
+is not HTTP, an internal HTTP listener for runners and downloads).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+from fastmcp import FastMCP
+from fastmcp.exceptions import NotFoundError
+from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
+from fastmcp.tools.base import ToolResult
+
+from controlplane import api
+from controlplane.http.routes import routes
+from controlplane.mcp.auth import build_auth
+from controlplane.errors import invalid
+from controlplane.mcp.tools import canonical_tool, catalog_tool, error
+
+if TYPE_CHECKING:
+    from controlplane.app import ControlPlane
+
+INSTRUCTIONS = """\
+Runs heavy compute as durable tasks. Call a catalog tool (or submit_task) to start one: you get a
+task id at once. Then use get_task_status (state, progress, ETA), tail_task_logs (cursor-paged logs),
+get_task_result (result, artifact download links) and cancel_task. Tasks survive disconnects and
+server restarts; keep the task id. Errors are JSON {code, message, hint}."""
+
+
+class UnknownToolAsError(Middleware):
+    """An unknown tool name answers like every other bad request: INVALID_REQUEST (seed 003)."""
+
+    async def on_call_tool(self, context: MiddlewareContext, call_next: CallNext) -> ToolResult:
+        try:
+            return await call_next(context)
+        except NotFoundError:
+            return error(invalid(f"unknown tool '{context.message.name}'", hint="see tools/list"),
+                         time.perf_counter())
+
+
+def build_server(cp: ControlPlane, *, with_auth: bool = True) -> FastMCP:
+    @asynccontextmanager
+    async def lifespan(_server: FastMCP) -> AsyncIterator[dict[str, Any]]:
+        async with cp.running():
+            yield {}
+
+    mcp = FastMCP(
+        name="mcp-controlplane",
+        instructions=INSTRUCTIONS,
+        version="0.1.0",
+        lifespan=lifespan,
+        mask_error_details=True,
+        auth=build_auth(cp.settings) if with_auth else None,
+    )
+    svc = cp.service
+    owner = cp.settings.default_owner
+    tools = [
+        canonical_tool("submit_task", "Submit a catalog tool to run as a durable task. Returns at once with the "
+                       "task id, its queue position and when to poll.", api.SubmitTask, svc.submit,
+                       default_owner=owner, read_only=False),
+        canonical_tool("get_task_status", "State, progress (percent, step, phase, message, ETA), timing and "
+                       "error of a task.", api.GetTaskStatus, svc.status, default_owner=owner, read_only=True),
+        canonical_tool("tail_task_logs", "Log lines of a task, page by page: pass next_cursor back to continue; "
+                       "from_end=true starts at the last lines.", api.TailTaskLogs, svc.tail,
+                       default_owner=owner, read_only=True),
+        canonical_tool("list_tasks", "Your tasks, newest first, filtered by state, tool, tags and submission "
+                       "time, with cursor pagination.", api.ListTasks, svc.list, default_owner=owner,
+                       read_only=True),
+        canonical_tool("cancel_task", "Cancel a task: a queued task is cancelled at once; a running one is "
+                       "stopped (its cloud job or process tree included). Idempotent.", api.CancelTask,
+                       svc.cancel, default_owner=owner, read_only=False),
+        canonical_tool("get_task_result", "The result of a finished task, its artifacts with signed download "
+                       "links (sha256, size, expiry) and its error, if any.", api.GetTaskResult, svc.result,
+                       default_owner=owner, read_only=True),
+    ]
+    for spec in cp.catalog.tools.values():
+        tools.append(catalog_tool(spec, svc.submit_direct, default_owner=owner))
+    for t in tools:
+        mcp.add_tool(t)
+    mcp.add_middleware(UnknownToolAsError())
+
+    for route in routes(cp):
+        mcp.custom_route(route.path, methods=sorted(route.methods or []))(route.endpoint)
+    return mcp

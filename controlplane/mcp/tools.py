@@ -1,0 +1,112 @@
+"""MCP tool components: the six canonical task tools and one tool per catalog entry.
+
+Each tool validates its arguments itself (unknown fields and wrong types are INVALID_REQUEST),
+calls the task service in a worker thread, and answers with JSON: the result as text content
+and as structured content, or an `isError` result carrying `{code, message, hint?}`.
+Unexpected exceptions are logged here and reach the client only as `INTERNAL`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio.to_thread
+from fastmcp.server.dependencies import get_access_token
+from fastmcp.tools.base import Tool, ToolResult
+from mcp_types import TextContent, ToolAnnotations
+from pydantic import BaseModel, ValidationError
+from pydantic.json_schema import SkipJsonSchema
+
+from controlplane.errors import ControlPlaneError, ErrorCode, invalid
+
+log = logging.getLogger("controlplane.mcp")
+TOOLING_VERSION = "0.1.0"
+
+
+def caller(default_owner: str) -> str:
+    """The identity of the caller: the bearer token's identity, else the default owner."""
+    token = get_access_token()
+    if token is not None and token.client_id:
+        return token.client_id
+    return default_owner
+
+
+def ok(data: dict[str, Any], started: float) -> ToolResult:
+    return ToolResult(content=[TextContent(type="text", text=json.dumps(data, separators=(",", ":")))],
+                      structured_content=data, meta={"durationMs": round((time.perf_counter() - started) * 1000, 3)})
+
+
+def error(err: ControlPlaneError, started: float) -> ToolResult:
+    data = err.to_dict()
+    return ToolResult(content=[TextContent(type="text", text=json.dumps(data, separators=(",", ":")))],
+                      structured_content=data, is_error=True,
+                      meta={"durationMs": round((time.perf_counter() - started) * 1000, 3)})
+
+
+def describe_validation_error(e: ValidationError) -> ControlPlaneError:
+    first = e.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "(arguments)"
+    if first["type"] == "extra_forbidden":
+        return invalid(f"unknown argument '{where}'", hint="see the tool's input schema; unknown arguments are rejected")
+    if first["type"] == "missing":
+        return invalid(f"missing required argument '{where}'")
+    more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
+    return invalid(f"{where}: {first['msg']}{more}")
+
+
+class ServiceTool(Tool):
+    """A tool whose body is `handler(owner, arguments)` running in a worker thread."""
+
+    handler: SkipJsonSchema[Callable[[str, dict[str, Any]], dict[str, Any]]]
+    default_owner: SkipJsonSchema[str] = "local"
+
+    async def run(self, arguments: dict[str, Any]) -> ToolResult:
+        started = time.perf_counter()
+        owner = caller(self.default_owner)
+        try:
+            out = await anyio.to_thread.run_sync(self.handler, owner, arguments)
+        except ControlPlaneError as e:
+            return error(e, started)
+        except Exception:
+            log.exception("tool %s failed", self.name)
+            return error(ControlPlaneError(ErrorCode.INTERNAL, "internal error; the server log has the details"),
+                         started)
+        return ok(out, started)
+
+
+def canonical_tool(name: str, description: str, model: type[BaseModel],
+                   method: Callable[[str, Any], dict[str, Any]], *, default_owner: str, read_only: bool,
+                   schema_version: int = 1) -> ServiceTool:
+    def handler(owner: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        try:
+            req = model.model_validate_json(json.dumps(arguments))
+        except ValidationError as e:
+            raise describe_validation_error(e) from None
+        return method(owner, req)
+
+    return ServiceTool(
+        name=name, description=description, parameters=model.model_json_schema(), handler=handler,
+        default_owner=default_owner,
+        annotations=ToolAnnotations(readOnlyHint=read_only, destructiveHint=False, openWorldHint=False),
+        meta={"schemaVersion": schema_version, "toolingVersion": TOOLING_VERSION},
+    )
+
+
+def catalog_tool(spec: Any, submit_direct: Callable[[str, str, dict[str, Any]], dict[str, Any]], *,
+                 default_owner: str) -> ServiceTool:
+    def handler(owner: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        return submit_direct(owner, spec.name, arguments)
+
+    return ServiceTool(
+        name=spec.name,
+        description=(spec.description + f"\n\nRuns as a durable task (estimated {spec.estimate_s:g} s): the call "
+                     "returns a task id at once; follow it with get_task_status, tail_task_logs and get_task_result."),
+        parameters=spec.input_schema, handler=handler, default_owner=default_owner,
+        annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=False, idempotentHint=False, openWorldHint=True),
+        meta={"schemaVersion": spec.schema_version, "toolingVersion": TOOLING_VERSION, "async": True,
+              "estimatedRuntimeSeconds": spec.estimate_s},
+    )

@@ -1,0 +1,162 @@
+"""The object-store interface, key hygiene and the per-task layout.
+
+Keys are relative POSIX paths. Anything that could escape a prefix (`..`, absolute paths,
+backslashes, control characters, empty segments) is refused with `UnsafeKey`, both when the
+control plane builds a key and when a runner hands one over.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mimetypes
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import BinaryIO
+
+CHUNK = 1024 * 1024
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+MAX_NAME = 255
+
+
+class UnsafeKey(ValueError):
+    pass
+
+
+class ObjectExists(Exception):
+    """Objects are immutable: a second write under the same key is refused."""
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    key: str
+    size_bytes: int
+    sha256: str | None = None
+    content_type: str | None = None
+
+
+def check_key(key: str) -> str:
+    if not key or len(key) > 1024:
+        raise UnsafeKey("empty or overlong key")
+    if key.startswith("/") or "\\" in key or _CONTROL.search(key):
+        raise UnsafeKey("absolute path, backslash or control character in key")
+    parts = key.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        raise UnsafeKey("empty, '.' or '..' path segment in key")
+    return key
+
+
+def safe_artifact_name(name: str) -> str:
+    """An artifact name as a job reports it: one relative path of safe segments.
+
+    Refuses traversal, absolute paths, control characters and hidden segments instead of
+    silently rewriting them, so that what the agent sees is what the tool wrote."""
+    if not isinstance(name, str) or not name or len(name) > MAX_NAME:
+        raise UnsafeKey("artifact name must be 1 to 255 characters")
+    check_key(name)
+    if any(p.startswith(".") for p in name.split("/")):
+        raise UnsafeKey("artifact name segments must not start with '.'")
+    return name
+
+
+def guess_content_type(name: str) -> str:
+    ctype, _ = mimetypes.guess_type(name)
+    return ctype or "application/octet-stream"
+
+
+# ---- layout of one task in the store ---------------------------------------------------------
+def task_prefix(task_id: str) -> str:
+    return check_key(f"tasks/{task_id}") + "/"
+
+
+def attempt_prefix(task_id: str, attempt: int) -> str:
+    return f"{task_prefix(task_id)}attempts/{int(attempt)}/"
+
+
+def inputs_key(task_id: str, attempt: int) -> str:
+    return attempt_prefix(task_id, attempt) + "inputs.json"
+
+
+def result_key(task_id: str, attempt: int) -> str:
+    return attempt_prefix(task_id, attempt) + "result.json"
+
+
+def events_prefix(task_id: str, attempt: int) -> str:
+    return attempt_prefix(task_id, attempt) + "events/"
+
+
+def events_key(task_id: str, attempt: int, first_seq: int) -> str:
+    return f"{events_prefix(task_id, attempt)}{first_seq:012d}.jsonl"
+
+
+def artifact_key(task_id: str, attempt: int, name: str) -> str:
+    return attempt_prefix(task_id, attempt) + "artifacts/" + safe_artifact_name(name)
+
+
+class HashingReader:
+    """Wraps a binary stream and computes size and sha256 of what passes through."""
+
+    def __init__(self, raw: BinaryIO):
+        self._raw = raw
+        self.sha = hashlib.sha256()
+        self.size = 0
+
+    def read(self, n: int = -1) -> bytes:
+        b = self._raw.read(n)
+        self.sha.update(b)
+        self.size += len(b)
+        return b
+
+
+class ObjectStore(ABC):
+    """Blob storage behind one interface. Writes are immutable unless `overwrite=True`."""
+
+    url: str
+
+    @abstractmethod
+    def put_stream(
+        self, key: str, stream: BinaryIO, *, content_type: str | None = None, overwrite: bool = False
+    ) -> ObjectInfo:
+        """Stream `stream` into `key` without holding it in memory; returns size and sha256."""
+
+    def put_bytes(self, key: str, data: bytes, *, content_type: str | None = None, overwrite: bool = False) -> ObjectInfo:
+        import io
+
+        return self.put_stream(key, io.BytesIO(data), content_type=content_type, overwrite=overwrite)
+
+    def put_file(self, key: str, path: str, *, content_type: str | None = None, overwrite: bool = False) -> ObjectInfo:
+        with open(path, "rb") as f:
+            return self.put_stream(key, f, content_type=content_type, overwrite=overwrite)
+
+    @abstractmethod
+    def open(self, key: str) -> BinaryIO:
+        """Open an object for streaming reads; FileNotFoundError if absent."""
+
+    def get_bytes(self, key: str) -> bytes:
+        with self.open(key) as f:
+            return f.read()
+
+    @abstractmethod
+    def stat(self, key: str) -> ObjectInfo | None: ...
+
+    @abstractmethod
+    def list(self, prefix: str) -> Iterator[str]:
+        """Keys under `prefix`, in lexical order."""
+
+    @abstractmethod
+    def delete_prefix(self, prefix: str) -> int:
+        """Delete every object under `prefix`; idempotent (deleting nothing is fine)."""
+
+    @abstractmethod
+    def signed_url(self, key: str, *, expires_in: int, filename: str) -> str:
+        """A URL that downloads exactly this object until `expires_in` seconds from now."""
+
+
+def open_store(url: str) -> ObjectStore:
+    scheme = url.split("://", 1)[0] if "://" in url else ""
+    if scheme == "file":
+        from controlplane.objectstore.local import LocalObjectStore
+
+        return LocalObjectStore.from_url(url)
+    raise ValueError(f"unsupported object store URL scheme '{scheme}' (supported: file://)")

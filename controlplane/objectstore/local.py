@@ -1,0 +1,134 @@
+"""The local object store: a directory, plus HMAC-signed links served by the control plane.
+
+Writes go to a temporary file in the same directory and are published with `link()`, which
+fails if the object exists: objects are immutable and never seen half-written. Every key is
+resolved under the root and refused if it would land outside it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+from urllib.parse import quote, unquote, urlencode, urlparse
+
+from controlplane.objectstore.base import CHUNK, ObjectExists, ObjectInfo, ObjectStore, UnsafeKey, check_key
+
+
+class LinkSigner:
+    """Signs and checks download links of the local store: HMAC-SHA256 over key, expiry and
+    filename. The control plane's HTTP app serves `/objects/<key>` only with a valid signature."""
+
+    def __init__(self, key: bytes, base_url: str | None = None):
+        self._key = hashlib.sha256(b"controlplane/object-links\n" + key).digest()
+        self.base_url = base_url
+
+    def signature(self, key: str, expires: int, filename: str) -> str:
+        msg = f"GET\n{key}\n{expires}\n{filename}".encode()
+        return hmac.new(self._key, msg, hashlib.sha256).hexdigest()
+
+    def url(self, key: str, *, expires_in: int, filename: str) -> str:
+        if not self.base_url:
+            raise RuntimeError("the control plane's public URL is not known yet")
+        expires = int(time.time()) + int(expires_in)
+        query = urlencode({"expires": expires, "filename": filename, "signature": self.signature(key, expires, filename)})
+        return f"{self.base_url.rstrip('/')}/objects/{quote(key)}?{query}"
+
+    def verify(self, key: str, expires: str, filename: str, signature: str, now: float | None = None) -> bool:
+        try:
+            exp = int(expires)
+        except (TypeError, ValueError):
+            return False
+        good = hmac.compare_digest(self.signature(key, exp, filename), signature or "")
+        return good and exp >= (now if now is not None else time.time())
+
+
+class LocalObjectStore(ObjectStore):
+    def __init__(self, root: Path, signer: LinkSigner | None = None):
+        self.root = Path(root).resolve()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.url = self.root.as_uri()
+        self.signer = signer
+
+    @classmethod
+    def from_url(cls, url: str) -> LocalObjectStore:
+        return cls(Path(unquote(urlparse(url).path)))
+
+    def path_of(self, key: str) -> Path:
+        check_key(key)
+        p = (self.root / key).resolve()
+        if p != self.root and self.root not in p.parents:
+            raise UnsafeKey("key resolves outside the store")
+        return p
+
+    def put_stream(self, key: str, stream: BinaryIO, *, content_type: str | None = None, overwrite: bool = False) -> ObjectInfo:
+        dest = self.path_of(key)
+        if not overwrite and dest.exists():
+            raise ObjectExists(key)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        sha = hashlib.sha256()
+        size = 0
+        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".upload-")
+        try:
+            with os.fdopen(fd, "wb") as out:
+                while chunk := stream.read(CHUNK):
+                    sha.update(chunk)
+                    size += len(chunk)
+                    out.write(chunk)
+                out.flush()
+                os.fsync(out.fileno())
+            if overwrite:
+                os.replace(tmp, dest)
+            else:
+                try:
+                    os.link(tmp, dest)
+                except FileExistsError:
+                    raise ObjectExists(key) from None
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        return ObjectInfo(key=key, size_bytes=size, sha256=sha.hexdigest(), content_type=content_type)
+
+    def open(self, key: str) -> BinaryIO:
+        return open(self.path_of(key), "rb")
+
+    def stat(self, key: str) -> ObjectInfo | None:
+        try:
+            st = self.path_of(key).stat()
+        except FileNotFoundError:
+            return None
+        return ObjectInfo(key=key, size_bytes=st.st_size)
+
+    def list(self, prefix: str) -> Iterator[str]:
+        base = self.path_of(prefix.rstrip("/")) if prefix.strip("/") else self.root
+        if not base.is_dir():
+            return iter(())
+        keys = []
+        for dirpath, _dirs, files in os.walk(base):
+            for f in files:
+                if not f.startswith(".upload-"):
+                    keys.append(Path(dirpath, f).relative_to(self.root).as_posix())
+        return iter(sorted(keys))
+
+    def delete_prefix(self, prefix: str) -> int:
+        base = self.path_of(prefix.rstrip("/"))
+        if not base.exists():
+            return 0
+        n = sum(len(files) for _d, _s, files in os.walk(base)) if base.is_dir() else 1
+        if base.is_dir():
+            shutil.rmtree(base)
+        else:
+            base.unlink(missing_ok=True)
+        return n
+
+    def signed_url(self, key: str, *, expires_in: int, filename: str) -> str:
+        if self.signer is None:
+            raise RuntimeError("this local store has no link signer")
+        check_key(key)
+        return self.signer.url(key, expires_in=expires_in, filename=filename)

@@ -1,0 +1,235 @@
+"""The reconciler: makes the task table agree with what the providers say about their jobs.
+
+One cycle:
+1. stops the jobs of tasks whose cancel was requested, and of running tasks past their
+   `timeout_at` (max_runtime_s); repeats the stop until the provider confirms the job is gone;
+2. polls every watched job, in batches of the provider's `poll_batch_size` (one call per batch);
+3. ends attempts whose job finished or vanished: the outcome comes from the runner's events
+   (already ingested through the callback, or read now from the object store), else from the
+   provider's own status; a lost job is retried per the tool's policy or fails `WORKER_LOST`;
+4. treats a job whose runner has stopped heartbeating as lost (after stopping it);
+5. expires finished tasks past their ttl: their objects are deleted first, then their logs and
+   artifact rows; a failed deletion is retried next cycle, never skipped.
+
+Provider API errors never fail a task: a poll that fails is retried with backoff (tenacity).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.to_thread
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from controlplane.ingest import Ingestor
+from controlplane.objectstore.base import ObjectStore, task_prefix
+from controlplane.outcomes import decide, decide_lost, decide_provider_failure
+from controlplane.settings import Settings
+from controlplane.states import TaskState
+from controlplane.store.store import StaleAttempt, Store
+from providers.base import JobPhase, JobStatus, PermanentProviderError, Provider
+
+log = logging.getLogger("controlplane.reconciler")
+STOP_RESEND_S = 5.0
+
+
+@dataclass
+class CycleStats:
+    jobs: int = 0
+    provider_calls: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    finished: int = 0
+    lost: int = 0
+    stops: int = 0
+    expired: int = 0
+
+
+class Reconciler:
+    def __init__(self, store: Store, providers: dict[str, Provider], objects: ObjectStore, ingestor: Ingestor,
+                 settings: Settings):
+        self.store = store
+        self.providers = providers
+        self.objects = objects
+        self.ingestor = ingestor
+        self.settings = settings
+        self.started_at = time.time()
+        self._last_poll: dict[str, float] = {}
+
+    async def cycle(self, force_poll: bool = False) -> CycleStats:
+        return await anyio.to_thread.run_sync(self.cycle_sync, force_poll)
+
+    def cycle_sync(self, force_poll: bool = False) -> CycleStats:
+        stats = CycleStats()
+        self.ingestor.flush_beats()
+        now = time.time()
+        jobs = self.store.active_jobs()
+        stats.jobs = len(jobs)
+        self._stops(jobs, now, stats)
+        by_provider: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for j in jobs:
+            by_provider[j["provider"]].append(j)
+        for name, group in by_provider.items():
+            provider = self.providers.get(name)
+            if provider is None:
+                continue
+            due = force_poll or now - self._last_poll.get(name, 0) >= provider.poll_interval_s
+            if not due:
+                continue
+            self._last_poll[name] = now
+            statuses = self._poll(provider, group, stats)
+            self._apply(provider, group, statuses, now, stats)
+        self._expire(now, stats)
+        return stats
+
+    # ---- stopping -----------------------------------------------------------------------------
+    def _stops(self, jobs: list[dict[str, Any]], now: float, stats: CycleStats) -> None:
+        for j in jobs:
+            state = TaskState(j["state"])
+            if state == TaskState.CANCEL_REQUESTED:
+                self._send_stop(j, "cancel", stats)
+                self.store.begin_stop(j["task_id"], "cancel")
+            elif state == TaskState.RUNNING and j["timeout_at"] is not None and j["timeout_at"] < now:
+                if self.store.begin_stop(j["task_id"], "timeout"):
+                    self._send_stop(j, "timeout", stats)
+            elif state == TaskState.CANCELLING:
+                sent = j["stop_sent_at"] or 0
+                if now - sent >= STOP_RESEND_S:
+                    self._send_stop(j, j["stop_reason"] or "cancel", stats)
+
+    def _send_stop(self, j: dict[str, Any], reason: str, stats: CycleStats) -> None:
+        provider = self.providers.get(j["provider"])
+        if provider is None or not j["handle_json"]:
+            return
+        try:
+            self._call(provider.cancel, json.loads(j["handle_json"]), reason)
+            stats.provider_calls[f"{provider.name}.cancel"] += 1
+            stats.stops += 1
+        except Exception as e:  # noqa: BLE001 - retried next cycle
+            log.warning("cancel of %s failed: %s", j["job_name"], e)
+        self.store.mark_stop_sent(j["worker_id"])
+
+    # ---- polling ------------------------------------------------------------------------------
+    def _poll(self, provider: Provider, jobs: list[dict[str, Any]], stats: CycleStats) -> list[JobStatus | None]:
+        out: list[JobStatus | None] = []
+        size = max(1, provider.poll_batch_size)
+        for i in range(0, len(jobs), size):
+            chunk = jobs[i : i + size]
+            handles = [json.loads(j["handle_json"]) for j in chunk]
+            try:
+                out.extend(self._call(provider.poll, handles))
+            except Exception as e:  # noqa: BLE001 - a failed poll changes nothing
+                log.warning("poll of %d %s jobs failed: %s", len(chunk), provider.name, e)
+                out.extend([None] * len(chunk))
+            stats.provider_calls[f"{provider.name}.poll"] += 1
+        return out
+
+    @staticmethod
+    def _call(fn: Any, *args: Any) -> Any:
+        for attempt in Retrying(stop=stop_after_attempt(3), wait=wait_exponential(multiplier=0.2, max=2),
+                                retry=retry_if_exception_type(Exception) & ~retry_if_exception_type(PermanentProviderError),
+                                reraise=True):
+            with attempt:
+                return fn(*args)
+        return None  # pragma: no cover
+
+    def _apply(self, provider: Provider, jobs: list[dict[str, Any]], statuses: list[JobStatus | None], now: float,
+               stats: CycleStats) -> None:
+        changed = []
+        for j, st in zip(jobs, statuses):
+            if st is None:
+                continue
+            if st.raw_status != j["provider_status"] or (st.waiting_reason or st.reason) != j["provider_reason"]:
+                changed.append({"worker_id": j["worker_id"], "status": st.raw_status or st.phase.value,
+                                "reason": st.waiting_reason or st.reason})
+            if st.phase == JobPhase.RUNNING:
+                if j["state"] == TaskState.SCHEDULED:
+                    self.store.mark_running(j["task_id"], j["attempt"], st.started_at)
+                self._check_heartbeat(provider, j, now, stats)
+            elif st.phase in (JobPhase.SUCCEEDED, JobPhase.FAILED, JobPhase.GONE):
+                self._finalize(j, st, stats)
+            elif st.phase == JobPhase.PENDING and j["state"] == TaskState.CANCELLING:
+                self._give_up_stopping(j, now, stats)
+        self.store.set_provider_status(changed)
+
+    def _check_heartbeat(self, provider: Provider, j: dict[str, Any], now: float, stats: CycleStats) -> None:
+        state = TaskState(j["state"])
+        if state == TaskState.CANCELLING:
+            self._give_up_stopping(j, now, stats)
+            return
+        if j["seen_at"] is None or state != TaskState.RUNNING:
+            return  # a runner that never called back (store-only mode) is judged by the provider alone
+        last = max(j["seen_at"], self.started_at)  # a restart is not the runner's silence
+        if now - last > self.settings.heartbeat_timeout_s:
+            log.warning("job %s silent for %.0fs: stopping it and treating it as lost", j["job_name"], now - last)
+            try:
+                self._call(provider.cancel, json.loads(j["handle_json"]), "heartbeat lost")
+            except Exception as e:  # noqa: BLE001
+                log.warning("cancel of silent job %s failed: %s", j["job_name"], e)
+            task = self.store.get(j["task_id"])
+            if task is not None:
+                d = decide_lost(task, f"no heartbeat for {now - last:.0f} s", self.ingestor.policy(task["tool_name"]))
+                self.store.finish_attempt(j["task_id"], j["attempt"], d)
+                stats.lost += 1
+
+    def _give_up_stopping(self, j: dict[str, Any], now: float, stats: CycleStats) -> None:
+        """A job that will not confirm it stopped must not hold its slot for ever."""
+        task = self.store.get(j["task_id"])
+        if task is None or task["state"] != TaskState.CANCELLING:
+            return
+        began = task["updated_at"]
+        if now - began < self.settings.stop_confirm_timeout_s:
+            return
+        log.warning("job %s did not confirm it stopped within %.0fs", j["job_name"], now - began)
+        d = decide_lost(task, "the job did not confirm it stopped", self.ingestor.policy(task["tool_name"]))
+        self.store.finish_attempt(j["task_id"], j["attempt"], d)
+        stats.lost += 1
+
+    # ---- finishing ----------------------------------------------------------------------------
+    def _finalize(self, j: dict[str, Any], st: JobStatus, stats: CycleStats) -> None:
+        task_id, attempt = j["task_id"], j["attempt"]
+        # Events the runner could not deliver by callback are in the object store.
+        try:
+            spilled = self.ingestor.read_spilled(task_id, attempt, j["event_seq"] + 1)
+            if spilled:
+                r = self.ingestor.apply(task_id, attempt, spilled)
+                if r.finished:
+                    stats.finished += 1
+                    return
+        except StaleAttempt:
+            self.store.set_job_state(j["worker_id"], "done")
+            return
+        task = self.store.get(task_id)
+        if task is None or task["attempt"] != attempt or TaskState(task["state"]) not in (
+            TaskState.SCHEDULED, TaskState.RUNNING, TaskState.CANCEL_REQUESTED, TaskState.CANCELLING
+        ):
+            self.store.set_job_state(j["worker_id"], "done")
+            return
+        policy = self.ingestor.policy(task["tool_name"])
+        outcome = self.ingestor.read_outcome(task_id, attempt)
+        if outcome is not None:
+            arts = self.ingestor.artifact_checker(task_id, attempt)(outcome.get("artifacts") or [])
+            self.store.finish_attempt(task_id, attempt, decide(task, outcome, policy), arts, self.objects.url)
+            stats.finished += 1
+        elif st.phase == JobPhase.GONE:
+            self.store.finish_attempt(task_id, attempt, decide_lost(task, st.reason or "the job vanished", policy))
+            stats.lost += 1
+        else:
+            d = decide_provider_failure(task, st.reason, st.exit_code, policy)
+            self.store.finish_attempt(task_id, attempt, d)
+            stats.finished += 1
+
+    # ---- retention ----------------------------------------------------------------------------
+    def _expire(self, now: float, stats: CycleStats) -> None:
+        for t in self.store.due_for_expiry(now):
+            try:
+                self.objects.delete_prefix(task_prefix(t["task_id"]))
+            except Exception as e:  # noqa: BLE001 - retried next cycle; the task stays until it works
+                log.warning("deleting the objects of %s failed (will retry): %s", t["task_id"], e)
+                continue
+            if self.store.expire(t["task_id"]):
+                stats.expired += 1

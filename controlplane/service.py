@@ -1,0 +1,306 @@
+"""The task operations behind the canonical tools: submit, status, logs, list, cancel, result.
+
+Transport-agnostic: the MCP surface and the CLI call these with a caller identity and a
+validated request, and get JSON-ready dicts back. Every read checks the owner; someone else's
+task answers exactly like an unknown one (NOT_FOUND). Errors are `ControlPlaneError`s with the
+codes of `controlplane.errors`.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import PurePosixPath
+from typing import Any
+
+from jsonschema.exceptions import ValidationError as SchemaValidationError
+
+from controlplane import api
+from controlplane.catalog import Catalog
+from controlplane.errors import ControlPlaneError, ErrorCode, invalid, not_found
+from controlplane.estimates import Estimator
+from controlplane.objectstore.base import ObjectStore
+from controlplane.settings import Settings
+from controlplane.states import TERMINAL, TaskState
+from controlplane.store.store import NewTask, QueueFull, Store
+
+LOG_CURSOR_PREFIX = "log_"
+LIST_CURSOR_PREFIX = "lst_"
+
+
+def iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _loads(text: str | None) -> Any:
+    return json.loads(text) if text else None
+
+
+class TaskService:
+    def __init__(self, settings: Settings, store: Store, catalog: Catalog, objects: ObjectStore,
+                 estimator: Estimator, wake: Callable[[], None] = lambda: None):
+        self.settings = settings
+        self.store = store
+        self.catalog = catalog
+        self.objects = objects
+        self.estimator = estimator
+        self.wake = wake  # nudges the scheduler/reconciler after a submit or cancel
+
+    # ==== submit ==============================================================================
+    def submit(self, owner: str, req: api.SubmitTask) -> dict[str, Any]:
+        tool = self.catalog.tool(req.tool_name)
+        if tool is None:
+            raise ControlPlaneError(ErrorCode.INVALID_REQUEST, f"unknown tool '{req.tool_name}'",
+                                    hint="list the available tools with tools/list")
+        inputs_json = json.dumps(req.inputs, separators=(",", ":"), sort_keys=True)
+        if len(inputs_json.encode()) > self.settings.max_input_bytes:
+            raise invalid(f"inputs are {len(inputs_json.encode())} bytes; the limit is {self.settings.max_input_bytes}",
+                          hint="pass large data by reference (a URL or object key) instead of inline")
+        self._validate_inputs(req.tool_name, req.inputs)
+
+        res = req.resources or api.Resources()
+        rc_name = res.resource_class or tool.resource_class
+        rc = self.catalog.resource_classes.get(rc_name)
+        if rc is None:
+            raise invalid(f"unknown resource class '{rc_name}'",
+                          hint=f"available: {', '.join(sorted(self.catalog.resource_classes))}")
+        for field, asked, limit in (("cpu", res.cpu, rc.cpu), ("memory_mb", res.memory_mb, rc.memory_mb),
+                                    ("gpu", res.gpu, rc.gpu), ("scratch_mb", res.scratch_mb, rc.scratch_mb)):
+            if asked is not None and asked > limit:
+                raise invalid(f"resources.{field}={asked} exceeds resource class '{rc_name}' limit of {limit}")
+        max_runtime = res.max_runtime_s or tool.default_runtime_s
+        if max_runtime > tool.max_runtime_s:
+            raise invalid(f"resources.max_runtime_s={max_runtime} exceeds the tool's max of {tool.max_runtime_s}")
+        ttl = req.ttl_s or tool.ttl_s or self.settings.default_ttl_s
+        if ttl > self.settings.max_ttl_s:
+            raise invalid(f"ttl_s={ttl} exceeds the server's max of {self.settings.max_ttl_s}")
+        input_size = tool.input_size(req.inputs)
+        estimate = self.estimator.estimate(tool, input_size)
+        resources = {k: v for k, v in res.model_dump().items() if v is not None and k != "resource_class"}
+        new = NewTask(
+            owner=owner, tool_name=tool.name, inputs_json=inputs_json, input_size=input_size,
+            provider=tool.provider, resource_class=rc_name, priority=req.priority, ttl_s=ttl,
+            idempotency_key=req.idempotency_key, tags=list(req.tags), resources_json=json.dumps(resources),
+            max_runtime_s=max_runtime, max_attempts=tool.retry.max_attempts, estimate_s=estimate,
+        )
+        try:
+            task, created = self.store.submit(new, queue_limit=rc.max_queue_length)
+        except QueueFull as e:
+            raise ControlPlaneError(ErrorCode.QUEUE_OVERLOADED,
+                                    f"queue '{e.queue}' is full ({e.length} tasks waiting)",
+                                    hint="retry later, or lower the rate of submissions") from None
+        if created:
+            self.wake()
+        position = task.get("position") if created else None
+        if not created and task["state"] == TaskState.QUEUED:
+            position = self.store.queue_position(task)
+        out = {
+            "task_id": task["task_id"],
+            "state": task["state"],
+            "queue": task["resource_class"],
+            "position": position,
+            "submitted_at": iso(task["submitted_at"]),
+            "poll_after_ms": self.poll_after_ms(task),
+            "estimated_runtime_seconds": task["estimate_s"],
+        }
+        if not created:
+            out["deduplicated"] = True
+        return out
+
+    def _validate_inputs(self, tool_name: str, inputs: dict[str, Any]) -> None:
+        errors = sorted(self.catalog.validator(tool_name).iter_errors(inputs), key=lambda e: list(e.path))
+        if errors:
+            e: SchemaValidationError = errors[0]
+            where = ".".join(str(p) for p in e.path)
+            field = f"inputs.{where}" if where else "inputs"
+            more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+            raise invalid(f"{field}: {e.message}{more}", hint=f"see the input schema of tool '{tool_name}'")
+
+    def poll_after_ms(self, task: dict[str, Any]) -> int:
+        """When it is worth asking again: a fraction of the expected remaining time, 0.5 s to 30 s."""
+        est = task.get("estimate_s") or 10.0
+        return int(min(30_000, max(500, est * 1000 / 10)))
+
+    # ==== status ==============================================================================
+    def _owned(self, owner: str, task_id: str) -> dict[str, Any]:
+        task = self.store.get(task_id, owner)
+        if task is None:
+            raise not_found()
+        return task
+
+    def status(self, owner: str, req: api.GetTaskStatus) -> dict[str, Any]:
+        return self.describe(self._owned(owner, req.task_id))
+
+    def describe(self, task: dict[str, Any]) -> dict[str, Any]:
+        state = task["state"]
+        progress = _loads(task.get("progress_json"))
+        if progress is not None:
+            progress.pop("ts", None)
+            eta = self.estimator.eta(task, progress, time.time())
+            if eta is not None:
+                progress["eta_s"] = eta
+        out: dict[str, Any] = {
+            "task_id": task["task_id"],
+            "state": state,
+            "tool_name": task["tool_name"],
+            "attempt": task["attempt"],
+            "max_attempts": task["max_attempts"],
+            "priority": task["priority"],
+            "queue": task["resource_class"],
+            "position": self.store.queue_position(task) if state == TaskState.QUEUED else None,
+            "worker_id": task["worker_id"],
+            "submitted_at": iso(task["submitted_at"]),
+            "started_at": iso(task["started_at"]),
+            "updated_at": iso(task["updated_at"]),
+            "heartbeat_at": iso(task["heartbeat_at"]),
+            "completed_at": iso(task["completed_at"]),
+            "expires_at": iso(task["expires_at"]),
+            "timeout_at": iso(task["timeout_at"]),
+            "progress": progress,
+            "cancel_requested": bool(task["cancel_requested"]),
+            "estimated_runtime_seconds": task["estimate_s"],
+            "tags": json.loads(task["tags_json"] or "[]"),
+            "error": _loads(task.get("error_json")),
+            "poll_after_ms": None if state in TERMINAL or state == TaskState.EXPIRED else self.poll_after_ms(task),
+        }
+        return out
+
+    # ==== logs ================================================================================
+    def tail(self, owner: str, req: api.TailTaskLogs) -> dict[str, Any]:
+        task = self._owned(owner, req.task_id)
+        if req.cursor is not None and req.from_end:
+            raise invalid("give either cursor or from_end, not both")
+        limit = min(req.limit, self.settings.max_log_page)
+        if req.from_end:
+            lines = self.store.last_logs(task["task_id"], limit)
+            after = lines[0]["seq"] - 1 if lines else task["log_seq"]
+        else:
+            after = self._log_cursor(req.cursor)
+            lines = self.store.tail_logs(task["task_id"], after, limit)
+        last = lines[-1]["seq"] if lines else max(after, 0)
+        return {
+            "task_id": task["task_id"],
+            "state": task["state"],
+            "lines": [{"seq": ln["seq"], "ts": iso(ln["ts"]), "stream": ln["stream"], "level": ln["level"],
+                       "message": ln["message"], "attempt": ln["attempt"]} for ln in lines],
+            "next_cursor": f"{LOG_CURSOR_PREFIX}{last:09d}",
+            # Older lines than the cursor asked for were dropped by the per-task log cap.
+            "truncated": after + 1 < task["log_first_seq"],
+            "has_more": last < task["log_seq"],
+        }
+
+    @staticmethod
+    def _log_cursor(cursor: str | None) -> int:
+        if cursor is None:
+            return 0
+        digits = cursor.removeprefix(LOG_CURSOR_PREFIX)
+        if not cursor.startswith(LOG_CURSOR_PREFIX) or not digits.isdigit() or len(digits) > 18:
+            raise invalid("malformed cursor", hint="pass the next_cursor of a previous tail_task_logs answer")
+        return int(digits)
+
+    # ==== list ================================================================================
+    def list(self, owner: str, req: api.ListTasks) -> dict[str, Any]:
+        before = self._decode_list_cursor(req.cursor) if req.cursor else None
+        rows = self.store.list(
+            owner, states_=[s.value for s in req.states] if req.states else None, tool_name=req.tool_name,
+            tags_any=req.tags_any, submitted_after=req.submitted_after.timestamp() if req.submitted_after else None,
+            submitted_before=req.submitted_before.timestamp() if req.submitted_before else None,
+            before_pk=before, limit=req.limit + 1)
+        more = len(rows) > req.limit
+        rows = rows[: req.limit]
+        tasks = []
+        for r in rows:
+            progress = _loads(r["progress_json"])
+            tasks.append({
+                "task_id": r["task_id"], "state": r["state"], "tool_name": r["tool_name"],
+                "priority": r["priority"], "queue": r["resource_class"], "attempt": r["attempt"],
+                "submitted_at": iso(r["submitted_at"]), "started_at": iso(r["started_at"]),
+                "updated_at": iso(r["updated_at"]), "completed_at": iso(r["completed_at"]),
+                "tags": json.loads(r["tags_json"] or "[]"),
+                "percent": progress.get("percent") if progress else None,
+            })
+        cursor = self._encode_list_cursor(rows[-1]["pk"]) if more and rows else None
+        return {"tasks": tasks, "next_cursor": cursor}
+
+    @staticmethod
+    def _encode_list_cursor(pk: int) -> str:
+        return LIST_CURSOR_PREFIX + base64.urlsafe_b64encode(f"v1:{pk}".encode()).decode().rstrip("=")
+
+    @staticmethod
+    def _decode_list_cursor(cursor: str) -> int:
+        try:
+            if not cursor.startswith(LIST_CURSOR_PREFIX):
+                raise ValueError
+            raw = cursor[len(LIST_CURSOR_PREFIX):]
+            text = base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)).decode()
+            version, pk = text.split(":", 1)
+            if version != "v1" or not pk.isdigit():
+                raise ValueError
+            return int(pk)
+        except (ValueError, UnicodeDecodeError):
+            raise invalid("malformed cursor", hint="pass the next_cursor of a previous list_tasks answer") from None
+
+    # ==== cancel ==============================================================================
+    def cancel(self, owner: str, req: api.CancelTask) -> dict[str, Any]:
+        task, acknowledged = self.store.request_cancel(req.task_id, owner, req.reason)
+        if task is None:
+            raise not_found()
+        if acknowledged:
+            self.wake()
+        out = {"task_id": task["task_id"], "state": task["state"], "acknowledged": acknowledged}
+        if not acknowledged:
+            out["message"] = f"the task is already {task['state']}; nothing to cancel"
+        return out
+
+    # ==== result ==============================================================================
+    def result(self, owner: str, req: api.GetTaskResult) -> dict[str, Any]:
+        task = self._owned(owner, req.task_id)
+        state = task["state"]
+        done = state in TERMINAL
+        ttl = min(req.url_ttl_s or self.settings.artifact_url_ttl_s, self.settings.max_artifact_url_ttl_s)
+        artifacts = []
+        if done:
+            now = time.time()
+            for a in self.store.artifacts(task["task_id"], task["attempt"]):
+                artifacts.append({
+                    "artifact_id": a["artifact_id"], "name": a["name"], "kind": a["kind"],
+                    "size_bytes": a["size_bytes"], "sha256": a["sha256"], "content_type": a["content_type"],
+                    "download_url": self.objects.signed_url(a["storage_key"], expires_in=ttl,
+                                                            filename=PurePosixPath(a["name"]).name),
+                    "expires_at": iso(math.floor(now) + ttl),
+                })
+        out = {
+            "task_id": task["task_id"],
+            "state": state,
+            "result": _loads(task["result_json"]) if done else None,
+            "artifacts": artifacts,
+            "error": _loads(task["error_json"]) if done else None,
+            "completed_at": iso(task["completed_at"]),
+            "attempt": task["attempt"],
+        }
+        if not done:
+            out["message"] = ("the task expired; its result and artifacts were removed" if state == TaskState.EXPIRED
+                              else f"the task is {state}; the result is not ready yet")
+            out["poll_after_ms"] = None if state == TaskState.EXPIRED else self.poll_after_ms(task)
+        return out
+
+    # ==== seed 000: a catalog tool called directly ============================================
+    def submit_direct(self, owner: str, tool_name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        sub = self.submit(owner, api.SubmitTask(tool_name=tool_name, inputs=arguments))
+        est = sub["estimated_runtime_seconds"]
+        return {
+            "task_id": sub["task_id"],
+            "status": sub["state"],
+            "estimated_runtime_seconds": est,
+            "queue": sub["queue"],
+            "position": sub["position"],
+            "poll_after_ms": sub["poll_after_ms"],
+            "message": (f"{tool_name} queued as task {sub['task_id']} (estimated runtime {est:.0f} s). "
+                        "Follow it with get_task_status, tail_task_logs and get_task_result."),
+        }

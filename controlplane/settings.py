@@ -1,0 +1,138 @@
+"""Settings: every tunable of the control plane, read from the environment (CONTROLPLANE_*).
+
+Owns the home directory layout (database, object store, catalog, keys). Nothing else in the
+package invents a path under the home directory: it asks a `Settings` instance.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def default_home() -> Path:
+    return Path(os.environ.get("CONTROLPLANE_HOME") or Path.home() / ".controlplane")
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CONTROLPLANE_", extra="ignore")
+
+    home: Path = Field(default_factory=default_home)
+    # The database URL is the only place the storage engine is named. None = SQLite under home.
+    database_url: str | None = None
+    catalog_path: Path | None = None
+    # Where task inputs, results and artifacts live, as a URL (file://, later s3:// gs:// az://).
+    object_store_url: str | None = None
+    # Base URL that runners call back and that artifact links point at. None = the URL the
+    # server actually listens on (the HTTP transport's, or the internal listener's).
+    public_url: str | None = None
+
+    # HTTP listener for runner callbacks and artifact downloads when the MCP transport is stdio.
+    internal_host: str = "127.0.0.1"
+    internal_port: int = 0
+
+    # Identity used for callers that present no credentials (stdio, loopback HTTP without auth).
+    default_owner: str = "local"
+    # File of bearer tokens: lines "token identity" or TOML table [tokens]; see auth.py.
+    auth_tokens_file: Path | None = None
+    # Inline tokens "tok1=alice,tok2=bob" (handy for tests and containers).
+    auth_tokens: str | None = None
+
+    # Loops.
+    scheduler_interval_s: float = 0.5
+    reconcile_interval_s: float = 2.0
+    leader_lease_s: float = 15.0
+    # Runner heartbeats and lost-job detection.
+    heartbeat_interval_s: float = 10.0
+    heartbeat_timeout_s: float = 90.0
+    # Seconds a job may take from launch to its first sign of life before it is presumed lost.
+    start_timeout_s: float = 600.0
+    # SIGTERM -> SIGKILL grace for a job's process tree.
+    kill_grace_s: float = 5.0
+    # How long a cancelled/timed-out job may take to confirm it stopped before we stop waiting.
+    stop_confirm_timeout_s: float = 120.0
+
+    # Limits on what a caller can send.
+    max_input_bytes: int = 256 * 1024
+    max_tags: int = 32
+    max_tag_length: int = 128
+    max_log_page: int = 1000
+    max_list_page: int = 200
+    default_ttl_s: int = 7 * 24 * 3600
+    max_ttl_s: int = 90 * 24 * 3600
+    # Log lines longer than this are cut (and flagged truncated).
+    max_log_line_bytes: int = 16 * 1024
+    # Per-task log cap: older lines beyond this many are dropped and the page says so.
+    max_log_lines_per_task: int = 5_000_000
+
+    # Artifact links.
+    artifact_url_ttl_s: int = 3600
+    max_artifact_url_ttl_s: int = 7 * 24 * 3600
+
+    # Python interpreter the local provider starts runners and example tools with.
+    local_python: str | None = None
+
+    @field_validator("home", mode="before")
+    @classmethod
+    def _expand_home(cls, v: object) -> object:
+        if isinstance(v, str):
+            return Path(v).expanduser()
+        return v
+
+    # ---- derived layout -------------------------------------------------------------------
+    @property
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.home / 'controlplane.db'}"
+
+    @property
+    def resolved_catalog_path(self) -> Path:
+        return self.catalog_path or self.home / "catalog.toml"
+
+    @property
+    def resolved_object_store_url(self) -> str:
+        return self.object_store_url or (self.home / "objects").resolve().as_uri()
+
+    @property
+    def jobs_dir(self) -> Path:
+        """Where the local provider keeps one directory per launched job."""
+        return self.home / "jobs"
+
+    @property
+    def endpoint_file(self) -> Path:
+        """The URL the running server listens on, for local runners that outlive a restart."""
+        return self.home / "endpoint.json"
+
+    def ensure_home(self) -> None:
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.jobs_dir.mkdir(parents=True, exist_ok=True)
+
+    def secret_key(self) -> bytes:
+        """The server's signing key (artifact links, runner callback secrets), made on first use.
+
+        CONTROLPLANE_SECRET_KEY overrides the file so that several replicas can share one key.
+        """
+        env = os.environ.get("CONTROLPLANE_SECRET_KEY")
+        if env:
+            return env.encode()
+        self.ensure_home()
+        path = self.home / "secret.key"
+        try:
+            return path.read_bytes().strip()
+        except FileNotFoundError:
+            pass
+        key = secrets.token_hex(32).encode()
+        tmp = path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(key)
+        try:
+            os.link(tmp, path)  # first writer wins; a concurrent starter reads the winner's key
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink(missing_ok=True)
+        return path.read_bytes().strip()

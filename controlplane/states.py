@@ -1,0 +1,84 @@
+"""The task state machine: the ten states of seed 001 and the only table of legal transitions.
+
+The store refuses any transition not listed here (`IllegalTransition`); nothing else in the
+code base decides whether a state change is allowed.
+
+    queued ──► scheduled ──► running ──► succeeded | failed
+      │            │            │  ╲
+      │            │            │   ╲─► cancelling (timeout kill) ──► timed_out
+      │            ▼            ▼
+      │      cancel_requested ──► cancelling ──► cancelled
+      ▼
+   cancelled                     (terminal) ──► expired
+
+* `scheduled` means a slot is held and the launch intent is recorded; the job may or may not
+  exist yet at the provider.
+* `scheduled|running -> queued` is a retry (a lost job, a transient launch failure); the
+  attempt number goes up in the same transaction.
+* `cancel_requested|cancelling -> succeeded|failed` happens when the job finished before the
+  cancel reached it: its outcome is kept, and the event log records the lost race.
+* Only terminal tasks expire; `expired` is final.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class TaskState(StrEnum):
+    QUEUED = "queued"
+    SCHEDULED = "scheduled"
+    RUNNING = "running"
+    CANCEL_REQUESTED = "cancel_requested"
+    CANCELLING = "cancelling"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    TIMED_OUT = "timed_out"
+    EXPIRED = "expired"
+
+
+S = TaskState
+
+TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
+    S.QUEUED: frozenset({S.SCHEDULED, S.CANCELLED, S.FAILED}),
+    S.SCHEDULED: frozenset({S.RUNNING, S.QUEUED, S.CANCEL_REQUESTED, S.FAILED}),
+    S.RUNNING: frozenset(
+        {S.SUCCEEDED, S.FAILED, S.TIMED_OUT, S.CANCEL_REQUESTED, S.CANCELLING, S.QUEUED}
+    ),
+    S.CANCEL_REQUESTED: frozenset({S.CANCELLING, S.CANCELLED, S.SUCCEEDED, S.FAILED}),
+    S.CANCELLING: frozenset({S.CANCELLED, S.TIMED_OUT, S.SUCCEEDED, S.FAILED}),
+    S.SUCCEEDED: frozenset({S.EXPIRED}),
+    S.FAILED: frozenset({S.EXPIRED}),
+    S.CANCELLED: frozenset({S.EXPIRED}),
+    S.TIMED_OUT: frozenset({S.EXPIRED}),
+    S.EXPIRED: frozenset(),
+}
+
+TERMINAL: frozenset[TaskState] = frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED, S.TIMED_OUT})
+FINAL: frozenset[TaskState] = TERMINAL | {S.EXPIRED}
+# States in which a task holds its queue's slot (exactly one) until it reaches a terminal state.
+SLOT_HOLDING: frozenset[TaskState] = frozenset(
+    {S.SCHEDULED, S.RUNNING, S.CANCEL_REQUESTED, S.CANCELLING}
+)
+# States in which the provider job may be alive and must be watched by the reconciler.
+IN_FLIGHT: frozenset[TaskState] = SLOT_HOLDING
+
+
+class IllegalTransition(Exception):
+    """A transition the table above does not allow; the store never applies it."""
+
+    def __init__(self, task_id: str, current: str, target: str):
+        super().__init__(f"task {task_id}: {current} -> {target} is not a legal transition")
+        self.task_id = task_id
+        self.current = current
+        self.target = target
+
+
+def is_legal(current: TaskState | str, target: TaskState | str) -> bool:
+    return TaskState(target) in TRANSITIONS[TaskState(current)]
+
+
+def check(task_id: str, current: TaskState | str, target: TaskState | str) -> None:
+    if not is_legal(current, target):
+        raise IllegalTransition(task_id, str(current), str(target))

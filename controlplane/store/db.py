@@ -1,0 +1,133 @@
+"""Database engines and transactions: the one module that knows which SQL engine is in use.
+
+Everything engine-specific lives here: SQLite's WAL/synchronous pragmas and its
+`BEGIN IMMEDIATE` write transactions, PostgreSQL's row locks and advisory locks, upserts, and
+running the alembic migrations. The store speaks portable SQLAlchemy Core and calls these
+helpers where engines differ.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Table, create_engine, event, text
+from sqlalchemy.engine import Connection, Engine
+
+MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+
+
+class Database:
+    def __init__(self, url: str, *, echo: bool = False):
+        self.url = url
+        self.is_sqlite = url.startswith("sqlite")
+        if self.is_sqlite:
+            path = url.split("///", 1)[-1] if "///" in url else ""
+            if path and path != ":memory:":
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+            self.engine: Engine = create_engine(
+                url,
+                echo=echo,
+                connect_args={"check_same_thread": False, "timeout": 30},
+                pool_size=8,
+                max_overflow=16,
+            )
+            _install_sqlite_hooks(self.engine)
+        else:
+            self.engine = create_engine(url, echo=echo, pool_pre_ping=True, pool_size=10)
+
+    # ---- transactions ---------------------------------------------------------------------
+    @contextmanager
+    def write(self) -> Iterator[Connection]:
+        """A write transaction. On SQLite it takes the write lock up front (BEGIN IMMEDIATE) so
+        that read-then-write sequences never deadlock and are serialised across processes."""
+        with self.engine.connect() as conn:
+            conn.execution_options(cp_write=True)
+            with conn.begin():
+                yield conn
+
+    @contextmanager
+    def read(self) -> Iterator[Connection]:
+        with self.engine.connect() as conn:
+            with conn.begin():
+                yield conn
+
+    def lock_queue(self, conn: Connection, name: str) -> None:
+        """Serialise admission into one queue (queue-length checks) across processes.
+
+        SQLite already serialises writers (BEGIN IMMEDIATE); PostgreSQL takes a transaction-
+        scoped advisory lock keyed by the queue name."""
+        if self.is_sqlite:
+            return
+        key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+        conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": key})
+
+    def for_update(self, stmt: Any) -> Any:
+        """Row-lock a SELECT inside a write transaction (no-op on SQLite, which locks the file)."""
+        return stmt if self.is_sqlite else stmt.with_for_update()
+
+    def insert_ignore(self, table: Table) -> Any:
+        if self.is_sqlite:
+            from sqlalchemy.dialects.sqlite import insert
+        else:
+            from sqlalchemy.dialects.postgresql import insert
+        return insert(table).on_conflict_do_nothing()
+
+    def upsert(self, table: Table, values: dict[str, Any], keys: list[str], where: Any = None) -> Any:
+        if self.is_sqlite:
+            from sqlalchemy.dialects.sqlite import insert
+        else:
+            from sqlalchemy.dialects.postgresql import insert
+        stmt = insert(table).values(**values)
+        update = {k: stmt.excluded[k] for k in values if k not in keys}
+        return stmt.on_conflict_do_update(index_elements=keys, set_=update, where=where)
+
+    # ---- schema -----------------------------------------------------------------------------
+    def upgrade(self, revision: str = "head") -> None:
+        """Apply the alembic migrations. Safe when several processes start at once: SQLite runs
+        them inside one IMMEDIATE transaction, PostgreSQL under an advisory lock."""
+        from alembic import command
+        from alembic.config import Config
+
+        cfg = Config()
+        cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+        cfg.set_main_option("sqlalchemy.url", self.url.replace("%", "%%"))
+        with self.engine.connect() as conn:
+            conn.execution_options(cp_write=True)
+            with conn.begin():
+                if not self.is_sqlite:
+                    conn.execute(text("SELECT pg_advisory_xact_lock(7245531)"))
+                cfg.attributes["connection"] = conn
+                command.upgrade(cfg, revision)
+
+    def current_revision(self) -> str | None:
+        from alembic.runtime.migration import MigrationContext
+
+        with self.engine.connect() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def _install_sqlite_hooks(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None  # we issue BEGIN ourselves (see _on_begin)
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=FULL")  # a committed task survives power loss
+        cur.execute("PRAGMA busy_timeout=30000")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        if conn.get_execution_options().get("cp_write"):
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+        else:
+            conn.exec_driver_sql("BEGIN")
+

@@ -1,0 +1,33 @@
+"""Alembic environment: runs migrations on the connection `Database.upgrade` hands over."""
+
+from alembic import context
+from sqlalchemy import create_engine
+
+from controlplane.store import models  # noqa: F401  (registers the tables)
+from sqlmodel import SQLModel
+
+config = context.config
+target_metadata = SQLModel.metadata
+
+
+def run() -> None:
+    conn = config.attributes.get("connection")
+    if conn is not None:
+        context.configure(connection=conn, target_metadata=target_metadata, render_as_batch=True)
+        with context.begin_transaction():
+            context.run_migrations()
+        return
+    engine = create_engine(config.get_main_option("sqlalchemy.url"))
+    with engine.begin() as connection:
+        context.configure(connection=connection, target_metadata=target_metadata, render_as_batch=True)
+        with context.begin_transaction():
+            context.run_migrations()
+
+
+if context.is_offline_mode():
+    context.configure(url=config.get_main_option("sqlalchemy.url"), target_metadata=target_metadata,
+                      literal_binds=True)
+    with context.begin_transaction():
+        context.run_migrations()
+else:
+    run()

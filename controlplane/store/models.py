@@ -1,0 +1,169 @@
+"""The tables (sqlmodel): tasks, task_tags, task_events, task_logs, artifacts, jobs, leases.
+
+Times are UNIX epoch seconds (float) so that every engine stores and compares them alike.
+JSON columns are text holding JSON. The schema itself is owned by the alembic migrations in
+`migrations/versions`; these classes must stay in step with them (a test checks it).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import BigInteger, Column, Index, Integer, String, Text, UniqueConstraint, text
+from sqlmodel import Field, SQLModel
+
+
+class Task(SQLModel, table=True):
+    __tablename__ = "tasks"
+    __table_args__ = (
+        UniqueConstraint("owner", "tool_name", "idempotency_key", name="uq_tasks_idempotency"),
+        # Scheduler: next queued task of a class, priority first then FIFO.
+        Index("ix_tasks_dispatch", "resource_class", "state", text("priority DESC"), "pk"),
+        # list_tasks: newest first per owner, optionally by state or tool.
+        Index("ix_tasks_owner", "owner", "pk"),
+        Index("ix_tasks_owner_state", "owner", "state", "pk"),
+        Index("ix_tasks_owner_tool", "owner", "tool_name", "pk"),
+        # Sweeps: timeouts and expiry.
+        Index("ix_tasks_state_timeout", "state", "timeout_at"),
+        Index("ix_tasks_state_expires", "state", "expires_at"),
+    )
+
+    pk: int | None = Field(default=None, primary_key=True)  # submission order (FIFO, cursors)
+    task_id: str = Field(sa_column=Column(String(40), nullable=False, unique=True))
+    owner: str = Field(sa_column=Column(String(200), nullable=False))
+    tool_name: str = Field(sa_column=Column(String(128), nullable=False))
+    inputs_json: str = Field(sa_column=Column(Text, nullable=False))
+    input_size: float | None = None  # the catalog's size feature, for runtime estimates
+    provider: str = Field(sa_column=Column(String(64), nullable=False))
+    resource_class: str = Field(sa_column=Column(String(64), nullable=False))
+    priority: int = 0
+    ttl_s: int
+    idempotency_key: str | None = Field(default=None, sa_column=Column(String(200)))
+    tags_json: str = Field(default="[]", sa_column=Column(Text, nullable=False))
+    resources_json: str = Field(default="{}", sa_column=Column(Text, nullable=False))
+    max_runtime_s: int
+    state: str = Field(sa_column=Column(String(20), nullable=False))
+    attempt: int = 1
+    max_attempts: int = 1
+    not_before: float = 0.0  # a retried task waits for its backoff
+    submitted_at: float
+    scheduled_at: float | None = None
+    started_at: float | None = None
+    heartbeat_at: float | None = None
+    updated_at: float
+    completed_at: float | None = None
+    expires_at: float | None = None
+    timeout_at: float | None = None
+    worker_id: str | None = Field(default=None, sa_column=Column(String(40)))
+    cancel_requested: bool = False
+    cancel_reason: str | None = Field(default=None, sa_column=Column(String(500)))
+    stop_reason: str | None = Field(default=None, sa_column=Column(String(20)))
+    progress_json: str | None = Field(default=None, sa_column=Column(Text))
+    result_json: str | None = Field(default=None, sa_column=Column(Text))
+    error_json: str | None = Field(default=None, sa_column=Column(Text))
+    metrics_json: str | None = Field(default=None, sa_column=Column(Text))
+    estimate_s: float | None = None
+    log_seq: int = 0  # highest log seq assigned
+    log_first_seq: int = 1  # lowest log seq still stored (older lines were dropped by the cap)
+    version: int = 1  # bumped on every write to the row
+
+
+class TaskTag(SQLModel, table=True):
+    __tablename__ = "task_tags"
+    __table_args__ = (Index("ix_task_tags_tag", "tag", "task_pk"),)
+
+    task_pk: int = Field(primary_key=True)
+    tag: str = Field(sa_column=Column(String(128), primary_key=True))
+
+
+class TaskEvent(SQLModel, table=True):
+    """Append-only audit: every transition, retry, cancellation and worker assignment."""
+
+    __tablename__ = "task_events"
+    __table_args__ = (Index("ix_task_events_task", "task_id", "pk"),)
+
+    pk: int | None = Field(default=None, primary_key=True)
+    task_id: str = Field(sa_column=Column(String(40), nullable=False))
+    ts: float
+    kind: str = Field(sa_column=Column(String(32), nullable=False))
+    from_state: str | None = Field(default=None, sa_column=Column(String(20)))
+    to_state: str | None = Field(default=None, sa_column=Column(String(20)))
+    attempt: int
+    detail_json: str | None = Field(default=None, sa_column=Column(Text))
+
+
+class TaskLog(SQLModel, table=True):
+    __tablename__ = "task_logs"
+    __table_args__ = {"sqlite_with_rowid": False}
+
+    task_id: str = Field(sa_column=Column(String(40), primary_key=True))
+    seq: int = Field(sa_column=Column(Integer, primary_key=True, autoincrement=False))
+    attempt: int
+    ts: float
+    stream: str = Field(sa_column=Column(String(8), nullable=False))
+    level: str = Field(sa_column=Column(String(8), nullable=False))
+    message: str = Field(sa_column=Column(Text, nullable=False))
+
+
+class Artifact(SQLModel, table=True):
+    """Immutable artifact metadata; the bytes live in the object store under storage_key."""
+
+    __tablename__ = "artifacts"
+    __table_args__ = (
+        UniqueConstraint("task_id", "attempt", "name", name="uq_artifacts_name"),
+        Index("ix_artifacts_task", "task_id"),
+    )
+
+    artifact_id: str = Field(sa_column=Column(String(40), primary_key=True))
+    task_id: str = Field(sa_column=Column(String(40), nullable=False))
+    attempt: int
+    name: str = Field(sa_column=Column(String(255), nullable=False))
+    kind: str = Field(sa_column=Column(String(64), nullable=False))
+    size_bytes: int = Field(sa_column=Column(BigInteger, nullable=False))
+    sha256: str = Field(sa_column=Column(String(64), nullable=False))
+    content_type: str = Field(sa_column=Column(String(128), nullable=False))
+    store_url: str = Field(sa_column=Column(Text, nullable=False))
+    storage_key: str = Field(sa_column=Column(Text, nullable=False))
+    created_at: float
+
+
+class Job(SQLModel, table=True):
+    """A provider job: one attempt of one task, the workers of seed 001.
+
+    A row is written *before* the provider is asked to launch (state `launching`, the launch
+    intent); the provider's handle is filled in once it answers. `job_name` is derived from
+    (task_id, attempt) so that a restarted control plane can find a job it launched but whose
+    handle it never recorded.
+    """
+
+    __tablename__ = "jobs"
+    __table_args__ = (
+        UniqueConstraint("task_id", "attempt", name="uq_jobs_attempt"),
+        Index("ix_jobs_state", "state"),
+    )
+
+    worker_id: str = Field(sa_column=Column(String(40), primary_key=True))
+    task_id: str = Field(sa_column=Column(String(40), nullable=False))
+    attempt: int
+    provider: str = Field(sa_column=Column(String(64), nullable=False))
+    resource_class: str = Field(sa_column=Column(String(64), nullable=False))
+    job_name: str = Field(sa_column=Column(String(128), nullable=False, unique=True))
+    # launching -> active -> done ; or -> abandoned (the task moved on without it)
+    state: str = Field(sa_column=Column(String(16), nullable=False))
+    handle_json: str | None = Field(default=None, sa_column=Column(Text))
+    created_at: float
+    launched_at: float | None = None
+    seen_at: float | None = None  # last sign of life (callback or poll)
+    finished_at: float | None = None
+    stop_sent_at: float | None = None  # when provider.cancel was last called
+    event_seq: int = 0  # highest runner event seq ingested
+    provider_status: str | None = Field(default=None, sa_column=Column(String(32)))
+    provider_reason: str | None = Field(default=None, sa_column=Column(Text))
+
+
+class Lease(SQLModel, table=True):
+    """Leader leases: only the holder runs the scheduler and reconciler loops."""
+
+    __tablename__ = "leases"
+
+    name: str = Field(sa_column=Column(String(64), primary_key=True))
+    holder: str = Field(sa_column=Column(String(128), nullable=False))
+    expires_at: float

@@ -1,0 +1,5 @@
+import sys
+
+from infra.runner.runner import main
+
+sys.exit(main())

@@ -1,0 +1,213 @@
+"""Delivery of a job's events (logs, progress, artifacts, its outcome) to the control plane.
+
+Events get a sequence number when they leave the pending queue (progress is coalesced first:
+only the latest report in a batch is kept). Batches are POSTed in order to
+
+    {callback}/tasks/{task_id}/attempts/{attempt}/events    Authorization: Bearer <secret>
+
+and stay buffered until acknowledged. While the control plane is unreachable the runner keeps
+retrying with backoff; when the buffer grows past its cap, when no callback URL is configured,
+or when the job ends unreachable, the unacknowledged events are written to the object store as
+one chunk `events/<first seq>.jsonl`, which the control plane ingests from there. Ingestion is
+idempotent by sequence number, so a batch that arrives twice is applied once.
+
+The callback's answer can tell the runner to stop: `cancel: true` (the task was cancelled) or
+HTTP 409 (this attempt is no longer the task's current one).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import queue
+import sys
+import threading
+import time
+from typing import Any
+from urllib.parse import urlsplit
+
+from controlplane.objectstore.base import ObjectExists, ObjectStore, events_key
+
+MAX_BATCH = 2000  # events per POST
+MAX_UNACKED = 50_000  # events held in memory before spilling to the object store
+
+
+class Reporter:
+    def __init__(
+        self,
+        *,
+        task_id: str,
+        attempt: int,
+        store: ObjectStore | None,
+        callback_url: str | None,
+        secret: str | None,
+        endpoint_file: str | None = None,
+        heartbeat_s: float = 10.0,
+        flush_interval_s: float = 0.05,
+        on_stop: Any = None,
+    ):
+        self.task_id = task_id
+        self.attempt = attempt
+        self.store = store
+        self.callback_url = callback_url
+        self.secret = secret
+        self.endpoint_file = endpoint_file
+        self.heartbeat_s = heartbeat_s
+        self.flush_interval_s = flush_interval_s
+        self.on_stop = on_stop or (lambda reason: None)
+
+        self._pending: queue.Queue[dict[str, Any]] = queue.Queue()
+        self._unacked: list[dict[str, Any]] = []
+        self._next_seq = 1
+        self._closing = threading.Event()
+        self._drained = threading.Event()
+        self._conn: http.client.HTTPConnection | None = None
+        self._backoff = 0.0
+        self._next_try = 0.0
+        self._last_contact = 0.0
+        self.stop_reason: str | None = None
+        self.delivered_by_callback = 0
+        self.spilled = 0
+        self._thread = threading.Thread(target=self._run, name="reporter", daemon=True)
+
+    # ---- producer side ------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def emit(self, event: dict[str, Any]) -> None:
+        event.setdefault("ts", time.time())
+        self._pending.put(event)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Deliver everything (callback, else object store) and stop the thread."""
+        self._closing.set()
+        self._thread.join(timeout)
+        if self._thread.is_alive():  # the callback kept timing out: make sure nothing is lost
+            self._spill()
+
+    # ---- delivery thread ----------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            closing = self._closing.is_set()
+            self._collect(timeout=0 if closing else self.flush_interval_s)
+            if closing and self._pending.empty():
+                # Last round: one more try through the callback, then the object store.
+                if self._unacked and self.callback_url:
+                    self._deliver()
+                if self._unacked:
+                    self._spill()
+                return
+            now = time.monotonic()
+            if not self.callback_url:
+                # Store-only mode: write chunks every few seconds rather than every batch.
+                if self._unacked and now - self._last_contact >= min(self.heartbeat_s, 2.0):
+                    self._spill()
+                    self._last_contact = now
+            elif (self._unacked or now - self._last_contact >= self.heartbeat_s) and now >= self._next_try:
+                self._deliver()
+            if len(self._unacked) > MAX_UNACKED:
+                self._spill()
+            if self._backoff:
+                time.sleep(min(self.flush_interval_s, max(0.0, self._next_try - time.monotonic())))
+
+    def _collect(self, timeout: float) -> None:
+        batch: list[dict[str, Any]] = []
+        try:
+            batch.append(self._pending.get(timeout=timeout) if timeout else self._pending.get_nowait())
+            while len(batch) < MAX_BATCH * 4:
+                batch.append(self._pending.get_nowait())
+        except queue.Empty:
+            pass
+        if not batch:
+            return
+        # Coalesce progress: only the latest report of this batch survives.
+        last_progress = max((i for i, e in enumerate(batch) if e.get("type") == "progress"), default=-1)
+        for i, e in enumerate(batch):
+            if e.get("type") == "progress" and i != last_progress:
+                continue
+            e["seq"] = self._next_seq
+            self._next_seq += 1
+            self._unacked.append(e)
+
+    def _deliver(self) -> None:
+        batch = self._unacked[:MAX_BATCH]
+        status, body = self._post({"events": batch})
+        if status == 200:
+            ack = int(body.get("ack_seq", 0))
+            self._unacked = [e for e in self._unacked if e["seq"] > ack]
+            self.delivered_by_callback += len(batch)
+            self._backoff = 0.0
+            self._next_try = 0.0
+            self._last_contact = time.monotonic()
+            if body.get("cancel"):
+                self._stop("cancel")
+            return
+        if status == 409:
+            self._unacked.clear()
+            self._stop("stale")
+            self._last_contact = time.monotonic()
+            return
+        # Unreachable, 5xx or 401 (a secret the server no longer accepts): back off and retry.
+        self._backoff = min(30.0, max(0.5, self._backoff * 2))
+        self._next_try = time.monotonic() + self._backoff
+        if status is None and self.endpoint_file:
+            self._rediscover()
+
+    def _stop(self, reason: str) -> None:
+        if self.stop_reason is None:
+            self.stop_reason = reason
+            self.on_stop(reason)
+
+    def _spill(self) -> None:
+        if not self._unacked:
+            return
+        if self.store is None:
+            print("runner: cannot deliver events: no callback and no object store", file=sys.stderr)
+            return
+        events = self._unacked
+        data = "".join(json.dumps(e, separators=(",", ":")) + "\n" for e in events).encode()
+        try:
+            self.store.put_bytes(events_key(self.task_id, self.attempt, events[0]["seq"]), data,
+                                 content_type="application/x-ndjson")
+        except ObjectExists:
+            pass  # the same events were spilled before (idempotent by seq)
+        self.spilled += len(events)
+        self._unacked = []
+
+    # ---- HTTP ---------------------------------------------------------------------------------
+    def _post(self, payload: dict[str, Any]) -> tuple[int | None, dict[str, Any]]:
+        url = urlsplit(self.callback_url or "")
+        path = f"{url.path.rstrip('/')}/tasks/{self.task_id}/attempts/{self.attempt}/events"
+        body = json.dumps(payload, separators=(",", ":")).encode()
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {self.secret}"}
+        for _ in range(2):  # one retry on a dropped keep-alive connection
+            try:
+                if self._conn is None:
+                    cls = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
+                    self._conn = cls(url.hostname or "127.0.0.1", url.port, timeout=15)
+                self._conn.request("POST", path, body=body, headers=headers)
+                resp = self._conn.getresponse()
+                raw = resp.read()
+                try:
+                    data = json.loads(raw) if raw else {}
+                except ValueError:
+                    data = {}
+                return resp.status, data if isinstance(data, dict) else {}
+            except (OSError, http.client.HTTPException):
+                if self._conn is not None:
+                    self._conn.close()
+                self._conn = None
+        return None, {}
+
+    def _rediscover(self) -> None:
+        try:
+            with open(self.endpoint_file or "") as f:
+                url = json.load(f).get("callback_url")
+        except (OSError, ValueError):
+            return
+        if url and url != self.callback_url:
+            self.callback_url = url
+            if self._conn is not None:
+                self._conn.close()
+            self._conn = None
+            self._next_try = 0.0

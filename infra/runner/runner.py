@@ -1,0 +1,314 @@
+"""The runner's main program: fetch inputs, run the tool as a process group, relay its output and
+progress, stop it on request, collect its result and artifacts, and report the outcome.
+
+The outcome is written to the object store as `result.json` (the durable record) and sent as
+the last event through the callback (the fast path). The runner exits with the tool's exit code
+(128 + signal number when the tool was killed by a signal).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any
+
+from controlplane.objectstore.base import (
+    ObjectExists,
+    ObjectStore,
+    UnsafeKey,
+    artifact_key,
+    guess_content_type,
+    inputs_key,
+    open_store,
+    result_key,
+    safe_artifact_name,
+)
+from infra.runner import proc
+from infra.runner.reporter import Reporter
+
+PROGRESS_FIELDS = ("percent", "step", "step_total", "phase", "message", "eta_s")
+MAX_LINE = 16 * 1024
+LEVEL_PREFIXES = {
+    "debug": "debug", "info": "info", "warn": "warning", "warning": "warning",
+    "error": "error", "critical": "error", "fatal": "error",
+}
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m infra.runner", description=__doc__)
+    p.add_argument("--job-name", default=os.environ.get("CONTROLPLANE_JOB_NAME", ""))
+    p.add_argument("--workdir", default=None, help="scratch directory (default: a new temp dir)")
+    p.add_argument("--exit-file", default=os.environ.get("CONTROLPLANE_EXIT_FILE"),
+                   help="write the outcome here too (the local provider reads it)")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- tool command and arguments")
+    args = p.parse_args(argv)
+    if args.command and args.command[0] == "--":
+        args.command = args.command[1:]
+    if not args.command:
+        p.error("no tool command given (put it after --)")
+    return args
+
+
+def level_of(line: str, stream: str) -> str:
+    head = line.lstrip()[:10].lower()
+    for prefix, level in LEVEL_PREFIXES.items():
+        if head.startswith(prefix) and (len(head) == len(prefix) or not head[len(prefix)].isalpha()):
+            return level
+    return "info"
+
+
+class Runner:
+    def __init__(self, args: argparse.Namespace, env: dict[str, str]):
+        self.args = args
+        self.task_id = env["CONTROLPLANE_TASK_ID"]
+        self.attempt = int(env.get("CONTROLPLANE_ATTEMPT", "1"))
+        self.grace_s = float(env.get("CONTROLPLANE_KILL_GRACE_S", "10"))
+        store_url = env.get("CONTROLPLANE_STORE_URL")
+        self.store: ObjectStore | None = open_store(store_url) if store_url else None
+        self.stop_requested = threading.Event()
+        self.stop_reason: str | None = None
+        self.artifact_decls: dict[str, dict[str, Any]] = {}
+        self.reporter = Reporter(
+            task_id=self.task_id,
+            attempt=self.attempt,
+            store=self.store,
+            callback_url=env.get("CONTROLPLANE_CALLBACK_URL") or None,
+            secret=env.get("CONTROLPLANE_CALLBACK_SECRET"),
+            endpoint_file=env.get("CONTROLPLANE_ENDPOINT_FILE") or None,
+            heartbeat_s=float(env.get("CONTROLPLANE_HEARTBEAT_S", "10")),
+            on_stop=self.request_stop,
+        )
+        self.base_env = {k: v for k, v in env.items() if k != "CONTROLPLANE_CALLBACK_SECRET"}
+
+    def request_stop(self, reason: str) -> None:
+        if self.stop_reason is None:
+            self.stop_reason = reason
+        self.stop_requested.set()
+
+    # ---- main -----------------------------------------------------------------------------
+    def run(self) -> int:
+        proc.become_subreaper()
+        workdir = Path(self.args.workdir or tempfile.mkdtemp(prefix="cp-job-"))
+        workdir.mkdir(parents=True, exist_ok=True)
+        artifacts_dir = workdir / "artifacts"
+        artifacts_dir.mkdir(exist_ok=True)
+        inputs_file = workdir / "inputs.json"
+        result_file = workdir / "result.json"
+        result_file.unlink(missing_ok=True)
+
+        self.reporter.start()
+        started = time.time()
+        try:
+            inputs = self._fetch_inputs()
+        except Exception as e:  # noqa: BLE001 - reported as the job's failure, never swallowed
+            return self._finish(started, exit_code=None, signal_name=None, error=f"cannot read inputs: {e}",
+                                result=None, artifacts=[])
+        inputs_file.write_text(json.dumps(inputs))
+
+        read_fd, write_fd = os.pipe()
+        env = dict(self.base_env)
+        env.update(
+            CONTROLPLANE_INPUTS_FILE=str(inputs_file),
+            CONTROLPLANE_RESULT_FILE=str(result_file),
+            CONTROLPLANE_ARTIFACTS_DIR=str(artifacts_dir),
+            CONTROLPLANE_PROGRESS_FD=str(write_fd),
+            PYTHONUNBUFFERED="1",
+        )
+        try:
+            child = subprocess.Popen(
+                self.args.command, cwd=workdir, env=env, stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(write_fd,),
+                start_new_session=True,
+            )
+        except OSError as e:
+            os.close(read_fd)
+            os.close(write_fd)
+            return self._finish(started, exit_code=127, signal_name=None,
+                                error=f"cannot start tool: {e.strerror}", result=None, artifacts=[])
+        os.close(write_fd)
+        pgid = child.pid
+        self.reporter.emit({"type": "started", "pid": child.pid, "job_name": self.args.job_name})
+
+        readers = [
+            threading.Thread(target=self._relay_lines, args=(child.stdout, "stdout", sys.stdout), daemon=True),
+            threading.Thread(target=self._relay_lines, args=(child.stderr, "stderr", sys.stderr), daemon=True),
+            threading.Thread(target=self._relay_progress, args=(read_fd,), daemon=True),
+        ]
+        for t in readers:
+            t.start()
+
+        returncode = self._wait(child, pgid)
+        # The leader is gone; whatever it left behind in its group (or that escaped it) goes too.
+        proc.kill_tree(pgid, grace_s=0.5 if not self.stop_requested.is_set() else 0.1)
+        for t in readers:
+            t.join(timeout=5)
+
+        signal_name = None
+        exit_code = returncode
+        if returncode < 0:
+            signal_name = signal.Signals(-returncode).name
+            exit_code = 128 - returncode
+        result, error = self._read_result(result_file)
+        artifacts = self._upload_artifacts(artifacts_dir)
+        return self._finish(started, exit_code=exit_code, signal_name=signal_name, error=error,
+                            result=result, artifacts=artifacts)
+
+    def _wait(self, child: subprocess.Popen[bytes], pgid: int) -> int:
+        term_at: float | None = None
+        killed = False
+        while True:
+            rc = child.poll()
+            if rc is not None:
+                return rc
+            if self.stop_requested.is_set():
+                now = time.monotonic()
+                if term_at is None:
+                    term_at = now
+                    proc.signal_group(pgid, signal.SIGTERM)
+                elif not killed and now - term_at >= self.grace_s:
+                    killed = True
+                    proc.signal_group(pgid, signal.SIGKILL)
+            if self.stop_requested.is_set():
+                time.sleep(0.05)
+            else:
+                self.stop_requested.wait(0.05)
+
+    # ---- inputs, output, progress ---------------------------------------------------------
+    def _fetch_inputs(self) -> dict[str, Any]:
+        if self.store is None:
+            return {}
+        data = json.loads(self.store.get_bytes(inputs_key(self.task_id, self.attempt)))
+        if not isinstance(data, dict):
+            raise ValueError("inputs are not a JSON object")
+        return data
+
+    def _relay_lines(self, pipe: IO[bytes], stream: str, echo: IO[str]) -> None:
+        for raw in iter(pipe.readline, b""):
+            line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+            echo.write(line + "\n")  # the job's console shows the tool's output (cloud log sinks)
+            echo.flush()
+            truncated = len(line) > MAX_LINE
+            self.reporter.emit({
+                "type": "log", "stream": stream, "level": level_of(line, stream),
+                "message": line[:MAX_LINE], **({"truncated": True} if truncated else {}),
+            })
+        pipe.close()
+
+    def _relay_progress(self, fd: int) -> None:
+        with os.fdopen(fd, "rb") as f:
+            for raw in f:
+                try:
+                    msg = json.loads(raw)
+                except ValueError:
+                    continue
+                if not isinstance(msg, dict):
+                    continue
+                if msg.get("type") == "artifact":
+                    name = msg.get("name")
+                    if isinstance(name, str):
+                        self.artifact_decls[name] = {k: msg[k] for k in ("kind", "content_type") if isinstance(msg.get(k), str)}
+                    continue
+                report = {k: msg[k] for k in PROGRESS_FIELDS if k in msg and _scalar(msg[k])}
+                if report:
+                    self.reporter.emit({"type": "progress", **report})
+
+    def _read_result(self, path: Path) -> tuple[dict[str, Any] | None, str | None]:
+        if not path.exists():
+            return None, None
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None, "the tool's result file is not valid JSON"
+        if not isinstance(data, dict):
+            return None, "the tool's result must be a JSON object"
+        return data, None
+
+    def _upload_artifacts(self, directory: Path) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        if self.store is None:
+            return out
+        for path in sorted(p for p in directory.rglob("*") if p.is_file() and not p.is_symlink()):
+            rel = path.relative_to(directory).as_posix()
+            try:
+                name = safe_artifact_name(rel)
+            except UnsafeKey as e:
+                self.reporter.emit({"type": "log", "stream": "stderr", "level": "warning",
+                                    "message": f"runner: artifact {rel!r} skipped: {e}"})
+                continue
+            decl = self.artifact_decls.get(name, {})
+            ctype = decl.get("content_type") or guess_content_type(name)
+            key = artifact_key(self.task_id, self.attempt, name)
+            try:
+                info = self.store.put_file(key, str(path), content_type=ctype)
+            except ObjectExists:
+                self.reporter.emit({"type": "log", "stream": "stderr", "level": "warning",
+                                    "message": f"runner: artifact {name!r} already uploaded; kept the first"})
+                continue
+            out.append({
+                "name": name, "kind": decl.get("kind") or _kind_of(name), "key": key,
+                "size_bytes": info.size_bytes, "sha256": info.sha256, "content_type": ctype,
+            })
+        return out
+
+    def _finish(self, started: float, *, exit_code: int | None, signal_name: str | None,
+                error: str | None, result: dict[str, Any] | None, artifacts: list[dict[str, Any]]) -> int:
+        if self.stop_requested.is_set():
+            status = "cancelled"
+        elif exit_code == 0 and error is None:
+            status = "succeeded"
+        else:
+            status = "failed"
+        outcome = {
+            "status": status, "exit_code": exit_code, "signal": signal_name, "error": error,
+            "stop_reason": self.stop_reason, "result": result, "artifacts": artifacts,
+            "started_at": started, "finished_at": time.time(),
+        }
+        if self.store is not None:
+            try:
+                self.store.put_bytes(result_key(self.task_id, self.attempt),
+                                     json.dumps(outcome).encode(), content_type="application/json")
+            except ObjectExists:
+                pass
+            except Exception as e:  # noqa: BLE001 - the callback still carries the outcome
+                print(f"runner: could not write result.json: {e}", file=sys.stderr)
+        self.reporter.emit({"type": "finished", **outcome})
+        self.reporter.close(timeout=45)
+        if self.args.exit_file:
+            tmp = self.args.exit_file + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(outcome, f)
+            os.replace(tmp, self.args.exit_file)
+        if exit_code is None:
+            return 1
+        return exit_code if status != "cancelled" else (exit_code or 143)
+
+
+def _scalar(v: Any) -> bool:
+    return v is None or isinstance(v, str | int | float | bool)
+
+
+KINDS = {
+    ".xyz": "trajectory", ".traj": "trajectory", ".dcd": "trajectory", ".pdb": "structure",
+    ".cif": "structure", ".json": "data", ".csv": "table", ".parquet": "table", ".png": "image",
+    ".jpg": "image", ".svg": "image", ".log": "log", ".txt": "text", ".bin": "binary",
+}
+
+
+def _kind_of(name: str) -> str:
+    return KINDS.get(Path(name).suffix.lower(), "file")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    runner = Runner(args, dict(os.environ))
+    signal.signal(signal.SIGTERM, lambda *_: runner.request_stop("signal"))
+    signal.signal(signal.SIGINT, lambda *_: runner.request_stop("signal"))
+    return runner.run()

@@ -1,0 +1,216 @@
+"""The local provider: each job is the runner (`python -m infra.runner`) as a local process tree.
+
+It runs the same job contract as the cloud providers, so everything works offline. Every job
+gets a directory `<jobs_dir>/<job_name>/`:
+
+    launch.json    what was launched          runner.pid   {"pid", "create_time"}
+    console.log    the runner's stdout/stderr (the tool's output, as a cloud console shows it)
+    exit.json      the outcome, written by the runner as it exits
+    work/          the job's scratch directory
+
+Runners are started in their own session, so they outlive a control plane that is killed and
+are found again by their job directory (or, if the crash came before `runner.pid` was written,
+by the `--job-name` on their command line). Cancel sends SIGTERM to the runner, which stops the
+tool's process group; if the runner has not exited after the grace period, a repeated cancel
+SIGKILLs the runner and every process below it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+import infra
+from providers.base import Capability, Handle, JobPhase, JobStatus, LaunchSpec, LogLine, LogPage, Provider
+
+PROJECT_ROOT = str(Path(infra.__file__).resolve().parent.parent)
+
+
+class LocalProvider(Provider):
+    name = "local"
+    poll_batch_size = 1000
+    capabilities = frozenset({Capability.LOGS, Capability.FIND})
+    poll_interval_s = 1.0
+
+    def __init__(self, jobs_dir: Path, *, python: str | None = None, kill_grace_s: float = 5.0):
+        self.jobs_dir = Path(jobs_dir)
+        self.jobs_dir.mkdir(parents=True, exist_ok=True)
+        self.python = python or sys.executable
+        self.kill_grace_s = kill_grace_s
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
+
+    # ---- launch / find --------------------------------------------------------------------
+    def launch(self, spec: LaunchSpec) -> Handle:
+        job_dir = self.jobs_dir / spec.job_name
+        if job_dir.exists():
+            found = self.find(spec)
+            if found is not None:
+                return found
+            shutil.rmtree(job_dir)  # a launch that died before its runner started
+        (job_dir / "work").mkdir(parents=True)
+        command = [c.replace("{python}", self.python) for c in spec.command]
+        (job_dir / "launch.json").write_text(json.dumps({"task_id": spec.task_id, "attempt": spec.attempt,
+                                                         "tool": spec.tool_name, "command": command}))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLPLANE_")}
+        env.update(spec.env)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (PROJECT_ROOT, env.get("PYTHONPATH")) if p)
+        env["PYTHONUNBUFFERED"] = "1"
+        argv = [self.python, "-m", "infra.runner", "--job-name", spec.job_name,
+                "--workdir", str(job_dir / "work"), "--exit-file", str(job_dir / "exit.json"), "--", *command]
+        with open(job_dir / "console.log", "ab") as console:
+            child = subprocess.Popen(argv, cwd=job_dir, env=env, stdin=subprocess.DEVNULL, stdout=console,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self._children[child.pid] = child
+        handle = {"pid": child.pid, "create_time": _create_time(child.pid), "job_dir": str(job_dir)}
+        _write_json(job_dir / "runner.pid", handle)
+        return handle
+
+    def find(self, spec: LaunchSpec) -> Handle | None:
+        job_dir = self.jobs_dir / spec.job_name
+        if not job_dir.exists():
+            return None
+        try:
+            return json.loads((job_dir / "runner.pid").read_text())
+        except (OSError, ValueError):
+            pass
+        marker = ["--job-name", spec.job_name]
+        for p in psutil.process_iter(["pid", "cmdline", "create_time"]):
+            cmd = p.info.get("cmdline") or []
+            if any(cmd[i : i + 2] == marker for i in range(len(cmd) - 1)):
+                handle = {"pid": p.info["pid"], "create_time": p.info["create_time"], "job_dir": str(job_dir)}
+                _write_json(job_dir / "runner.pid", handle)
+                return handle
+        if (job_dir / "exit.json").exists():
+            return {"pid": 0, "create_time": 0.0, "job_dir": str(job_dir)}
+        return None
+
+    # ---- poll -----------------------------------------------------------------------------
+    def poll(self, handles: list[Handle]) -> list[JobStatus]:
+        return [self._status(h) for h in handles]
+
+    def _status(self, h: Handle) -> JobStatus:
+        job_dir = Path(h["job_dir"])
+        outcome = _read_json(job_dir / "exit.json")
+        if outcome is None and self._alive(h):
+            return JobStatus(JobPhase.RUNNING, started_at=h.get("create_time"), raw_status="running")
+        if outcome is None:  # it may have finished between the two looks
+            outcome = _read_json(job_dir / "exit.json")
+        if outcome is None:
+            return JobStatus(JobPhase.GONE, reason="the runner process ended without reporting an outcome",
+                             raw_status="gone")
+        code = outcome.get("exit_code")
+        ok = outcome.get("status") == "succeeded" and code == 0
+        return JobStatus(
+            JobPhase.SUCCEEDED if ok else JobPhase.FAILED,
+            reason=outcome.get("error") or outcome.get("status"),
+            exit_code=code,
+            started_at=outcome.get("started_at"),
+            finished_at=outcome.get("finished_at"),
+            raw_status=str(outcome.get("status")),
+        )
+
+    def _alive(self, h: Handle) -> bool:
+        pid = int(h.get("pid") or 0)
+        if pid <= 0:
+            return False
+        child = self._children.get(pid)
+        if child is not None and child.poll() is not None:  # reaps our own child
+            self._children.pop(pid, None)
+            return False
+        try:
+            p = psutil.Process(pid)
+            if abs(p.create_time() - float(h.get("create_time") or 0)) > 0.05:
+                return False  # the pid was reused by another process
+            return p.status() != psutil.STATUS_ZOMBIE
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            return False
+
+    # ---- cancel ---------------------------------------------------------------------------
+    def cancel(self, handle: Handle, reason: str = "cancelled") -> None:
+        if not self._alive(handle):
+            return
+        job_dir = Path(handle["job_dir"])
+        marker = job_dir / "cancel_requested_at"
+        try:
+            first = float(marker.read_text())
+        except (OSError, ValueError):
+            first = time.time()
+            marker.write_text(str(first))
+        pid = int(handle["pid"])
+        if time.time() - first < self.kill_grace_s + 5:
+            _signal_group(pid, signal.SIGTERM)  # the runner forwards it to the tool's group
+            return
+        # The runner did not finish stopping in time: kill it and everything below it.
+        try:
+            tree = psutil.Process(pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            tree = []
+        groups = {pid}
+        for p in tree:
+            try:
+                groups.add(os.getpgid(p.pid))
+            except ProcessLookupError:
+                pass
+        for g in groups:
+            _signal_group(g, signal.SIGKILL)
+        for p in tree:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+
+    # ---- logs -----------------------------------------------------------------------------
+    def logs(self, handle: Handle, cursor: str | None, limit: int) -> LogPage:
+        path = Path(handle["job_dir"]) / "console.log"
+        try:
+            offset = int(cursor or 0)
+        except ValueError:
+            offset = 0
+        if not path.exists():
+            return LogPage([], cursor, reason="the job has not written any output yet")
+        lines: list[LogLine] = []
+        with open(path, "rb") as f:
+            f.seek(offset)
+            while len(lines) < limit:
+                raw = f.readline()
+                if not raw or not raw.endswith(b"\n"):
+                    break  # an unfinished last line waits for the next page
+                offset += len(raw)
+                lines.append(LogLine(ts=time.time(), message=raw.decode("utf-8", "replace").rstrip("\n")))
+        return LogPage(lines, str(offset))
+
+
+def _create_time(pid: int) -> float:
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.NoSuchProcess:
+        return 0.0
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
