@@ -25,7 +25,7 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+from tenacity import Retrying, retry_if_not_exception_type, stop_after_attempt, wait_exponential
 
 from controlplane.ingest import Ingestor
 from controlplane.objectstore.base import ObjectStore, task_prefix
@@ -131,7 +131,7 @@ class Reconciler:
     @staticmethod
     def _call(fn: Any, *args: Any) -> Any:
         for attempt in Retrying(stop=stop_after_attempt(3), wait=wait_exponential(multiplier=0.2, max=2),
-                                retry=retry_if_exception_type(Exception) & ~retry_if_exception_type(PermanentProviderError),
+                                retry=retry_if_not_exception_type(PermanentProviderError),
                                 reraise=True):
             with attempt:
                 return fn(*args)

@@ -78,14 +78,19 @@ def relax(n_atoms: int, fmax: float, max_steps: int, seed: int) -> dict:
     with open(traj_path, "w") as traj:
         energy, forces = energy_forces(pos)
         step = 0
+        f0 = None
+        done = 0.0
         while True:
             fm = max(math.sqrt(sum(c * c for c in row)) for row in forces)
             if step % 10 == 0:
                 write_frame(traj, pos, step, energy)
             print(f"step={step} energy={energy:.6f} fmax={fm:.6f}")
+            # Progress toward convergence: how far the largest force has come down, on a log scale.
+            f0 = f0 or max(fm, fmax * 10)
+            done = max(done, min(99.9, 100 * math.log(f0 / max(fm, fmax)) / math.log(f0 / fmax)))
             elapsed = time.monotonic() - t0
-            eta = elapsed / step * (max_steps - step) if step else None
-            toolkit.progress(step=step, step_total=max_steps, phase="relax",
+            eta = elapsed * (100 - done) / done if done > 1 else None
+            toolkit.progress(round(done, 2), step=step, step_total=max_steps, phase="relax",
                              message=f"E={energy:.6f} fmax={fm:.2e}", eta_s=round(eta, 2) if eta else None)
             if fm < fmax or step >= max_steps:
                 break

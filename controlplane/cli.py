@@ -1,0 +1,226 @@
+"""The `controlplane` command line (typer + rich).
+
+    controlplane serve [--transport stdio|http] [--host 127.0.0.1] [--port 8000] [--home DIR]
+    controlplane demo [--home DIR]
+    controlplane tasks list|show|logs|cancel|result|submit ...   (against a running server)
+    controlplane db upgrade [--home DIR]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sys
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(no_args_is_help=True, add_completion=False,
+                  help="mcp-controlplane: run heavy compute as durable tasks for AI agents.")
+tasks_app = typer.Typer(no_args_is_help=True, help="Work with the tasks of a running server (over MCP).")
+db_app = typer.Typer(no_args_is_help=True, help="Database maintenance.")
+app.add_typer(tasks_app, name="tasks")
+app.add_typer(db_app, name="db")
+
+err = Console(stderr=True)
+HomeOpt = Annotated[Path | None, typer.Option("--home", help="State directory (default $CONTROLPLANE_HOME or "
+                                              "~/.controlplane)", envvar="CONTROLPLANE_HOME")]
+
+
+class Transport(StrEnum):
+    stdio = "stdio"
+    http = "http"
+
+
+def _settings(home: Path | None):
+    from controlplane.settings import Settings
+
+    return Settings(home=home) if home else Settings()
+
+
+def _logging(level: str = "WARNING") -> None:
+    logging.basicConfig(stream=sys.stderr, level=os.environ.get("CONTROLPLANE_LOG_LEVEL", level).upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+@app.command()
+def serve(
+    transport: Annotated[Transport, typer.Option(help="MCP transport")] = Transport.stdio,
+    host: Annotated[str, typer.Option(help="HTTP bind address")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="HTTP port")] = 8000,
+    home: HomeOpt = None,
+) -> None:
+    """Run the MCP server (stdio, or Streamable HTTP at /mcp)."""
+    from controlplane.app import ControlPlane
+    from controlplane.catalog import CatalogError
+    from controlplane.serve import HttpServer, UnsafeBind, serve_stdio
+
+    _logging("INFO" if transport == Transport.http else "WARNING")
+    try:
+        cp = ControlPlane(_settings(home))
+        if transport == Transport.stdio:
+            asyncio.run(serve_stdio(cp))
+            return
+        server = HttpServer(cp, host, port)
+    except (CatalogError, UnsafeBind, OSError) as e:
+        err.print(f"[red]error:[/] {e}")
+        raise typer.Exit(2) from None
+    err.print(f"serving MCP at {server.url}")
+    asyncio.run(server.serve())
+
+
+@app.command()
+def demo(
+    home: HomeOpt = None,
+    n_atoms: Annotated[int, typer.Option(help="Atoms in the Lennard-Jones cluster")] = 100,
+    fmax: Annotated[float, typer.Option(help="Force convergence threshold")] = 1e-4,
+    seed: Annotated[int, typer.Option(help="Random seed of the starting geometry")] = 1,
+) -> None:
+    """Start a server on the embedded defaults and run lj_relax through an MCP client."""
+    from controlplane.demo import demo as run
+
+    _logging()
+    raise typer.Exit(run(_settings(home), {"n_atoms": n_atoms, "fmax": fmax, "max_steps": 20000, "seed": seed}))
+
+
+@db_app.command("upgrade")
+def db_upgrade(home: HomeOpt = None) -> None:
+    """Apply the database migrations (servers also do this when they start)."""
+    from controlplane.store.db import Database
+
+    settings = _settings(home)
+    settings.ensure_home()
+    db = Database(settings.resolved_database_url)
+    db.upgrade()
+    err.print(f"database at revision {db.current_revision()}")
+
+
+# ---- client commands ----------------------------------------------------------------------------
+UrlOpt = Annotated[str, typer.Option("--url", envvar="CONTROLPLANE_URL", help="MCP endpoint of the server")]
+TokenOpt = Annotated[str | None, typer.Option("--token", envvar="CONTROLPLANE_TOKEN", help="Bearer token")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the raw JSON answer")]
+DEFAULT_URL = "http://127.0.0.1:8000/mcp"
+
+
+def _call(url: str, token: str | None, tool: str, args: dict[str, Any]) -> dict[str, Any]:
+    from fastmcp import Client
+
+    async def go() -> tuple[bool, dict[str, Any]]:
+        async with Client(url, auth=token) as c:
+            r = await c.call_tool(tool, args, raise_on_error=False)
+            return r.is_error, (r.structured_content or json.loads(r.content[0].text))
+
+    try:
+        is_error, data = asyncio.run(go())
+    except Exception as e:  # noqa: BLE001 - connection problems are the user's to see, briefly
+        err.print(f"[red]cannot reach {url}:[/] {type(e).__name__}: {e}")
+        raise typer.Exit(3) from None
+    if is_error:
+        err.print(f"[red]{data.get('code')}[/]: {data.get('message')}" + (f" ({data['hint']})" if data.get("hint") else ""))
+        raise typer.Exit(1)
+    return data
+
+
+def _print(data: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(data, indent=2))
+        return
+    table = Table(show_header=False)
+    for k, v in data.items():
+        table.add_row(k, json.dumps(v) if isinstance(v, dict | list) else str(v))
+    Console().print(table)
+
+
+@tasks_app.command("list")
+def tasks_list(url: UrlOpt = DEFAULT_URL, token: TokenOpt = None, state: Annotated[list[str] | None, typer.Option()] = None,
+               tool: Annotated[str | None, typer.Option()] = None, tag: Annotated[list[str] | None, typer.Option()] = None,
+               limit: int = 50, cursor: str | None = None, as_json: JsonOpt = False) -> None:
+    """List your tasks, newest first."""
+    args: dict[str, Any] = {"limit": limit}
+    if state:
+        args["states"] = state
+    if tool:
+        args["tool_name"] = tool
+    if tag:
+        args["tags_any"] = tag
+    if cursor:
+        args["cursor"] = cursor
+    data = _call(url, token, "list_tasks", args)
+    if as_json:
+        print(json.dumps(data, indent=2))
+        return
+    table = Table("task_id", "tool", "state", "%", "submitted", "completed")
+    for t in data["tasks"]:
+        table.add_row(t["task_id"], t["tool_name"], t["state"], str(t["percent"] or ""), t["submitted_at"],
+                      t["completed_at"] or "")
+    Console().print(table)
+    if data.get("next_cursor"):
+        err.print(f"more: --cursor {data['next_cursor']}")
+
+
+@tasks_app.command("show")
+def tasks_show(task_id: str, url: UrlOpt = DEFAULT_URL, token: TokenOpt = None, as_json: JsonOpt = False) -> None:
+    """Status and progress of a task."""
+    _print(_call(url, token, "get_task_status", {"task_id": task_id}), as_json)
+
+
+@tasks_app.command("logs")
+def tasks_logs(task_id: str, url: UrlOpt = DEFAULT_URL, token: TokenOpt = None, cursor: str | None = None,
+               limit: int = 200, from_end: Annotated[bool, typer.Option("--from-end")] = False,
+               follow: Annotated[bool, typer.Option("--follow", "-f")] = False) -> None:
+    """Print a task's log lines (--follow keeps printing until the task ends)."""
+    import time
+
+    args: dict[str, Any] = {"task_id": task_id, "limit": limit}
+    if cursor:
+        args["cursor"] = cursor
+    elif from_end:
+        args["from_end"] = True
+    while True:
+        page = _call(url, token, "tail_task_logs", args)
+        for line in page["lines"]:
+            print(f"{line['ts']} {line['stream']:<6} {line['message']}")
+        args = {"task_id": task_id, "limit": limit, "cursor": page["next_cursor"]}
+        if not follow or (not page["has_more"] and page["state"] in ("succeeded", "failed", "cancelled", "timed_out", "expired")):
+            break
+        if not page["has_more"]:
+            time.sleep(1)
+
+
+@tasks_app.command("cancel")
+def tasks_cancel(task_id: str, url: UrlOpt = DEFAULT_URL, token: TokenOpt = None, reason: str = "user-request",
+                 as_json: JsonOpt = False) -> None:
+    """Cancel a task."""
+    _print(_call(url, token, "cancel_task", {"task_id": task_id, "reason": reason}), as_json)
+
+
+@tasks_app.command("result")
+def tasks_result(task_id: str, url: UrlOpt = DEFAULT_URL, token: TokenOpt = None, as_json: JsonOpt = False) -> None:
+    """Result, error and artifact links of a finished task."""
+    _print(_call(url, token, "get_task_result", {"task_id": task_id}), as_json)
+
+
+@tasks_app.command("submit")
+def tasks_submit(tool_name: str, inputs: Annotated[str, typer.Option(help="JSON object of inputs")] = "{}",
+                 url: UrlOpt = DEFAULT_URL, token: TokenOpt = None, priority: int = 0,
+                 idempotency_key: str | None = None, as_json: JsonOpt = False) -> None:
+    """Submit a catalog tool as a task."""
+    try:
+        parsed = json.loads(inputs)
+    except ValueError:
+        err.print("[red]--inputs must be a JSON object[/]")
+        raise typer.Exit(2) from None
+    args: dict[str, Any] = {"tool_name": tool_name, "inputs": parsed, "priority": priority}
+    if idempotency_key:
+        args["idempotency_key"] = idempotency_key
+    _print(_call(url, token, "submit_task", args), as_json)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,211 @@
+"""Shared fixtures: a control plane on a temporary home with fast loops, MCP clients that speak
+to it (in memory, over HTTP, over stdio), and helpers that read like an agent's calls."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from fastmcp import Client
+
+from controlplane.app import ControlPlane
+from controlplane.mcp.server import build_server
+from controlplane.settings import Settings
+
+TERMINAL = {"succeeded", "failed", "cancelled", "timed_out", "expired"}
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+FAST = dict(scheduler_interval_s=0.1, reconcile_interval_s=0.2, heartbeat_interval_s=0.5, heartbeat_timeout_s=20,
+            kill_grace_s=1.0, leader_lease_s=3.0)
+
+
+def fast_env(home: Path, **extra: Any) -> dict[str, str]:
+    """Environment for a server subprocess with the fast test settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLPLANE_")}
+    env["CONTROLPLANE_HOME"] = str(home)
+    for k, v in {**FAST, **extra}.items():
+        env[f"CONTROLPLANE_{k.upper()}"] = str(v)
+    return env
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    return tmp_path / "home"
+
+
+@pytest.fixture
+def settings(home: Path) -> Settings:
+    return Settings(home=home, **FAST)
+
+
+@pytest.fixture
+def cp(settings: Settings) -> ControlPlane:
+    return ControlPlane(settings)
+
+
+class ToolCallError(Exception):
+    def __init__(self, data: dict[str, Any]):
+        super().__init__(f"{data.get('code')}: {data.get('message')}")
+        self.code = data.get("code")
+        self.data = data
+
+
+class Agent:
+    """An MCP client used the way an agent uses it: call, read JSON, handle error codes."""
+
+    def __init__(self, client: Client):
+        self.client = client
+
+    async def call(self, tool: str, **args: Any) -> dict[str, Any]:
+        res = await self.client.call_tool(tool, args, raise_on_error=False)
+        data = json.loads(res.content[0].text)
+        if res.is_error:
+            raise ToolCallError(data)
+        assert res.structured_content == data
+        return data
+
+    async def error(self, tool: str, **args: Any) -> dict[str, Any]:
+        res = await self.client.call_tool(tool, args, raise_on_error=False)
+        assert res.is_error, f"{tool} succeeded: {res.content[0].text}"
+        return json.loads(res.content[0].text)
+
+    async def submit(self, tool: str = "exercise", **kw: Any) -> str:
+        return (await self.call("submit_task", tool_name=tool, **kw))["task_id"]
+
+    async def wait(self, task_id: str, states: set[str] | None = None, timeout: float = 60) -> dict[str, Any]:
+        import anyio
+
+        states = states or TERMINAL
+        deadline = time.monotonic() + timeout
+        while True:
+            st = await self.call("get_task_status", task_id=task_id)
+            if st["state"] in states:
+                return st
+            if time.monotonic() > deadline:
+                raise AssertionError(f"task {task_id} still {st['state']} after {timeout}s: {st}")
+            await anyio.sleep(0.05)
+
+    async def all_logs(self, task_id: str) -> list[dict[str, Any]]:
+        lines: list[dict[str, Any]] = []
+        cursor = None
+        while True:
+            args: dict[str, Any] = {"task_id": task_id, "limit": 1000}
+            if cursor:
+                args["cursor"] = cursor
+            page = await self.call("tail_task_logs", **args)
+            lines.extend(page["lines"])
+            cursor = page["next_cursor"]
+            if not page["has_more"]:
+                return lines
+
+
+@pytest.fixture
+async def agent(cp: ControlPlane) -> AsyncIterator[Agent]:
+    async with Client(build_server(cp)) as client:
+        yield Agent(client)
+
+
+# ---- server subprocesses ------------------------------------------------------------------------
+class ServerProcess:
+    """`controlplane serve` in a subprocess (the real thing an agent connects to)."""
+
+    def __init__(self, home: Path, env: dict[str, str] | None = None, transport: str = "http"):
+        self.home = home
+        self.env = env or fast_env(home)
+        self.transport = transport
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.url: str | None = None
+
+    def start(self, timeout: float = 30) -> ServerProcess:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "controlplane.cli", "serve", "--transport", "http", "--port", "0"],
+            env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT,
+        )
+        deadline = time.monotonic() + timeout
+        assert self.proc.stderr is not None
+        while time.monotonic() < deadline:
+            line = self.proc.stderr.readline().decode()
+            m = re.search(r"serving MCP at (\S+)", line)
+            if m:
+                self.url = m.group(1)
+                # keep draining stderr so the server never blocks on a full pipe
+                import threading
+
+                threading.Thread(target=self._drain, daemon=True).start()
+                return self
+            if not line and self.proc.poll() is not None:
+                break
+        raise RuntimeError(f"server did not start: {self.proc.stderr.read().decode()[-2000:]}")
+
+    def _drain(self) -> None:
+        assert self.proc is not None and self.proc.stderr is not None
+        for _ in iter(self.proc.stderr.readline, b""):
+            pass
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, no goodbye (the crash a restart must survive)."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+@pytest.fixture
+def server_process(home: Path) -> Iterator[ServerProcess]:
+    srv = ServerProcess(home)
+    yield srv
+    srv.stop()
+    reap_jobs(home)
+
+
+def reap_jobs(home: Path) -> None:
+    """Kill any runner a test left behind (a test owns every process it starts)."""
+    jobs = home / "jobs"
+    if not jobs.exists():
+        return
+    for pidfile in jobs.glob("*/runner.pid"):
+        try:
+            pid = json.loads(pidfile.read_text())["pid"]
+            p = psutil.Process(pid)
+            for c in p.children(recursive=True):
+                c.kill()
+            p.kill()
+        except (psutil.Error, ValueError, KeyError, OSError):
+            pass
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_jobs(home: Path) -> Iterator[None]:
+    yield
+    reap_jobs(home)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
