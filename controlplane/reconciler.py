@@ -7,7 +7,9 @@ One cycle:
 3. ends attempts whose job finished or vanished: the outcome comes from the runner's events
    (already ingested through the callback, or read now from the object store), else from the
    provider's own status; a lost job is retried per the tool's policy or fails `WORKER_LOST`;
-4. treats a job whose runner has stopped heartbeating as lost (after stopping it);
+4. stops a job whose runner has stopped heartbeating, and treats it as lost once the provider
+   confirms it is gone (a retry never runs beside the job it replaces); jobs whose task has
+   moved on ("draining") are stopped until the provider confirms it;
 5. expires finished tasks past their ttl: their objects are deleted first, then their logs and
    artifact rows; a failed deletion is retried next cycle, never skipped.
 
@@ -87,8 +89,15 @@ class Reconciler:
         return stats
 
     # ---- stopping -----------------------------------------------------------------------------
+    @staticmethod
+    def _draining(j: dict[str, Any]) -> bool:
+        """The task has moved on (finished, or a later attempt) but this job may still run."""
+        return j["job_state"] == "draining" or j["attempt"] != j["task_attempt"]
+
     def _stops(self, jobs: list[dict[str, Any]], now: float, stats: CycleStats) -> None:
         for j in jobs:
+            if self._draining(j):
+                continue
             state = TaskState(j["state"])
             if state == TaskState.CANCEL_REQUESTED:
                 self._send_stop(j, "cancel", stats)
@@ -96,10 +105,8 @@ class Reconciler:
             elif state == TaskState.RUNNING and j["timeout_at"] is not None and j["timeout_at"] < now:
                 if self.store.begin_stop(j["task_id"], "timeout"):
                     self._send_stop(j, "timeout", stats)
-            elif state == TaskState.CANCELLING:
-                sent = j["stop_sent_at"] or 0
-                if now - sent >= STOP_RESEND_S:
-                    self._send_stop(j, j["stop_reason"] or "cancel", stats)
+            elif state == TaskState.CANCELLING and now - (j["stop_sent_at"] or 0) >= STOP_RESEND_S:
+                self._send_stop(j, j["stop_reason"] or "cancel", stats)
 
     def _send_stop(self, j: dict[str, Any], reason: str, stats: CycleStats) -> None:
         provider = self.providers.get(j["provider"])
@@ -112,6 +119,7 @@ class Reconciler:
         except Exception as e:  # noqa: BLE001 - retried next cycle
             log.warning("cancel of %s failed: %s", j["job_name"], e)
         self.store.mark_stop_sent(j["worker_id"])
+        j["stop_sent_at"] = time.time()
 
     # ---- polling ------------------------------------------------------------------------------
     def _poll(self, provider: Provider, jobs: list[dict[str, Any]], stats: CycleStats) -> list[JobStatus | None]:
@@ -131,8 +139,7 @@ class Reconciler:
     @staticmethod
     def _call(fn: Any, *args: Any) -> Any:
         for attempt in Retrying(stop=stop_after_attempt(3), wait=wait_exponential(multiplier=0.2, max=2),
-                                retry=retry_if_not_exception_type(PermanentProviderError),
-                                reraise=True):
+                                retry=retry_if_not_exception_type(PermanentProviderError), reraise=True):
             with attempt:
                 return fn(*args)
         return None  # pragma: no cover
@@ -143,50 +150,59 @@ class Reconciler:
         for j, st in zip(jobs, statuses):
             if st is None:
                 continue
-            if st.raw_status != j["provider_status"] or (st.waiting_reason or st.reason) != j["provider_reason"]:
+            reason = st.waiting_reason or st.reason
+            if st.raw_status != j["provider_status"] or reason != j["provider_reason"]:
                 changed.append({"worker_id": j["worker_id"], "status": st.raw_status or st.phase.value,
-                                "reason": st.waiting_reason or st.reason})
-            if st.phase == JobPhase.RUNNING:
-                if j["state"] == TaskState.SCHEDULED:
-                    self.store.mark_running(j["task_id"], j["attempt"], st.started_at)
-                self._check_heartbeat(provider, j, now, stats)
-            elif st.phase in (JobPhase.SUCCEEDED, JobPhase.FAILED, JobPhase.GONE):
+                                "reason": reason})
+            alive = st.phase in (JobPhase.RUNNING, JobPhase.PENDING)
+            if self._draining(j):
+                if not alive:
+                    self.store.set_job_state(j["worker_id"], "done")
+                elif now - (j["stop_sent_at"] or 0) >= STOP_RESEND_S:
+                    self._send_stop(j, "superseded", stats)
+                continue
+            if not alive:
                 self._finalize(j, st, stats)
-            elif st.phase == JobPhase.PENDING and j["state"] == TaskState.CANCELLING:
-                self._give_up_stopping(j, now, stats)
+                continue
+            state = TaskState(j["state"])
+            if st.phase == JobPhase.RUNNING and state == TaskState.SCHEDULED:
+                self.store.mark_running(j["task_id"], j["attempt"], st.started_at)
+            if state == TaskState.CANCELLING:
+                self._stop_overdue(j, now, stats)
+            elif state == TaskState.RUNNING:
+                self._check_heartbeat(j, now, stats)
         self.store.set_provider_status(changed)
 
-    def _check_heartbeat(self, provider: Provider, j: dict[str, Any], now: float, stats: CycleStats) -> None:
-        state = TaskState(j["state"])
-        if state == TaskState.CANCELLING:
-            self._give_up_stopping(j, now, stats)
+    def _check_heartbeat(self, j: dict[str, Any], now: float, stats: CycleStats) -> None:
+        """A runner that reported before and then went silent is stopped and, once the provider
+        confirms the job is gone, treated as lost (so a retry never runs beside it)."""
+        if j["stop_requested_at"] is not None:  # already stopping it
+            if now - j["stop_requested_at"] >= self.settings.stop_confirm_timeout_s:
+                self._lost_unconfirmed(j, "the silent job did not confirm it stopped", stats)
+            elif now - (j["stop_sent_at"] or 0) >= STOP_RESEND_S:
+                self._send_stop(j, "heartbeat lost", stats)
             return
-        if j["seen_at"] is None or state != TaskState.RUNNING:
+        if j["seen_at"] is None:
             return  # a runner that never called back (store-only mode) is judged by the provider alone
         last = max(j["seen_at"], self.started_at)  # a restart is not the runner's silence
         if now - last > self.settings.heartbeat_timeout_s:
-            log.warning("job %s silent for %.0fs: stopping it and treating it as lost", j["job_name"], now - last)
-            try:
-                self._call(provider.cancel, json.loads(j["handle_json"]), "heartbeat lost")
-            except Exception as e:  # noqa: BLE001
-                log.warning("cancel of silent job %s failed: %s", j["job_name"], e)
-            task = self.store.get(j["task_id"])
-            if task is not None:
-                d = decide_lost(task, f"no heartbeat for {now - last:.0f} s", self.ingestor.policy(task["tool_name"]))
-                self.store.finish_attempt(j["task_id"], j["attempt"], d)
-                stats.lost += 1
+            log.warning("job %s silent for %.0f s: stopping it, then treating it as lost", j["job_name"], now - last)
+            self._send_stop(j, "heartbeat lost", stats)
 
-    def _give_up_stopping(self, j: dict[str, Any], now: float, stats: CycleStats) -> None:
+    def _stop_overdue(self, j: dict[str, Any], now: float, stats: CycleStats) -> None:
         """A job that will not confirm it stopped must not hold its slot for ever."""
+        began = j["stop_requested_at"] or now
+        if now - began >= self.settings.stop_confirm_timeout_s:
+            self._lost_unconfirmed(j, "the job did not confirm it stopped", stats)
+
+    def _lost_unconfirmed(self, j: dict[str, Any], reason: str, stats: CycleStats) -> None:
+        log.warning("job %s: %s within %.0f s; releasing its task and still stopping it",
+                    j["job_name"], reason, self.settings.stop_confirm_timeout_s)
         task = self.store.get(j["task_id"])
-        if task is None or task["state"] != TaskState.CANCELLING:
+        if task is None:
             return
-        began = task["updated_at"]
-        if now - began < self.settings.stop_confirm_timeout_s:
-            return
-        log.warning("job %s did not confirm it stopped within %.0fs", j["job_name"], now - began)
-        d = decide_lost(task, "the job did not confirm it stopped", self.ingestor.policy(task["tool_name"]))
-        self.store.finish_attempt(j["task_id"], j["attempt"], d)
+        d = decide_lost(task, reason, self.ingestor.policy(task["tool_name"]))
+        self.store.finish_attempt(j["task_id"], j["attempt"], d, job_state="draining")
         stats.lost += 1
 
     # ---- finishing ----------------------------------------------------------------------------

@@ -66,6 +66,8 @@ class LocalProvider(Provider):
         argv = [self.python, "-m", "infra.runner", "--job-name", spec.job_name,
                 "--workdir", str(job_dir / "work"), "--exit-file", str(job_dir / "exit.json"), "--", *command]
         with open(job_dir / "console.log", "ab") as console:
+            console.write(f"# launching {spec.job_name} at {time.time():.3f}\n".encode())
+            console.flush()
             child = subprocess.Popen(argv, cwd=job_dir, env=env, stdin=subprocess.DEVNULL, stdout=console,
                                      stderr=subprocess.STDOUT, start_new_session=True)
         self._children[child.pid] = child

@@ -146,13 +146,15 @@ class Job(SQLModel, table=True):
     provider: str = Field(sa_column=Column(String(64), nullable=False))
     resource_class: str = Field(sa_column=Column(String(64), nullable=False))
     job_name: str = Field(sa_column=Column(String(128), nullable=False, unique=True))
-    # launching -> active -> done ; or -> abandoned (the task moved on without it)
+    # launching -> active -> done; launching -> abandoned (never launched); active -> draining
+    # (the task moved on but the job is not confirmed stopped: keep stopping it) -> done
     state: str = Field(sa_column=Column(String(16), nullable=False))
     handle_json: str | None = Field(default=None, sa_column=Column(Text))
     created_at: float
     launched_at: float | None = None
     seen_at: float | None = None  # last sign of life (callback or poll)
     finished_at: float | None = None
+    stop_requested_at: float | None = None  # when we first asked the provider to stop it
     stop_sent_at: float | None = None  # when provider.cancel was last called
     event_seq: int = 0  # highest runner event seq ingested
     provider_status: str | None = Field(default=None, sa_column=Column(String(32)))

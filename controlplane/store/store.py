@@ -351,11 +351,12 @@ class Store:
         """Jobs the reconciler watches, with the fields of their task it needs."""
         with self.db.engine.connect() as c:
             q = (select(JOBS.c.worker_id, JOBS.c.task_id, JOBS.c.attempt, JOBS.c.provider, JOBS.c.handle_json,
-                        JOBS.c.launched_at, JOBS.c.seen_at, JOBS.c.stop_sent_at, JOBS.c.provider_status,
-                        JOBS.c.provider_reason, JOBS.c.event_seq, JOBS.c.job_name,
+                        JOBS.c.launched_at, JOBS.c.seen_at, JOBS.c.stop_requested_at, JOBS.c.stop_sent_at,
+                        JOBS.c.provider_status, JOBS.c.provider_reason, JOBS.c.event_seq, JOBS.c.job_name,
+                        JOBS.c.state.label("job_state"), T.c.attempt.label("task_attempt"),
                         T.c.state, T.c.timeout_at, T.c.tool_name, T.c.heartbeat_at, T.c.stop_reason)
                  .join(T, T.c.task_id == JOBS.c.task_id)
-                 .where(JOBS.c.state == "active"))
+                 .where(JOBS.c.state.in_(["active", "draining"])))
             return [dict(r) for r in c.execute(q).mappings()]
 
     def set_provider_status(self, updates: list[dict[str, Any]]) -> None:
@@ -369,8 +370,10 @@ class Store:
                     **({"seen_at": u["seen_at"]} if u.get("seen_at") else {})))
 
     def mark_stop_sent(self, worker_id: str) -> None:
+        now = self.clock()
         with self.db.write() as c:
-            c.execute(update(JOBS).where(JOBS.c.worker_id == worker_id).values(stop_sent_at=self.clock()))
+            c.execute(update(JOBS).where(JOBS.c.worker_id == worker_id).values(
+                stop_sent_at=now, stop_requested_at=func.coalesce(JOBS.c.stop_requested_at, now)))
 
     def set_job_state(self, worker_id: str, state: str) -> None:
         with self.db.write() as c:
@@ -490,7 +493,7 @@ class Store:
 
     def finish_attempt(self, task_id: str, attempt: int, decision: Decision,
                        artifacts: list[dict[str, Any]] | None = None, store_url: str = "",
-                       ran: bool = True) -> dict[str, Any] | None:
+                       ran: bool = True, job_state: str = "done") -> dict[str, Any] | None:
         """End an attempt from outside the event stream: the provider found the job finished or
         gone, or refused to launch it (`ran=False`)."""
         now = self.clock()
@@ -504,11 +507,12 @@ class Store:
             if ran and task["state"] == S.SCHEDULED.value and not decision.is_retry:  # it ran, unseen
                 task = self._transition(c, task, S.RUNNING, kind="running", detail={"source": "outcome"},
                                         values={"started_at": now, "timeout_at": now + task["max_runtime_s"]}, now=now)
-            return self._finish(c, task, job, decision, artifacts or [], {}, store_url, now)
+            return self._finish(c, task, job, decision, artifacts or [], {}, store_url, now, job_state)
 
     def _finish(self, c: Connection, task: dict[str, Any], job: Any, decision: Decision,
-                artifacts: list[dict[str, Any]], extra: dict[str, Any], store_url: str, now: float) -> dict[str, Any]:
-        c.execute(update(JOBS).where(JOBS.c.worker_id == job["worker_id"]).values(state="done", finished_at=now))
+                artifacts: list[dict[str, Any]], extra: dict[str, Any], store_url: str, now: float,
+                job_state: str = "done") -> dict[str, Any]:
+        c.execute(update(JOBS).where(JOBS.c.worker_id == job["worker_id"]).values(state=job_state, finished_at=now))
         if artifacts:
             c.execute(self.db.insert_ignore(ART), [
                 {"artifact_id": ids.new_artifact_id(), "task_id": task["task_id"], "attempt": task["attempt"],

@@ -47,6 +47,7 @@ def upgrade() -> None:
     sa.Column('launched_at', sa.Float(), nullable=True),
     sa.Column('seen_at', sa.Float(), nullable=True),
     sa.Column('finished_at', sa.Float(), nullable=True),
+    sa.Column('stop_requested_at', sa.Float(), nullable=True),
     sa.Column('stop_sent_at', sa.Float(), nullable=True),
     sa.Column('event_seq', sa.Integer(), nullable=False),
     sa.Column('provider_status', sa.String(length=32), nullable=True),
