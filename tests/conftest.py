@@ -59,6 +59,24 @@ def cp(settings: Settings) -> ControlPlane:
     return ControlPlane(settings)
 
 
+def catalog_text(*, concurrency: int = 2, queue_length: int = 1000, exercise_retry: str = "{ max_attempts = 1 }") -> str:
+    """The default catalog with the cpu_small queue and the exercise retry policy changed."""
+    from controlplane.catalog import default_catalog_text
+
+    text = default_catalog_text()
+    old_rc = "[resource_classes.cpu_small]\nmax_concurrency = 2\nmax_queue_length = 1000"
+    old_retry = "estimate_s = 1\nretry = { max_attempts = 1 }"
+    assert old_rc in text and old_retry in text
+    text = text.replace(old_rc, f"[resource_classes.cpu_small]\nmax_concurrency = {concurrency}\n"
+                                f"max_queue_length = {queue_length}")
+    return text.replace(old_retry, f"estimate_s = 1\nretry = {exercise_retry}")
+
+
+def write_catalog(home: Path, **kw: Any) -> None:
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "catalog.toml").write_text(catalog_text(**kw))
+
+
 class ToolCallError(Exception):
     def __init__(self, data: dict[str, Any]):
         super().__init__(f"{data.get('code')}: {data.get('message')}")

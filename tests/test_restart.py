@@ -14,21 +14,12 @@ import anyio
 import pytest
 from fastmcp import Client
 
-from controlplane.catalog import default_catalog_text
-from tests.conftest import ServerProcess, fast_env
+from tests.conftest import ServerProcess, fast_env, write_catalog
 
 pytestmark = pytest.mark.anyio
 
 N_TASKS = 24
 N_KILLS = 6
-
-
-def catalog_with_concurrency(home: Path, n: int) -> None:
-    home.mkdir(parents=True, exist_ok=True)
-    text = default_catalog_text().replace("[resource_classes.cpu_small]\nmax_concurrency = 2",
-                                          f"[resource_classes.cpu_small]\nmax_concurrency = {n}")
-    assert f"max_concurrency = {n}" in text
-    (home / "catalog.toml").write_text(text)
 
 
 class Chaos:
@@ -82,7 +73,7 @@ async def status(chaos: Chaos, task_id: str) -> str | None:
 
 
 async def test_sigkill_restarts_lose_nothing_and_double_nothing(home: Path) -> None:
-    catalog_with_concurrency(home, 4)
+    write_catalog(home, concurrency=4)
     srv = ServerProcess(home, env=fast_env(home)).start()
     chaos = Chaos(srv, N_KILLS)
     rng = random.Random(3)
