@@ -1,0 +1,138 @@
+"""The state machine as the store enforces it: every legal transition applies and leaves exactly
+one audit event written in the same transaction; every other (source, target) pair is refused
+with IllegalTransition and leaves the task exactly as it was."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
+
+from controlplane import states
+from controlplane.app import ControlPlane
+from controlplane.states import TRANSITIONS, IllegalTransition, TaskState
+from controlplane.store.store import NewTask
+
+ALL_PAIRS = [(src, dst) for src in TaskState for dst in TaskState]
+LEGAL = [(src, dst) for src, dst in ALL_PAIRS if dst in TRANSITIONS[src]]
+ILLEGAL = [(src, dst) for src, dst in ALL_PAIRS if dst not in TRANSITIONS[src]]
+
+
+def _pair_id(pair: tuple[TaskState, TaskState]) -> str:
+    return f"{pair[0].value}->{pair[1].value}"
+
+
+def path_to(target: TaskState) -> list[TaskState]:
+    """A shortest legal path of transitions from `queued` (where every task starts) to `target`."""
+    seen = {TaskState.QUEUED: [TaskState.QUEUED]}
+    todo = deque([TaskState.QUEUED])
+    while todo:
+        here = todo.popleft()
+        for nxt in sorted(TRANSITIONS[here]):
+            if nxt not in seen:
+                seen[nxt] = seen[here] + [nxt]
+                todo.append(nxt)
+    return seen[target][1:]
+
+
+def new_task(owner: str = "alice") -> NewTask:
+    return NewTask(owner=owner, tool_name="exercise", inputs_json="{}", input_size=None, provider="local",
+                   resource_class="cpu_small", priority=0, ttl_s=3600, idempotency_key=None, tags=[],
+                   resources_json="{}", max_runtime_s=60, max_attempts=1, estimate_s=1.0)
+
+
+def task_in(cp: ControlPlane, state: TaskState) -> str:
+    """Submit a task and walk it along legal transitions until it is in `state`."""
+    task, created = cp.store.submit(new_task(), queue_limit=1000)
+    assert created and task["state"] == "queued"
+    for step in path_to(state):
+        cp.store.transition(task["task_id"], step)
+    assert cp.store.get(task["task_id"])["state"] == state.value
+    return task["task_id"]
+
+
+def test_the_ten_states_of_the_design() -> None:
+    assert {s.value for s in TaskState} == {
+        "queued", "scheduled", "running", "cancel_requested", "cancelling",
+        "succeeded", "failed", "cancelled", "timed_out", "expired",
+    }
+    assert set(TRANSITIONS) == set(TaskState)
+    assert states.TERMINAL == {TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELLED, TaskState.TIMED_OUT}
+    assert states.FINAL == states.TERMINAL | {TaskState.EXPIRED}
+    # Terminal states only expire, and expired is the end.
+    for s in states.TERMINAL:
+        assert TRANSITIONS[s] == {TaskState.EXPIRED}
+    assert TRANSITIONS[TaskState.EXPIRED] == frozenset()
+
+
+@pytest.mark.parametrize("state", list(TaskState), ids=lambda s: s.value)
+def test_every_state_is_reachable_from_queued(cp: ControlPlane, state: TaskState) -> None:
+    task_id = task_in(cp, state)
+    trail = [(e["from_state"], e["to_state"]) for e in cp.store.events(task_id)]
+    walked = [TaskState.QUEUED, *path_to(state)]
+    assert trail == [(None, "queued")] + [(a.value, b.value) for a, b in zip(walked, walked[1:])]
+
+
+@pytest.mark.parametrize("pair", LEGAL, ids=_pair_id)
+def test_legal_transition_applies_with_exactly_one_event(cp: ControlPlane, pair: tuple[TaskState, TaskState]) -> None:
+    src, dst = pair
+    task_id = task_in(cp, src)
+    before = cp.store.get(task_id)
+    events_before = cp.store.events(task_id)
+
+    out = cp.store.transition(task_id, dst)
+
+    after = cp.store.get(task_id)
+    assert out is not None and out["state"] == after["state"] == dst.value
+    assert after["version"] == before["version"] + 1
+    events = cp.store.events(task_id)
+    assert events[: len(events_before)] == events_before
+    [new] = events[len(events_before):]
+    assert (new["kind"], new["from_state"], new["to_state"]) == (dst.value, src.value, dst.value)
+    assert new["attempt"] == after["attempt"]
+    assert new["ts"] == after["updated_at"]
+    if dst in states.TERMINAL:
+        assert after["completed_at"] == after["updated_at"]
+        assert after["expires_at"] == after["completed_at"] + after["ttl_s"]
+
+
+@pytest.mark.parametrize("pair", LEGAL, ids=_pair_id)
+def test_transition_and_its_event_commit_together(cp: ControlPlane, pair: tuple[TaskState, TaskState]) -> None:
+    """If the event cannot be written, the state change is rolled back with it."""
+    src, dst = pair
+    task_id = task_in(cp, src)
+    before = cp.store.get(task_id)
+    events_before = cp.store.events(task_id)
+    with cp.db.engine.begin() as c:
+        c.execute(text("CREATE TRIGGER refuse_events BEFORE INSERT ON task_events "
+                       "BEGIN SELECT RAISE(ABORT, 'task_events refused'); END"))
+
+    with pytest.raises(DBAPIError, match="task_events refused"):
+        cp.store.transition(task_id, dst)
+
+    assert cp.store.get(task_id) == before
+    assert cp.store.events(task_id) == events_before
+
+
+@pytest.mark.parametrize("pair", ILLEGAL, ids=_pair_id)
+def test_illegal_transition_is_refused_and_changes_nothing(cp: ControlPlane, pair: tuple[TaskState, TaskState]) -> None:
+    src, dst = pair
+    task_id = task_in(cp, src)
+    before = cp.store.get(task_id)
+    events_before = cp.store.events(task_id)
+
+    with pytest.raises(IllegalTransition) as refused:
+        cp.store.transition(task_id, dst)
+
+    assert (refused.value.task_id, refused.value.current, refused.value.target) == (task_id, src.value, dst.value)
+    assert cp.store.get(task_id) == before
+    assert cp.store.events(task_id) == events_before
+
+
+def test_only_from_guard_leaves_a_moved_task_alone(cp: ControlPlane) -> None:
+    task_id = task_in(cp, TaskState.RUNNING)
+    before = cp.store.get(task_id)
+    assert cp.store.transition(task_id, TaskState.QUEUED, only_from=[TaskState.SCHEDULED]) is None
+    assert cp.store.get(task_id) == before
