@@ -27,7 +27,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from controlplane.catalog import Catalog, ensure_catalog
+from controlplane.catalog import Catalog, CatalogError, ensure_catalog
 from controlplane.estimates import Estimator
 from controlplane.ingest import Ingestor
 from controlplane.launch import build_launch_spec
@@ -56,6 +56,10 @@ class ControlPlane:
             self.db.upgrade()
         self.store = Store(self.db)
         self.catalog = catalog or ensure_catalog(self.settings.resolved_catalog_path)
+        for tool in self.catalog.tools.values():
+            if tool.ttl_s and tool.ttl_s > self.settings.max_ttl_s:
+                raise CatalogError(f"{self.catalog.source}: tools.{tool.name}.ttl_s: {tool.ttl_s} exceeds the "
+                                   f"server's max_ttl_s ({self.settings.max_ttl_s})")
         self.secret_key = self.settings.secret_key()
         self.objects = open_store(self.settings.resolved_object_store_url)
         if isinstance(self.objects, LocalObjectStore):

@@ -136,9 +136,9 @@ class ToolSpec(_Strict):
     @model_validator(mode="after")
     def _runtime_bounds(self) -> ToolSpec:
         if self.default_runtime_s > self.max_runtime_s:
-            raise ValueError("default_runtime_s must not exceed max_runtime_s")
+            raise ValueError(f"default_runtime_s: {self.default_runtime_s} exceeds max_runtime_s ({self.max_runtime_s})")
         if self.size_feature and self.size_feature not in self.input_schema.get("properties", {}):
-            raise ValueError(f"size_feature '{self.size_feature}' is not an input property")
+            raise ValueError(f"size_feature: '{self.size_feature}' is not an input property")
         return self
 
     def validator(self) -> Draft202012Validator:
@@ -224,6 +224,8 @@ def _build(model: type[BaseModel], data: dict[str, Any], source: str, where: str
         first = e.errors()[0]
         field = ".".join(str(p) for p in first["loc"])
         msg = first["msg"].removeprefix("Value error, ")
+        if not field:  # a cross-field check names its field as "<field>: <problem>"
+            field, _, msg = msg.partition(": ")
         if first["type"] == "extra_forbidden":
             msg = "unknown field"
         more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""

@@ -155,11 +155,14 @@ def tasks_list(url: UrlOpt = DEFAULT_URL, token: TokenOpt = None, state: Annotat
     if as_json:
         print(json.dumps(data, indent=2))
         return
-    table = Table("task_id", "tool", "state", "%", "submitted", "completed")
+    # Ids and times are never cut or wrapped (they are what users copy); the table grows instead.
+    table = Table(box=None, pad_edge=False)
+    for name in ("task_id", "tool", "state", "%", "submitted", "completed"):
+        table.add_column(name, no_wrap=True, overflow="ignore")
     for t in data["tasks"]:
         table.add_row(t["task_id"], t["tool_name"], t["state"], str(t["percent"] or ""), t["submitted_at"],
                       t["completed_at"] or "")
-    Console().print(table)
+    Console(width=max(200, Console().width)).print(table)
     if data.get("next_cursor"):
         err.print(f"more: --cursor {data['next_cursor']}")
 

@@ -71,7 +71,7 @@ async def run_demo(settings: Settings, console: Console, inputs: dict[str, Any])
                 ok = await _verify(art)
                 console.print(f"artifact [bold]{art['name']}[/] ({art['kind']}, {art['size_bytes']} bytes, "
                               f"sha256 {art['sha256'][:12]}..., link expires {art['expires_at']})")
-                console.print(f"  {art['download_url']}")
+                console.print(f"  {art['download_url']}", soft_wrap=True, highlight=False)  # copyable
                 console.print("  downloaded and verified: size and sha256 match" if ok
                               else "  [red]download did not match its sha256[/]")
                 if not ok:

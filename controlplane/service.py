@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import re
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -30,6 +31,7 @@ from controlplane.store.store import NewTask, QueueFull, Store
 
 LOG_CURSOR_PREFIX = "log_"
 LIST_CURSOR_PREFIX = "lst_"
+_ASCII_DIGITS = re.compile(r"[0-9]{1,18}")  # fits a 64-bit integer column on every engine
 
 
 def iso(ts: float | None) -> str | None:
@@ -40,6 +42,18 @@ def iso(ts: float | None) -> str | None:
 
 def _loads(text: str | None) -> Any:
     return json.loads(text) if text else None
+
+
+def _epoch(when: datetime | None, field: str) -> float | None:
+    """A filter time as epoch seconds; a time without a zone is UTC."""
+    if when is None:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    try:
+        return when.timestamp()
+    except (OverflowError, ValueError, OSError):
+        raise invalid(f"{field}: time out of range") from None
 
 
 class TaskService:
@@ -97,6 +111,9 @@ class TaskService:
                                     hint="retry later, or lower the rate of submissions") from None
         if created:
             self.wake()
+        elif task["inputs_json"] != inputs_json and task["state"] != TaskState.EXPIRED:
+            raise invalid(f"idempotency_key '{req.idempotency_key}' was already used for task {task['task_id']} "
+                          "with different inputs", hint="use a new key for a different request")
         position = task.get("position") if created else None
         if not created and task["state"] == TaskState.QUEUED:
             position = self.store.queue_position(task)
@@ -200,7 +217,7 @@ class TaskService:
         if cursor is None:
             return 0
         digits = cursor.removeprefix(LOG_CURSOR_PREFIX)
-        if not cursor.startswith(LOG_CURSOR_PREFIX) or not digits.isdigit() or len(digits) > 18:
+        if not cursor.startswith(LOG_CURSOR_PREFIX) or not _ASCII_DIGITS.fullmatch(digits):
             raise invalid("malformed cursor", hint="pass the next_cursor of a previous tail_task_logs answer")
         return int(digits)
 
@@ -209,9 +226,8 @@ class TaskService:
         before = self._decode_list_cursor(req.cursor) if req.cursor else None
         rows = self.store.list(
             owner, states_=[s.value for s in req.states] if req.states else None, tool_name=req.tool_name,
-            tags_any=req.tags_any, submitted_after=req.submitted_after.timestamp() if req.submitted_after else None,
-            submitted_before=req.submitted_before.timestamp() if req.submitted_before else None,
-            before_pk=before, limit=req.limit + 1)
+            tags_any=req.tags_any, submitted_after=_epoch(req.submitted_after, "submitted_after"),
+            submitted_before=_epoch(req.submitted_before, "submitted_before"), before_pk=before, limit=req.limit + 1)
         more = len(rows) > req.limit
         rows = rows[: req.limit]
         tasks = []
@@ -240,7 +256,7 @@ class TaskService:
             raw = cursor[len(LIST_CURSOR_PREFIX):]
             text = base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)).decode()
             version, pk = text.split(":", 1)
-            if version != "v1" or not pk.isdigit():
+            if version != "v1" or not _ASCII_DIGITS.fullmatch(pk):
                 raise ValueError
             return int(pk)
         except (ValueError, UnicodeDecodeError):

@@ -136,9 +136,6 @@ def test_list_shows_the_tasks_newest_first(cli: Cli) -> None:
     assert [t["task_id"] for t in json.loads(ok(by_env))["tasks"]] == [second, first]
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: cli.py tasks_list prints a rich Table sized to the terminal; at the "
-                   "default 80 columns (and whenever output is piped) task ids are cut to 'tsk_xxxxxxxxx…', "
-                   "so the listing cannot be used to find a task id")
 def test_list_prints_whole_task_ids_in_an_80_column_terminal(cli: Cli) -> None:
     task_id = cli.json("submit", "exercise")["task_id"]
     cli.wait(task_id)

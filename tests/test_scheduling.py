@@ -95,3 +95,14 @@ async def test_concurrent_duplicate_submits_make_one_task(agent: Agent, cp: Cont
     other = await agent.call("submit_task", tool_name="lj_relax", inputs={"n_atoms": 5},
                              idempotency_key="same-key")
     assert other["task_id"] != results[0]["task_id"]
+
+
+async def test_reused_idempotency_key_with_other_inputs_is_refused(agent: Agent, cp: ControlPlane) -> None:
+    first = await agent.call("submit_task", tool_name="exercise", inputs={"sleep_s": 0.1}, idempotency_key="k")
+    again = await agent.call("submit_task", tool_name="exercise", inputs={"sleep_s": 0.1}, idempotency_key="k")
+    assert again["task_id"] == first["task_id"] and again["deduplicated"] is True
+    err = await agent.error("submit_task", tool_name="exercise", inputs={"sleep_s": 9}, idempotency_key="k")
+    assert err["code"] == "INVALID_REQUEST" and "different inputs" in err["message"]
+    assert first["task_id"] in err["message"]
+    with cp.db.engine.connect() as c:
+        assert c.exec_driver_sql("select count(*) from tasks").scalar() == 1

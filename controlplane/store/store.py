@@ -467,7 +467,7 @@ class Store:
                 self._finish(c, task, job, decide(task, outcome), arts, task_vals, store_url, now)
                 finished = True
             elif task_vals:
-                c.execute(update(T).where(T.c.pk == task["pk"]).values(**task_vals))
+                c.execute(update(T).where(T.c.pk == task["pk"]).values(version=T.c.version + 1, **task_vals))
             return IngestResult(ack_seq=seq, cancel=bool(task["cancel_requested"]), finished=finished)
 
     def touch(self, beats: dict[tuple[str, int], float]) -> None:
@@ -478,7 +478,8 @@ class Store:
             for (task_id, attempt), ts in beats.items():
                 c.execute(update(JOBS).where(JOBS.c.task_id == task_id, JOBS.c.attempt == attempt,
                                              JOBS.c.state == "active").values(seen_at=ts))
-                c.execute(update(T).where(T.c.task_id == task_id, T.c.attempt == attempt).values(heartbeat_at=ts))
+                c.execute(update(T).where(T.c.task_id == task_id, T.c.attempt == attempt)
+                          .values(heartbeat_at=ts, version=T.c.version + 1))
 
     def mark_running(self, task_id: str, attempt: int, started_at: float | None) -> None:
         """The provider says the job runs although the runner has not reported yet."""
