@@ -78,12 +78,13 @@ async def test_sigkill_restarts_lose_nothing_and_double_nothing(home: Path) -> N
     chaos = Chaos(srv, N_KILLS)
     rng = random.Random(3)
     submitted: dict[str, str] = {}
+    inputs_of: dict[str, dict] = {}
     try:
         chaos.thread.start()
         for i in range(N_TASKS):
             inputs = {"sleep_s": round(rng.uniform(0.2, 1.2), 2), "progress_steps": 3, "log_lines": 20}
+            inputs_of[f"key-{i}"] = inputs
             submitted[f"key-{i}"] = await submit_until_accepted(chaos, f"key-{i}", inputs)
-            # a resubmission after the chaos is still the same task
             await anyio.sleep(rng.uniform(0, 0.2))
         chaos.thread.join(timeout=120)
         assert chaos.done.is_set(), "the chaos thread did not finish"
@@ -97,7 +98,7 @@ async def test_sigkill_restarts_lose_nothing_and_double_nothing(home: Path) -> N
             await anyio.sleep(0.3)
         assert not pending, f"tasks not finished: {pending}"
         for key, tid in submitted.items():  # resubmitting any key returns the same task
-            assert await submit_until_accepted(chaos, key, {}) == tid
+            assert await submit_until_accepted(chaos, key, inputs_of[key]) == tid
     finally:
         srv.stop()
 
