@@ -29,6 +29,7 @@ import anyio.to_thread
 
 from controlplane.catalog import Catalog, CatalogError, ensure_catalog
 from controlplane.estimates import Estimator
+from controlplane.http.listener import Listener
 from controlplane.ingest import Ingestor
 from controlplane.launch import build_launch_spec
 from controlplane.objectstore import open_store
@@ -115,9 +116,9 @@ class ControlPlane:
         self._sched_wake, self._recon_wake = anyio.Event(), anyio.Event()
         # The loops run in their own task so that whichever task enters and leaves this context
         # (lifespans are not always left by the task that entered them) can stop them.
-        server = None if self.serves_http_routes else self._bind_internal_http()
+        internal = None if self.serves_http_routes else self._bind_internal_http()
         self._write_endpoint_file()
-        background = asyncio.create_task(self._background(server))
+        background = asyncio.create_task(self._background(internal))
         try:
             yield self
         finally:
@@ -133,24 +134,27 @@ class ControlPlane:
                     self.is_leader = False
             self._loop = None
 
-    async def _background(self, server: Any) -> None:
+    async def _background(self, internal: tuple[Listener, Any] | None) -> None:
         async with anyio.create_task_group() as tg:
-            if server is not None:
-                tg.start_soon(server.serve_forever)
+            if internal is not None:
+                listener, app = internal
+                tg.start_soon(listener.serve, app)
             tg.start_soon(self._leader_loop)
             tg.start_soon(self._scheduler_loop)
             tg.start_soon(self._reconciler_loop)
 
-    def _bind_internal_http(self) -> _InternalHTTP:
+    def _bind_internal_http(self) -> tuple[Listener, Any]:
         """Bind the runner/download listener now (so its URL is known), serve it later."""
+        from starlette.applications import Starlette
+
         from controlplane.http.routes import routes
 
-        srv = _InternalHTTP(self.settings.internal_host, self.settings.internal_port, routes(self))
+        listener = Listener(self.settings.internal_host, self.settings.internal_port)
         if self.public_url is None:
-            self.public_url = srv.url
+            self.public_url = listener.url
         if isinstance(self.objects, LocalObjectStore) and self.objects.signer is not None:
             self.objects.signer.base_url = self.public_url
-        return srv
+        return listener, Starlette(routes=routes(self))
 
     def set_public_url(self, url: str) -> None:
         """The MCP HTTP app serves the runner and download routes at `url`."""
@@ -217,25 +221,3 @@ class ControlPlane:
             except Exception:  # noqa: BLE001
                 log.exception("reconcile cycle failed")
 
-
-class _InternalHTTP:
-    """A uvicorn server on an already-bound loopback socket, for runners and downloads."""
-
-    def __init__(self, host: str, port: int, routes: list[Any]):
-        import uvicorn
-        from starlette.applications import Starlette
-
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind((host, port))
-        self.sock.listen(256)
-        h, p = self.sock.getsockname()[:2]
-        self.url = f"http://{h}:{p}"
-        config = uvicorn.Config(Starlette(routes=routes), log_level="warning", lifespan="off", access_log=False)
-        self.server = uvicorn.Server(config)
-
-    async def serve_forever(self) -> None:
-        try:
-            await self.server.serve(sockets=[self.sock])
-        finally:
-            self.sock.close()

@@ -40,7 +40,7 @@ async def run_demo(settings: Settings, console: Console, inputs: dict[str, Any])
     http = HttpServer(cp, "127.0.0.1", 0)
     server_task = asyncio.create_task(http.serve())
     try:
-        while not http.server.started:
+        while not http.started:
             if server_task.done():
                 await server_task
             await asyncio.sleep(0.02)

@@ -7,10 +7,10 @@ agents reach one address. Binding anywhere but loopback requires bearer-token au
 from __future__ import annotations
 
 import ipaddress
-import socket
 from typing import Any
 
 from controlplane.app import ControlPlane
+from controlplane.http.listener import Listener
 from controlplane.mcp.auth import load_tokens
 from controlplane.mcp.server import build_server
 
@@ -30,49 +30,36 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(1024)
-    sock.set_inheritable(False)
-    return sock
-
-
-def http_app(cp: ControlPlane, sock: socket.socket, host: str) -> Any:
+def http_app(cp: ControlPlane, listener: Listener, host: str) -> Any:
     """The Starlette app serving MCP at /mcp plus the runner and download routes."""
     if not is_loopback(host) and not load_tokens(cp.settings):
         raise UnsafeBind(f"refusing to listen on {host} without auth: set CONTROLPLANE_AUTH_TOKENS or "
                          "CONTROLPLANE_AUTH_TOKENS_FILE, or bind 127.0.0.1")
-    port = sock.getsockname()[1]
-    shown = f"[{host}]" if ":" in host else host
-    cp.set_public_url(cp.settings.public_url or f"http://{shown}:{port}")
-    mcp = build_server(cp)
-    return mcp.http_app(path="/mcp")
+    cp.set_public_url(cp.settings.public_url or listener.url)
+    return build_server(cp).http_app(path="/mcp")
 
 
 class HttpServer:
-    """uvicorn serving `http_app` on a bound socket; `url` is the MCP endpoint."""
+    """The MCP HTTP app on a bound socket; `url` is the MCP endpoint."""
 
     def __init__(self, cp: ControlPlane, host: str = "127.0.0.1", port: int = 0):
-        import uvicorn
-
-        self.sock = bind(host, port)
-        app = http_app(cp, self.sock, host)
+        self.listener = Listener(host, port)
+        try:
+            self.app = http_app(cp, self.listener, host)
+        except Exception:
+            self.listener.sock.close()
+            raise
         self.url = f"{cp.public_url}/mcp"
-        config = uvicorn.Config(app, lifespan="on", log_level="warning", access_log=False,
-                                timeout_graceful_shutdown=2)
-        self.server = uvicorn.Server(config)
 
     async def serve(self) -> None:
-        try:
-            await self.server.serve(sockets=[self.sock])
-        finally:
-            self.sock.close()
+        await self.listener.serve(self.app, lifespan="on")
+
+    @property
+    def started(self) -> bool:
+        return self.listener.started
 
     def stop(self) -> None:
-        self.server.should_exit = True
+        self.listener.stop()
 
 
 async def serve_stdio(cp: ControlPlane) -> None:

@@ -1,0 +1,20 @@
+"""The HTTP listener: bound up front to a known URL, and TCP so that responses are not delayed."""
+
+from __future__ import annotations
+
+import socket
+
+from controlplane.http.listener import Listener
+
+
+def test_listener_is_bound_before_serving_and_says_it_is_tcp() -> None:
+    listener = Listener("127.0.0.1", 0)
+    try:
+        port = listener.sock.getsockname()[1]
+        assert listener.url == f"http://127.0.0.1:{port}"
+        # asyncio only sets TCP_NODELAY on accepted sockets of a listener whose proto is TCP;
+        # with proto 0 every small response waits ~40 ms on Nagle and delayed ACKs.
+        assert listener.sock.proto == socket.IPPROTO_TCP
+        assert not listener.sock.get_inheritable()  # runners do not inherit it
+    finally:
+        listener.sock.close()
