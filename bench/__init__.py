@@ -1,0 +1,1 @@
+"""Benchmarks of the control plane; `python bench/run.py --help` says what they measure."""

@@ -1,0 +1,253 @@
+"""Bulk loading of realistic store contents for the benchmarks, straight through SQL.
+
+Going through MCP (or even `Store.submit`) would take minutes for 100k tasks and a million log
+lines; these functions write the same rows the store writes, in a few large transactions:
+
+* `seed_history`: N tasks submitted over the last ten days, as a busy deployment accumulates
+  them. Mostly one owner, two tools, a few tags; older than the ttl means expired (a tombstone),
+  otherwise succeeded / failed / cancelled / timed_out with results or errors, and at the newest
+  end a few running tasks (holding every slot of their class) and a queue of waiting tasks.
+  Every task has its `submitted` event (and its final one), finished tasks their `done` job.
+* `seed_log`: a long log for one task (task_logs rows plus `tasks.log_seq`).
+* `seed_inflight`: N tasks running with an active job each, as the reconciler sees them.
+
+Rows are consistent with the state machine, the ttl, the timeouts and the catalog's slots, so a
+server started on them stays quiet: nothing times out, expires, or gets scheduled meanwhile.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import insert, update
+
+from controlplane import ids
+from controlplane.store.db import Database
+from controlplane.store.store import EV, JOBS, LOGS, TAGS, T
+
+DAY = 86_400.0
+TTL_S = 7 * 24 * 3600  # the default ttl (Settings.default_ttl_s)
+MAIN_OWNER = "local"  # Settings.default_owner: the identity of an unauthenticated loopback caller
+PROJECTS = ["project:alpha", "project:beta", "project:gamma", "project:delta"]
+RARE_TAG = "needs-review"  # about one task in a thousand
+CHUNK = 20_000  # rows per executemany
+
+
+@dataclass
+class Seeded:
+    n: int = 0
+    by_state: dict[str, int] = field(default_factory=dict)
+    running_ids: list[str] = field(default_factory=list)
+    queued_ids: list[str] = field(default_factory=list)
+    log_task_id: str | None = None
+    sweep_tag: str | None = None  # a tag on one batch of ~500 tasks
+    window: tuple[float, float] | None = None  # a one-day submission window five days back
+    mid_pk: int | None = None  # a list cursor halfway down the history
+
+
+def _insert(c: Any, table: Any, rows: list[dict[str, Any]]) -> None:
+    for i in range(0, len(rows), CHUNK):
+        c.execute(insert(table), rows[i : i + CHUNK])
+
+
+def _inputs(tool: str, rng: random.Random) -> str:
+    if tool == "lj_relax":
+        d = {"n_atoms": rng.choice([13, 38, 55, 75, 100, 147]), "fmax": 0.001, "max_steps": 2000,
+             "seed": rng.randrange(10_000)}
+    else:
+        d = {"sleep_s": round(rng.uniform(0, 30), 1), "progress_steps": rng.choice([0, 10, 100]),
+             "log_lines": rng.choice([0, 100, 1000])}
+    return json.dumps(d, separators=(",", ":"), sort_keys=True)
+
+
+def _task_row(task_id: str, *, owner: str, tool: str, rc: str, state: str, submitted: float, rng: random.Random,
+              tags: list[str], max_runtime_s: int) -> dict[str, Any]:
+    """A tasks row with the columns `Store._submit` writes, in state `state`."""
+    return dict(
+        task_id=task_id, owner=owner, tool_name=tool, inputs_json=_inputs(tool, rng), input_size=None,
+        provider="local", resource_class=rc, priority=0, ttl_s=TTL_S, idempotency_key=None,
+        tags_json=json.dumps(tags), resources_json="{}", max_runtime_s=max_runtime_s, state=state, attempt=1,
+        max_attempts=2 if tool == "lj_relax" else 1, not_before=0.0, submitted_at=submitted,
+        scheduled_at=None, started_at=None, heartbeat_at=None, updated_at=submitted, completed_at=None,
+        expires_at=None, timeout_at=None, worker_id=None, cancel_requested=False, cancel_reason=None,
+        stop_reason=None, progress_json=None, result_json=None, error_json=None, metrics_json=None,
+        estimate_s=8.0 if tool == "lj_relax" else 1.0, log_seq=0, log_first_seq=1, version=1,
+    )
+
+
+def _event(task_id: str, ts: float, kind: str, frm: str | None, to: str | None, detail: dict | None = None) -> dict:
+    return dict(task_id=task_id, ts=ts, kind=kind, from_state=frm, to_state=to, attempt=1,
+                detail_json=json.dumps(detail) if detail else None)
+
+
+def _job(task_id: str, rc: str, state: str, created: float, **extra: Any) -> dict[str, Any]:
+    row = dict(worker_id=ids.new_worker_id(), task_id=task_id, attempt=1, provider="local", resource_class=rc,
+               job_name=ids.job_name(task_id, 1), state=state, handle_json=None, created_at=created,
+               launched_at=created, seen_at=None, finished_at=None, stop_sent_at=None, event_seq=0,
+               provider_status=None, provider_reason=None)
+    row.update(extra)
+    return row
+
+
+def seed_history(db: Database, n: int, *, seed: int = 7, now: float | None = None, running: dict[str, int] | None = None,
+                 queued: int = 200) -> Seeded:
+    """Insert `n` tasks as described in the module docstring. `running` maps a resource class to
+    the number of its running tasks (default: every slot of the default catalog's classes)."""
+    rng = random.Random(seed)
+    now = now or time.time()
+    running = running if running is not None else {"cpu_small": 2, "cpu_standard": 4}
+    n_running = sum(running.values())
+    span = 10 * DAY
+    out = Seeded(n=n)
+    tasks: list[dict[str, Any]] = []
+    tags: list[tuple[int, str]] = []  # (index in tasks, tag); pks are known only after insert
+    events: list[dict[str, Any]] = []
+    jobs: list[dict[str, Any]] = []
+    rc_running = [rc for rc, k in running.items() for _ in range(k)]
+
+    for i in range(n):
+        submitted = now - span + span * i / n + rng.uniform(0, 0.5)
+        from_end = n - i  # 1 = newest
+        owner = MAIN_OWNER if rng.random() < 0.95 else rng.choice(["alice", "bob"])
+        tool = "lj_relax" if rng.random() < 0.55 else "exercise"
+        task_tags = []
+        if rng.random() < 0.7:
+            task_tags.append(rng.choice(PROJECTS))
+        if rng.random() < 0.3:
+            task_tags.append(f"sweep:{i // 500:04d}")
+        if rng.random() < 0.001:
+            task_tags.append(RARE_TAG)
+        task_id = ids.new_task_id()
+        rc = "cpu_small"
+        if from_end <= queued:
+            state = "queued"
+            owner = MAIN_OWNER
+        elif from_end <= queued + n_running:
+            state = "running"
+            owner = MAIN_OWNER
+            rc = rc_running[from_end - queued - 1]
+        else:
+            r = rng.random()
+            state = ("succeeded" if r < 0.85 else "failed" if r < 0.94 else "cancelled" if r < 0.99
+                     else "timed_out")
+        row = _task_row(task_id, owner=owner, tool=tool, rc=rc, state=state, submitted=submitted, rng=rng,
+                        tags=task_tags, max_runtime_s=3600 if state == "running" else 600)
+        events.append(_event(task_id, submitted, "submitted", None, "queued", {"priority": 0, "queue": rc}))
+        if state == "running":
+            started = now - rng.uniform(5, 60)
+            row.update(scheduled_at=started - 0.2, started_at=started, updated_at=started, heartbeat_at=None,
+                       timeout_at=started + 3600, version=3, worker_id=ids.new_worker_id(),
+                       progress_json=json.dumps({"percent": round(rng.uniform(0, 99), 1), "step": 40,
+                                                 "step_total": 100, "phase": "relax", "ts": now - 1}))
+            # seen_at stays None: a job the runner never called back for is judged by its provider
+            # alone, so the (double's) RUNNING answer keeps it running for the whole benchmark.
+            jobs.append(_job(task_id, rc, "active", started - 0.2, worker_id=row["worker_id"],
+                             handle_json=json.dumps({"job": ids.job_name(task_id, 1), "double": True}),
+                             provider_status="running"))
+            events.append(_event(task_id, started, "running", "scheduled", "running", {"source": "provider"}))
+            out.running_ids.append(task_id)
+        elif state == "queued":
+            out.queued_ids.append(task_id)
+        else:
+            started = submitted + rng.uniform(0.5, 30)
+            done = started + (rng.uniform(2, 60) if tool == "lj_relax" else rng.uniform(0.1, 30))
+            row.update(scheduled_at=started - 0.3, started_at=started, updated_at=done, completed_at=done,
+                       expires_at=done + TTL_S, timeout_at=started + 600, version=4, worker_id=ids.new_worker_id(),
+                       log_seq=rng.choice([0, 12, 100, 1000]))
+            if state == "succeeded":
+                row["result_json"] = json.dumps({"energy": round(rng.uniform(-500, -20), 6),
+                                                 "steps": rng.randrange(50, 2000), "converged": True})
+            else:
+                code = {"failed": "TOOL_FAILED", "cancelled": "CANCELLED", "timed_out": "TOOL_TIMEOUT"}[state]
+                row["error_json"] = json.dumps({"code": code, "message": f"the task ended {state}"})
+            events.append(_event(task_id, done, state, "running", state, {"worker_id": row["worker_id"]}))
+            if done + TTL_S <= now:  # past its ttl: the reconciler has expired it (a tombstone)
+                row.update(state="expired", inputs_json="{}", result_json=None, progress_json=None,
+                           updated_at=done + TTL_S, version=5)
+                events.append(_event(task_id, done + TTL_S, "expired", state, "expired"))
+            else:
+                jobs.append(_job(task_id, rc, "done", started - 0.3, worker_id=row["worker_id"],
+                                 finished_at=done, seen_at=done, provider_status="succeeded"))
+        out.by_state[row["state"]] = out.by_state.get(row["state"], 0) + 1
+        tasks.append(row)
+        tags.extend((len(tasks) - 1, t) for t in task_tags)
+
+    with db.write() as c:
+        first_pk = (c.exec_driver_sql("SELECT COALESCE(MAX(pk), 0) FROM tasks").scalar_one() or 0) + 1
+        _insert(c, T, tasks)
+        # pks are assigned in insertion order on an empty (or append-only) table
+        pks = {r[1]: r[0] for r in c.exec_driver_sql(f"SELECT pk, task_id FROM tasks WHERE pk >= {first_pk}")}
+        _insert(c, TAGS, [{"task_pk": pks[tasks[i]["task_id"]], "tag": t} for i, t in tags])
+        _insert(c, EV, events)
+        _insert(c, JOBS, jobs)
+
+    # Handy targets for the list_tasks filters
+    sweep = n // 2 // 500
+    out.sweep_tag = f"sweep:{sweep:04d}"
+    five_days = now - 5 * DAY
+    out.window = (five_days, five_days + DAY)
+    out.mid_pk = first_pk + n // 2
+    # the log task: a recent succeeded task of the main owner
+    for row in reversed(tasks):
+        if row["state"] == "succeeded" and row["owner"] == MAIN_OWNER:
+            out.log_task_id = row["task_id"]
+            break
+    return out
+
+
+def seed_log(db: Database, task_id: str, lines: int, *, now: float | None = None) -> None:
+    """Give `task_id` a log of `lines` lines (seq 1..lines), as ingestion would have stored it."""
+    now = now or time.time()
+    start = now - 3600
+    step = 3600 / max(lines, 1)
+    with db.write() as c:
+        c.execute(LOGS.delete().where(LOGS.c.task_id == task_id))
+        for lo in range(1, lines + 1, CHUNK * 5):
+            hi = min(lines, lo + CHUNK * 5 - 1)
+            c.execute(insert(LOGS), [
+                {"task_id": task_id, "seq": s, "attempt": 1, "ts": start + s * step, "stream": "stdout",
+                 "level": "info", "message": f"step {s:>9}  E = {-173.928427 + (s % 977) * 1e-4:.6f}  fmax = "
+                                             f"{1.0 / (1 + s % 311):.6e}"}
+                for s in range(lo, hi + 1)])
+        c.execute(update(T).where(T.c.task_id == task_id).values(log_seq=lines, log_first_seq=1))
+
+
+def seed_inflight(db: Database, n: int, *, seed: int = 11, now: float | None = None,
+                  rc: str = "cpu_small") -> list[str]:
+    """`n` running tasks, each with an active job holding a handle; a fresh heartbeat each and no
+    provider status recorded yet (the first poll after their launch). Returns their ids."""
+    rng = random.Random(seed)
+    now = now or time.time()
+    tasks, events, jobs = [], [], []
+    for i in range(n):
+        tool = "lj_relax" if i % 2 else "exercise"
+        task_id = ids.new_task_id()
+        submitted = now - 120 + 60 * i / n
+        started = submitted + rng.uniform(1, 30)
+        wid = ids.new_worker_id()
+        row = _task_row(task_id, owner=MAIN_OWNER, tool=tool, rc=rc, state="running", submitted=submitted, rng=rng,
+                        tags=[PROJECTS[i % len(PROJECTS)]], max_runtime_s=3600)
+        row.update(scheduled_at=started - 0.5, started_at=started, updated_at=now, heartbeat_at=now,
+                   timeout_at=started + 3600, version=3, worker_id=wid, log_seq=rng.randrange(0, 500),
+                   progress_json=json.dumps({"percent": round(100 * i / n, 1), "step": i % 100, "step_total": 100,
+                                             "ts": now}))
+        tasks.append(row)
+        name = ids.job_name(task_id, 1)
+        jobs.append(_job(task_id, rc, "active", started - 0.5, worker_id=wid, seen_at=now,
+                         event_seq=rng.randrange(1, 200),
+                         handle_json=json.dumps({"job": name, "double": True, "arn": f"arn:bench:job/{name}"})))
+        events += [
+            _event(task_id, submitted, "submitted", None, "queued", {"priority": 0, "queue": rc}),
+            _event(task_id, started - 0.5, "scheduled", "queued", "scheduled", {"worker_id": wid, "job_name": name}),
+            _event(task_id, started - 0.4, "launched", None, None, {"worker_id": wid, "job_name": name}),
+            _event(task_id, started, "running", "scheduled", "running", {"worker_id": wid}),
+        ]
+    with db.write() as c:
+        _insert(c, T, tasks)
+        _insert(c, EV, events)
+        _insert(c, JOBS, jobs)
+    return [t["task_id"] for t in tasks]
