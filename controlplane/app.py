@@ -118,27 +118,35 @@ class ControlPlane:
         # (lifespans are not always left by the task that entered them) can stop them.
         internal = None if self.serves_http_routes else self._bind_internal_http()
         self._write_endpoint_file()
-        background = asyncio.create_task(self._background(internal))
+        background = asyncio.create_task(self._background())
+        listener_task = asyncio.create_task(internal[0].serve(internal[1])) if internal else None
         try:
             yield self
         finally:
             self._running -= 1
-            background.cancel()
             with anyio.CancelScope(shield=True):
-                try:
-                    await background
-                except asyncio.CancelledError:
-                    pass
+                if internal is not None and listener_task is not None:
+                    # A graceful stop: a cancelled uvicorn leaves its socket registered with the
+                    # event loop, and a later listener reusing the fd number would never answer.
+                    internal[0].stop()
+                    with anyio.move_on_after(5):
+                        await asyncio.shield(listener_task)
+                    listener_task.cancel()
+                background.cancel()
+                for t in (background, listener_task):
+                    if t is None:
+                        continue
+                    try:
+                        await t
+                    except asyncio.CancelledError:
+                        pass
                 if self.is_leader:
                     await anyio.to_thread.run_sync(self.store.release_lease, LEADER_LEASE, self.holder)
                     self.is_leader = False
             self._loop = None
 
-    async def _background(self, internal: tuple[Listener, Any] | None) -> None:
+    async def _background(self) -> None:
         async with anyio.create_task_group() as tg:
-            if internal is not None:
-                listener, app = internal
-                tg.start_soon(listener.serve, app)
             tg.start_soon(self._leader_loop)
             tg.start_soon(self._scheduler_loop)
             tg.start_soon(self._reconciler_loop)

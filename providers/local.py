@@ -71,7 +71,8 @@ class LocalProvider(Provider):
             child = subprocess.Popen(argv, cwd=job_dir, env=env, stdin=subprocess.DEVNULL, stdout=console,
                                      stderr=subprocess.STDOUT, start_new_session=True)
         self._children[child.pid] = child
-        handle = {"pid": child.pid, "create_time": _create_time(child.pid), "job_dir": str(job_dir)}
+        handle = {"pid": child.pid, "create_time": _create_time(child.pid), "job_dir": str(job_dir),
+                  "launched_at": time.time()}
         _write_json(job_dir / "runner.pid", handle)
         return handle
 
@@ -102,7 +103,9 @@ class LocalProvider(Provider):
         job_dir = Path(h["job_dir"])
         outcome = _read_json(job_dir / "exit.json")
         if outcome is None and self._alive(h):
-            return JobStatus(JobPhase.RUNNING, started_at=h.get("create_time"), raw_status="running")
+            # psutil's create_time is derived from boot time and can be off by a second: the
+            # wall clock at launch is the better start time.
+            return JobStatus(JobPhase.RUNNING, started_at=h.get("launched_at"), raw_status="running")
         if outcome is None:  # it may have finished between the two looks
             outcome = _read_json(job_dir / "exit.json")
         if outcome is None:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, delete, func, insert, or_, select, update
+from sqlalchemy import and_, bindparam, delete, func, insert, or_, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
@@ -360,14 +360,13 @@ class Store:
             return [dict(r) for r in c.execute(q).mappings()]
 
     def set_provider_status(self, updates: list[dict[str, Any]]) -> None:
-        """Record what the provider said (status word, reason, last seen), for many jobs at once."""
+        """Record what the provider said (status word, reason), for many jobs in one statement."""
         if not updates:
             return
+        stmt = (update(JOBS).where(JOBS.c.worker_id == bindparam("wid"))
+                .values(provider_status=bindparam("st"), provider_reason=bindparam("rs")))
         with self.db.write() as c:
-            for u in updates:
-                c.execute(update(JOBS).where(JOBS.c.worker_id == u["worker_id"]).values(
-                    provider_status=u["status"], provider_reason=u.get("reason"),
-                    **({"seen_at": u["seen_at"]} if u.get("seen_at") else {})))
+            c.execute(stmt, [{"wid": u["worker_id"], "st": u["status"], "rs": u.get("reason")} for u in updates])
 
     def mark_stop_sent(self, worker_id: str) -> None:
         now = self.clock()
@@ -488,7 +487,7 @@ class Store:
             task = self._lock_task(c, task_id)
             if task is None or task["attempt"] != attempt or task["state"] != S.SCHEDULED.value:
                 return
-            start = started_at or now
+            start = max(started_at or now, task["scheduled_at"] or 0.0)
             self._transition(c, task, S.RUNNING, kind="running", detail={"source": "provider"},
                              values={"started_at": start, "timeout_at": start + task["max_runtime_s"]}, now=now)
 
