@@ -56,19 +56,22 @@ def build_server(cp: ControlPlane, *, with_auth: bool = True) -> FastMCP:
         version="0.1.0",
         lifespan=lifespan,
         mask_error_details=True,
+        dereference_schemas=False,  # our schemas are inlined once when the tools are built
         auth=build_auth(cp.settings) if with_auth else None,
     )
     svc = cp.service
     owner = cp.settings.default_owner
+    point_reads = cp.db.inline_reads  # status and log pages are index lookups: no thread hop
     tools = [
         canonical_tool("submit_task", "Submit a catalog tool to run as a durable task. Returns at once with the "
                        "task id, its queue position and when to poll.", api.SubmitTask, svc.submit,
                        default_owner=owner, read_only=False),
         canonical_tool("get_task_status", "State, progress (percent, step, phase, message, ETA), timing and "
-                       "error of a task.", api.GetTaskStatus, svc.status, default_owner=owner, read_only=True),
+                       "error of a task.", api.GetTaskStatus, svc.status, default_owner=owner, read_only=True,
+                       inline=point_reads),
         canonical_tool("tail_task_logs", "Log lines of a task, page by page: pass next_cursor back to continue; "
                        "from_end=true starts at the last lines.", api.TailTaskLogs, svc.tail,
-                       default_owner=owner, read_only=True),
+                       default_owner=owner, read_only=True, inline=point_reads),
         canonical_tool("list_tasks", "Your tasks, newest first, filtered by state, tool, tags and submission "
                        "time, with cursor pagination.", api.ListTasks, svc.list, default_owner=owner,
                        read_only=True),

@@ -17,6 +17,7 @@ from typing import Any
 import anyio.to_thread
 from fastmcp.server.dependencies import get_access_token
 from fastmcp.tools.base import Tool, ToolResult
+from fastmcp.utilities.json_schema import dereference_refs
 from mcp_types import TextContent, ToolAnnotations
 from pydantic import BaseModel, ValidationError
 from pydantic.json_schema import SkipJsonSchema
@@ -58,17 +59,28 @@ def describe_validation_error(e: ValidationError) -> ControlPlaneError:
     return invalid(f"{where}: {first['msg']}{more}")
 
 
+def inline_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """The schema with every $ref inlined, once, at startup. Clients that cannot follow $ref get
+    self-contained schemas, and fastmcp need not dereference them on every request."""
+    return dereference_refs(schema) if "$defs" in schema or "$ref" in json.dumps(schema) else schema
+
+
 class ServiceTool(Tool):
-    """A tool whose body is `handler(owner, arguments)` running in a worker thread."""
+    """A tool whose body is `handler(owner, arguments)`, run in a worker thread, or on the event
+    loop itself when it is a short read (`inline`: a point lookup that never waits on a lock)."""
 
     handler: SkipJsonSchema[Callable[[str, dict[str, Any]], dict[str, Any]]]
     default_owner: SkipJsonSchema[str] = "local"
+    inline: SkipJsonSchema[bool] = False
 
     async def run(self, arguments: dict[str, Any]) -> ToolResult:
         started = time.perf_counter()
         owner = caller(self.default_owner)
         try:
-            out = await anyio.to_thread.run_sync(self.handler, owner, arguments)
+            if self.inline:
+                out = self.handler(owner, arguments)
+            else:
+                out = await anyio.to_thread.run_sync(self.handler, owner, arguments)
         except ControlPlaneError as e:
             return error(e, started)
         except Exception:
@@ -80,7 +92,7 @@ class ServiceTool(Tool):
 
 def canonical_tool(name: str, description: str, model: type[BaseModel],
                    method: Callable[[str, Any], dict[str, Any]], *, default_owner: str, read_only: bool,
-                   schema_version: int = 1) -> ServiceTool:
+                   inline: bool = False, schema_version: int = 1) -> ServiceTool:
     def handler(owner: str, arguments: dict[str, Any]) -> dict[str, Any]:
         try:
             req = model.model_validate_json(json.dumps(arguments))
@@ -89,8 +101,8 @@ def canonical_tool(name: str, description: str, model: type[BaseModel],
         return method(owner, req)
 
     return ServiceTool(
-        name=name, description=description, parameters=model.model_json_schema(), handler=handler,
-        default_owner=default_owner,
+        name=name, description=description, parameters=inline_schema(model.model_json_schema()), handler=handler,
+        default_owner=default_owner, inline=inline,
         annotations=ToolAnnotations(readOnlyHint=read_only, destructiveHint=False, openWorldHint=False),
         meta={"schemaVersion": schema_version, "toolingVersion": TOOLING_VERSION},
     )
@@ -105,7 +117,7 @@ def catalog_tool(spec: Any, submit_direct: Callable[[str, str, dict[str, Any]], 
         name=spec.name,
         description=(spec.description + f"\n\nRuns as a durable task (estimated {spec.estimate_s:g} s): the call "
                      "returns a task id at once; follow it with get_task_status, tail_task_logs and get_task_result."),
-        parameters=spec.input_schema, handler=handler, default_owner=default_owner,
+        parameters=inline_schema(spec.input_schema), handler=handler, default_owner=default_owner,
         annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=False, idempotentHint=False, openWorldHint=True),
         meta={"schemaVersion": spec.schema_version, "toolingVersion": TOOLING_VERSION, "async": True,
               "estimatedRuntimeSeconds": spec.estimate_s},

@@ -16,6 +16,8 @@ from typing import Any
 
 from sqlalchemy import Table, create_engine, event, text
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.pool import SingletonThreadPool
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 
@@ -36,8 +38,18 @@ class Database:
                 max_overflow=16,
             )
             _install_sqlite_hooks(self.engine)
+            # Reads keep one connection per thread: WAL readers never wait for writers, so the
+            # event loop can read inline, without a hop to a worker thread or a pool checkout.
+            self.read_engine: Engine = create_engine(url, echo=echo, poolclass=SingletonThreadPool,
+                                                     pool_size=64, connect_args={"check_same_thread": False})
+            _install_sqlite_hooks(self.read_engine)
         else:
             self.engine = create_engine(url, echo=echo, pool_pre_ping=True, pool_size=10)
+            self.read_engine = self.engine
+        # Whether reads are cheap and local enough to run on the event loop thread.
+        self.inline_reads = self.is_sqlite
+        self._compiled: dict[Any, tuple[str, list[str] | None, dict[str, Any]]] = {}
+        self._keep: list[Any] = []
 
     # ---- transactions ---------------------------------------------------------------------
     @contextmanager
@@ -49,11 +61,63 @@ class Database:
             with conn.begin():
                 yield conn
 
-    @contextmanager
-    def read(self) -> Iterator[Connection]:
-        with self.engine.connect() as conn:
-            with conn.begin():
-                yield conn
+    def read(self) -> Connection:
+        """A connection for reads (`with db.read() as c:`); it never writes."""
+        return self.read_engine.connect()
+
+    # ---- prebuilt statements, straight through the DB-API driver ---------------------------
+    # The hot paths (a task by id, a page of logs, submit, transitions) run statements built once
+    # at import. Compiling each once per engine and handing only the parameters to the driver
+    # skips SQLAlchemy's per-call statement and result machinery, which on SQLite costs more
+    # than the query itself. Only plain column types are used (numbers, text, booleans).
+
+    def fetch(self, stmt: Any, params: dict[str, Any]) -> list[dict[str, Any]]:
+        """Run a prebuilt SELECT on the read connection."""
+        raw = self.read_engine.raw_connection()
+        try:
+            rows = self._run(raw.driver_connection, stmt, params)
+            if not self.is_sqlite:
+                raw.rollback()
+            return rows or []
+        finally:
+            raw.close()
+
+    def run(self, conn: Connection, stmt: Any, params: dict[str, Any]) -> list[dict[str, Any]] | int:
+        """Run a prebuilt statement inside the transaction of `conn` (a `write()` connection).
+        Returns the rows of a SELECT (or of RETURNING), else the number of rows affected."""
+        return self._run(conn.connection.driver_connection, stmt, params)
+
+    def _run(self, dbapi_conn: Any, stmt: Any, params: dict[str, Any]) -> list[dict[str, Any]] | int:
+        sql, names, fixed = self._compiled_for(stmt, params)
+        merged = {**fixed, **params}  # literals in the statement are bound parameters too
+        args: Any = [merged[n] for n in names] if names is not None else merged
+        dbapi_error = self.engine.dialect.loaded_dbapi.Error
+        cur = dbapi_conn.cursor()
+        try:
+            cur.execute(sql, args)
+            if cur.description is None:
+                return cur.rowcount
+            cols = [d[0] for d in cur.description]
+            return [dict(zip(cols, r)) for r in cur.fetchall()]
+        except dbapi_error as e:  # the same exceptions SQLAlchemy raises (IntegrityError, ...)
+            raise DBAPIError.instance(sql, args, e, dbapi_error) from e
+        finally:
+            cur.close()
+
+    def _compiled_for(self, stmt: Any, params: dict[str, Any]) -> tuple[str, list[str] | None, dict[str, Any]]:
+        # INSERT and UPDATE compile to different SQL for different sets of columns.
+        dml = stmt.is_dml
+        key = (id(stmt), tuple(sorted(params))) if dml else id(stmt)
+        entry = self._compiled.get(key)
+        if entry is None:
+            table_cols = set(stmt.table.c.keys()) if dml else set()
+            compiled = stmt.compile(dialect=self.engine.dialect,
+                                    column_keys=[k for k in params if k in table_cols] if dml else None)
+            fixed = {k: v for k, v in compiled.params.items() if v is not None and k not in params}
+            entry = (str(compiled), list(compiled.positiontup) if compiled.positional else None, fixed)
+            self._compiled[key] = entry
+            self._keep.append(stmt)  # keeps ids unique while the cache refers to them
+        return entry
 
     def lock_queue(self, conn: Connection, name: str) -> None:
         """Serialise admission into one queue (queue-length checks) across processes.
@@ -111,6 +175,7 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+        self.read_engine.dispose()
 
 
 def _install_sqlite_hooks(engine: Engine) -> None:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, bindparam, delete, func, insert, or_, select, update
+from sqlalchemy import and_, bindparam, case, delete, func, insert, or_, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
@@ -42,6 +42,34 @@ LIST_COLUMNS = [
     T.c.pk, T.c.task_id, T.c.tool_name, T.c.state, T.c.priority, T.c.resource_class, T.c.attempt,
     T.c.submitted_at, T.c.started_at, T.c.updated_at, T.c.completed_at, T.c.tags_json, T.c.progress_json,
 ]
+
+
+# Hot-path statements, built once: SQLAlchemy then only binds parameters (building a statement
+# per call costs more than the query itself on SQLite).
+_bp = bindparam
+GET_TASK = select(T).where(T.c.task_id == _bp("task_id"))
+GET_OWNED_TASK = select(T).where(T.c.task_id == _bp("task_id"), T.c.owner == _bp("owner"))
+GET_IDEMPOTENT = select(T).where(T.c.owner == _bp("owner"), T.c.tool_name == _bp("tool_name"),
+                                 T.c.idempotency_key == _bp("key"))
+# Admission into a queue: its length, and how many waiting tasks a new one would queue behind.
+QUEUE_ADMISSION = (select(func.count().label("waiting"),
+                          func.sum(case((T.c.priority >= _bp("prio"), 1), else_=0)).label("ahead"))
+                   .select_from(T).where(T.c.resource_class == _bp("rc"), T.c.state == S.QUEUED.value))
+# Tasks ahead of one in its queue: one index range (the queued tasks of the class at or above its
+# priority), counting those of higher priority and those of its own priority submitted earlier.
+QUEUE_POSITION = (select(func.count().label("ahead")).select_from(T)
+                  .where(T.c.resource_class == _bp("rc"), T.c.state == S.QUEUED.value,
+                         T.c.priority >= _bp("prio"),
+                         or_(T.c.priority > _bp("prio"), T.c.pk < _bp("pk"))))
+UPDATE_TASK_VERSIONED = update(T).where(T.c.pk == _bp("_pk"), T.c.version == _bp("_version"))
+INSERT_TASK = insert(T).returning(T.c.pk)
+INSERT_TAGS = insert(TAGS)
+INSERT_EVENT = insert(EV)
+_LOG_COLS = (LOGS.c.seq, LOGS.c.ts, LOGS.c.stream, LOGS.c.level, LOGS.c.message, LOGS.c.attempt)
+TAIL_LOGS = (select(*_LOG_COLS).where(LOGS.c.task_id == _bp("task_id"), LOGS.c.seq > _bp("after"))
+             .order_by(LOGS.c.seq).limit(_bp("lim")))
+LAST_LOGS = (select(*_LOG_COLS).where(LOGS.c.task_id == _bp("task_id"))
+             .order_by(LOGS.c.seq.desc()).limit(_bp("lim")))
 
 
 class QueueFull(Exception):
@@ -89,6 +117,7 @@ class Store:
     def __init__(self, db: Database, clock: Callable[[], float] = _now):
         self.db = db
         self.clock = clock
+        self._lock_stmt = db.for_update(GET_TASK)
 
     # ==== transitions (the only code that changes tasks.state) ==============================
     def _transition(
@@ -108,8 +137,8 @@ class Store:
         if to in states.TERMINAL:
             vals.setdefault("completed_at", now)
             vals.setdefault("expires_at", now + task["ttl_s"])
-        res = c.execute(update(T).where(T.c.pk == task["pk"], T.c.version == task["version"]).values(**vals))
-        if res.rowcount != 1:  # pragma: no cover - write transactions are serialised
+        changed = self.db.run(c, UPDATE_TASK_VERSIONED, {"_pk": task["pk"], "_version": task["version"], **vals})
+        if changed != 1:  # pragma: no cover - write transactions are serialised
             raise RuntimeError(f"task {task['task_id']} changed under a write transaction")
         self._event(c, task["task_id"], kind or to.value, task["state"], to.value,
                     vals.get("attempt", task["attempt"]), detail, now)
@@ -118,12 +147,12 @@ class Store:
 
     def _event(self, c: Connection, task_id: str, kind: str, frm: str | None, to: str | None, attempt: int,
                detail: dict[str, Any] | None, now: float) -> None:
-        c.execute(insert(EV).values(task_id=task_id, ts=now, kind=kind, from_state=frm, to_state=to, attempt=attempt,
-                                    detail_json=json.dumps(detail) if detail else None))
+        self.db.run(c, INSERT_EVENT, {"task_id": task_id, "ts": now, "kind": kind, "from_state": frm, "to_state": to,
+                                      "attempt": attempt, "detail_json": json.dumps(detail) if detail else None})
 
     def _lock_task(self, c: Connection, task_id: str) -> dict[str, Any] | None:
-        row = c.execute(self.db.for_update(select(T).where(T.c.task_id == task_id))).mappings().first()
-        return dict(row) if row else None
+        rows = self.db.run(c, self._lock_stmt, {"task_id": task_id})
+        return rows[0] if rows else None
 
     def transition(self, task_id: str, to: TaskState, *, only_from: Iterable[TaskState] | None = None,
                    kind: str | None = None, detail: dict[str, Any] | None = None,
@@ -158,18 +187,15 @@ class Store:
         now = self.clock()
         with self.db.write() as c:
             if new.idempotency_key is not None:
-                row = c.execute(select(T).where(T.c.owner == new.owner, T.c.tool_name == new.tool_name,
-                                                T.c.idempotency_key == new.idempotency_key)).mappings().first()
-                if row is not None:
-                    return dict(row), False
+                rows = self.db.run(c, GET_IDEMPOTENT, {"owner": new.owner, "tool_name": new.tool_name,
+                                                       "key": new.idempotency_key})
+                if rows:
+                    return rows[0], False
             self.db.lock_queue(c, new.resource_class)
-            waiting = c.execute(select(func.count()).select_from(T).where(
-                T.c.resource_class == new.resource_class, T.c.state == S.QUEUED.value)).scalar_one()
+            [adm] = self.db.run(c, QUEUE_ADMISSION, {"rc": new.resource_class, "prio": new.priority})
+            waiting, ahead = adm["waiting"], adm["ahead"] or 0
             if waiting >= queue_limit:
                 raise QueueFull(new.resource_class, waiting)
-            ahead = c.execute(select(func.count()).select_from(T).where(
-                T.c.resource_class == new.resource_class, T.c.state == S.QUEUED.value,
-                T.c.priority >= new.priority)).scalar_one() if waiting else 0
             values = dict(
                 task_id=ids.new_task_id(), owner=new.owner, tool_name=new.tool_name, inputs_json=new.inputs_json,
                 input_size=new.input_size, provider=new.provider, resource_class=new.resource_class,
@@ -179,9 +205,9 @@ class Store:
                 submitted_at=now, updated_at=now, cancel_requested=False, estimate_s=new.estimate_s,
                 log_seq=0, log_first_seq=1, version=1,
             )
-            pk = c.execute(insert(T).values(**values)).inserted_primary_key[0]
+            pk = self.db.run(c, INSERT_TASK, values)[0]["pk"]
             if new.tags:
-                c.execute(insert(TAGS), [{"task_pk": pk, "tag": t} for t in dict.fromkeys(new.tags)])
+                c.execute(INSERT_TAGS, [{"task_pk": pk, "tag": t} for t in dict.fromkeys(new.tags)])
             self._event(c, values["task_id"], "submitted", None, S.QUEUED.value, 1,
                         {"priority": new.priority, "queue": new.resource_class}, now)
             return {**values, "pk": pk, "position": ahead + 1}, True
@@ -190,28 +216,23 @@ class Store:
         if key is None:
             return None
         with self.db.read() as c:
-            row = c.execute(select(T).where(T.c.owner == owner, T.c.tool_name == tool_name,
-                                            T.c.idempotency_key == key)).mappings().first()
+            row = c.execute(GET_IDEMPOTENT, {"owner": owner, "tool_name": tool_name, "key": key}).mappings().first()
             return dict(row) if row else None
 
     # ==== reads ===============================================================================
     def get(self, task_id: str, owner: str | None = None) -> dict[str, Any] | None:
         """The task, or None when unknown or (with `owner`) someone else's."""
-        q = select(T).where(T.c.task_id == task_id)
-        if owner is not None:
-            q = q.where(T.c.owner == owner)
-        with self.db.engine.connect() as c:
-            row = c.execute(q).mappings().first()
-            return dict(row) if row else None
+        if owner is None:
+            rows = self.db.fetch(GET_TASK, {"task_id": task_id})
+        else:
+            rows = self.db.fetch(GET_OWNED_TASK, {"task_id": task_id, "owner": owner})
+        return rows[0] if rows else None
 
     def queue_position(self, task: dict[str, Any]) -> int:
         """1-based position among the queued tasks of its class (priority first, then FIFO)."""
-        with self.db.engine.connect() as c:
-            ahead = c.execute(select(func.count()).select_from(T).where(
-                T.c.resource_class == task["resource_class"], T.c.state == S.QUEUED.value,
-                or_(T.c.priority > task["priority"], and_(T.c.priority == task["priority"], T.c.pk < task["pk"])),
-            )).scalar_one()
-        return int(ahead) + 1
+        [row] = self.db.fetch(QUEUE_POSITION, {"rc": task["resource_class"], "prio": task["priority"],
+                                               "pk": task["pk"]})
+        return int(row["ahead"] or 0) + 1
 
     def list(self, owner: str, *, states_: Sequence[str] | None = None, tool_name: str | None = None,
              tags_any: Sequence[str] | None = None, submitted_after: float | None = None,
@@ -232,11 +253,11 @@ class Store:
         if before_pk is not None:
             q = q.where(T.c.pk < before_pk)
         q = q.order_by(T.c.pk.desc()).limit(limit)
-        with self.db.engine.connect() as c:
+        with self.db.read() as c:
             return [dict(r) for r in c.execute(q).mappings()]
 
     def events(self, task_id: str) -> list[dict[str, Any]]:
-        with self.db.engine.connect() as c:
+        with self.db.read() as c:
             rows = c.execute(select(EV).where(EV.c.task_id == task_id).order_by(EV.c.pk)).mappings()
             return [dict(r) for r in rows]
 
@@ -244,28 +265,22 @@ class Store:
         q = select(ART).where(ART.c.task_id == task_id)
         if attempt is not None:
             q = q.where(ART.c.attempt == attempt)
-        with self.db.engine.connect() as c:
+        with self.db.read() as c:
             return [dict(r) for r in c.execute(q.order_by(ART.c.name)).mappings()]
 
     def count_by_state(self, resource_class: str | None = None) -> dict[str, int]:
         q = select(T.c.state, func.count()).group_by(T.c.state)
         if resource_class:
             q = q.where(T.c.resource_class == resource_class)
-        with self.db.engine.connect() as c:
+        with self.db.read() as c:
             return {s: n for s, n in c.execute(q)}
 
     # ==== logs ================================================================================
     def tail_logs(self, task_id: str, after_seq: int, limit: int) -> list[dict[str, Any]]:
-        q = (select(LOGS.c.seq, LOGS.c.ts, LOGS.c.stream, LOGS.c.level, LOGS.c.message, LOGS.c.attempt)
-             .where(LOGS.c.task_id == task_id, LOGS.c.seq > after_seq).order_by(LOGS.c.seq).limit(limit))
-        with self.db.engine.connect() as c:
-            return [dict(r) for r in c.execute(q).mappings()]
+        return self.db.fetch(TAIL_LOGS, {"task_id": task_id, "after": after_seq, "lim": limit})
 
     def last_logs(self, task_id: str, limit: int) -> list[dict[str, Any]]:
-        q = (select(LOGS.c.seq, LOGS.c.ts, LOGS.c.stream, LOGS.c.level, LOGS.c.message, LOGS.c.attempt)
-             .where(LOGS.c.task_id == task_id).order_by(LOGS.c.seq.desc()).limit(limit))
-        with self.db.engine.connect() as c:
-            return [dict(r) for r in reversed(list(c.execute(q).mappings()))]
+        return self.db.fetch(LAST_LOGS, {"task_id": task_id, "lim": limit})[::-1]
 
     # ==== cancellation ========================================================================
     def request_cancel(self, task_id: str, owner: str, reason: str) -> tuple[dict[str, Any] | None, bool]:
@@ -329,7 +344,7 @@ class Store:
 
     def jobs_to_launch(self) -> list[dict[str, Any]]:
         """Launch intents without a handle yet (new, or left behind by a crash)."""
-        with self.db.engine.connect() as c:
+        with self.db.read() as c:
             q = (select(JOBS, T.c.state.label("task_state"))
                  .join(T, and_(T.c.task_id == JOBS.c.task_id, T.c.attempt == JOBS.c.attempt))
                  .where(JOBS.c.state == "launching"))
@@ -349,7 +364,7 @@ class Store:
 
     def active_jobs(self) -> list[dict[str, Any]]:
         """Jobs the reconciler watches, with the fields of their task it needs."""
-        with self.db.engine.connect() as c:
+        with self.db.read() as c:
             q = (select(JOBS.c.worker_id, JOBS.c.task_id, JOBS.c.attempt, JOBS.c.provider, JOBS.c.handle_json,
                         JOBS.c.launched_at, JOBS.c.seen_at, JOBS.c.stop_requested_at, JOBS.c.stop_sent_at,
                         JOBS.c.provider_status, JOBS.c.provider_reason, JOBS.c.event_seq, JOBS.c.job_name,
@@ -379,7 +394,7 @@ class Store:
             c.execute(update(JOBS).where(JOBS.c.worker_id == worker_id).values(state=state, finished_at=self.clock()))
 
     def job(self, task_id: str, attempt: int) -> dict[str, Any] | None:
-        with self.db.engine.connect() as c:
+        with self.db.read() as c:
             row = c.execute(select(JOBS).where(JOBS.c.task_id == task_id, JOBS.c.attempt == attempt)).mappings().first()
             return dict(row) if row else None
 
@@ -571,17 +586,17 @@ class Store:
                              values={"error_json": json.dumps(cancelled_error(task))}, now=now)
 
     def tasks_in(self, wanted: Iterable[TaskState]) -> list[dict[str, Any]]:
-        with self.db.engine.connect() as c:
+        with self.db.read() as c:
             q = select(T.c.task_id, T.c.attempt, T.c.state, T.c.stop_reason).where(T.c.state.in_([s.value for s in wanted]))
             return [dict(r) for r in c.execute(q).mappings()]
 
     def timed_out(self, now: float) -> list[dict[str, Any]]:
-        with self.db.engine.connect() as c:
+        with self.db.read() as c:
             q = select(T.c.task_id, T.c.attempt).where(T.c.state == S.RUNNING.value, T.c.timeout_at < now)
             return [dict(r) for r in c.execute(q).mappings()]
 
     def due_for_expiry(self, now: float, limit: int = 500) -> list[dict[str, Any]]:
-        with self.db.engine.connect() as c:
+        with self.db.read() as c:
             q = (select(T.c.task_id, T.c.state).where(T.c.state.in_(_TERMINAL), T.c.expires_at <= now).limit(limit))
             return [dict(r) for r in c.execute(q).mappings()]
 
