@@ -181,7 +181,8 @@ def seed_history(db: Database, n: int, *, seed: int = 7, now: float | None = Non
         _insert(c, T, tasks)
         # pks are assigned in insertion order on an empty (or append-only) table
         pks = {r[1]: r[0] for r in c.exec_driver_sql(f"SELECT pk, task_id FROM tasks WHERE pk >= {first_pk}")}
-        _insert(c, TAGS, [{"task_pk": pks[tasks[i]["task_id"]], "tag": t} for i, t in tags])
+        _insert(c, TAGS, [{"task_pk": pks[tasks[i]["task_id"]], "tag": t, "owner": tasks[i]["owner"],
+                           "submitted_at": tasks[i]["submitted_at"]} for i, t in tags])
         _insert(c, EV, events)
         _insert(c, JOBS, jobs)
 

@@ -223,11 +223,11 @@ class TaskService:
 
     # ==== list ================================================================================
     def list(self, owner: str, req: api.ListTasks) -> dict[str, Any]:
-        before = self._decode_list_cursor(req.cursor) if req.cursor else None
+        after = self._decode_list_cursor(req.cursor) if req.cursor else None
         rows = self.store.list(
             owner, states_=[s.value for s in req.states] if req.states else None, tool_name=req.tool_name,
             tags_any=req.tags_any, submitted_after=_epoch(req.submitted_after, "submitted_after"),
-            submitted_before=_epoch(req.submitted_before, "submitted_before"), before_pk=before, limit=req.limit + 1)
+            submitted_before=_epoch(req.submitted_before, "submitted_before"), after=after, limit=req.limit + 1)
         more = len(rows) > req.limit
         rows = rows[: req.limit]
         tasks = []
@@ -241,24 +241,26 @@ class TaskService:
                 "tags": json.loads(r["tags_json"] or "[]"),
                 "percent": progress.get("percent") if progress else None,
             })
-        cursor = self._encode_list_cursor(rows[-1]["pk"]) if more and rows else None
+        cursor = self._encode_list_cursor(rows[-1]["submitted_at"], rows[-1]["pk"]) if more and rows else None
         return {"tasks": tasks, "next_cursor": cursor}
 
     @staticmethod
-    def _encode_list_cursor(pk: int) -> str:
-        return LIST_CURSOR_PREFIX + base64.urlsafe_b64encode(f"v1:{pk}".encode()).decode().rstrip("=")
+    def _encode_list_cursor(submitted_at: float, pk: int) -> str:
+        raw = f"v1:{submitted_at!r}:{pk}".encode()
+        return LIST_CURSOR_PREFIX + base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
     @staticmethod
-    def _decode_list_cursor(cursor: str) -> int:
+    def _decode_list_cursor(cursor: str) -> tuple[float, int]:
         try:
             if not cursor.startswith(LIST_CURSOR_PREFIX):
                 raise ValueError
             raw = cursor[len(LIST_CURSOR_PREFIX):]
             text = base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)).decode()
-            version, pk = text.split(":", 1)
-            if version != "v1" or not _ASCII_DIGITS.fullmatch(pk):
+            version, ts, pk = text.split(":")
+            when = float(ts)
+            if version != "v1" or not _ASCII_DIGITS.fullmatch(pk) or not math.isfinite(when):
                 raise ValueError
-            return int(pk)
+            return when, int(pk)
         except (ValueError, UnicodeDecodeError):
             raise invalid("malformed cursor", hint="pass the next_cursor of a previous list_tasks answer") from None
 

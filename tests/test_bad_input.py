@@ -121,6 +121,11 @@ INVALID = [
     ("list_tasks", {"cursor": "log_000000001"}, "cursor"),
     pytest.param("list_tasks", {"cursor": list_cursor("v1:" + "9" * 20)}, "cursor",
                  id="list_tasks-cursor-pk-overflow"),
+    pytest.param("list_tasks", {"cursor": list_cursor("v1:1.5:" + "9" * 20)}, "cursor",
+                 id="list_tasks-cursor-pk-overflow-with-time"),
+    ("list_tasks", {"cursor": list_cursor("v1:nan:5")}, "cursor"),
+    ("list_tasks", {"cursor": list_cursor("v1:inf:5")}, "cursor"),
+    ("list_tasks", {"cursor": list_cursor("v1:1.5:5:7")}, "cursor"),
     # --- cursor and from_end together
     ("tail_task_logs", {"task_id": TASK, "cursor": "log_000000001", "from_end": True}, "from_end"),
     # --- beyond the limits

@@ -17,10 +17,10 @@ class Task(SQLModel, table=True):
         UniqueConstraint("owner", "tool_name", "idempotency_key", name="uq_tasks_idempotency"),
         # Scheduler: next queued task of a class, priority first then FIFO.
         Index("ix_tasks_dispatch", "resource_class", "state", text("priority DESC"), "pk"),
-        # list_tasks: newest first per owner, optionally by state or tool.
-        Index("ix_tasks_owner", "owner", "pk"),
-        Index("ix_tasks_owner_state", "owner", "state", "pk"),
-        Index("ix_tasks_owner_tool", "owner", "tool_name", "pk"),
+        # list_tasks: newest first per owner (keyset on submitted_at, pk), optionally by state or tool.
+        Index("ix_tasks_owner", "owner", "submitted_at", "pk"),
+        Index("ix_tasks_owner_state", "owner", "state", "submitted_at", "pk"),
+        Index("ix_tasks_owner_tool", "owner", "tool_name", "submitted_at", "pk"),
         # Sweeps: timeouts and expiry.
         Index("ix_tasks_state_timeout", "state", "timeout_at"),
         Index("ix_tasks_state_expires", "state", "expires_at"),
@@ -67,11 +67,16 @@ class Task(SQLModel, table=True):
 
 
 class TaskTag(SQLModel, table=True):
+    """A task's tags, with its owner and submission time so that list_tasks(tags_any=...) walks
+    one index in page order instead of sorting every task that has the tag."""
+
     __tablename__ = "task_tags"
-    __table_args__ = (Index("ix_task_tags_tag", "tag", "task_pk"),)
+    __table_args__ = (Index("ix_task_tags_owner_tag", "owner", "tag", "submitted_at", "task_pk"),)
 
     task_pk: int = Field(primary_key=True)
     tag: str = Field(sa_column=Column(String(128), primary_key=True))
+    owner: str = Field(sa_column=Column(String(200), nullable=False))
+    submitted_at: float
 
 
 class TaskEvent(SQLModel, table=True):

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, bindparam, case, delete, func, insert, or_, select, update
+from sqlalchemy import and_, bindparam, case, delete, func, insert, or_, select, tuple_, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
@@ -207,7 +207,8 @@ class Store:
             )
             pk = self.db.run(c, INSERT_TASK, values)[0]["pk"]
             if new.tags:
-                c.execute(INSERT_TAGS, [{"task_pk": pk, "tag": t} for t in dict.fromkeys(new.tags)])
+                c.execute(INSERT_TAGS, [{"task_pk": pk, "tag": t, "owner": new.owner, "submitted_at": now}
+                                        for t in dict.fromkeys(new.tags)])
             self._event(c, values["task_id"], "submitted", None, S.QUEUED.value, 1,
                         {"priority": new.priority, "queue": new.resource_class}, now)
             return {**values, "pk": pk, "position": ahead + 1}, True
@@ -236,25 +237,49 @@ class Store:
 
     def list(self, owner: str, *, states_: Sequence[str] | None = None, tool_name: str | None = None,
              tags_any: Sequence[str] | None = None, submitted_after: float | None = None,
-             submitted_before: float | None = None, before_pk: int | None = None,
+             submitted_before: float | None = None, after: tuple[float, int] | None = None,
              limit: int = 50) -> list[dict[str, Any]]:
-        """Newest first; `before_pk` continues a previous page."""
-        q = select(*LIST_COLUMNS).where(T.c.owner == owner)
-        if states_:
-            q = q.where(T.c.state.in_(list(states_)))
-        if tool_name:
-            q = q.where(T.c.tool_name == tool_name)
-        if submitted_after is not None:
-            q = q.where(T.c.submitted_at >= submitted_after)
-        if submitted_before is not None:
-            q = q.where(T.c.submitted_at < submitted_before)
+        """Newest first by submission time; `after` = (submitted_at, pk) of the last row of the
+        previous page (keyset pagination: a page costs the same wherever it starts).
+
+        Each query walks one index in order and stops after `limit` rows. A filter with several
+        values (tags, states) runs one such walk per value and merges them, so that it never
+        sorts everything that matches."""
         if tags_any:
-            q = q.where(T.c.pk.in_(select(TAGS.c.task_pk).where(TAGS.c.tag.in_(list(tags_any)))))
-        if before_pk is not None:
-            q = q.where(T.c.pk < before_pk)
-        q = q.order_by(T.c.pk.desc()).limit(limit)
+            drivers: list[tuple[Any, Any]] = [(TAGS, TAGS.c.tag == t) for t in dict.fromkeys(tags_any)]
+        elif states_ and len(states_) > 1:
+            drivers = [(T, T.c.state == st) for st in dict.fromkeys(states_)]
+        else:
+            drivers = [(T, None)]
+        rows: dict[int, dict[str, Any]] = {}
         with self.db.read() as c:
-            return [dict(r) for r in c.execute(q).mappings()]
+            for table, cond in drivers:
+                if table is TAGS:  # the tag index carries owner and submission time
+                    ts, pk = TAGS.c.submitted_at, TAGS.c.task_pk
+                    q = select(*LIST_COLUMNS).select_from(TAGS.join(T, T.c.pk == TAGS.c.task_pk)).where(
+                        TAGS.c.owner == owner, cond)
+                    if states_:
+                        q = q.where(T.c.state.in_(list(states_)))
+                else:
+                    ts, pk = T.c.submitted_at, T.c.pk
+                    q = select(*LIST_COLUMNS).where(T.c.owner == owner)
+                    if cond is not None:
+                        q = q.where(cond)
+                    elif states_:
+                        q = q.where(T.c.state == states_[0])
+                if tool_name:
+                    q = q.where(T.c.tool_name == tool_name)
+                if submitted_after is not None:
+                    q = q.where(ts >= submitted_after)
+                if submitted_before is not None:
+                    q = q.where(ts < submitted_before)
+                if after is not None:
+                    q = q.where(tuple_(ts, pk) < tuple_(after[0], after[1]))
+                q = q.order_by(ts.desc(), pk.desc()).limit(limit)
+                for r in c.execute(q).mappings():
+                    rows.setdefault(r["pk"], dict(r))
+        ordered = sorted(rows.values(), key=lambda r: (r["submitted_at"], r["pk"]), reverse=True)
+        return ordered[:limit]
 
     def events(self, task_id: str) -> list[dict[str, Any]]:
         with self.db.read() as c:

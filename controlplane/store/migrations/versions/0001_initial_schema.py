@@ -93,10 +93,12 @@ def upgrade() -> None:
     op.create_table('task_tags',
     sa.Column('task_pk', sa.Integer(), nullable=False),
     sa.Column('tag', sa.String(length=128), nullable=False),
+    sa.Column('owner', sa.String(length=200), nullable=False),
+    sa.Column('submitted_at', sa.Float(), nullable=False),
     sa.PrimaryKeyConstraint('task_pk', 'tag')
     )
     with op.batch_alter_table('task_tags', schema=None) as batch_op:
-        batch_op.create_index('ix_task_tags_tag', ['tag', 'task_pk'], unique=False)
+        batch_op.create_index('ix_task_tags_owner_tag', ['owner', 'tag', 'submitted_at', 'task_pk'], unique=False)
 
     op.create_table('tasks',
     sa.Column('pk', sa.Integer(), nullable=False),
@@ -143,9 +145,9 @@ def upgrade() -> None:
     )
     with op.batch_alter_table('tasks', schema=None) as batch_op:
         batch_op.create_index('ix_tasks_dispatch', ['resource_class', 'state', sa.text('priority DESC'), 'pk'], unique=False)
-        batch_op.create_index('ix_tasks_owner', ['owner', 'pk'], unique=False)
-        batch_op.create_index('ix_tasks_owner_state', ['owner', 'state', 'pk'], unique=False)
-        batch_op.create_index('ix_tasks_owner_tool', ['owner', 'tool_name', 'pk'], unique=False)
+        batch_op.create_index('ix_tasks_owner', ['owner', 'submitted_at', 'pk'], unique=False)
+        batch_op.create_index('ix_tasks_owner_state', ['owner', 'state', 'submitted_at', 'pk'], unique=False)
+        batch_op.create_index('ix_tasks_owner_tool', ['owner', 'tool_name', 'submitted_at', 'pk'], unique=False)
         batch_op.create_index('ix_tasks_state_expires', ['state', 'expires_at'], unique=False)
         batch_op.create_index('ix_tasks_state_timeout', ['state', 'timeout_at'], unique=False)
 
@@ -162,7 +164,7 @@ def downgrade() -> None:
 
     op.drop_table('tasks')
     with op.batch_alter_table('task_tags', schema=None) as batch_op:
-        batch_op.drop_index('ix_task_tags_tag')
+        batch_op.drop_index('ix_task_tags_owner_tag')
 
     op.drop_table('task_tags')
     op.drop_table('task_logs')
