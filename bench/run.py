@@ -256,9 +256,11 @@ async def call(client: Client, tool: str, args: dict[str, Any]) -> Answer:
     return Answer(ms, data, (res.meta or {}).get("durationMs"))
 
 
-def list_cursor(pk: int) -> str:
-    """A list_tasks cursor continuing below `pk` (the service's v1 format)."""
-    return "lst_" + base64.urlsafe_b64encode(f"v1:{pk}".encode()).decode().rstrip("=")
+def list_cursor(submitted_at: float, pk: int) -> str:
+    """A list_tasks cursor continuing below the task (submitted_at, pk), as the service makes them."""
+    from controlplane.service import TaskService
+
+    return TaskService._encode_list_cursor(submitted_at, pk)
 
 
 def iso(ts: float) -> str:
@@ -280,7 +282,7 @@ def list_variants(seeded: Seeded) -> dict[str, dict[str, Any]]:
         "tags_any rare": {"tags_any": [RARE_TAG]},
         "tags_any old batch": {"tags_any": [seeded.sweep_tag]},
         "1-day window 5 days ago": {"submitted_after": iso(seeded.window[0]), "submitted_before": iso(seeded.window[1])},
-        "cursor halfway down": {"cursor": list_cursor(seeded.mid_pk)},
+        "cursor halfway down": {"cursor": list_cursor(seeded.mid_submitted_at, seeded.mid_pk)},
         "limit=200": {"limit": 200},
     }
 

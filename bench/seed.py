@@ -46,7 +46,8 @@ class Seeded:
     log_task_id: str | None = None
     sweep_tag: str | None = None  # a tag on one batch of ~500 tasks
     window: tuple[float, float] | None = None  # a one-day submission window five days back
-    mid_pk: int | None = None  # a list cursor halfway down the history
+    mid_pk: int | None = None  # a list cursor halfway down the history: this task's pk ...
+    mid_submitted_at: float | None = None  # ... and submission time
 
 
 def _insert(c: Any, table: Any, rows: list[dict[str, Any]]) -> None:
@@ -192,6 +193,8 @@ def seed_history(db: Database, n: int, *, seed: int = 7, now: float | None = Non
     five_days = now - 5 * DAY
     out.window = (five_days, five_days + DAY)
     out.mid_pk = first_pk + n // 2
+    with db.read() as c:
+        out.mid_submitted_at = c.exec_driver_sql(f"SELECT submitted_at FROM tasks WHERE pk = {out.mid_pk}").scalar_one()
     # the log task: a recent succeeded task of the main owner
     for row in reversed(tasks):
         if row["state"] == "succeeded" and row["owner"] == MAIN_OWNER:

@@ -106,3 +106,29 @@ async def test_reused_idempotency_key_with_other_inputs_is_refused(agent: Agent,
     assert first["task_id"] in err["message"]
     with cp.db.engine.connect() as c:
         assert c.exec_driver_sql("select count(*) from tasks").scalar() == 1
+
+
+async def test_submit_waits_for_a_held_write_lock_without_blocking_other_calls(agent: Agent, cp: ControlPlane,
+                                                                             settings) -> None:
+    """A submit tried on the event loop finds the write lock taken, moves to a worker thread and
+    waits there; meanwhile other calls are answered."""
+    import sqlite3
+
+    known = await agent.submit(inputs={})
+    holder = sqlite3.connect(settings.home / "controlplane.db", isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another process writing
+    result: dict = {}
+
+    async def submit() -> None:
+        result.update(await agent.call("submit_task", tool_name="exercise", inputs={"sleep_s": 0.1}))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(submit)
+        await anyio.sleep(0.3)
+        assert not result  # still waiting for the lock
+        st = await agent.call("get_task_status", task_id=known)  # the loop is free
+        assert st["task_id"] == known
+        holder.execute("COMMIT")
+    holder.close()
+    assert result["state"] == "queued"
+    assert cp.store.get(result["task_id"]) is not None

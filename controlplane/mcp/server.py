@@ -62,10 +62,12 @@ def build_server(cp: ControlPlane, *, with_auth: bool = True) -> FastMCP:
     svc = cp.service
     owner = cp.settings.default_owner
     point_reads = cp.db.inline_reads  # status and log pages are index lookups: no thread hop
+    # submit and cancel are one short transaction: tried on the loop, in a thread if it would wait
+    short_write = cp.db.nonblocking_writes if cp.db.is_sqlite else None
     tools = [
         canonical_tool("submit_task", "Submit a catalog tool to run as a durable task. Returns at once with the "
                        "task id, its queue position and when to poll.", api.SubmitTask, svc.submit,
-                       default_owner=owner, read_only=False),
+                       default_owner=owner, read_only=False, try_inline_write=short_write),
         canonical_tool("get_task_status", "State, progress (percent, step, phase, message, ETA), timing and "
                        "error of a task.", api.GetTaskStatus, svc.status, default_owner=owner, read_only=True,
                        inline=point_reads),
@@ -77,13 +79,13 @@ def build_server(cp: ControlPlane, *, with_auth: bool = True) -> FastMCP:
                        read_only=True),
         canonical_tool("cancel_task", "Cancel a task: a queued task is cancelled at once; a running one is "
                        "stopped (its cloud job or process tree included). Idempotent.", api.CancelTask,
-                       svc.cancel, default_owner=owner, read_only=False),
+                       svc.cancel, default_owner=owner, read_only=False, try_inline_write=short_write),
         canonical_tool("get_task_result", "The result of a finished task, its artifacts with signed download "
                        "links (sha256, size, expiry) and its error, if any.", api.GetTaskResult, svc.result,
                        default_owner=owner, read_only=True),
     ]
     for spec in cp.catalog.tools.values():
-        tools.append(catalog_tool(spec, svc.submit_direct, default_owner=owner))
+        tools.append(catalog_tool(spec, svc.submit_direct, default_owner=owner, try_inline_write=short_write))
     for t in tools:
         mcp.add_tool(t)
     mcp.add_middleware(UnknownToolAsError())

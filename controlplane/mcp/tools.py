@@ -12,6 +12,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import anyio.to_thread
@@ -23,6 +24,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic.json_schema import SkipJsonSchema
 
 from controlplane.errors import ControlPlaneError, ErrorCode, invalid
+from controlplane.store.db import WouldBlock
 
 log = logging.getLogger("controlplane.mcp")
 TOOLING_VERSION = "0.1.0"
@@ -72,6 +74,9 @@ class ServiceTool(Tool):
     handler: SkipJsonSchema[Callable[[str, dict[str, Any]], dict[str, Any]]]
     default_owner: SkipJsonSchema[str] = "local"
     inline: SkipJsonSchema[bool] = False
+    # For short writes: a context in which writes fail fast (WouldBlock) instead of waiting for
+    # the lock; the body is tried on the event loop and moved to a thread only if it would wait.
+    try_inline_write: SkipJsonSchema[Callable[[], AbstractContextManager[None]] | None] = None
 
     async def run(self, arguments: dict[str, Any]) -> ToolResult:
         started = time.perf_counter()
@@ -79,6 +84,12 @@ class ServiceTool(Tool):
         try:
             if self.inline:
                 out = self.handler(owner, arguments)
+            elif self.try_inline_write is not None:
+                try:
+                    with self.try_inline_write():
+                        out = self.handler(owner, arguments)
+                except WouldBlock:
+                    out = await anyio.to_thread.run_sync(self.handler, owner, arguments)
             else:
                 out = await anyio.to_thread.run_sync(self.handler, owner, arguments)
         except ControlPlaneError as e:
@@ -92,7 +103,8 @@ class ServiceTool(Tool):
 
 def canonical_tool(name: str, description: str, model: type[BaseModel],
                    method: Callable[[str, Any], dict[str, Any]], *, default_owner: str, read_only: bool,
-                   inline: bool = False, schema_version: int = 1) -> ServiceTool:
+                   inline: bool = False, try_inline_write: Callable[[], AbstractContextManager[None]] | None = None,
+                   schema_version: int = 1) -> ServiceTool:
     def handler(owner: str, arguments: dict[str, Any]) -> dict[str, Any]:
         try:
             req = model.model_validate_json(json.dumps(arguments))
@@ -102,14 +114,15 @@ def canonical_tool(name: str, description: str, model: type[BaseModel],
 
     return ServiceTool(
         name=name, description=description, parameters=inline_schema(model.model_json_schema()), handler=handler,
-        default_owner=default_owner, inline=inline,
+        default_owner=default_owner, inline=inline, try_inline_write=try_inline_write,
         annotations=ToolAnnotations(readOnlyHint=read_only, destructiveHint=False, openWorldHint=False),
         meta={"schemaVersion": schema_version, "toolingVersion": TOOLING_VERSION},
     )
 
 
 def catalog_tool(spec: Any, submit_direct: Callable[[str, str, dict[str, Any]], dict[str, Any]], *,
-                 default_owner: str) -> ServiceTool:
+                 default_owner: str,
+                 try_inline_write: Callable[[], AbstractContextManager[None]] | None = None) -> ServiceTool:
     def handler(owner: str, arguments: dict[str, Any]) -> dict[str, Any]:
         return submit_direct(owner, spec.name, arguments)
 
@@ -118,6 +131,7 @@ def catalog_tool(spec: Any, submit_direct: Callable[[str, str, dict[str, Any]], 
         description=(spec.description + f"\n\nRuns as a durable task (estimated {spec.estimate_s:g} s): the call "
                      "returns a task id at once; follow it with get_task_status, tail_task_logs and get_task_result."),
         parameters=inline_schema(spec.input_schema), handler=handler, default_owner=default_owner,
+        try_inline_write=try_inline_write,
         annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=False, idempotentHint=False, openWorldHint=True),
         meta={"schemaVersion": spec.schema_version, "toolingVersion": TOOLING_VERSION, "async": True,
               "estimatedRuntimeSeconds": spec.estimate_s},

@@ -11,15 +11,21 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Table, create_engine, event, text
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.pool import SingletonThreadPool
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+_nonblocking: ContextVar[bool] = ContextVar("controlplane_nonblocking_writes", default=False)
+
+
+class WouldBlock(Exception):
+    """A write tried without waiting found the write lock taken: run it in a worker thread."""
 
 
 class Database:
@@ -43,6 +49,11 @@ class Database:
             self.read_engine: Engine = create_engine(url, echo=echo, poolclass=SingletonThreadPool,
                                                      pool_size=64, connect_args={"check_same_thread": False})
             _install_sqlite_hooks(self.read_engine)
+            # Writes tried on the event loop itself never wait for the lock (busy timeout 0):
+            # when another writer holds it, the caller retries in a worker thread instead.
+            self.nonblocking_engine: Engine = create_engine(url, echo=echo, poolclass=SingletonThreadPool,
+                                                            pool_size=4, connect_args={"check_same_thread": False})
+            _install_sqlite_hooks(self.nonblocking_engine, busy_timeout_ms=0)
         else:
             self.engine = create_engine(url, echo=echo, pool_pre_ping=True, pool_size=10)
             self.read_engine = self.engine
@@ -55,11 +66,33 @@ class Database:
     @contextmanager
     def write(self) -> Iterator[Connection]:
         """A write transaction. On SQLite it takes the write lock up front (BEGIN IMMEDIATE) so
-        that read-then-write sequences never deadlock and are serialised across processes."""
-        with self.engine.connect() as conn:
+        that read-then-write sequences never deadlock and are serialised across processes.
+
+        Inside `nonblocking_writes()` it raises `WouldBlock` instead of waiting for the lock."""
+        nonblocking = _nonblocking.get()
+        with (self.nonblocking_engine if nonblocking else self.engine).connect() as conn:
             conn.execution_options(cp_write=True)
-            with conn.begin():
+            try:
+                tx = conn.begin()
+            except OperationalError as e:
+                if nonblocking and "locked" in str(e.orig):
+                    raise WouldBlock() from None
+                raise
+            with tx:
                 yield conn
+
+    @contextmanager
+    def nonblocking_writes(self) -> Iterator[None]:
+        """Writes in this block fail fast with `WouldBlock` rather than wait for the write lock,
+        so that a short write can be tried on the event loop and moved to a thread only when
+        it would wait (SQLite only; elsewhere every write goes to a thread)."""
+        if not self.is_sqlite:
+            raise WouldBlock()
+        token = _nonblocking.set(True)
+        try:
+            yield
+        finally:
+            _nonblocking.reset(token)
 
     def read(self) -> Connection:
         """A connection for reads (`with db.read() as c:`); it never writes."""
@@ -176,16 +209,18 @@ class Database:
     def dispose(self) -> None:
         self.engine.dispose()
         self.read_engine.dispose()
+        if self.is_sqlite:
+            self.nonblocking_engine.dispose()
 
 
-def _install_sqlite_hooks(engine: Engine) -> None:
+def _install_sqlite_hooks(engine: Engine, busy_timeout_ms: int = 30000) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
         dbapi_conn.isolation_level = None  # we issue BEGIN ourselves (see _on_begin)
         cur = dbapi_conn.cursor()
         cur.execute("PRAGMA journal_mode=WAL")
         cur.execute("PRAGMA synchronous=FULL")  # a committed task survives power loss
-        cur.execute("PRAGMA busy_timeout=30000")
+        cur.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
         cur.execute("PRAGMA foreign_keys=ON")
         cur.close()
 
