@@ -30,7 +30,6 @@ Loading validates everything and reports errors as `<file>: tools.<name>.<field>
 
 from __future__ import annotations
 
-import json
 import tomllib
 from importlib import resources
 from pathlib import Path
@@ -248,6 +247,3 @@ def ensure_catalog(path: Path) -> Catalog:
             tmp.unlink(missing_ok=True)
     return Catalog.load(path)
 
-
-def schema_json(spec: ToolSpec) -> str:
-    return json.dumps(spec.input_schema, sort_keys=True)

@@ -9,10 +9,7 @@ digits and '-', starting with a letter, at most 63 characters).
 from __future__ import annotations
 
 import base64
-import re
 import secrets
-
-_B32 = re.compile(r"^[a-z2-7]{26}$")
 
 
 def _random_token() -> str:
@@ -29,10 +26,6 @@ def new_artifact_id() -> str:
 
 def new_worker_id() -> str:
     return "wrk_" + _random_token()
-
-
-def is_task_id(value: str) -> bool:
-    return value.startswith("tsk_") and bool(_B32.match(value[4:]))
 
 
 def job_name(task_id: str, attempt: int) -> str:

@@ -61,8 +61,6 @@ FINAL: frozenset[TaskState] = TERMINAL | {S.EXPIRED}
 SLOT_HOLDING: frozenset[TaskState] = frozenset(
     {S.SCHEDULED, S.RUNNING, S.CANCEL_REQUESTED, S.CANCELLING}
 )
-# States in which the provider job may be alive and must be watched by the reconciler.
-IN_FLIGHT: frozenset[TaskState] = SLOT_HOLDING
 
 
 class IllegalTransition(Exception):

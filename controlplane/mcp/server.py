@@ -63,7 +63,7 @@ def build_server(cp: ControlPlane, *, with_auth: bool = True) -> FastMCP:
     owner = cp.settings.default_owner
     point_reads = cp.db.inline_reads  # status and log pages are index lookups: no thread hop
     # submit and cancel are one short transaction: tried on the loop, in a thread if it would wait
-    short_write = cp.db.nonblocking_writes if cp.db.is_sqlite else None
+    short_write = cp.db.nonblocking_writes
     tools = [
         canonical_tool("submit_task", "Submit a catalog tool to run as a durable task. Returns at once with the "
                        "task id, its queue position and when to poll.", api.SubmitTask, svc.submit,

@@ -610,16 +610,6 @@ class Store:
             self._transition(c, task, S.CANCELLED, kind="cancelled", detail={"note": "stopped before launch"},
                              values={"error_json": json.dumps(cancelled_error(task))}, now=now)
 
-    def tasks_in(self, wanted: Iterable[TaskState]) -> list[dict[str, Any]]:
-        with self.db.read() as c:
-            q = select(T.c.task_id, T.c.attempt, T.c.state, T.c.stop_reason).where(T.c.state.in_([s.value for s in wanted]))
-            return [dict(r) for r in c.execute(q).mappings()]
-
-    def timed_out(self, now: float) -> list[dict[str, Any]]:
-        with self.db.read() as c:
-            q = select(T.c.task_id, T.c.attempt).where(T.c.state == S.RUNNING.value, T.c.timeout_at < now)
-            return [dict(r) for r in c.execute(q).mappings()]
-
     def due_for_expiry(self, now: float, limit: int = 500) -> list[dict[str, Any]]:
         with self.db.read() as c:
             q = (select(T.c.task_id, T.c.state).where(T.c.state.in_(_TERMINAL), T.c.expires_at <= now).limit(limit))
