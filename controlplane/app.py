@@ -14,6 +14,7 @@ the scheduler and the reconciler. `async with cp.running():` starts:
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -114,6 +115,10 @@ class ControlPlane:
             return
         self._loop = asyncio.get_running_loop()
         self._sched_wake, self._recon_wake = anyio.Event(), anyio.Event()
+        # Everything built so far (SDKs, schemas, the app) lives as long as the process: keep it
+        # out of the collector's full passes, which otherwise pause the server now and then.
+        gc.collect()
+        gc.freeze()
         # The loops run in their own task so that whichever task enters and leaves this context
         # (lifespans are not always left by the task that entered them) can stop them.
         internal = None if self.serves_http_routes else self._bind_internal_http()

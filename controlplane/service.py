@@ -131,7 +131,7 @@ class TaskService:
         return out
 
     def _validate_inputs(self, tool_name: str, inputs: dict[str, Any]) -> None:
-        errors = sorted(self.catalog.validator(tool_name).iter_errors(inputs), key=lambda e: list(e.path))
+        errors = sorted(self.catalog.validator(tool_name).iter_errors(inputs), key=lambda e: [str(p) for p in e.path])
         if errors:
             e: SchemaValidationError = errors[0]
             where = ".".join(str(p) for p in e.path)

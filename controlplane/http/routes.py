@@ -96,10 +96,8 @@ def routes(cp: ControlPlane) -> list[Route]:
             return _error(404, "not found")
         if not path.is_file():
             return _error(404, "not found")
-        info = store.stat(key)
         return FileResponse(path, filename=filename or path.name, media_type=guess_content_type(key),
-                            headers={"Cache-Control": "private, max-age=60",
-                                     "Content-Length": str(info.size_bytes if info else path.stat().st_size)})
+                            headers={"Cache-Control": "private, max-age=60"})
 
     async def healthz(_request: Request) -> Response:
         return JSONResponse({"ok": True})
