@@ -33,8 +33,7 @@ from controlplane.estimates import Estimator
 from controlplane.http.listener import Listener
 from controlplane.ingest import Ingestor
 from controlplane.launch import build_launch_spec
-from controlplane.objectstore import open_store
-from controlplane.objectstore.local import LinkSigner, LocalObjectStore
+from controlplane.objectstore.registry import StoreRegistry
 from controlplane.reconciler import Reconciler
 from controlplane.scheduler import Scheduler
 from controlplane.service import TaskService
@@ -63,17 +62,17 @@ class ControlPlane:
                 raise CatalogError(f"{self.catalog.source}: tools.{tool.name}.ttl_s: {tool.ttl_s} exceeds the "
                                    f"server's max_ttl_s ({self.settings.max_ttl_s})")
         self.secret_key = self.settings.secret_key()
-        self.objects = open_store(self.settings.resolved_object_store_url)
-        if isinstance(self.objects, LocalObjectStore):
-            self.objects.signer = LinkSigner(self.secret_key)
+        self.stores = StoreRegistry(self.settings.resolved_object_store_url, self.secret_key)
+        for url in self.catalog.store_urls():  # open every store the catalog names, failing early
+            self.stores.get(url)
         names = sorted({t.provider for t in self.catalog.tools.values()})
         self.providers: dict[str, Provider] = providers or {n: create_provider(n, self.settings) for n in names}
         self.estimator = Estimator()
-        self.ingestor = Ingestor(self.store, self.catalog, self.objects, self.settings)
-        self.service = TaskService(self.settings, self.store, self.catalog, self.objects, self.estimator,
+        self.ingestor = Ingestor(self.store, self.catalog, self.stores, self.settings)
+        self.service = TaskService(self.settings, self.store, self.catalog, self.stores, self.estimator,
                                    wake=self.wake)
-        self.scheduler = Scheduler(self.store, self.catalog, self.providers, self.objects, self.build_spec)
-        self.reconciler = Reconciler(self.store, self.providers, self.objects, self.ingestor, self.settings)
+        self.scheduler = Scheduler(self.store, self.catalog, self.providers, self.stores, self.build_spec)
+        self.reconciler = Reconciler(self.store, self.providers, self.stores, self.ingestor, self.settings)
         self.public_url: str | None = self.settings.public_url
         self.serves_http_routes = False  # True when the MCP HTTP app carries the runner/download routes
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
@@ -90,7 +89,7 @@ class ControlPlane:
 
     def build_spec(self, task: dict[str, Any], job: dict[str, Any]) -> LaunchSpec:
         return build_launch_spec(task, job, self.catalog, self.settings, secret_key=self.secret_key,
-                                 callback_url=self.callback_url, store_url=self.objects.url)
+                                 callback_url=self.callback_url, store_url=self.stores.get(task["store_url"]).url)
 
     def wake(self) -> None:
         """Run the scheduler and reconciler soon (callable from any thread)."""
@@ -165,16 +164,14 @@ class ControlPlane:
         listener = Listener(self.settings.internal_host, self.settings.internal_port)
         if self.public_url is None:
             self.public_url = listener.url
-        if isinstance(self.objects, LocalObjectStore) and self.objects.signer is not None:
-            self.objects.signer.base_url = self.public_url
+        self.stores.set_base_url(self.public_url)
         return listener, Starlette(routes=routes(self))
 
     def set_public_url(self, url: str) -> None:
         """The MCP HTTP app serves the runner and download routes at `url`."""
         self.public_url = url
         self.serves_http_routes = True
-        if isinstance(self.objects, LocalObjectStore) and self.objects.signer is not None:
-            self.objects.signer.base_url = url
+        self.stores.set_base_url(url)
 
     def _write_endpoint_file(self) -> None:
         if not self.callback_url:

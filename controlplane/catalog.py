@@ -40,6 +40,8 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from controlplane.objectstore.base import split_store_url
+
 TOOL_NAME_PATTERN = r"^[a-zA-Z][a-zA-Z0-9_\-]{0,63}$"
 # Names of the canonical tools; a catalog tool may not shadow them.
 RESERVED_NAMES = frozenset(
@@ -54,6 +56,22 @@ RESERVED_NAMES = frozenset(
     }
 )
 RETRYABLE = frozenset({"worker_lost", "launch_failed", "tool_failed"})
+
+
+STORE_SCHEMES = ("file", "s3", "gs", "az")
+
+
+def _check_store_url(v: str | None) -> str | None:
+    if v is None:
+        return v
+    try:
+        scheme, location, _ = split_store_url(v)
+    except ValueError as e:
+        raise ValueError(str(e)) from None
+    if scheme not in STORE_SCHEMES or not location and scheme != "file":
+        raise ValueError(f"'{v}' is not an object store URL (s3://bucket/prefix, gs://bucket/prefix, "
+                         "az://account/container/prefix or file:///dir)")
+    return v
 
 
 class CatalogError(ValueError):
@@ -88,8 +106,15 @@ class ResourceClass(_Strict):
     memory_mb: int = Field(default=2048, gt=0)
     gpu: int = Field(default=0, ge=0)
     scratch_mb: int = Field(default=10240, ge=0)
+    # Object store for the tasks of this class (s3://, gs://, az://, file://); default: the server's.
+    object_store: str | None = None
     # Provider-specific settings (job queue, job definition, ...), read only by providers.
     provider_options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("object_store")
+    @classmethod
+    def _store_url(cls, v: str | None) -> str | None:
+        return _check_store_url(v)
 
 
 class ToolSpec(_Strict):
@@ -109,7 +134,14 @@ class ToolSpec(_Strict):
     ttl_s: int | None = Field(default=None, ge=1)
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
     input_schema: dict[str, Any]
+    # Object store for this tool's tasks (overrides the resource class's and the server's).
+    object_store: str | None = None
     provider_options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("object_store")
+    @classmethod
+    def _store_url(cls, v: str | None) -> str | None:
+        return _check_store_url(v)
 
     @field_validator("name")
     @classmethod
@@ -168,6 +200,11 @@ class Catalog:
 
     def validator(self, name: str) -> Draft202012Validator:
         return self._validators[name]
+
+    def store_urls(self) -> set[str]:
+        """Every object store the catalog names (besides the server's default)."""
+        urls = {t.object_store for t in self.tools.values()} | {r.object_store for r in self.resource_classes.values()}
+        return {u for u in urls if u}
 
     # ---- loading --------------------------------------------------------------------------
     @classmethod

@@ -13,23 +13,23 @@ from typing import Any
 
 from controlplane.catalog import Catalog, RetryPolicy
 from controlplane.objectstore.base import (
-    ObjectStore,
     UnsafeKey,
     artifact_key,
     events_prefix,
     result_key,
     safe_artifact_name,
 )
+from controlplane.objectstore.registry import StoreRegistry
 from controlplane.outcomes import Decision, decide
 from controlplane.settings import Settings
 from controlplane.store.store import IngestResult, Store
 
 
 class Ingestor:
-    def __init__(self, store: Store, catalog: Catalog, objects: ObjectStore, settings: Settings):
+    def __init__(self, store: Store, catalog: Catalog, stores: StoreRegistry, settings: Settings):
         self.store = store
         self.catalog = catalog
-        self.objects = objects
+        self.stores = stores
         self.settings = settings
         self._beats: dict[tuple[str, int], float] = {}
         self._lock = threading.Lock()
@@ -62,18 +62,19 @@ class Ingestor:
         """Apply a batch; if earlier events are missing, fetch them from the object store first.
         Raises StaleAttempt for an attempt that is no longer current."""
         kwargs = dict(artifacts_ok=self.artifact_checker(task_id, attempt), max_line=self.settings.max_log_line_bytes,
-                      log_cap=self.settings.max_log_lines_per_task, store_url=self.objects.url)
+                      log_cap=self.settings.max_log_lines_per_task)
         r = self.store.ingest(task_id, attempt, events, self._decide, **kwargs)
         if r.gap_from is not None:
-            missing = self.read_spilled(task_id, attempt, r.gap_from)
+            missing = self.read_spilled(r.store_url, task_id, attempt, r.gap_from)
             r = self.store.ingest(task_id, attempt, missing + events, self._decide, **kwargs)
         return r
 
-    def read_spilled(self, task_id: str, attempt: int, from_seq: int) -> list[dict[str, Any]]:
+    def read_spilled(self, store_url: str, task_id: str, attempt: int, from_seq: int) -> list[dict[str, Any]]:
         """Events a runner wrote to the object store (no callback, or callback unreachable)."""
+        objects = self.stores.get(store_url)
         out: list[dict[str, Any]] = []
-        for key in self.objects.list(events_prefix(task_id, attempt)):
-            for line in self.objects.get_bytes(key).splitlines():
+        for key in objects.list(events_prefix(task_id, attempt)):
+            for line in objects.get_bytes(key).splitlines():
                 try:
                     e = json.loads(line)
                 except ValueError:
@@ -82,9 +83,9 @@ class Ingestor:
                     out.append(e)
         return out
 
-    def read_outcome(self, task_id: str, attempt: int) -> dict[str, Any] | None:
+    def read_outcome(self, store_url: str, task_id: str, attempt: int) -> dict[str, Any] | None:
         try:
-            data = json.loads(self.objects.get_bytes(result_key(task_id, attempt)))
+            data = json.loads(self.stores.get(store_url).get_bytes(result_key(task_id, attempt)))
         except (FileNotFoundError, ValueError):
             return None
         return data if isinstance(data, dict) else None

@@ -30,7 +30,8 @@ import anyio.to_thread
 from tenacity import Retrying, retry_if_not_exception_type, stop_after_attempt, wait_exponential
 
 from controlplane.ingest import Ingestor
-from controlplane.objectstore.base import ObjectStore, task_prefix
+from controlplane.objectstore.base import task_prefix
+from controlplane.objectstore.registry import StoreRegistry
 from controlplane.outcomes import decide, decide_lost, decide_provider_failure
 from controlplane.settings import Settings
 from controlplane.states import TaskState
@@ -52,11 +53,11 @@ class CycleStats:
 
 
 class Reconciler:
-    def __init__(self, store: Store, providers: dict[str, Provider], objects: ObjectStore, ingestor: Ingestor,
+    def __init__(self, store: Store, providers: dict[str, Provider], stores: StoreRegistry, ingestor: Ingestor,
                  settings: Settings):
         self.store = store
         self.providers = providers
-        self.objects = objects
+        self.stores = stores
         self.ingestor = ingestor
         self.settings = settings
         self.started_at = time.time()
@@ -210,7 +211,7 @@ class Reconciler:
         task_id, attempt = j["task_id"], j["attempt"]
         # Events the runner could not deliver by callback are in the object store.
         try:
-            spilled = self.ingestor.read_spilled(task_id, attempt, j["event_seq"] + 1)
+            spilled = self.ingestor.read_spilled(j["store_url"], task_id, attempt, j["event_seq"] + 1)
             if spilled:
                 r = self.ingestor.apply(task_id, attempt, spilled)
                 if r.finished:
@@ -226,10 +227,10 @@ class Reconciler:
             self.store.set_job_state(j["worker_id"], "done")
             return
         policy = self.ingestor.policy(task["tool_name"])
-        outcome = self.ingestor.read_outcome(task_id, attempt)
+        outcome = self.ingestor.read_outcome(task["store_url"], task_id, attempt)
         if outcome is not None:
             arts = self.ingestor.artifact_checker(task_id, attempt)(outcome.get("artifacts") or [])
-            self.store.finish_attempt(task_id, attempt, decide(task, outcome, policy), arts, self.objects.url)
+            self.store.finish_attempt(task_id, attempt, decide(task, outcome, policy), arts)
             stats.finished += 1
         elif st.phase == JobPhase.GONE:
             self.store.finish_attempt(task_id, attempt, decide_lost(task, st.reason or "the job vanished", policy))
@@ -243,7 +244,7 @@ class Reconciler:
     def _expire(self, now: float, stats: CycleStats) -> None:
         for t in self.store.due_for_expiry(now):
             try:
-                self.objects.delete_prefix(task_prefix(t["task_id"]))
+                self.stores.get(t["store_url"]).delete_prefix(task_prefix(t["task_id"]))
             except Exception as e:  # noqa: BLE001 - retried next cycle; the task stays until it works
                 log.warning("deleting the objects of %s failed (will retry): %s", t["task_id"], e)
                 continue

@@ -19,7 +19,8 @@ import anyio.to_thread
 
 from controlplane.catalog import Catalog
 from controlplane.errors import TaskErrorCode, task_error
-from controlplane.objectstore.base import ObjectStore, inputs_key
+from controlplane.objectstore.base import inputs_key
+from controlplane.objectstore.registry import StoreRegistry
 from controlplane.outcomes import Decision
 from controlplane.states import TaskState
 from controlplane.store.store import Store
@@ -31,12 +32,12 @@ LAUNCH_CONCURRENCY = 8
 
 
 class Scheduler:
-    def __init__(self, store: Store, catalog: Catalog, providers: dict[str, Provider], objects: ObjectStore,
+    def __init__(self, store: Store, catalog: Catalog, providers: dict[str, Provider], stores: StoreRegistry,
                  build_spec: Callable[[dict[str, Any], dict[str, Any]], LaunchSpec]):
         self.store = store
         self.catalog = catalog
         self.providers = providers
-        self.objects = objects
+        self.stores = stores
         self.build_spec = build_spec
         self._fresh: set[str] = set()  # intents this process created and has not tried yet
         self._inflight: set[str] = set()
@@ -106,7 +107,8 @@ class Scheduler:
         await anyio.to_thread.run_sync(self.store.record_launch, wid, handle)
 
     def _write_inputs(self, task: dict[str, Any]) -> None:
-        self.objects.put_bytes(inputs_key(task["task_id"], task["attempt"]), task["inputs_json"].encode(),
+        self.stores.get(task["store_url"]).put_bytes(
+            inputs_key(task["task_id"], task["attempt"]), task["inputs_json"].encode(),
                                content_type="application/json", overwrite=True)
 
     def _launch_refused(self, job: dict[str, Any], reason: str) -> None:

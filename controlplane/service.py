@@ -24,7 +24,7 @@ from controlplane import api
 from controlplane.catalog import Catalog
 from controlplane.errors import ControlPlaneError, ErrorCode, invalid, not_found
 from controlplane.estimates import Estimator
-from controlplane.objectstore.base import ObjectStore
+from controlplane.objectstore.registry import StoreRegistry
 from controlplane.settings import Settings
 from controlplane.states import TERMINAL, TaskState
 from controlplane.store.store import NewTask, QueueFull, Store
@@ -57,12 +57,12 @@ def _epoch(when: datetime | None, field: str) -> float | None:
 
 
 class TaskService:
-    def __init__(self, settings: Settings, store: Store, catalog: Catalog, objects: ObjectStore,
+    def __init__(self, settings: Settings, store: Store, catalog: Catalog, stores: StoreRegistry,
                  estimator: Estimator, wake: Callable[[], None] = lambda: None):
         self.settings = settings
         self.store = store
         self.catalog = catalog
-        self.objects = objects
+        self.stores = stores
         self.estimator = estimator
         self.wake = wake  # nudges the scheduler/reconciler after a submit or cancel
 
@@ -102,6 +102,7 @@ class TaskService:
             provider=tool.provider, resource_class=rc_name, priority=req.priority, ttl_s=ttl,
             idempotency_key=req.idempotency_key, tags=list(req.tags), resources_json=json.dumps(resources),
             max_runtime_s=max_runtime, max_attempts=tool.retry.max_attempts, estimate_s=estimate,
+            store_url=tool.object_store or rc.object_store or "",
         )
         try:
             task, created = self.store.submit(new, queue_limit=rc.max_queue_length)
@@ -286,12 +287,14 @@ class TaskService:
         if done:
             now = time.time()
             for a in self.store.artifacts(task["task_id"], task["attempt"]):
+                store = self.stores.get(a["store_url"])
+                lifetime = min(ttl, store.max_url_ttl_s)
                 artifacts.append({
                     "artifact_id": a["artifact_id"], "name": a["name"], "kind": a["kind"],
                     "size_bytes": a["size_bytes"], "sha256": a["sha256"], "content_type": a["content_type"],
-                    "download_url": self.objects.signed_url(a["storage_key"], expires_in=ttl,
-                                                            filename=PurePosixPath(a["name"]).name),
-                    "expires_at": iso(math.floor(now) + ttl),
+                    "download_url": store.signed_url(a["storage_key"], expires_in=lifetime,
+                                                     filename=PurePosixPath(a["name"]).name),
+                    "expires_at": iso(math.floor(now) + lifetime),
                 })
         out = {
             "task_id": task["task_id"],

@@ -11,7 +11,7 @@ import hashlib
 import io
 import time
 from pathlib import Path
-from urllib.parse import parse_qs, quote, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit, urlunsplit
 
 import httpx
 import pytest
@@ -89,7 +89,7 @@ def test_streaming_put_computes_sha256_and_size(store: LocalObjectStore) -> None
 
 @pytest.mark.parametrize("key", UNSAFE_KEYS, ids=repr)
 def test_unsafe_keys_are_refused_everywhere(store: LocalObjectStore, key: str, tmp_path: Path) -> None:
-    store.signer = LinkSigner(b"k", "http://127.0.0.1:1")
+    store.signer = LinkSigner(b"k", "sid", "http://127.0.0.1:1")
     before = sorted(p for p in tmp_path.rglob("*"))
     with pytest.raises(UnsafeKey):
         store.put_bytes(key, b"data")
@@ -149,12 +149,14 @@ def with_query(url: str, **changes: str) -> str:
 
 def with_key(url: str, key: str) -> str:
     parts = urlsplit(url)
-    return urlunsplit(parts._replace(path=f"/objects/{quote(key)}"))
+    sid = parts.path.split("/")[2]
+    return urlunsplit(parts._replace(path=f"/objects/{sid}/{quote(key)}"))
 
 
-def link(base: str, key: str, expires: int, filename: str, signature: str, raw_key: str | None = None) -> str:
+def link(base: str, sid: str, key: str, expires: int, filename: str, signature: str,
+         raw_key: str | None = None) -> str:
     query = urlencode({"expires": expires, "filename": filename, "signature": signature})
-    return f"{base}/objects/{raw_key if raw_key is not None else quote(key)}?{query}"
+    return f"{base}/objects/{sid}/{raw_key if raw_key is not None else quote(key)}?{query}"
 
 
 @pytest.fixture
@@ -164,7 +166,8 @@ async def artifact(agent: Agent, cp: ControlPlane) -> dict:
     assert (await agent.wait(tid))["state"] == "succeeded"
     [art] = (await agent.call("get_task_result", task_id=tid))["artifacts"]
     art["task_id"] = tid
-    art["key"] = urlsplit(art["download_url"]).path.removeprefix("/objects/")
+    _, _, art["sid"], key = urlsplit(art["download_url"]).path.split("/", 3)
+    art["key"] = unquote(key)
     return art
 
 
@@ -185,7 +188,7 @@ async def test_tampered_links_are_forbidden(artifact: dict, cp: ControlPlane) ->
     sig = parse_qs(urlsplit(url).query)["signature"][0]
     flipped = ("0" if sig[0] != "0" else "1") + sig[1:]
     other_key = f"tasks/{artifact['task_id']}/attempts/1/inputs.json"
-    assert cp.objects.stat(other_key) is not None  # a real object: only the signature stops it
+    assert cp.stores.default.stat(other_key) is not None  # a real object: only the signature stops it
     tampered = {
         "signature": with_query(url, signature=flipped),
         "no signature": with_query(url, signature=""),
@@ -205,12 +208,13 @@ async def test_tampered_links_are_forbidden(artifact: dict, cp: ControlPlane) ->
 @pytest.mark.anyio
 async def test_expired_link_is_forbidden(artifact: dict, cp: ControlPlane) -> None:
     # A link forged with the server's own key (as the server would sign it) but expired a minute ago.
-    signer = LinkSigner(cp.settings.secret_key())
+    sid = artifact["sid"]
+    signer = LinkSigner(cp.settings.secret_key(), sid)
     base = cp.public_url
     past = int(time.time()) - 60
     future = int(time.time()) + 600
-    expired = link(base, artifact["key"], past, "data.bin", signer.signature(artifact["key"], past, "data.bin"))
-    fresh = link(base, artifact["key"], future, "data.bin", signer.signature(artifact["key"], future, "data.bin"))
+    expired = link(base, sid, artifact["key"], past, "data.bin", signer.signature(artifact["key"], past, "data.bin"))
+    fresh = link(base, sid, artifact["key"], future, "data.bin", signer.signature(artifact["key"], future, "data.bin"))
     async with httpx.AsyncClient() as http:
         assert (await http.get(fresh)).status_code == 200  # the forger is right about the key...
         r = await http.get(expired)
@@ -222,9 +226,9 @@ async def test_expired_link_is_forbidden(artifact: dict, cp: ControlPlane) -> No
 async def test_signed_link_cannot_reach_outside_the_store(artifact: dict, cp: ControlPlane) -> None:
     secret = cp.settings.secret_key()
     assert (cp.settings.home / "secret.key").read_bytes().strip() == secret
-    assert (cp.objects.root / ".." / "secret.key").resolve() == (cp.settings.home / "secret.key").resolve()
+    assert (cp.stores.default.root / ".." / "secret.key").resolve() == (cp.settings.home / "secret.key").resolve()
     future = int(time.time()) + 600
-    signer = cp.objects.signer
+    signer = cp.stores.default.signer
     attempts = [
         # key the signature covers, how it is written in the URL path
         ("../secret.key", "%2E%2E/secret.key"),
@@ -236,8 +240,8 @@ async def test_signed_link_cannot_reach_outside_the_store(artifact: dict, cp: Co
     ]
     async with httpx.AsyncClient() as http:
         for key, raw in attempts:
-            url = link(cp.public_url, key, future, "secret.key", signer.signature(key, future, "secret.key"),
-                       raw_key=raw)
+            url = link(cp.public_url, artifact["sid"], key, future, "secret.key",
+                       signer.signature(key, future, "secret.key"), raw_key=raw)
             for method in ("GET", "HEAD"):
                 r = await http.request(method, url)
                 assert r.status_code in (403, 404), (raw, method, r.status_code)

@@ -150,7 +150,7 @@ async def test_runner_without_callback_delivers_through_the_store(home: Path) ->
         task = cp.store.get(tid)
         assert json.loads(task["result_json"])["via"] == "store"
         assert [a["name"] for a in cp.store.artifacts(tid)] == ["data.bin"]
-        spilled = list(cp.objects.list(f"{task_prefix(tid)}attempts/1/events/"))
+        spilled = list(cp.stores.default.list(f"{task_prefix(tid)}attempts/1/events/"))
         assert spilled, "the events should have come through the object store"
 
 
@@ -174,20 +174,21 @@ class FailingDeletes:
 async def test_expiry_removes_logs_artifacts_and_objects(agent: Agent, cp: ControlPlane) -> None:
     tid = await agent.submit(inputs={"log_lines": 10, "artifact_bytes": 100}, ttl_s=60)
     assert (await agent.wait(tid))["state"] == "succeeded"
-    assert list(cp.objects.list(task_prefix(tid))) and cp.store.artifacts(tid)
+    store = cp.stores.default
+    assert list(store.list(task_prefix(tid))) and cp.store.artifacts(tid)
     with cp.db.write() as c:  # the ttl has passed
         c.exec_driver_sql("update tasks set expires_at = 0 where task_id = ?", (tid,))
-    failing = FailingDeletes(cp.objects)
-    cp.reconciler.objects = failing
+    failing = FailingDeletes(store)
+    cp.stores._stores[cp.stores.default_url] = failing  # type: ignore[assignment]
     await cp.reconciler.cycle()
     assert cp.store.get(tid)["state"] == "succeeded"  # deletion failed: nothing removed, retried later
     await cp.reconciler.cycle()
     assert failing.calls == 2
     st = await agent.call("get_task_status", task_id=tid)
     assert st["state"] == "expired"
-    assert list(cp.objects.list(task_prefix(tid))) == []
+    assert list(store.list(task_prefix(tid))) == []
     assert cp.store.artifacts(tid) == [] and cp.store.tail_logs(tid, 0, 10) == []
     res = await agent.call("get_task_result", task_id=tid)
     assert res["result"] is None and res["artifacts"] == [] and "expired" in res["message"]
     assert (await agent.call("tail_task_logs", task_id=tid))["lines"] == []
-    assert not os.path.exists(cp.objects.path_of(task_prefix(tid).rstrip("/")))
+    assert not os.path.exists(store.path_of(task_prefix(tid).rstrip("/")))

@@ -1,7 +1,7 @@
 """HTTP routes that are not MCP: the runner callback API and signed artifact downloads.
 
     POST /runner/v1/tasks/{task_id}/attempts/{attempt}/events   runner -> control plane
-    GET  /objects/{key}?expires=&filename=&signature=            signed download (local store)
+    GET  /objects/{store}/{key}?expires=&filename=&signature=    signed download (a local store)
     GET  /healthz
 
 These routes are not behind the MCP bearer auth: runners authenticate with their per-task,
@@ -23,7 +23,6 @@ from starlette.routing import Route
 
 from controlplane.launch import runner_secret
 from controlplane.objectstore.base import UnsafeKey, guess_content_type
-from controlplane.objectstore.local import LocalObjectStore
 from controlplane.states import FINAL, TaskState
 from controlplane.store.store import StaleAttempt
 
@@ -81,11 +80,11 @@ def routes(cp: ControlPlane) -> list[Route]:
         return JSONResponse({"ack_seq": result.ack_seq, "cancel": result.cancel})
 
     async def download(request: Request) -> Response:
-        store = cp.objects
+        store = cp.stores.local(request.path_params["store"])
         key = request.path_params["key"]
         q = request.query_params
-        signer = getattr(store, "signer", None)
-        if not isinstance(store, LocalObjectStore) or signer is None:
+        signer = store.signer if store is not None else None
+        if store is None or signer is None:
             return _error(404, "not found")
         filename = q.get("filename", "")
         if not signer.verify(key, q.get("expires", ""), filename, q.get("signature", "")):
@@ -104,7 +103,7 @@ def routes(cp: ControlPlane) -> list[Route]:
 
     return [
         Route("/runner/v1/tasks/{task_id}/attempts/{attempt}/events", runner_events, methods=["POST"]),
-        Route("/objects/{key:path}", download, methods=["GET", "HEAD"]),
+        Route("/objects/{store}/{key:path}", download, methods=["GET", "HEAD"]),
         Route("/healthz", healthz, methods=["GET"]),
     ]
 

@@ -110,9 +110,16 @@ class HashingReader:
 
 
 class ObjectStore(ABC):
-    """Blob storage behind one interface. Writes are immutable unless `overwrite=True`."""
+    """Blob storage behind one interface. Writes are immutable unless `overwrite=True`.
+
+    `url` names the store (scheme, bucket or container, prefix) and is recorded with every
+    artifact, so that a link can be signed by the store that holds it. Keys passed to the
+    methods are relative to the store's prefix.
+    """
 
     url: str
+    # The longest lifetime this backend's signed links can have (SigV4 and GCS V4: 7 days).
+    max_url_ttl_s: int = 7 * 24 * 3600
 
     @abstractmethod
     def put_stream(
@@ -153,10 +160,47 @@ class ObjectStore(ABC):
         """A URL that downloads exactly this object until `expires_in` seconds from now."""
 
 
+def split_store_url(url: str) -> tuple[str, str, str]:
+    """`scheme://location/prefix` -> (scheme, location, prefix without slashes at its ends)."""
+    if "://" not in url:
+        raise ValueError(f"object store URL '{url}' has no scheme (file://, s3://, gs://, az://)")
+    scheme, rest = url.split("://", 1)
+    location, _, prefix = rest.partition("/")
+    prefix = prefix.strip("/")
+    if prefix:
+        check_key(prefix)
+    return scheme, location, prefix
+
+
+def join_key(prefix: str, key: str) -> str:
+    check_key(key)
+    return f"{prefix}/{key}" if prefix else key
+
+
+def content_disposition(filename: str) -> str:
+    """`attachment; filename="..."` with anything that could break the header replaced."""
+    safe = "".join(c if c.isprintable() and c not in '"\\;' else "_" for c in filename)[:MAX_NAME] or "download"
+    return f'attachment; filename="{safe}"'
+
+
 def open_store(url: str) -> ObjectStore:
+    """The store a URL names: file:///dir, s3://bucket/prefix, gs://bucket/prefix,
+    az://account/container/prefix. A cloud SDK is imported only when its scheme is used."""
     scheme = url.split("://", 1)[0] if "://" in url else ""
     if scheme == "file":
         from controlplane.objectstore.local import LocalObjectStore
 
         return LocalObjectStore.from_url(url)
-    raise ValueError(f"unsupported object store URL scheme '{scheme}' (supported: file://)")
+    if scheme == "s3":
+        from controlplane.objectstore.s3 import S3ObjectStore
+
+        return S3ObjectStore.from_url(url)
+    if scheme == "gs":
+        from controlplane.objectstore.gcs import GcsObjectStore
+
+        return GcsObjectStore.from_url(url)
+    if scheme == "az":
+        from controlplane.objectstore.azure_blob import AzureBlobObjectStore
+
+        return AzureBlobObjectStore.from_url(url)
+    raise ValueError(f"unsupported object store URL scheme '{scheme}' (file://, s3://, gs://, az://)")

@@ -22,15 +22,17 @@ from controlplane.objectstore.base import CHUNK, ObjectExists, ObjectInfo, Objec
 
 
 class LinkSigner:
-    """Signs and checks download links of the local store: HMAC-SHA256 over key, expiry and
-    filename. The control plane's HTTP app serves `/objects/<key>` only with a valid signature."""
+    """Signs and checks the download links of one local store: HMAC-SHA256 over the store id,
+    the key, the expiry and the filename. The control plane serves `/objects/<store id>/<key>`
+    only with a valid, unexpired signature."""
 
-    def __init__(self, key: bytes, base_url: str | None = None):
+    def __init__(self, key: bytes, store_id: str, base_url: str | None = None):
         self._key = hashlib.sha256(b"controlplane/object-links\n" + key).digest()
+        self.store_id = store_id
         self.base_url = base_url
 
     def signature(self, key: str, expires: int, filename: str) -> str:
-        msg = f"GET\n{key}\n{expires}\n{filename}".encode()
+        msg = f"GET\n{self.store_id}\n{key}\n{expires}\n{filename}".encode()
         return hmac.new(self._key, msg, hashlib.sha256).hexdigest()
 
     def url(self, key: str, *, expires_in: int, filename: str) -> str:
@@ -38,7 +40,7 @@ class LinkSigner:
             raise RuntimeError("the control plane's public URL is not known yet")
         expires = int(time.time()) + int(expires_in)
         query = urlencode({"expires": expires, "filename": filename, "signature": self.signature(key, expires, filename)})
-        return f"{self.base_url.rstrip('/')}/objects/{quote(key)}?{query}"
+        return f"{self.base_url.rstrip('/')}/objects/{self.store_id}/{quote(key)}?{query}"
 
     def verify(self, key: str, expires: str, filename: str, signature: str, now: float | None = None) -> bool:
         try:
@@ -47,6 +49,11 @@ class LinkSigner:
             return False
         good = hmac.compare_digest(self.signature(key, exp, filename), signature or "")
         return good and exp >= (now if now is not None else time.time())
+
+
+def store_id(url: str) -> str:
+    """A short, stable name for a store in link paths (it does not reveal the directory)."""
+    return hashlib.sha256(url.encode()).hexdigest()[:16]
 
 
 class LocalObjectStore(ObjectStore):

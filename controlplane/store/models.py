@@ -34,6 +34,8 @@ class Task(SQLModel, table=True):
     input_size: float | None = None  # the catalog's size feature, for runtime estimates
     provider: str = Field(sa_column=Column(String(64), nullable=False))
     resource_class: str = Field(sa_column=Column(String(64), nullable=False))
+    # The object store holding the task's inputs, results and artifacts ('' = the default one).
+    store_url: str = Field(default="", sa_column=Column(Text, nullable=False, server_default=""))
     priority: int = 0
     ttl_s: int
     idempotency_key: str | None = Field(default=None, sa_column=Column(String(200)))

@@ -99,6 +99,7 @@ class NewTask:
     max_runtime_s: int
     max_attempts: int
     estimate_s: float | None
+    store_url: str = ""  # '' = the default store
 
 
 @dataclass
@@ -107,6 +108,7 @@ class IngestResult:
     cancel: bool
     gap_from: int | None = None  # events from here on are missing: read them from the store
     finished: bool = False
+    store_url: str = ""  # the task's object store (where missing events are)
 
 
 def _now() -> float:
@@ -203,7 +205,7 @@ class Store:
                 tags_json=json.dumps(new.tags), resources_json=new.resources_json, max_runtime_s=new.max_runtime_s,
                 state=S.QUEUED.value, attempt=1, max_attempts=new.max_attempts, not_before=0.0,
                 submitted_at=now, updated_at=now, cancel_requested=False, estimate_s=new.estimate_s,
-                log_seq=0, log_first_seq=1, version=1,
+                log_seq=0, log_first_seq=1, version=1, store_url=new.store_url,
             )
             pk = self.db.run(c, INSERT_TASK, values)[0]["pk"]
             if new.tags:
@@ -394,7 +396,7 @@ class Store:
                         JOBS.c.launched_at, JOBS.c.seen_at, JOBS.c.stop_requested_at, JOBS.c.stop_sent_at,
                         JOBS.c.provider_status, JOBS.c.provider_reason, JOBS.c.event_seq, JOBS.c.job_name,
                         JOBS.c.state.label("job_state"), T.c.attempt.label("task_attempt"),
-                        T.c.state, T.c.timeout_at, T.c.tool_name, T.c.heartbeat_at, T.c.stop_reason)
+                        T.c.state, T.c.timeout_at, T.c.tool_name, T.c.heartbeat_at, T.c.stop_reason, T.c.store_url)
                  .join(T, T.c.task_id == JOBS.c.task_id)
                  .where(JOBS.c.state.in_(["active", "draining"])))
             return [dict(r) for r in c.execute(q).mappings()]
@@ -427,7 +429,7 @@ class Store:
     def ingest(self, task_id: str, attempt: int, events: list[dict[str, Any]],
                decide: Callable[[dict[str, Any], dict[str, Any]], Decision],
                artifacts_ok: Callable[[list[dict[str, Any]]], list[dict[str, Any]]] | None = None,
-               *, max_line: int = 16384, log_cap: int = 5_000_000, store_url: str = "") -> IngestResult:
+               *, max_line: int = 16384, log_cap: int = 5_000_000) -> IngestResult:
         """Apply a runner's events (logs, progress, start, outcome) in one transaction.
 
         Idempotent by sequence number: events at or below the job's `event_seq` are skipped.
@@ -451,7 +453,8 @@ class Store:
                     by_seq.setdefault(n, e)
             fresh = [by_seq[n] for n in sorted(by_seq)]
             if fresh and int(fresh[0]["seq"]) != seq + 1:
-                return IngestResult(ack_seq=seq, cancel=task["cancel_requested"], gap_from=seq + 1)
+                return IngestResult(ack_seq=seq, cancel=task["cancel_requested"], gap_from=seq + 1,
+                                    store_url=task["store_url"])
             # contiguous from here on
             contiguous: list[dict[str, Any]] = []
             for e in fresh:
@@ -503,11 +506,12 @@ class Store:
             finished = False
             if outcome is not None:
                 arts = artifacts_ok(outcome.get("artifacts") or []) if artifacts_ok else (outcome.get("artifacts") or [])
-                self._finish(c, task, job, decide(task, outcome), arts, task_vals, store_url, now)
+                self._finish(c, task, job, decide(task, outcome), arts, task_vals, now)
                 finished = True
             elif task_vals:
                 c.execute(update(T).where(T.c.pk == task["pk"]).values(version=T.c.version + 1, **task_vals))
-            return IngestResult(ack_seq=seq, cancel=bool(task["cancel_requested"]), finished=finished)
+            return IngestResult(ack_seq=seq, cancel=bool(task["cancel_requested"]), finished=finished,
+                                store_url=task["store_url"])
 
     def touch(self, beats: dict[tuple[str, int], float]) -> None:
         """Record heartbeats (runner calls without events), many at once."""
@@ -532,7 +536,7 @@ class Store:
                              values={"started_at": start, "timeout_at": start + task["max_runtime_s"]}, now=now)
 
     def finish_attempt(self, task_id: str, attempt: int, decision: Decision,
-                       artifacts: list[dict[str, Any]] | None = None, store_url: str = "",
+                       artifacts: list[dict[str, Any]] | None = None,
                        ran: bool = True, job_state: str = "done") -> dict[str, Any] | None:
         """End an attempt from outside the event stream: the provider found the job finished or
         gone, or refused to launch it (`ran=False`)."""
@@ -547,10 +551,10 @@ class Store:
             if ran and task["state"] == S.SCHEDULED.value and not decision.is_retry:  # it ran, unseen
                 task = self._transition(c, task, S.RUNNING, kind="running", detail={"source": "outcome"},
                                         values={"started_at": now, "timeout_at": now + task["max_runtime_s"]}, now=now)
-            return self._finish(c, task, job, decision, artifacts or [], {}, store_url, now, job_state)
+            return self._finish(c, task, job, decision, artifacts or [], {}, now, job_state)
 
     def _finish(self, c: Connection, task: dict[str, Any], job: Any, decision: Decision,
-                artifacts: list[dict[str, Any]], extra: dict[str, Any], store_url: str, now: float,
+                artifacts: list[dict[str, Any]], extra: dict[str, Any], now: float,
                 job_state: str = "done") -> dict[str, Any]:
         c.execute(update(JOBS).where(JOBS.c.worker_id == job["worker_id"]).values(state=job_state, finished_at=now))
         if artifacts:
@@ -558,7 +562,7 @@ class Store:
                 {"artifact_id": ids.new_artifact_id(), "task_id": task["task_id"], "attempt": task["attempt"],
                  "name": a["name"], "kind": a.get("kind") or "file", "size_bytes": int(a["size_bytes"]),
                  "sha256": a["sha256"], "content_type": a.get("content_type") or "application/octet-stream",
-                 "store_url": store_url, "storage_key": a["key"], "created_at": now}
+                 "store_url": task["store_url"], "storage_key": a["key"], "created_at": now}
                 for a in artifacts])
         vals = dict(extra)
         detail: dict[str, Any] = {"worker_id": job["worker_id"]}
@@ -612,7 +616,8 @@ class Store:
 
     def due_for_expiry(self, now: float, limit: int = 500) -> list[dict[str, Any]]:
         with self.db.read() as c:
-            q = (select(T.c.task_id, T.c.state).where(T.c.state.in_(_TERMINAL), T.c.expires_at <= now).limit(limit))
+            q = (select(T.c.task_id, T.c.state, T.c.store_url)
+                 .where(T.c.state.in_(_TERMINAL), T.c.expires_at <= now).limit(limit))
             return [dict(r) for r in c.execute(q).mappings()]
 
     def expire(self, task_id: str) -> bool:

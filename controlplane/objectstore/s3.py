@@ -1,0 +1,158 @@
+"""Amazon S3 (and S3-compatible stores) through boto3: `s3://bucket/prefix`.
+
+Credentials, region and endpoint come from boto3's standard chain (the job's IAM role in
+Batch, `AWS_ENDPOINT_URL_S3` for an emulator). Writes stream: objects up to one part go in one
+PutObject, larger ones as a multipart upload of 8 MiB parts, hashing as they go, so a file of
+several GiB never sits in memory. Immutability is enforced by S3 itself (`If-None-Match: *`
+on PutObject and CompleteMultipartUpload). Links are SigV4 presigned GETs, at most 7 days:
+they stop working early when the credentials that signed them (an STS session) expire.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterator
+from typing import Any, BinaryIO
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import ClientError
+
+from controlplane.objectstore.base import (
+    CHUNK,
+    ObjectExists,
+    ObjectInfo,
+    ObjectStore,
+    check_key,
+    content_disposition,
+    join_key,
+    split_store_url,
+)
+
+PART = 8 * CHUNK  # 8 MiB: above S3's 5 MiB minimum part, 1250 parts for a 10 GiB file
+
+
+def _code(e: ClientError) -> str:
+    return str(e.response.get("Error", {}).get("Code", ""))
+
+
+class S3ObjectStore(ObjectStore):
+    def __init__(self, bucket: str, prefix: str = "", *, client: Any = None):
+        self.bucket = bucket
+        self.prefix = prefix
+        self.url = f"s3://{bucket}/{prefix}".rstrip("/")
+        path_style = bool(os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"))
+        self.client = client or boto3.client("s3", config=Config(
+            signature_version="s3v4",
+            retries={"mode": "adaptive", "max_attempts": 8},
+            s3={"addressing_style": "path" if path_style else "auto"},
+        ))
+
+    @classmethod
+    def from_url(cls, url: str) -> S3ObjectStore:
+        _, bucket, prefix = split_store_url(url)
+        return cls(bucket, prefix)
+
+    def _key(self, key: str) -> str:
+        return join_key(self.prefix, key)
+
+    # ---- writes -------------------------------------------------------------------------------
+    def put_stream(self, key: str, stream: BinaryIO, *, content_type: str | None = None,
+                   overwrite: bool = False) -> ObjectInfo:
+        full = self._key(key)
+        extra: dict[str, Any] = {"ContentType": content_type or "application/octet-stream"}
+        cond: dict[str, Any] = {} if overwrite else {"IfNoneMatch": "*"}
+        sha = hashlib.sha256()
+        first = _read_full(stream, PART)
+        sha.update(first)
+        if len(first) < PART:  # the whole object fits in one request
+            try:
+                self.client.put_object(Bucket=self.bucket, Key=full, Body=first, **extra, **cond)
+            except ClientError as e:
+                if _code(e) in ("PreconditionFailed", "ConditionalRequestConflict"):
+                    raise ObjectExists(key) from None
+                raise
+            return ObjectInfo(key=key, size_bytes=len(first), sha256=sha.hexdigest(), content_type=content_type)
+
+        if not overwrite and self.stat(key) is not None:
+            raise ObjectExists(key)  # fail before uploading GiBs; S3 re-checks at completion
+        upload = self.client.create_multipart_upload(Bucket=self.bucket, Key=full, **extra)["UploadId"]
+        parts: list[dict[str, Any]] = []
+        size = 0
+        try:
+            chunk = first
+            while chunk:
+                resp = self.client.upload_part(Bucket=self.bucket, Key=full, UploadId=upload,
+                                               PartNumber=len(parts) + 1, Body=chunk)
+                parts.append({"ETag": resp["ETag"], "PartNumber": len(parts) + 1})
+                size += len(chunk)
+                chunk = _read_full(stream, PART)
+                sha.update(chunk)
+            self.client.complete_multipart_upload(Bucket=self.bucket, Key=full, UploadId=upload,
+                                                  MultipartUpload={"Parts": parts}, **cond)
+        except ClientError as e:
+            self.client.abort_multipart_upload(Bucket=self.bucket, Key=full, UploadId=upload)
+            if _code(e) in ("PreconditionFailed", "ConditionalRequestConflict"):
+                raise ObjectExists(key) from None
+            raise
+        except BaseException:
+            self.client.abort_multipart_upload(Bucket=self.bucket, Key=full, UploadId=upload)
+            raise
+        return ObjectInfo(key=key, size_bytes=size, sha256=sha.hexdigest(), content_type=content_type)
+
+    # ---- reads --------------------------------------------------------------------------------
+    def open(self, key: str) -> BinaryIO:
+        try:
+            return self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"]
+        except ClientError as e:
+            if _code(e) in ("NoSuchKey", "404", "NotFound"):
+                raise FileNotFoundError(key) from None
+            raise
+
+    def stat(self, key: str) -> ObjectInfo | None:
+        try:
+            head = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+        except ClientError as e:
+            if _code(e) in ("NoSuchKey", "404", "NotFound"):
+                return None
+            raise
+        return ObjectInfo(key=key, size_bytes=int(head["ContentLength"]), content_type=head.get("ContentType"))
+
+    def list(self, prefix: str) -> Iterator[str]:
+        full = self._key(prefix.rstrip("/")) + "/" if prefix.strip("/") else (f"{self.prefix}/" if self.prefix else "")
+        cut = len(self.prefix) + 1 if self.prefix else 0
+        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=full)
+        for page in pages:
+            for obj in page.get("Contents", []):
+                yield obj["Key"][cut:]
+
+    def delete_prefix(self, prefix: str) -> int:
+        keys = [self._key(k) for k in self.list(prefix)]
+        for i in range(0, len(keys), 1000):  # DeleteObjects takes 1000 keys a call
+            resp = self.client.delete_objects(Bucket=self.bucket, Delete={
+                "Objects": [{"Key": k} for k in keys[i : i + 1000]], "Quiet": True})
+            if resp.get("Errors"):
+                first = resp["Errors"][0]
+                raise OSError(f"S3 refused to delete {len(resp['Errors'])} objects: {first.get('Code')}")
+        return len(keys)
+
+    def signed_url(self, key: str, *, expires_in: int, filename: str) -> str:
+        check_key(key)
+        return self.client.generate_presigned_url(
+            "get_object",
+            Params={"Bucket": self.bucket, "Key": self._key(key),
+                    "ResponseContentDisposition": content_disposition(filename)},
+            ExpiresIn=min(int(expires_in), self.max_url_ttl_s),
+        )
+
+
+def _read_full(stream: BinaryIO, n: int) -> bytes:
+    """Read exactly n bytes unless the stream ends first (pipes and sockets return short reads)."""
+    buf = bytearray()
+    while len(buf) < n:
+        b = stream.read(n - len(buf))
+        if not b:
+            break
+        buf += b
+    return bytes(buf)
