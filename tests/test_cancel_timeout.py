@@ -8,6 +8,7 @@ import re
 import time
 
 import anyio
+import psutil
 import pytest
 
 from tests.conftest import Agent, pid_alive
@@ -15,7 +16,7 @@ from tests.conftest import Agent, pid_alive
 pytestmark = pytest.mark.anyio
 
 
-async def tree_pids(agent: Agent, task_id: str, children: int, timeout: float = 30) -> list[int]:
+async def tree_pids(agent: Agent, task_id: str, children: int, timeout: float = 60) -> list[int]:
     """Pids the exercise tool printed for its children and grandchildren."""
     deadline = time.monotonic() + timeout
     while True:
@@ -23,7 +24,11 @@ async def tree_pids(agent: Agent, task_id: str, children: int, timeout: float = 
         pids = [int(m.group(1)) for ln in lines if (m := re.search(r"child pid=(\d+)", ln["message"]))]
         if len(pids) >= 2 * children:
             return pids
-        assert time.monotonic() < deadline, f"tool printed only {pids}"
+        if time.monotonic() > deadline:
+            procs = [(p.pid, p.ppid(), p.status(), p.cmdline()[-2:]) for p in psutil.process_iter()
+                     if p.pid in pids or p.ppid() in pids]
+            raise AssertionError(f"tool printed only {pids}; log: {[ln['message'] for ln in lines]}; "
+                                 f"processes: {procs}")
         await anyio.sleep(0.1)
 
 

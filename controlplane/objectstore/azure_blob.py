@@ -1,6 +1,6 @@
 """Azure Blob Storage through azure-storage-blob: `az://account/container/prefix`.
 
-The endpoint is `https://<account>.blob.core.windows.net`, or `CONTROLPLANE_AZURE_BLOB_ENDPOINT`
+The endpoint is `https://<account>.blob.core.windows.net`, or `AZURE_STORAGE_BLOB_ENDPOINT`
 (an emulator such as azurite: `http://127.0.0.1:10000/devstoreaccount1`). The credential is the
 account key in `AZURE_STORAGE_KEY` (development), otherwise azure-identity's
 DefaultAzureCredential (the job's managed identity in production).
@@ -64,7 +64,7 @@ class AzureBlobObjectStore(ObjectStore):
         self.container = container
         self.prefix = prefix
         self.url = f"az://{account}/{container}/{prefix}".rstrip("/")
-        self.endpoint = (endpoint or os.environ.get("CONTROLPLANE_AZURE_BLOB_ENDPOINT")
+        self.endpoint = (endpoint or os.environ.get("AZURE_STORAGE_BLOB_ENDPOINT")
                          or f"https://{account}.blob.core.windows.net").rstrip("/")
         self.account_key = account_key or os.environ.get("AZURE_STORAGE_KEY")
         if credential is None:

@@ -8,6 +8,7 @@ control plane builds a key and when a runner hands one over.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import mimetypes
 import re
 from abc import ABC, abstractmethod
@@ -187,20 +188,14 @@ def open_store(url: str) -> ObjectStore:
     """The store a URL names: file:///dir, s3://bucket/prefix, gs://bucket/prefix,
     az://account/container/prefix. A cloud SDK is imported only when its scheme is used."""
     scheme = url.split("://", 1)[0] if "://" in url else ""
-    if scheme == "file":
-        from controlplane.objectstore.local import LocalObjectStore
-
-        return LocalObjectStore.from_url(url)
-    if scheme == "s3":
-        from controlplane.objectstore.s3 import S3ObjectStore
-
-        return S3ObjectStore.from_url(url)
-    if scheme == "gs":
-        from controlplane.objectstore.gcs import GcsObjectStore
-
-        return GcsObjectStore.from_url(url)
-    if scheme == "az":
-        from controlplane.objectstore.azure_blob import AzureBlobObjectStore
-
-        return AzureBlobObjectStore.from_url(url)
-    raise ValueError(f"unsupported object store URL scheme '{scheme}' (file://, s3://, gs://, az://)")
+    backends = {"file": ("local", "LocalObjectStore", None), "s3": ("s3", "S3ObjectStore", "aws"),
+                "gs": ("gcs", "GcsObjectStore", "gcp"), "az": ("azure_blob", "AzureBlobObjectStore", "azure")}
+    if scheme not in backends:
+        raise ValueError(f"unsupported object store URL scheme '{scheme}' (file://, s3://, gs://, az://)")
+    module, cls, extra = backends[scheme]
+    try:
+        backend = importlib.import_module(f"controlplane.objectstore.{module}")
+    except ImportError as e:
+        raise ValueError(f"the {scheme}:// object store needs its SDK ({e.name}): "
+                         f"pip install 'mcp-controlplane[{extra}]'") from None
+    return getattr(backend, cls).from_url(url)

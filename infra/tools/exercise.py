@@ -7,6 +7,7 @@ exit_code        the exit code
 spawn_children   child processes, each with a grandchild, that sleep until killed; their pids
                  are printed as "child pid=<n>" and "grandchild pid=<n>"
 artifact_bytes   size of a deterministic binary artifact "data.bin" (0: none)
+artifact_names   small text artifacts to write under these names (relative paths, as given)
 ignore_sigterm   ignore SIGTERM (tool, children and grandchildren), so only SIGKILL stops it
 result           an object merged into the result
 """
@@ -14,10 +15,12 @@ result           an object merged into the result
 from __future__ import annotations
 
 import hashlib
+import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from infra.runner import toolkit
 
@@ -69,6 +72,11 @@ def main() -> int:
         time.sleep(sleep_s)
 
     result = {"ok": True, "steps": steps, "lines": int(inp.get("log_lines", 0))}
+    artifacts = Path(os.environ.get("CONTROLPLANE_ARTIFACTS_DIR", "."))
+    for name in inp.get("artifact_names") or []:
+        path = artifacts / name  # deliberately unchecked: the runner must refuse what is unsafe
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"artifact {name!r}\n")
     if inp.get("artifact_bytes"):
         result["artifact_sha256"] = write_artifact(int(inp["artifact_bytes"]))
     result.update(inp.get("result") or {})

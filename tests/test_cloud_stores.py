@@ -1,0 +1,214 @@
+"""The cloud object stores against their emulators: the store contract (streaming, immutable,
+idempotent deletes, safe keys), signed links that download exactly one object under its
+filename and expire when they should, and whole tasks whose results and artifacts live in the
+cloud store, down to their expiry.
+
+azurite checks SAS signatures and expiry itself; moto and the GCS emulator do not, so for S3 and
+GCS the tests rebuild each link's canonical request and check its signature and lifetime.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import io
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from urllib.parse import parse_qs, parse_qsl, quote, urlencode, urlsplit, urlunsplit
+
+import httpx
+import pytest
+from fastmcp import Client
+
+from controlplane.app import ControlPlane
+from controlplane.mcp.server import build_server
+from controlplane.objectstore import ObjectExists, UnsafeKey, open_store
+from controlplane.objectstore.base import task_prefix
+from controlplane.settings import Settings
+from tests.cloud import AWS_ENV, CloudTarget, azure, azurite_server, cloud, gcs_server, moto_server  # noqa: F401
+from tests.conftest import FAST, Agent
+
+SEVEN_DAYS = 7 * 24 * 3600
+
+
+class Chunks(io.RawIOBase):
+    """A non-seekable stream of `size` deterministic bytes, produced as it is read."""
+
+    def __init__(self, size: int):
+        self.left = size
+        self.block = hashlib.sha256(b"cloud").digest() * 2048  # 64 KiB
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        n = self.left if n < 0 else min(n, self.left)
+        out = (self.block * (n // len(self.block) + 1))[:n]
+        self.left -= n
+        return out
+
+
+def expected_sha(size: int) -> str:
+    sha = hashlib.sha256()
+    stream = Chunks(size)
+    while b := stream.read(1 << 20):
+        sha.update(b)
+    return sha.hexdigest()
+
+
+# ---- the store contract -----------------------------------------------------------------------
+def test_store_contract(cloud: CloudTarget) -> None:
+    store = open_store(cloud.url)
+    info = store.put_bytes("a/b.txt", b"hello", content_type="text/plain")
+    assert (info.size_bytes, info.sha256) == (5, hashlib.sha256(b"hello").hexdigest())
+    with pytest.raises(ObjectExists):
+        store.put_bytes("a/b.txt", b"another")  # objects are immutable
+    assert store.get_bytes("a/b.txt") == b"hello"
+    assert store.stat("a/b.txt").size_bytes == 5
+    assert store.stat("a/missing") is None
+    with pytest.raises(FileNotFoundError):
+        store.get_bytes("a/missing")
+
+    size = 20 * 1024 * 1024 + 12345  # several parts / blocks / chunks, the last one short
+    big = store.put_stream("a/big.bin", Chunks(size))
+    assert (big.size_bytes, big.sha256) == (size, expected_sha(size))
+    with pytest.raises(ObjectExists):
+        store.put_stream("a/big.bin", Chunks(size))
+    read = hashlib.sha256()
+    with store.open("a/big.bin") as f:
+        while chunk := f.read(1 << 20):
+            read.update(chunk)
+    assert read.hexdigest() == big.sha256
+
+    assert list(store.list("a")) == ["a/b.txt", "a/big.bin"]
+    assert store.delete_prefix("a") == 2
+    assert store.delete_prefix("a") == 0  # deleting again is fine
+    assert list(store.list("a")) == []
+    for bad in ("../x", "/abs", "a/../b", "a\\b", "a\x00b", ""):
+        with pytest.raises(UnsafeKey):
+            store.put_bytes(bad, b"x")
+
+
+# ---- signed links -----------------------------------------------------------------------------
+def verify_sigv4(url: str, secret: str) -> dict[str, str]:
+    """Rebuild a SigV4 presigned GET's canonical request and check its signature."""
+    parts = urlsplit(url)
+    pairs = [p for p in parts.query.split("&") if not p.startswith("X-Amz-Signature=")]
+    q = {k: v[0] for k, v in parse_qs(parts.query).items()}
+    canonical = "\n".join(["GET", parts.path, "&".join(sorted(pairs)), f"host:{parts.netloc}", "", "host",
+                           "UNSIGNED-PAYLOAD"])
+    date, region, service, _ = q["X-Amz-Credential"].split("/")[1:]
+    to_sign = "\n".join(["AWS4-HMAC-SHA256", q["X-Amz-Date"], f"{date}/{region}/{service}/aws4_request",
+                         hashlib.sha256(canonical.encode()).hexdigest()])
+    key = f"AWS4{secret}".encode()
+    for part in (date, region, service, "aws4_request"):
+        key = hmac.new(key, part.encode(), hashlib.sha256).digest()
+    assert hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest() == q["X-Amz-Signature"]
+    return q
+
+
+def verify_gcs_v4(url: str, service_account: dict) -> dict[str, str]:
+    """Rebuild a GCS V4 signed URL's canonical request and check its RSA signature."""
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import padding
+
+    parts = urlsplit(url)
+    pairs = [p for p in parts.query.split("&") if not p.startswith("X-Goog-Signature=")]
+    q = {k: v[0] for k, v in parse_qs(parts.query).items()}
+    canonical = "\n".join(["GET", parts.path, "&".join(sorted(pairs)), f"host:{parts.netloc}", "", "host",
+                           "UNSIGNED-PAYLOAD"])
+    scope = q["X-Goog-Credential"].split("/", 1)[1]
+    to_sign = "\n".join(["GOOG4-RSA-SHA256", q["X-Goog-Date"], scope, hashlib.sha256(canonical.encode()).hexdigest()])
+    key = serialization.load_pem_private_key(service_account["private_key"].encode(), password=None)
+    key.public_key().verify(bytes.fromhex(q["X-Goog-Signature"]), to_sign.encode(), padding.PKCS1v15(),
+                            hashes.SHA256())  # raises InvalidSignature on a forgery
+    assert q["X-Goog-Credential"].startswith(service_account["client_email"] + "/")
+    return q
+
+
+def lifetime(cloud: CloudTarget, url: str) -> int:
+    """Check a link's signature; return the seconds it was signed to live for."""
+    if cloud.name == "s3":
+        q = verify_sigv4(url, AWS_ENV["AWS_SECRET_ACCESS_KEY"])
+        signed_at = datetime.strptime(q["X-Amz-Date"], "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC).timestamp()
+        assert abs(signed_at - time.time()) < 60
+        return int(q["X-Amz-Expires"])
+    if cloud.name == "gcs":
+        assert cloud.signing_key is not None
+        q = verify_gcs_v4(url, cloud.signing_key)
+        signed_at = datetime.strptime(q["X-Goog-Date"], "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC).timestamp()
+        assert abs(signed_at - time.time()) < 60
+        return int(q["X-Goog-Expires"])
+    q = {k: v[0] for k, v in parse_qs(urlsplit(url).query).items()}
+    expiry = datetime.strptime(q["se"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+    return round(expiry - time.time())
+
+
+def test_signed_link_downloads_one_object_under_its_filename(cloud: CloudTarget) -> None:
+    store = open_store(cloud.url)
+    payload = b"\x00\x01artifact bytes\xff" * 1000
+    store.put_bytes("t/attempts/1/artifacts/out/result.bin", payload)
+    store.put_bytes("t/attempts/1/artifacts/other.bin", b"someone else")
+    url = store.signed_url("t/attempts/1/artifacts/out/result.bin", expires_in=300, filename="result.bin")
+    r = httpx.get(url)
+    assert r.status_code == 200 and r.content == payload
+    assert 'filename="result.bin"' in r.headers["content-disposition"]
+    assert abs(lifetime(cloud, url) - 300) <= 2
+    # a month asked for, the cloud's maximum given
+    assert lifetime(cloud, store.signed_url("t/attempts/1/artifacts/other.bin", expires_in=30 * 86400,
+                                            filename="x")) <= SEVEN_DAYS
+
+
+def with_param(url: str, name: str, value: str) -> str:
+    parts = urlsplit(url)
+    pairs = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True)]
+    pairs = [(k, value if k == name else v) for k, v in pairs]
+    return urlunsplit(parts._replace(query=urlencode(pairs, quote_via=quote)))
+
+
+def test_tampered_or_expired_azure_links_are_refused(azure: CloudTarget) -> None:
+    """azurite checks SAS signatures and expiry like Azure does."""
+    store = open_store(azure.url)
+    store.put_bytes("k/a.bin", b"secret bytes")
+    store.put_bytes("k/b.bin", b"other secret")
+    good = store.signed_url("k/a.bin", expires_in=300, filename="a.bin")
+    assert httpx.get(good).status_code == 200
+    sig = dict(parse_qsl(urlsplit(good).query))["sig"]
+    forged = with_param(good, "sig", sig[:10] + ("A" if sig[10] != "A" else "B") + sig[11:])
+    assert httpx.get(forged).status_code == 403
+    renamed = with_param(good, "rscd", 'attachment; filename="a.exe"')  # the filename is signed too
+    assert httpx.get(renamed).status_code == 403
+    other_blob = good.replace("/k/a.bin?", "/k/b.bin?")  # the signature names exactly one blob
+    assert httpx.get(other_blob).status_code == 403
+    expired = store.signed_url("k/a.bin", expires_in=-60, filename="a.bin")
+    assert httpx.get(expired).status_code == 403
+
+
+# ---- a whole task in the cloud store ----------------------------------------------------------
+@pytest.mark.anyio
+async def test_task_results_and_artifacts_live_in_the_cloud_store(cloud: CloudTarget, home: Path) -> None:
+    cp = ControlPlane(Settings(home=home, object_store_url=cloud.url, **FAST))
+    store = open_store(cloud.url)
+    async with Client(build_server(cp)) as client:
+        agent = Agent(client)
+        tid = await agent.submit(inputs={"artifact_bytes": 3 * 1024 * 1024 + 7, "log_lines": 20,
+                                         "result": {"cloud": cloud.name}})
+        st = await agent.wait(tid, timeout=120)
+        assert st["state"] == "succeeded", st
+        res = await agent.call("get_task_result", task_id=tid)
+        assert res["result"]["cloud"] == cloud.name
+        [art] = res["artifacts"]
+        body = httpx.get(art["download_url"]).content
+        assert len(body) == art["size_bytes"] == 3 * 1024 * 1024 + 7
+        assert hashlib.sha256(body).hexdigest() == art["sha256"] == res["result"]["artifact_sha256"]
+        keys = set(store.list(task_prefix(tid)))
+        assert {f"{task_prefix(tid)}attempts/1/{name}" for name in
+                ("inputs.json", "result.json", "artifacts/data.bin")} <= keys
+
+        with cp.db.write() as c:  # its ttl has passed
+            c.exec_driver_sql("update tasks set expires_at = 0 where task_id = ?", (tid,))
+        await cp.reconciler.cycle()
+        assert (await agent.call("get_task_status", task_id=tid))["state"] == "expired"
+        assert list(store.list(task_prefix(tid))) == []
+        assert httpx.get(art["download_url"]).status_code in (403, 404)
