@@ -61,31 +61,30 @@ def build_server(cp: ControlPlane, *, with_auth: bool = True) -> FastMCP:
     )
     svc = cp.service
     owner = cp.settings.default_owner
-    point_reads = cp.db.inline_reads  # status and log pages are index lookups: no thread hop
-    # submit and cancel are one short transaction: tried on the loop, in a thread if it would wait
-    short_write = cp.db.nonblocking_writes
+    # Point reads and short writes are tried on the event loop (see controlplane.blocking);
+    # list_tasks (a page of rows) and get_task_result (links may be signed remotely) use a thread.
     tools = [
         canonical_tool("submit_task", "Submit a catalog tool to run as a durable task. Returns at once with the "
                        "task id, its queue position and when to poll.", api.SubmitTask, svc.submit,
-                       default_owner=owner, read_only=False, try_inline_write=short_write),
+                       default_owner=owner, read_only=False, inline=True),
         canonical_tool("get_task_status", "State, progress (percent, step, phase, message, ETA), timing and "
                        "error of a task.", api.GetTaskStatus, svc.status, default_owner=owner, read_only=True,
-                       inline=point_reads),
+                       inline=True),
         canonical_tool("tail_task_logs", "Log lines of a task, page by page: pass next_cursor back to continue; "
                        "from_end=true starts at the last lines.", api.TailTaskLogs, svc.tail,
-                       default_owner=owner, read_only=True, inline=point_reads),
+                       default_owner=owner, read_only=True, inline=True),
         canonical_tool("list_tasks", "Your tasks, newest first, filtered by state, tool, tags and submission "
                        "time, with cursor pagination.", api.ListTasks, svc.list, default_owner=owner,
                        read_only=True),
         canonical_tool("cancel_task", "Cancel a task: a queued task is cancelled at once; a running one is "
                        "stopped (its cloud job or process tree included). Idempotent.", api.CancelTask,
-                       svc.cancel, default_owner=owner, read_only=False, try_inline_write=short_write),
+                       svc.cancel, default_owner=owner, read_only=False, inline=True),
         canonical_tool("get_task_result", "The result of a finished task, its artifacts with signed download "
                        "links (sha256, size, expiry) and its error, if any.", api.GetTaskResult, svc.result,
                        default_owner=owner, read_only=True),
     ]
     for spec in cp.catalog.tools.values():
-        tools.append(catalog_tool(spec, svc.submit_direct, default_owner=owner, try_inline_write=short_write))
+        tools.append(catalog_tool(spec, svc.submit_direct, default_owner=owner))
     for t in tools:
         mcp.add_tool(t)
     mcp.add_middleware(UnknownToolAsError())

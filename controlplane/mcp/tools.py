@@ -12,7 +12,6 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from typing import Any
 
 import anyio.to_thread
@@ -23,8 +22,8 @@ from mcp_types import TextContent, ToolAnnotations
 from pydantic import BaseModel, ValidationError
 from pydantic.json_schema import SkipJsonSchema
 
+from controlplane import blocking
 from controlplane.errors import ControlPlaneError, ErrorCode, invalid
-from controlplane.store.db import WouldBlock
 
 log = logging.getLogger("controlplane.mcp")
 TOOLING_VERSION = "0.1.0"
@@ -68,30 +67,19 @@ def inline_schema(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 class ServiceTool(Tool):
-    """A tool whose body is `handler(owner, arguments)`, run in a worker thread, or on the event
-    loop itself when it is a short read (`inline`: a point lookup that never waits on a lock)."""
+    """A tool whose body is `handler(owner, arguments)`. With `inline` the body is tried on the
+    event loop first (no thread hop) and moved to a worker thread if it would block (see
+    `controlplane.blocking`); otherwise it runs in a worker thread."""
 
     handler: SkipJsonSchema[Callable[[str, dict[str, Any]], dict[str, Any]]]
     default_owner: SkipJsonSchema[str] = "local"
     inline: SkipJsonSchema[bool] = False
-    # For short writes: a context in which writes fail fast (WouldBlock) instead of waiting for
-    # the lock; the body is tried on the event loop and moved to a thread only if it would wait.
-    try_inline_write: SkipJsonSchema[Callable[[], AbstractContextManager[None]] | None] = None
 
     async def run(self, arguments: dict[str, Any]) -> ToolResult:
         started = time.perf_counter()
         owner = caller(self.default_owner)
         try:
-            if self.inline:
-                out = self.handler(owner, arguments)
-            elif self.try_inline_write is not None:
-                try:
-                    with self.try_inline_write():
-                        out = self.handler(owner, arguments)
-                except WouldBlock:
-                    out = await anyio.to_thread.run_sync(self.handler, owner, arguments)
-            else:
-                out = await anyio.to_thread.run_sync(self.handler, owner, arguments)
+            out = await self._body(owner, arguments)
         except ControlPlaneError as e:
             return error(e, started)
         except Exception:
@@ -101,10 +89,19 @@ class ServiceTool(Tool):
         return ok(out, started)
 
 
+    async def _body(self, owner: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        if self.inline:
+            try:
+                with blocking.inline():
+                    return self.handler(owner, arguments)
+            except blocking.WouldBlock:
+                pass  # nothing was written: run it where it may wait
+        return await anyio.to_thread.run_sync(self.handler, owner, arguments)
+
+
 def canonical_tool(name: str, description: str, model: type[BaseModel],
                    method: Callable[[str, Any], dict[str, Any]], *, default_owner: str, read_only: bool,
-                   inline: bool = False, try_inline_write: Callable[[], AbstractContextManager[None]] | None = None,
-                   schema_version: int = 1) -> ServiceTool:
+                   inline: bool = False, schema_version: int = 1) -> ServiceTool:
     def handler(owner: str, arguments: dict[str, Any]) -> dict[str, Any]:
         try:
             req = model.model_validate_json(json.dumps(arguments))
@@ -114,15 +111,14 @@ def canonical_tool(name: str, description: str, model: type[BaseModel],
 
     return ServiceTool(
         name=name, description=description, parameters=inline_schema(model.model_json_schema()), handler=handler,
-        default_owner=default_owner, inline=inline, try_inline_write=try_inline_write,
+        default_owner=default_owner, inline=inline,
         annotations=ToolAnnotations(readOnlyHint=read_only, destructiveHint=False, openWorldHint=False),
         meta={"schemaVersion": schema_version, "toolingVersion": TOOLING_VERSION},
     )
 
 
 def catalog_tool(spec: Any, submit_direct: Callable[[str, str, dict[str, Any]], dict[str, Any]], *,
-                 default_owner: str,
-                 try_inline_write: Callable[[], AbstractContextManager[None]] | None = None) -> ServiceTool:
+                 default_owner: str) -> ServiceTool:
     def handler(owner: str, arguments: dict[str, Any]) -> dict[str, Any]:
         return submit_direct(owner, spec.name, arguments)
 
@@ -130,8 +126,7 @@ def catalog_tool(spec: Any, submit_direct: Callable[[str, str, dict[str, Any]], 
         name=spec.name,
         description=(spec.description + f"\n\nRuns as a durable task (estimated {spec.estimate_s:g} s): the call "
                      "returns a task id at once; follow it with get_task_status, tail_task_logs and get_task_result."),
-        parameters=inline_schema(spec.input_schema), handler=handler, default_owner=default_owner,
-        try_inline_write=try_inline_write,
+        parameters=inline_schema(spec.input_schema), handler=handler, default_owner=default_owner, inline=True,
         annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=False, idempotentHint=False, openWorldHint=True),
         meta={"schemaVersion": spec.schema_version, "toolingVersion": TOOLING_VERSION, "async": True,
               "estimatedRuntimeSeconds": spec.estimate_s},

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +19,9 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.pool import SingletonThreadPool
 
+from controlplane.blocking import WouldBlock, is_inline, must_not_block
+
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
-_nonblocking: ContextVar[bool] = ContextVar("controlplane_nonblocking_writes", default=False)
-
-
-class WouldBlock(Exception):
-    """A write tried without waiting found the write lock taken: run it in a worker thread."""
 
 
 class Database:
@@ -57,8 +53,6 @@ class Database:
         else:
             self.engine = create_engine(url, echo=echo, pool_pre_ping=True, pool_size=10)
             self.read_engine = self.engine
-        # Whether reads are cheap and local enough to run on the event loop thread.
-        self.inline_reads = self.is_sqlite
         self._compiled: dict[Any, tuple[str, list[str] | None, dict[str, Any]]] = {}
         self._keep: list[Any] = []
 
@@ -68,8 +62,11 @@ class Database:
         """A write transaction. On SQLite it takes the write lock up front (BEGIN IMMEDIATE) so
         that read-then-write sequences never deadlock and are serialised across processes.
 
-        Inside `nonblocking_writes()` it raises `WouldBlock` instead of waiting for the lock."""
-        nonblocking = _nonblocking.get()
+        On the event loop (`blocking.inline()`) it never waits: it raises `WouldBlock` when the
+        lock is taken (SQLite), or at once on an engine reached over the network."""
+        nonblocking = is_inline()
+        if nonblocking and not self.is_sqlite:
+            raise WouldBlock()
         with (self.nonblocking_engine if nonblocking else self.engine).connect() as conn:
             conn.execution_options(cp_write=True)
             try:
@@ -81,21 +78,11 @@ class Database:
             with tx:
                 yield conn
 
-    @contextmanager
-    def nonblocking_writes(self) -> Iterator[None]:
-        """Writes in this block fail fast with `WouldBlock` rather than wait for the write lock,
-        so that a short write can be tried on the event loop and moved to a thread only when
-        it would wait (SQLite only; elsewhere every write goes to a thread)."""
-        if not self.is_sqlite:
-            raise WouldBlock()
-        token = _nonblocking.set(True)
-        try:
-            yield
-        finally:
-            _nonblocking.reset(token)
-
     def read(self) -> Connection:
-        """A connection for reads (`with db.read() as c:`); it never writes."""
+        """A connection for reads (`with db.read() as c:`); it never writes. WAL readers never
+        wait, so SQLite reads may run on the event loop; a networked engine's may not."""
+        if not self.is_sqlite:
+            must_not_block()
         return self.read_engine.connect()
 
     # ---- prebuilt statements, straight through the DB-API driver ---------------------------
@@ -106,6 +93,8 @@ class Database:
 
     def fetch(self, stmt: Any, params: dict[str, Any]) -> list[dict[str, Any]]:
         """Run a prebuilt SELECT on the read connection."""
+        if not self.is_sqlite:
+            must_not_block()
         raw = self.read_engine.raw_connection()
         try:
             rows = self._run(raw.driver_connection, stmt, params)
