@@ -221,9 +221,11 @@ def seed_log(db: Database, task_id: str, lines: int, *, now: float | None = None
 
 
 def seed_inflight(db: Database, n: int, *, seed: int = 11, now: float | None = None,
-                  rc: str = "cpu_small") -> list[str]:
-    """`n` running tasks, each with an active job holding a handle; a fresh heartbeat each and no
-    provider status recorded yet (the first poll after their launch). Returns their ids."""
+                  rc: str = "cpu_small", provider: str = "local",
+                  handles: list[dict[str, Any]] | None = None) -> list[str]:
+    """`n` running tasks, each with an active job holding a handle (the i-th of `handles` when
+    given); a fresh heartbeat each and no provider status recorded yet (the first poll after
+    their launch). Returns their ids."""
     rng = random.Random(seed)
     now = now or time.time()
     tasks, events, jobs = [], [], []
@@ -235,15 +237,16 @@ def seed_inflight(db: Database, n: int, *, seed: int = 11, now: float | None = N
         wid = ids.new_worker_id()
         row = _task_row(task_id, owner=MAIN_OWNER, tool=tool, rc=rc, state="running", submitted=submitted, rng=rng,
                         tags=[PROJECTS[i % len(PROJECTS)]], max_runtime_s=3600)
+        row["provider"] = provider
         row.update(scheduled_at=started - 0.5, started_at=started, updated_at=now, heartbeat_at=now,
                    timeout_at=started + 3600, version=3, worker_id=wid, log_seq=rng.randrange(0, 500),
                    progress_json=json.dumps({"percent": round(100 * i / n, 1), "step": i % 100, "step_total": 100,
                                              "ts": now}))
         tasks.append(row)
         name = ids.job_name(task_id, 1)
+        handle = handles[i] if handles else {"job": name, "double": True, "arn": f"arn:bench:job/{name}"}
         jobs.append(_job(task_id, rc, "active", started - 0.5, worker_id=wid, seen_at=now,
-                         event_seq=rng.randrange(1, 200),
-                         handle_json=json.dumps({"job": name, "double": True, "arn": f"arn:bench:job/{name}"})))
+                         event_seq=rng.randrange(1, 200), handle_json=json.dumps(handle), provider=provider))
         events += [
             _event(task_id, submitted, "submitted", None, "queued", {"priority": 0, "queue": rc}),
             _event(task_id, started - 0.5, "scheduled", "queued", "scheduled", {"worker_id": wid, "job_name": name}),

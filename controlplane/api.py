@@ -8,7 +8,7 @@ field either changes behaviour or does not exist.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -52,11 +52,15 @@ class GetTaskStatus(_Input):
 
 class TailTaskLogs(_Input):
     task_id: TaskId
-    cursor: str | None = Field(default=None, max_length=64,
+    cursor: str | None = Field(default=None, max_length=1024,
                                description="next_cursor of the previous page; omit to start at the beginning")
     limit: int = Field(default=200, ge=1, le=1000, description="Lines per page")
     from_end: bool = Field(default=False, description="Return the last `limit` lines (not with a cursor); its "
                            "next_cursor then follows the log from there")
+    source: Literal["task", "provider"] = Field(
+        default="task", description="'task': the lines the runner relayed (every provider); 'provider': the job "
+        "runner's own log of the current attempt (CloudWatch for AWS Batch, the process console locally), "
+        "which also shows what happened before the runner started")
 
 
 class ListTasks(_Input):

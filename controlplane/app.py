@@ -66,10 +66,19 @@ class ControlPlane:
         for url in self.catalog.store_urls():  # open every store the catalog names, failing early
             self.stores.get(url)
         names = sorted({t.provider for t in self.catalog.tools.values()})
-        self.providers: dict[str, Provider] = providers or {n: create_provider(n, self.settings) for n in names}
+        try:
+            self.providers: dict[str, Provider] = providers or {n: create_provider(n, self.settings) for n in names}
+        except (ValueError, ImportError) as e:
+            raise CatalogError(f"{self.catalog.source}: {e}") from None
+        for tool in self.catalog.tools.values():
+            rc = self.catalog.resource_classes[tool.resource_class]
+            try:
+                self.providers[tool.provider].check_options({**rc.provider_options, **tool.provider_options})
+            except ValueError as e:
+                raise CatalogError(f"{self.catalog.source}: tools.{tool.name}.provider_options: {e}") from None
         self.estimator = Estimator()
         self.ingestor = Ingestor(self.store, self.catalog, self.stores, self.settings)
-        self.service = TaskService(self.settings, self.store, self.catalog, self.stores, self.estimator,
+        self.service = TaskService(self.settings, self.store, self.catalog, self.stores, self.estimator, self.providers,
                                    wake=self.wake)
         self.scheduler = Scheduler(self.store, self.catalog, self.providers, self.stores, self.build_spec)
         self.reconciler = Reconciler(self.store, self.providers, self.stores, self.ingestor, self.settings)

@@ -94,15 +94,24 @@ def decide_lost(task: dict[str, Any], reason: str, policy: RetryPolicy) -> Decis
     return _retry_or(task, "worker_lost", policy, Decision(TaskState.FAILED, error=err))
 
 
+def decide_launch_failure(task: dict[str, Any], message: str, policy: RetryPolicy) -> Decision:
+    """The job never ran: the provider refused it, or it waited for capacity past its limit."""
+    err = task_error(TaskErrorCode.LAUNCH_FAILED, message)
+    return _retry_or(task, "launch_failed", policy, Decision(TaskState.FAILED, error=err))
+
+
 def decide_provider_failure(task: dict[str, Any], reason: str | None, exit_code: int | None,
-                            policy: RetryPolicy) -> Decision:
-    """The provider says the job failed and the runner left no outcome (it never started, or
-    the container was killed before it could write one)."""
+                            policy: RetryPolicy, *, started: bool = True) -> Decision:
+    """The provider says the job failed and the runner left no outcome: the job never started
+    (an image that cannot be pulled, a bad job definition: LAUNCH_FAILED), or its container was
+    killed before the runner could report (WORKER_LOST), or the tool's exit code is all we have."""
     state = TaskState(task["state"])
     if state in (TaskState.CANCEL_REQUESTED, TaskState.CANCELLING):
         return decide_lost(task, reason or "stopped", policy)
     if reason and "timeout" in reason.lower():
         return Decision(TaskState.TIMED_OUT, error=timeout_error(task))
+    if not started:
+        return decide_launch_failure(task, f"the job never started: {reason or 'no reason given'}", policy)
     msg = f"the job failed: {reason or 'no reason given'}" + (f" (exit code {exit_code})" if exit_code is not None else "")
     if exit_code is None:
         err = task_error(TaskErrorCode.WORKER_LOST, msg)

@@ -32,7 +32,7 @@ from tenacity import Retrying, retry_if_not_exception_type, stop_after_attempt, 
 from controlplane.ingest import Ingestor
 from controlplane.objectstore.base import task_prefix
 from controlplane.objectstore.registry import StoreRegistry
-from controlplane.outcomes import decide, decide_lost, decide_provider_failure
+from controlplane.outcomes import decide, decide_launch_failure, decide_lost, decide_provider_failure
 from controlplane.settings import Settings
 from controlplane.states import TaskState
 from controlplane.store.store import StaleAttempt, Store
@@ -168,7 +168,9 @@ class Reconciler:
             state = TaskState(j["state"])
             if st.phase == JobPhase.RUNNING and state == TaskState.SCHEDULED:
                 self.store.mark_running(j["task_id"], j["attempt"], st.started_at)
-            if state == TaskState.CANCELLING:
+            if st.phase == JobPhase.PENDING and st.give_up_reason and state == TaskState.SCHEDULED:
+                self._give_up_waiting(j, st.give_up_reason, stats)
+            elif state == TaskState.CANCELLING:
                 self._stop_overdue(j, now, stats)
             elif state == TaskState.RUNNING:
                 self._check_heartbeat(j, now, stats)
@@ -189,6 +191,19 @@ class Reconciler:
         if now - last > self.settings.heartbeat_timeout_s:
             log.warning("job %s silent for %.0f s: stopping it, then treating it as lost", j["job_name"], now - last)
             self._send_stop(j, "heartbeat lost", stats)
+
+    def _give_up_waiting(self, j: dict[str, Any], reason: str, stats: CycleStats) -> None:
+        """The provider's policy gave up on a job that never started (no capacity): stop it and
+        fail the attempt, or retry it if the tool retries launch failures. The job is drained:
+        stopped until the provider confirms it is gone, and refused if it starts after all."""
+        log.warning("job %s: %s", j["job_name"], reason)
+        self._send_stop(j, "gave up waiting", stats)
+        task = self.store.get(j["task_id"])
+        if task is None:
+            return
+        decision = decide_launch_failure(task, reason, self.ingestor.policy(task["tool_name"]))
+        self.store.finish_attempt(j["task_id"], j["attempt"], decision, ran=False, job_state="draining")
+        stats.lost += 1
 
     def _stop_overdue(self, j: dict[str, Any], now: float, stats: CycleStats) -> None:
         """A job that will not confirm it stopped must not hold its slot for ever."""
@@ -236,7 +251,7 @@ class Reconciler:
             self.store.finish_attempt(task_id, attempt, decide_lost(task, st.reason or "the job vanished", policy))
             stats.lost += 1
         else:
-            d = decide_provider_failure(task, st.reason, st.exit_code, policy)
+            d = decide_provider_failure(task, st.reason, st.exit_code, policy, started=st.started_at is not None)
             self.store.finish_attempt(task_id, attempt, d)
             stats.finished += 1
 

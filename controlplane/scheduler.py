@@ -17,11 +17,10 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from controlplane.catalog import Catalog
-from controlplane.errors import TaskErrorCode, task_error
+from controlplane.catalog import Catalog, RetryPolicy
 from controlplane.objectstore.base import inputs_key
 from controlplane.objectstore.registry import StoreRegistry
-from controlplane.outcomes import Decision
+from controlplane.outcomes import decide_launch_failure
 from controlplane.states import TaskState
 from controlplane.store.store import Store
 from providers.base import Capability, LaunchSpec, PermanentProviderError, Provider
@@ -116,9 +115,6 @@ class Scheduler:
         if task is None:
             return
         tool = self.catalog.tool(task["tool_name"])
-        err = task_error(TaskErrorCode.LAUNCH_FAILED, f"the provider refused to start the job: {reason}")
-        decision = Decision(TaskState.FAILED, error=err)
-        if tool and "launch_failed" in tool.retry.retry_on and task["attempt"] < task["max_attempts"]:
-            decision = Decision(TaskState.QUEUED, error=err, note="retry after launch_failed",
-                                backoff_s=tool.retry.backoff_s)
+        decision = decide_launch_failure(task, f"the provider refused to start the job: {reason}",
+                                         tool.retry if tool else RetryPolicy())
         self.store.finish_attempt(job["task_id"], job["attempt"], decision, ran=False)

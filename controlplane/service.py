@@ -20,7 +20,7 @@ from typing import Any
 
 from jsonschema.exceptions import ValidationError as SchemaValidationError
 
-from controlplane import api
+from controlplane import api, blocking
 from controlplane.catalog import Catalog
 from controlplane.errors import ControlPlaneError, ErrorCode, invalid, not_found
 from controlplane.estimates import Estimator
@@ -28,8 +28,10 @@ from controlplane.objectstore.registry import StoreRegistry
 from controlplane.settings import Settings
 from controlplane.states import TERMINAL, TaskState
 from controlplane.store.store import NewTask, QueueFull, Store
+from providers.base import Capability, Provider, TransientProviderError
 
 LOG_CURSOR_PREFIX = "log_"
+PROVIDER_CURSOR_PREFIX = "plog_"
 LIST_CURSOR_PREFIX = "lst_"
 _ASCII_DIGITS = re.compile(r"[0-9]{1,18}")  # fits a 64-bit integer column on every engine
 
@@ -58,8 +60,10 @@ def _epoch(when: datetime | None, field: str) -> float | None:
 
 class TaskService:
     def __init__(self, settings: Settings, store: Store, catalog: Catalog, stores: StoreRegistry,
-                 estimator: Estimator, wake: Callable[[], None] = lambda: None):
+                 estimator: Estimator, providers: dict[str, Provider] | None = None,
+                 wake: Callable[[], None] = lambda: None):
         self.settings = settings
+        self.providers = providers or {}
         self.store = store
         self.catalog = catalog
         self.stores = stores
@@ -187,6 +191,15 @@ class TaskService:
             "error": _loads(task.get("error_json")),
             "poll_after_ms": None if state in TERMINAL or state == TaskState.EXPIRED else self.poll_after_ms(task),
         }
+        provider = self.providers.get(task["provider"])
+        links = provider is not None and provider.supports(Capability.LOG_LINK)
+        if state == TaskState.SCHEDULED or links:
+            job = self.store.job(task["task_id"], task["attempt"])
+            if job is not None:
+                if state == TaskState.SCHEDULED and job["provider_reason"]:
+                    out["waiting_reason"] = job["provider_reason"]  # e.g. no compute capacity yet
+                if links and job["handle_json"]:
+                    out["log_link"] = provider.log_link(json.loads(job["handle_json"]))
         return out
 
     # ==== logs ================================================================================
@@ -195,6 +208,8 @@ class TaskService:
         if req.cursor is not None and req.from_end:
             raise invalid("give either cursor or from_end, not both")
         limit = min(req.limit, self.settings.max_log_page)
+        if req.source == "provider":
+            return self._provider_tail(task, req, limit)
         if req.from_end:
             lines = self.store.last_logs(task["task_id"], limit)
             after = lines[0]["seq"] - 1 if lines else task["log_seq"]
@@ -212,6 +227,38 @@ class TaskService:
             "truncated": after + 1 < task["log_first_seq"],
             "has_more": last < task["log_seq"],
         }
+
+    def _provider_tail(self, task: dict[str, Any], req: api.TailTaskLogs, limit: int) -> dict[str, Any]:
+        """A page of the job runner's own log (CloudWatch, the local console) for the current
+        attempt; its cursor wraps the provider's (e.g. CloudWatch's forward token)."""
+        provider = self.providers.get(task["provider"])
+        if provider is None or not provider.supports(Capability.LOGS):
+            raise ControlPlaneError(ErrorCode.CAPABILITY_MISSING, f"the {task['provider']} provider keeps no log "
+                                    "of its own", hint="use source='task'")
+        if req.from_end:
+            raise invalid("from_end is not available with source='provider'")
+        cursor = None
+        if req.cursor is not None:
+            if not req.cursor.startswith(PROVIDER_CURSOR_PREFIX):
+                raise invalid("malformed cursor", hint="pass the next_cursor of a previous answer with the same source")
+            cursor = req.cursor[len(PROVIDER_CURSOR_PREFIX):] or None
+        out: dict[str, Any] = {"task_id": task["task_id"], "state": task["state"], "source": "provider",
+                               "attempt": task["attempt"], "lines": [], "next_cursor": req.cursor or PROVIDER_CURSOR_PREFIX}
+        job = self.store.job(task["task_id"], task["attempt"])
+        if job is None or not job["handle_json"]:
+            out["reason"] = "the job has not been launched yet"
+            return out
+        blocking.must_not_block()  # a cloud logging API
+        try:
+            page = provider.logs(json.loads(job["handle_json"]), cursor, limit)
+        except TransientProviderError:
+            out["reason"] = "the provider's log service did not answer (throttled or unavailable); try again"
+            return out
+        out["lines"] = [{"ts": iso(ln.ts), "stream": ln.stream, "message": ln.message} for ln in page.lines]
+        out["next_cursor"] = PROVIDER_CURSOR_PREFIX + (page.next_cursor or cursor or "")
+        if page.reason:
+            out["reason"] = page.reason
+        return out
 
     @staticmethod
     def _log_cursor(cursor: str | None) -> int:

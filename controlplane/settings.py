@@ -76,6 +76,12 @@ class Settings(BaseSettings):
     # Python interpreter the local provider starts runners and example tools with.
     local_python: str | None = None
 
+    # AWS Batch (region and credentials otherwise from boto3's standard chain).
+    aws_region: str | None = None
+    aws_batch_max_tps: float = 40.0  # all Batch calls of this process, per account and region
+    aws_batch_poll_interval_s: float = 10.0
+    aws_batch_stuck_after_s: float = 900.0  # RUNNABLE/STARTING longer than this is "stuck"
+
     @field_validator("home", mode="before")
     @classmethod
     def _expand_home(cls, v: object) -> object:

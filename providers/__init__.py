@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from controlplane.settings import Settings
     from providers.base import Provider
 
-KNOWN = ("local",)
+KNOWN = ("local", "aws_batch")
 
 
 def create_provider(name: str, settings: Settings) -> Provider:
@@ -20,4 +20,13 @@ def create_provider(name: str, settings: Settings) -> Provider:
         from providers.local import LocalProvider
 
         return LocalProvider(settings.jobs_dir, python=settings.local_python, kill_grace_s=settings.kill_grace_s)
+    if name == "aws_batch":
+        try:
+            from providers.aws_batch import AwsBatchProvider
+        except ImportError as e:
+            raise ValueError(f"provider aws_batch needs {e.name}: pip install 'mcp-controlplane[aws]'") from None
+
+        return AwsBatchProvider(region=settings.aws_region, max_tps=settings.aws_batch_max_tps,
+                                poll_interval_s=settings.aws_batch_poll_interval_s,
+                                stuck_after_s=settings.aws_batch_stuck_after_s, kill_grace_s=settings.kill_grace_s)
     raise ValueError(f"unknown provider '{name}' (known: {', '.join(KNOWN)})")

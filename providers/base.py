@@ -80,6 +80,9 @@ class JobStatus:
     # Set while PENDING when the job waits on something that may never come (no capacity, an
     # image that cannot be pulled). The control plane shows it in get_task_status.
     waiting_reason: str | None = None
+    # Set when the provider's policy says to stop waiting: the control plane stops the job and
+    # fails the attempt (LAUNCH_FAILED) instead of holding its slot for ever.
+    give_up_reason: str | None = None
     raw_status: str | None = None  # the provider's own status word
 
 
@@ -118,6 +121,9 @@ class Provider(ABC):
 
     def supports(self, cap: Capability) -> bool:
         return cap in self.capabilities
+
+    def check_options(self, options: dict[str, Any]) -> None:
+        """Raise ValueError if a catalog entry's provider_options cannot work (checked at start)."""
 
     @abstractmethod
     def launch(self, spec: LaunchSpec) -> Handle: ...

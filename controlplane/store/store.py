@@ -61,6 +61,7 @@ QUEUE_POSITION = (select(func.count().label("ahead")).select_from(T)
                   .where(T.c.resource_class == _bp("rc"), T.c.state == S.QUEUED.value,
                          T.c.priority >= _bp("prio"),
                          or_(T.c.priority > _bp("prio"), T.c.pk < _bp("pk"))))
+GET_JOB = select(JOBS).where(JOBS.c.task_id == _bp("task_id"), JOBS.c.attempt == _bp("attempt"))
 UPDATE_TASK_VERSIONED = update(T).where(T.c.pk == _bp("_pk"), T.c.version == _bp("_version"))
 INSERT_TASK = insert(T).returning(T.c.pk)
 INSERT_TAGS = insert(TAGS)
@@ -421,9 +422,8 @@ class Store:
             c.execute(update(JOBS).where(JOBS.c.worker_id == worker_id).values(state=state, finished_at=self.clock()))
 
     def job(self, task_id: str, attempt: int) -> dict[str, Any] | None:
-        with self.db.read() as c:
-            row = c.execute(select(JOBS).where(JOBS.c.task_id == task_id, JOBS.c.attempt == attempt)).mappings().first()
-            return dict(row) if row else None
+        rows = self.db.fetch(GET_JOB, {"task_id": task_id, "attempt": attempt})
+        return rows[0] if rows else None
 
     # ==== runner events =======================================================================
     def ingest(self, task_id: str, attempt: int, events: list[dict[str, Any]],

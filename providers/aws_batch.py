@@ -1,0 +1,274 @@
+"""AWS Batch: each task attempt is one Batch job; its logs are in CloudWatch Logs.
+
+Catalog options (on the resource class or the tool, `provider_options`):
+
+    job_queue       the Batch job queue (required)
+    job_definition  the job definition (name, name:revision or ARN; required); its image's
+                    entrypoint is the runner (`infra/runner/Dockerfile`)
+    log_group       CloudWatch log group of the job's output (default /aws/batch/job)
+    stuck_after_s   a job still RUNNABLE or STARTING after this long is reported as stuck
+    on_stuck        "wait" (default: keep waiting, with the reason in get_task_status) or
+                    "fail" (stop the job and fail the attempt with LAUNCH_FAILED)
+
+How it maps the core's contract onto Batch:
+
+* launch = SubmitJob, named after the task and attempt, with the tool's command and the
+  runner's environment as container overrides, resourceRequirements from the resource class,
+  attemptDurationSeconds as a backstop for max_runtime_s, tags (task, tool, owner) propagated
+  to the ECS task, and Batch's own retries off (the control plane owns retries).
+* SubmitJob is not idempotent. The control plane records its intent first; after a crash
+  `find` looks the job up with ListJobs filtered by JOB_NAME (always with a filter: without a
+  status or filter the real API lists RUNNING jobs only) before anything is submitted again.
+* poll = DescribeJobs, at most 100 ids a call (the API's limit). A job Batch no longer returns
+  is GONE. The exit code comes from the container, or from the last attempt's.
+* cancel = TerminateJob with a reason, in any state; idempotent.
+* logs = GetLogEvents on the job's stream (`container.logStreamName`, or the last attempt's
+  for finished jobs); the cursor is CloudWatch's forward token. A stream that does not exist
+  (yet) is an empty page with a reason.
+
+Throttling: botocore's adaptive retries, and a limiter shared by every Batch client of one
+account and region in the process (default 40 requests/s, under Batch's documented 50 TPS for
+SubmitJob and DescribeJobs). It counts every HTTP request, retries included, because it hooks
+into botocore's request events rather than wrapping the API methods, and it bounds what Batch
+sees in any second, requests in flight included (see `providers/ratelimit.py`). A 429 or 5xx that
+outlasts the retries is a TransientProviderError: it never fails a task by itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from typing import Any
+from urllib.parse import quote
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
+
+from providers import ratelimit
+from providers.base import (
+    Capability,
+    Handle,
+    JobPhase,
+    JobStatus,
+    LaunchSpec,
+    LogLine,
+    LogPage,
+    PermanentProviderError,
+    Provider,
+    TransientProviderError,
+)
+
+log = logging.getLogger("controlplane.providers.aws_batch")
+
+DEFAULT_LOG_GROUP = "/aws/batch/job"
+# Batch status -> the core's job phase: the one table.
+PHASES: dict[str, JobPhase] = {
+    "SUBMITTED": JobPhase.PENDING,
+    "PENDING": JobPhase.PENDING,
+    "RUNNABLE": JobPhase.PENDING,
+    "STARTING": JobPhase.PENDING,
+    "RUNNING": JobPhase.RUNNING,
+    "SUCCEEDED": JobPhase.SUCCEEDED,
+    "FAILED": JobPhase.FAILED,
+}
+WAITING = {"RUNNABLE": "waiting for compute capacity", "STARTING": "starting its container"}
+TRANSIENT_CODES = {"TooManyRequestsException", "ThrottlingException", "ServerException", "ServiceUnavailable",
+                   "InternalFailure", "RequestLimitExceeded"}
+_TAG_VALUE = re.compile(r"[^\w .:/=+\-@]")
+
+
+def _tag(value: str) -> str:
+    return _TAG_VALUE.sub("_", value)[:256]
+
+
+def classify(e: Exception) -> Exception:
+    """A Batch/Logs error as the core's transient (retry later) or permanent (wrong request)."""
+    if isinstance(e, ClientError):
+        code = str(e.response.get("Error", {}).get("Code", ""))
+        status = int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+        if code in TRANSIENT_CODES or status == 429 or status >= 500:
+            return TransientProviderError(f"{code or status}: {e}")
+        return PermanentProviderError(f"{code}: {e.response.get('Error', {}).get('Message', e)}")
+    if isinstance(e, BotoCoreError):
+        return TransientProviderError(str(e))
+    return e
+
+
+class AwsBatchProvider(Provider):
+    name = "aws_batch"
+    poll_batch_size = 100  # DescribeJobs takes at most 100 job ids
+    capabilities = frozenset({Capability.LOGS, Capability.LOG_LINK, Capability.FIND})
+
+    def __init__(self, *, region: str | None = None, max_tps: float = 40.0, poll_interval_s: float = 10.0,
+                 stuck_after_s: float = 900.0, kill_grace_s: float = 30.0, session: Any = None):
+        session = session or boto3.session.Session(region_name=region)
+        config = Config(retries={"mode": "adaptive", "max_attempts": 8}, connect_timeout=10, read_timeout=30)
+        self.batch = session.client("batch", config=config)
+        self.logs_client = session.client("logs", config=config)
+        self.region = self.batch.meta.region_name
+        self.poll_interval_s = poll_interval_s
+        self.stuck_after_s = stuck_after_s
+        self.kill_grace_s = kill_grace_s
+        # One limiter per account and region (and endpoint, for emulators), shared by all clients.
+        key = f"batch:{self.region}:{self.batch.meta.endpoint_url}"
+        self.limiter = ratelimit.shared(key, max_tps)
+        ratelimit.BotocoreHook(self.limiter).install(self.batch, "batch")  # every request, retries too
+        self._streams: dict[str, str] = {}  # job id -> log stream, learnt from DescribeJobs
+
+    def _call(self, fn: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(**kwargs)
+        except (ClientError, BotoCoreError) as e:
+            raise classify(e) from e
+
+    # ---- configuration ----------------------------------------------------------------------
+    def check_options(self, options: dict[str, Any]) -> None:
+        missing = [k for k in ("job_queue", "job_definition") if not options.get(k)]
+        if missing:
+            raise ValueError(f"provider_options needs {', '.join(missing)} for aws_batch")
+        if options.get("on_stuck", "wait") not in ("wait", "fail"):
+            raise ValueError("provider_options.on_stuck must be 'wait' or 'fail'")
+
+    # ---- launch / find ------------------------------------------------------------------------
+    def launch(self, spec: LaunchSpec) -> Handle:
+        opts = spec.options
+        requirements = [{"type": "VCPU", "value": f"{spec.cpu:g}"}, {"type": "MEMORY", "value": str(spec.memory_mb)}]
+        if spec.gpu:
+            requirements.append({"type": "GPU", "value": str(spec.gpu)})
+        resp = self._call(
+            self.batch.submit_job,
+            jobName=spec.job_name,
+            jobQueue=opts["job_queue"],
+            jobDefinition=opts["job_definition"],
+            containerOverrides={
+                "command": [c.replace("{python}", "python") for c in spec.command],
+                "environment": [{"name": k, "value": v} for k, v in sorted(spec.env.items())],
+                "resourceRequirements": requirements,
+            },
+            # A backstop: the control plane stops the job at max_runtime_s itself.
+            timeout={"attemptDurationSeconds": max(60, int(spec.max_runtime_s + self.kill_grace_s + 60))},
+            retryStrategy={"attempts": 1},
+            tags={"controlplane:task": spec.task_id, "controlplane:attempt": str(spec.attempt),
+                  "controlplane:tool": _tag(spec.tool_name), "controlplane:owner": _tag(spec.owner)},
+            propagateTags=True,
+        )
+        return self._handle(resp["jobId"], spec)
+
+    def _handle(self, job_id: str, spec: LaunchSpec) -> Handle:
+        opts = spec.options
+        return {"job_id": job_id, "job_name": spec.job_name, "job_queue": opts["job_queue"],
+                "log_group": opts.get("log_group", DEFAULT_LOG_GROUP),
+                "stuck_after_s": float(opts.get("stuck_after_s", self.stuck_after_s)),
+                "on_stuck": opts.get("on_stuck", "wait")}
+
+    def find(self, spec: LaunchSpec) -> Handle | None:
+        # A filter, never a bare listing: without a status or a filter ListJobs returns only
+        # RUNNING jobs, and a job submitted just before a crash is SUBMITTED or RUNNABLE.
+        found: list[dict[str, Any]] = []
+        token = None
+        while True:
+            kwargs: dict[str, Any] = {"jobQueue": spec.options["job_queue"],
+                                      "filters": [{"name": "JOB_NAME", "values": [spec.job_name]}]}
+            if token:
+                kwargs["nextToken"] = token
+            resp = self._call(self.batch.list_jobs, **kwargs)
+            found += [j for j in resp.get("jobSummaryList", []) if j.get("jobName") == spec.job_name]
+            token = resp.get("nextToken")
+            if not token:
+                break
+        if not found:
+            return None
+        if len(found) > 1:
+            log.warning("%d Batch jobs are named %s; following the newest", len(found), spec.job_name)
+        newest = max(found, key=lambda j: j.get("createdAt", 0))
+        return self._handle(newest["jobId"], spec)
+
+    # ---- poll ---------------------------------------------------------------------------------
+    def poll(self, handles: list[Handle]) -> list[JobStatus]:
+        if not handles:
+            return []
+        ids = [h["job_id"] for h in handles]
+        jobs: dict[str, dict[str, Any]] = {}
+        for i in range(0, len(ids), self.poll_batch_size):
+            resp = self._call(self.batch.describe_jobs, jobs=ids[i : i + self.poll_batch_size])
+            for job in resp.get("jobs", []):
+                jobs[job["jobId"]] = job
+        now = time.time()
+        return [self._status(h, jobs.get(h["job_id"]), now) for h in handles]
+
+    def _status(self, h: Handle, job: dict[str, Any] | None, now: float) -> JobStatus:
+        if job is None:
+            self._streams.pop(h["job_id"], None)
+            return JobStatus(JobPhase.GONE, reason="AWS Batch no longer knows this job", raw_status="GONE")
+        status = job["status"]
+        container = job.get("container") or {}
+        last = (job.get("attempts") or [{}])[-1].get("container") or {}
+        stream = container.get("logStreamName") or last.get("logStreamName")
+        if stream:
+            self._streams[h["job_id"]] = stream
+        exit_code = container.get("exitCode", last.get("exitCode"))
+        phase = PHASES.get(status, JobPhase.PENDING)
+        waiting = give_up = None
+        if status in WAITING:
+            waited = now - job.get("createdAt", now * 1000) / 1000
+            if waited > h.get("stuck_after_s", self.stuck_after_s):
+                why = job.get("statusReason") or WAITING[status]
+                waiting = f"{status} for {waited / 60:.0f} min: {why}"
+                if h.get("on_stuck") == "fail":
+                    give_up = f"the job did not start: {waiting}"
+        return JobStatus(
+            phase,
+            reason=job.get("statusReason"),
+            exit_code=exit_code,
+            started_at=job["startedAt"] / 1000 if job.get("startedAt") else None,
+            finished_at=job["stoppedAt"] / 1000 if job.get("stoppedAt") else None,
+            waiting_reason=waiting,
+            give_up_reason=give_up,
+            raw_status=status,
+        )
+
+    # ---- cancel -------------------------------------------------------------------------------
+    def cancel(self, handle: Handle, reason: str = "cancelled") -> None:
+        # TerminateJob stops a job in any state (CancelJob only before it starts).
+        self._call(self.batch.terminate_job, jobId=handle["job_id"], reason=f"controlplane: {reason}"[:1000])
+
+    # ---- logs ---------------------------------------------------------------------------------
+    def _stream(self, handle: Handle) -> str | None:
+        stream = self._streams.get(handle["job_id"])
+        if stream is None:
+            self.poll([handle])
+            stream = self._streams.get(handle["job_id"])
+        return stream
+
+    def logs(self, handle: Handle, cursor: str | None, limit: int) -> LogPage:
+        stream = self._stream(handle)
+        if not stream:
+            return LogPage([], cursor, reason="the job has no log stream yet (it has not started)")
+        kwargs: dict[str, Any] = {"logGroupName": handle.get("log_group", DEFAULT_LOG_GROUP),
+                                  "logStreamName": stream, "startFromHead": True, "limit": max(1, min(limit, 10000))}
+        if cursor:
+            kwargs["nextToken"] = cursor
+        try:
+            resp = self.logs_client.get_log_events(**kwargs)
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") == "ResourceNotFoundException":
+                return LogPage([], cursor, reason=f"log stream {stream} does not exist (yet)")
+            raise classify(e) from e
+        except BotoCoreError as e:
+            raise classify(e) from e
+        lines = [LogLine(ts=ev["timestamp"] / 1000, message=ev["message"]) for ev in resp.get("events", [])]
+        return LogPage(lines, resp.get("nextForwardToken") or cursor)
+
+    def log_link(self, handle: Handle) -> str | None:
+        stream = self._streams.get(handle["job_id"])
+        group = handle.get("log_group", DEFAULT_LOG_GROUP)
+
+        def enc(s: str) -> str:  # the console's double encoding of path parts
+            return quote(quote(s, safe=""), safe="").replace("%", "$")
+
+        base = f"https://{self.region}.console.aws.amazon.com/cloudwatch/home?region={self.region}"
+        if stream:
+            return f"{base}#logsV2:log-groups/log-group/{enc(group)}/log-events/{enc(stream)}"
+        return f"{base}#logsV2:log-groups/log-group/{enc(group)}"

@@ -1,0 +1,390 @@
+"""The AWS Batch provider against moto's server: the whole lifecycle through the MCP tools (with
+the real runner executing each job, logs in CloudWatch, results and artifacts in S3), the
+mapping of every Batch status, failures with their reasons and exit codes, vanished and stuck
+jobs, a crash between the launch intent and the job id, and a throttling proxy."""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import json
+import random
+import secrets
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import anyio
+import httpx
+import psutil
+import pytest
+from fastmcp import Client
+
+from controlplane.app import ControlPlane
+from controlplane.mcp.server import build_server
+from controlplane.settings import Settings
+from providers.aws_batch import AwsBatchProvider
+from providers.base import JobPhase, LaunchSpec
+from tests import aws
+from tests.cloud import moto_server  # noqa: F401  (fixture)
+from tests.conftest import FAST, Agent
+
+pytestmark = pytest.mark.anyio
+BATCH_FAST = dict(FAST, aws_batch_poll_interval_s=0.2, aws_batch_max_tps=500)
+
+
+@pytest.fixture
+def moto(moto_server: str, monkeypatch: pytest.MonkeyPatch) -> str:  # noqa: F811
+    aws.reset_moto(moto_server)
+    aws.keep_submitted(monkeypatch)
+    aws.create_batch(moto_server)
+    for k, v in aws.aws_env(moto_server).items():
+        monkeypatch.setenv(k, v)
+    return moto_server
+
+
+@pytest.fixture
+def bucket(moto: str) -> str:
+    name = f"cp-{secrets.token_hex(5)}"
+    aws.client("s3", moto).create_bucket(Bucket=name)
+    return f"s3://{name}/runs"
+
+
+@dataclass
+class Batch:
+    cp: ControlPlane
+    agent: Agent
+    executor: aws.BatchExecutor
+    moto: str
+
+
+@pytest.fixture
+async def batch(moto: str, bucket: str, home: Path) -> AsyncIterator[Batch]:
+    aws.batch_catalog(home, retry='{ max_attempts = 2, backoff_s = 0, retry_on = ["worker_lost"] }')
+    cp = ControlPlane(Settings(home=home, object_store_url=bucket, **BATCH_FAST))
+    with aws.BatchExecutor(moto) as executor:
+        async with Client(build_server(cp)) as client:
+            yield Batch(cp, Agent(client), executor, moto)
+
+
+def batch_job(task_id: str, attempt: int = 1, *, final: bool = True) -> dict[str, Any]:
+    """The Batch job of a task attempt, once it has ended (the task can end first: the runner
+    reports before its process exits)."""
+    name = f"cp-{task_id.removeprefix('tsk_')}-a{attempt}"
+    deadline = time.monotonic() + 30
+    while True:
+        [job] = [j for j in aws.backend()._jobs.values() if j.job_name == name]
+        if not final or job.job_stopped or time.monotonic() > deadline:
+            return job.describe()
+        time.sleep(0.02)
+
+
+# ---- the lifecycle ----------------------------------------------------------------------------
+async def test_lifecycle_through_the_mcp_tools(batch: Batch) -> None:
+    agent = batch.agent
+    tid = await agent.submit(inputs={"progress_steps": 3, "sleep_s": 0.6, "log_lines": 30, "artifact_bytes": 70_000,
+                                     "result": {"on": "batch"}}, tags=["aws"])
+    st = await agent.wait(tid, timeout=60)
+    assert st["state"] == "succeeded", st
+    assert st["progress"]["percent"] == 100
+    assert st["log_link"].startswith("https://us-east-1.console.aws.amazon.com/cloudwatch/home?region=us-east-1#logsV2")
+
+    job = batch_job(tid)
+    assert job["jobName"] == f"cp-{tid.removeprefix('tsk_')}-a1" and job["status"] == "SUCCEEDED"
+    assert job["tags"]["controlplane:task"] == tid and job["tags"]["controlplane:tool"] == "exercise"
+    assert job["timeout"]["attemptDurationSeconds"] >= 300  # the tool's default runtime, plus grace
+    env = {e["name"]: e["value"] for e in job["container"]["environment"]}
+    assert env["CONTROLPLANE_TASK_ID"] == tid and env["CONTROLPLANE_STORE_URL"].startswith("s3://")
+    assert job["container"]["command"] == ["python", "-m", "infra.tools.exercise"]
+
+    relayed = await agent.all_logs(tid)
+    assert [ln["message"] for ln in relayed] == [f"line {i}" for i in range(30)]
+    # The job's own log in CloudWatch, page by page on its forward token.
+    seen: list[str] = []
+    cursor = None
+    for _ in range(20):
+        args: dict[str, Any] = {"task_id": tid, "source": "provider", "limit": 7}
+        if cursor:
+            args["cursor"] = cursor
+        page = await agent.call("tail_task_logs", **args)
+        assert page["next_cursor"].startswith("plog_")
+        if not page["lines"]:
+            break
+        seen += [ln["message"] for ln in page["lines"]]
+        cursor = page["next_cursor"]
+    assert [m for m in seen if m.startswith("line ")] == [f"line {i}" for i in range(30)]
+
+    res = await agent.call("get_task_result", task_id=tid)
+    assert res["result"]["on"] == "batch"
+    [art] = res["artifacts"]
+    body = httpx.get(art["download_url"]).content  # a presigned S3 GET on moto
+    assert len(body) == art["size_bytes"] == 70_000 and hashlib.sha256(body).hexdigest() == art["sha256"]
+
+
+async def test_cancel_reaches_the_batch_job(batch: Batch) -> None:
+    agent = batch.agent
+    tid = await agent.submit(inputs={"sleep_s": 120, "spawn_children": 1})
+    await agent.wait(tid, {"running"}, timeout=60)
+    proc = batch.executor.procs[batch_job(tid, final=False)["jobId"]]
+    ack = await agent.call("cancel_task", task_id=tid, reason="not needed")
+    assert ack["state"] == "cancel_requested"
+    st = await agent.wait(tid, timeout=60)
+    assert st["state"] == "cancelled" and st["error"]["code"] == "CANCELLED"
+    job = batch_job(tid)
+    assert job["status"] == "FAILED" and job["statusReason"] == "controlplane: cancel"
+    assert proc.poll() is not None and not psutil.pid_exists(proc.pid) or psutil.Process(proc.pid).status() == "zombie"
+    path = [e["to_state"] for e in batch.cp.store.events(tid) if e["to_state"]]
+    assert path[-3:] == ["cancel_requested", "cancelling", "cancelled"]
+
+
+async def test_failed_job_carries_exit_code_and_reason(batch: Batch) -> None:
+    tid = await batch.agent.submit(inputs={"exit_code": 3, "log_lines": 2})
+    st = await batch.agent.wait(tid, timeout=60)
+    assert st["state"] == "failed" and st["error"]["code"] == "TOOL_FAILED" and st["error"]["exit_code"] == 3
+    job = batch_job(tid)
+    assert job["status"] == "FAILED" and job["container"].get("exitCode", job["attempts"][-1]["container"].get("exitCode")) == 3
+
+
+async def test_job_that_never_starts_fails_as_launch_failed(moto: str, bucket: str, home: Path) -> None:
+    """The image cannot be pulled: Batch fails the job before any runner exists."""
+    aws.batch_catalog(home)
+    cp = ControlPlane(Settings(home=home, object_store_url=bucket, **BATCH_FAST))
+    with aws.BatchExecutor(moto, start_jobs=False):
+        async with Client(build_server(cp)) as client:
+            agent = Agent(client)
+            tid = await agent.submit(inputs={})
+            await agent.wait(tid, {"scheduled"}, timeout=30)
+            deadline = time.monotonic() + 30
+            while not any(j.job_name.endswith(tid.removeprefix("tsk_") + "-a1") for j in aws.backend()._jobs.values()):
+                assert time.monotonic() < deadline
+                await anyio.sleep(0.05)
+            job = next(j for j in aws.backend()._jobs.values() if j.job_name.endswith(tid.removeprefix("tsk_") + "-a1"))
+            job.job_stopped_reason = "CannotPullContainerError: pull access denied for controlplane-runner"
+            job._mark_stopped(success=False)
+            st = await agent.wait(tid, timeout=30)
+    assert st["state"] == "failed" and st["error"]["code"] == "LAUNCH_FAILED"
+    assert "CannotPullContainerError" in st["error"]["message"]
+
+
+# ---- every Batch status -----------------------------------------------------------------------
+def spec(job_name: str, **options: Any) -> LaunchSpec:
+    return LaunchSpec(task_id="tsk_" + job_name, attempt=1, job_name=job_name, tool_name="exercise", owner="me",
+                      command=("python", "-m", "infra.tools.exercise"), image=None, env={"A": "1"}, cpu=1,
+                      memory_mb=512, gpu=0, scratch_mb=0, max_runtime_s=60, resource_class="batch",
+                      options={"job_queue": aws.QUEUE, "job_definition": aws.JOB_DEFINITION, **options})
+
+
+def test_every_batch_status_maps_onto_a_phase(moto: str) -> None:
+    provider = AwsBatchProvider(region="us-east-1", poll_interval_s=0.1, stuck_after_s=3600)
+    handle = provider.launch(spec("cp-map-a1"))
+    job = aws.backend()._jobs[handle["job_id"]]
+    expected = {"SUBMITTED": JobPhase.PENDING, "PENDING": JobPhase.PENDING, "RUNNABLE": JobPhase.PENDING,
+                "STARTING": JobPhase.PENDING, "RUNNING": JobPhase.RUNNING}
+    for status, phase in expected.items():
+        job.status = status
+        [st] = provider.poll([handle])
+        assert (st.phase, st.raw_status, st.waiting_reason) == (phase, status, None), status
+    job.job_started_at = job.job_created_at
+    job._start_attempt()
+    job.job_stopped_reason = "Essential container in task exited"
+    # moto reports the exit code only in the attempt (the real API also in `container`)
+    job.latest_attempt["container"]["exitCode"] = 137
+    job._mark_stopped(success=False)
+    [st] = provider.poll([handle])
+    assert (st.phase, st.reason, st.exit_code) == (JobPhase.FAILED, "Essential container in task exited", 137)
+
+    ok = provider.launch(spec("cp-map2-a1"))
+    aws.backend()._jobs[ok["job_id"]]._mark_stopped(success=True)
+    [st] = provider.poll([ok])
+    assert st.phase == JobPhase.SUCCEEDED
+
+    aws.backend()._jobs.pop(handle["job_id"])  # Batch forgot it
+    gone, still = provider.poll([handle, ok])
+    assert gone.phase == JobPhase.GONE and still.phase == JobPhase.SUCCEEDED
+
+
+def test_a_job_stuck_in_runnable_is_reported_and_given_up_on_by_policy(moto: str) -> None:
+    provider = AwsBatchProvider(region="us-east-1", stuck_after_s=3600)
+    patient = provider.launch(spec("cp-wait-a1", stuck_after_s=60))
+    strict = provider.launch(spec("cp-fail-a1", stuck_after_s=60, on_stuck="fail"))
+    for h in (patient, strict):
+        job = aws.backend()._jobs[h["job_id"]]
+        job.status = "RUNNABLE"
+        job.job_created_at = job.job_created_at.replace(year=job.job_created_at.year - 1)  # waiting for ages
+    wait, fail = provider.poll([patient, strict])
+    assert wait.phase == JobPhase.PENDING and wait.give_up_reason is None
+    assert wait.waiting_reason.startswith("RUNNABLE for ") and "compute capacity" in wait.waiting_reason
+    assert fail.give_up_reason and "compute capacity" in fail.give_up_reason
+
+
+async def test_stuck_job_shows_why_and_fails_when_the_catalog_says_so(moto: str, bucket: str, home: Path) -> None:
+    aws.batch_catalog(home, provider_options='stuck_after_s = 1, on_stuck = "fail"')
+    cp = ControlPlane(Settings(home=home, object_store_url=bucket, **BATCH_FAST))
+    with aws.BatchExecutor(moto, start_jobs=False):  # no capacity: nothing ever starts
+        async with Client(build_server(cp)) as client:
+            agent = Agent(client)
+            tid = await agent.submit(inputs={})
+            st = await agent.wait(tid, timeout=30)
+    assert st["state"] == "failed" and st["error"]["code"] == "LAUNCH_FAILED"
+    assert "RUNNABLE" in st["error"]["message"] and "compute capacity" in st["error"]["message"]
+    job = batch_job(tid)
+    assert job["status"] == "FAILED" and job["statusReason"] == "controlplane: gave up waiting"
+
+
+async def test_waiting_reason_shows_in_status(moto: str, bucket: str, home: Path) -> None:
+    aws.batch_catalog(home, provider_options="stuck_after_s = 1")
+    cp = ControlPlane(Settings(home=home, object_store_url=bucket, **BATCH_FAST))
+    with aws.BatchExecutor(moto, start_jobs=False):
+        async with Client(build_server(cp)) as client:
+            agent = Agent(client)
+            tid = await agent.submit(inputs={})
+            deadline = time.monotonic() + 30
+            while "waiting_reason" not in (st := await agent.call("get_task_status", task_id=tid)):
+                assert time.monotonic() < deadline, st
+                await anyio.sleep(0.1)
+            assert st["state"] == "scheduled" and "RUNNABLE" in st["waiting_reason"]
+            await agent.call("cancel_task", task_id=tid)
+            assert (await agent.wait(tid, timeout=30))["state"] == "cancelled"
+
+
+async def test_vanished_job_is_worker_lost_and_retried(batch: Batch) -> None:
+    tid = await batch.agent.submit(inputs={"sleep_s": 2})
+    await batch.agent.wait(tid, {"running"}, timeout=60)
+    job_id = batch_job(tid, final=False)["jobId"]
+    proc = batch.executor.procs[job_id]
+    aws.backend()._jobs.pop(job_id)  # Batch no longer knows the job (purged, or another account)
+    proc.kill()
+    st = await batch.agent.wait(tid, timeout=60)
+    assert st["state"] == "succeeded" and st["attempt"] == 2
+    retry = [e for e in batch.cp.store.events(tid) if e["kind"] == "retry"]
+    assert json.loads(retry[0]["detail_json"])["error"] == "WORKER_LOST"
+
+
+# ---- crash between the launch intent and the job id -------------------------------------------
+async def test_crash_after_submit_before_the_handle_launches_exactly_one_job(moto: str, bucket: str,
+                                                                          home: Path) -> None:
+    aws.batch_catalog(home)
+    settings = Settings(home=home, object_store_url=bucket, **BATCH_FAST)
+    first = ControlPlane(settings)
+    from controlplane import api
+
+    tid = first.service.submit("local", api.SubmitTask(tool_name="exercise", inputs={"log_lines": 3}))["task_id"]
+    [claimed] = first.store.claim_for_launch("batch", 4)  # the launch intent, committed
+    task, job = claimed["task"], claimed["job"]
+    first.scheduler._write_inputs(task)
+    first.providers["aws_batch"].launch(first.build_spec(task, job))  # SubmitJob went through...
+    del first  # ...and the control plane died before recording the job id
+
+    second = ControlPlane(settings)  # the restart
+    assert second.store.job(tid, 1)["state"] == "launching"
+    with aws.BatchExecutor(moto):
+        async with Client(build_server(second)) as client:
+            st = await Agent(client).wait(tid, timeout=60)
+    named = [j for j in aws.backend()._jobs.values() if j.job_name == job["job_name"]]
+    assert len(named) == 1  # found by name, not submitted again
+    assert st["state"] == "succeeded"
+    assert json.loads(second.store.job(tid, 1)["handle_json"])["job_id"] == named[0].job_id
+
+
+# ---- throttling ---------------------------------------------------------------------------------
+class FaultProxy:
+    """An HTTP proxy in front of moto that answers 429 or 500 to a share of Batch requests and
+    records when every request arrived."""
+
+    def __init__(self, target: str, fault_rate: float, seed: int = 1):
+        self.target = urlsplit(target)
+        self.fault_rate = fault_rate
+        self.rng = random.Random(seed)
+        self.arrivals: list[float] = []
+        self.faults = 0
+        self.lock = threading.Lock()
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length") or 0))
+                with proxy.lock:
+                    proxy.arrivals.append(time.monotonic())
+                    fault = proxy.rng.random() < proxy.fault_rate
+                    if fault:
+                        proxy.faults += 1
+                        code, kind = proxy.rng.choice([(429, "TooManyRequestsException"), (500, "ServerException")])
+                if fault:
+                    payload = json.dumps({"__type": kind, "message": "injected"}).encode()
+                    self.send_response(code)
+                    self.send_header("x-amzn-ErrorType", kind)
+                    self.send_header("content-type", "application/json")
+                    self.send_header("content-length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                    return
+                conn = http.client.HTTPConnection(proxy.target.hostname, proxy.target.port, timeout=30)
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
+                conn.request("POST", self.path, body=body, headers=headers)
+                resp = conn.getresponse()
+                data = resp.read()
+                self.send_response(resp.status)
+                for k, v in resp.getheaders():
+                    if k.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(k, v)
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                conn.close()
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def max_per_second(self) -> int:
+        times = sorted(self.arrivals)
+        best, j = 0, 0
+        for i, t in enumerate(times):
+            while times[j] <= t - 1.0:
+                j += 1
+            best = max(best, i - j + 1)
+        return best
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+async def test_throttled_batch_api_fails_no_task_and_stays_under_the_rate(moto: str, bucket: str, home: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    proxy = FaultProxy(moto, fault_rate=0.3)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_BATCH", proxy.url)  # only Batch goes through the proxy
+    aws.batch_catalog(home)
+    rate = 3  # low enough that launches, polls and retries together would exceed it unchecked
+    settings = Settings(home=home, object_store_url=bucket,
+                        **dict(BATCH_FAST, aws_batch_max_tps=rate, aws_batch_poll_interval_s=0.05))
+    import providers.ratelimit as ratelimit
+
+    ratelimit._registry.clear()  # a fresh limiter for this endpoint
+    try:
+        cp = ControlPlane(settings)
+        with aws.BatchExecutor(moto):
+            async with Client(build_server(cp)) as client:
+                agent = Agent(client)
+                tids = [await agent.submit(inputs={"sleep_s": 0.5, "log_lines": 3}) for _ in range(8)]
+                cancel_me = await agent.submit(inputs={"sleep_s": 60})
+                await agent.wait(cancel_me, {"running"}, timeout=120)
+                await agent.call("cancel_task", task_id=cancel_me)
+                states = [(await agent.wait(t, timeout=180))["state"] for t in tids]
+                assert (await agent.wait(cancel_me, timeout=180))["state"] == "cancelled"
+        assert states == ["succeeded"] * 8
+        assert proxy.faults > 5
+        assert proxy.max_per_second() <= rate, proxy.max_per_second()
+        names = [j.job_name for j in aws.backend()._jobs.values()]
+        assert len(names) == len(set(names)) == 9  # no job submitted twice despite failed calls
+    finally:
+        proxy.close()

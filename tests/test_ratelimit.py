@@ -1,0 +1,46 @@
+"""The client-side rate limiter bounds what the service sees: however long requests spend in
+flight, no one-second window holds more than `rate` arrivals."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+from providers.ratelimit import SlidingWindowLimiter
+
+
+def most_in_one_second(times: list[float]) -> int:
+    times = sorted(times)
+    best, j = 0, 0
+    for i, t in enumerate(times):
+        while times[j] <= t - 1.0:
+            j += 1
+        best = max(best, i - j + 1)
+    return best
+
+
+def test_arrivals_never_exceed_the_rate_in_any_second() -> None:
+    limiter = SlidingWindowLimiter(rate=5)
+    arrivals: list[float] = []
+    lock = threading.Lock()
+
+    def client(seed: int) -> None:
+        rng = random.Random(seed)
+        for _ in range(4):
+            token = limiter.acquire()
+            start = time.monotonic()
+            flight = rng.choice([0.0, 0.05, 0.3, 0.8])  # some requests linger before they arrive
+            time.sleep(flight * rng.random())
+            with lock:
+                arrivals.append(time.monotonic())
+            time.sleep(flight - (time.monotonic() - start) if flight > time.monotonic() - start else 0)
+            limiter.release(token)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(arrivals) == 24 and limiter.calls == 24
+    assert most_in_one_second(arrivals) <= 5
