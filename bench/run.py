@@ -11,7 +11,7 @@ What it measures, in one run, each against the issue's target:
    each in its own process (the control plane through `controlplane.serve.HttpServer`, as
    `controlplane serve --transport http` runs it); `--transport memory` calls both servers
    in-process (`Client(server)`) for comparison. Beside each call's latency the report gives the
-   tool's own time (`durationMs` in the result's meta), so MCP/transport overhead shows apart.
+   tool's own time (`duration` in the result's meta), so MCP/transport overhead shows apart.
 2. `list_tasks` over 100k stored tasks (p99 <= 20 ms), for several filters: the newest page,
    a state, a tool, a common tag, a rare tag, a tag of one old batch, a one-day window five
    days back, a page continued from a cursor halfway down, and a full page of 200.
@@ -240,7 +240,7 @@ def reap_jobs(home: Path) -> None:
 class Answer:
     ms: float  # wall time of the call, as the client sees it
     data: dict[str, Any]  # the JSON answer
-    tool_ms: float | None  # the time the control plane's tool itself took (its `durationMs` meta)
+    tool_ms: float | None  # the time the control plane's tool itself took (its `duration` meta (ms))
 
 
 async def call(client: Client, tool: str, args: dict[str, Any]) -> Answer:
@@ -253,7 +253,7 @@ async def call(client: Client, tool: str, args: dict[str, Any]) -> Answer:
         data = json.loads(res.content[0].text) if res.content else {}
     if res.is_error:
         raise BenchError(f"{tool}({json.dumps(args)}) answered an error: {data}")
-    return Answer(ms, data, (res.meta or {}).get("durationMs"))
+    return Answer(ms, data, (res.meta or {}).get("duration"))
 
 
 def list_cursor(submitted_at: float, pk: int) -> str:
@@ -594,7 +594,7 @@ def render(r: dict[str, Any], console: Console) -> None:
                  + (" (QUICK MODE: fewer calls)" if cfg["quick"] else "")
                  + (" (SMALLER than the issue's 100k tasks / 1M log lines)" if small else ""))
     t = Table(title=f"mcp-controlplane benchmark — transport {cfg['transport']}, {size_note}",
-              title_justify="left", caption="'in tool': the p50 of the tool's own durationMs (service call and "
+              title_justify="left", caption="'in tool': the p50 of the tool's own duration (service call and "
               "its thread hop), the rest of a call is MCP, transport and client", caption_justify="left")
     for col, just in (("measure", "left"), ("n", "right"), ("p50", "right"), ("p99", "right"), ("in tool", "right"),
                       ("figure", "right"), ("target", "left"), ("", "left")):

@@ -78,6 +78,12 @@ class CancelTask(_Input):
     reason: str = Field(default="user-request", min_length=1, max_length=500)
 
 
+class WaitTask(_Input):
+    task_id: TaskId
+    timeout_s: float = Field(default=60, gt=0, le=3600, description="Give up waiting (not the task) after this "
+                             "many seconds")
+
+
 class GetTaskResult(_Input):
     task_id: TaskId
     url_ttl_s: int | None = Field(default=None, ge=60, description="Lifetime of the artifact download links "

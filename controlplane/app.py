@@ -34,6 +34,7 @@ from controlplane.http.listener import Listener
 from controlplane.ingest import Ingestor
 from controlplane.launch import build_launch_spec
 from controlplane.objectstore.registry import StoreRegistry
+from controlplane.progress import ProgressHub
 from controlplane.reconciler import Reconciler
 from controlplane.scheduler import Scheduler
 from controlplane.service import TaskService
@@ -76,12 +77,14 @@ class ControlPlane:
                 self.providers[tool.provider].check_options({**rc.provider_options, **tool.provider_options})
             except ValueError as e:
                 raise CatalogError(f"{self.catalog.source}: tools.{tool.name}.provider_options: {e}") from None
-        self.estimator = Estimator()
+        self.estimator = Estimator(self.store.runtimes)
         self.ingestor = Ingestor(self.store, self.catalog, self.stores, self.settings)
         self.service = TaskService(self.settings, self.store, self.catalog, self.stores, self.estimator, self.providers,
                                    wake=self.wake)
         self.scheduler = Scheduler(self.store, self.catalog, self.providers, self.stores, self.build_spec)
         self.reconciler = Reconciler(self.store, self.providers, self.stores, self.ingestor, self.settings)
+        self.hub = ProgressHub(self.store.get)  # pushes task changes to connected clients
+        self.store.on_change = self.hub.on_change
         self.public_url: str | None = self.settings.public_url
         self.serves_http_routes = False  # True when the MCP HTTP app carries the runner/download routes
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
@@ -122,6 +125,7 @@ class ControlPlane:
                 self._running -= 1
             return
         self._loop = asyncio.get_running_loop()
+        self.hub.attach(self._loop)
         self._sched_wake, self._recon_wake = anyio.Event(), anyio.Event()
         # Everything built so far (SDKs, schemas, the app) lives as long as the process: keep it
         # out of the collector's full passes, which otherwise pause the server now and then.
@@ -156,6 +160,7 @@ class ControlPlane:
                 if self.is_leader:
                     await anyio.to_thread.run_sync(self.store.release_lease, LEADER_LEASE, self.holder)
                     self.is_leader = False
+            self.hub.attach(None)
             self._loop = None
 
     async def _background(self) -> None:

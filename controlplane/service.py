@@ -145,9 +145,19 @@ class TaskService:
             raise invalid(f"{field}: {e.message}{more}", hint=f"see the input schema of tool '{tool_name}'")
 
     def poll_after_ms(self, task: dict[str, Any]) -> int:
-        """When it is worth asking again: a fraction of the expected remaining time, 0.5 s to 30 s."""
-        est = task.get("estimate_s") or 10.0
-        return int(min(30_000, max(500, est * 1000 / 10)))
+        """When it is worth asking again: a tenth of the expected remaining time (the tool's own
+        ETA while it runs, else the estimate), 0.5 s to 30 s; while the job is being placed, no
+        sooner than its provider looks at it again."""
+        remaining = task.get("estimate_s") or 10.0
+        if task["state"] == TaskState.RUNNING and task.get("started_at"):
+            progress = _loads(task.get("progress_json")) or {}
+            eta = self.estimator.eta(task, progress, time.time())
+            remaining = eta if eta is not None else remaining
+        interval = min(30.0, max(0.5, remaining / 10))
+        provider = self.providers.get(task["provider"])
+        if task["state"] == TaskState.SCHEDULED and provider is not None:
+            interval = max(interval, min(30.0, provider.poll_interval_s / 2))
+        return int(interval * 1000)
 
     # ==== status ==============================================================================
     def _owned(self, owner: str, task_id: str) -> dict[str, Any]:

@@ -21,6 +21,8 @@ from controlplane import api
 from controlplane.http.routes import routes
 from controlplane.mcp.auth import build_auth
 from controlplane.errors import invalid
+from controlplane.mcp.streaming import Followers, wait_tool
+from controlplane.mcp.tasks import ControlPlaneTasks
 from controlplane.mcp.tools import canonical_tool, catalog_tool, error
 
 if TYPE_CHECKING:
@@ -45,10 +47,15 @@ class UnknownToolAsError(Middleware):
 
 
 def build_server(cp: ControlPlane, *, with_auth: bool = True) -> FastMCP:
+    followers = Followers(cp)
+
     @asynccontextmanager
     async def lifespan(_server: FastMCP) -> AsyncIterator[dict[str, Any]]:
         async with cp.running():
-            yield {}
+            try:
+                yield {}
+            finally:
+                await followers.close()
 
     mcp = FastMCP(
         name="mcp-controlplane",
@@ -66,7 +73,7 @@ def build_server(cp: ControlPlane, *, with_auth: bool = True) -> FastMCP:
     tools = [
         canonical_tool("submit_task", "Submit a catalog tool to run as a durable task. Returns at once with the "
                        "task id, its queue position and when to poll.", api.SubmitTask, svc.submit,
-                       default_owner=owner, read_only=False, inline=True),
+                       default_owner=owner, read_only=False, inline=True, after=followers.maybe_follow),
         canonical_tool("get_task_status", "State, progress (percent, step, phase, message, ETA), timing and "
                        "error of a task.", api.GetTaskStatus, svc.status, default_owner=owner, read_only=True,
                        inline=True),
@@ -82,12 +89,14 @@ def build_server(cp: ControlPlane, *, with_auth: bool = True) -> FastMCP:
         canonical_tool("get_task_result", "The result of a finished task, its artifacts with signed download "
                        "links (sha256, size, expiry) and its error, if any.", api.GetTaskResult, svc.result,
                        default_owner=owner, read_only=True),
+        wait_tool(cp, owner),
     ]
     for spec in cp.catalog.tools.values():
-        tools.append(catalog_tool(spec, svc.submit_direct, default_owner=owner))
+        tools.append(catalog_tool(spec, svc.submit_direct, default_owner=owner, after=followers.maybe_follow))
     for t in tools:
         mcp.add_tool(t)
     mcp.add_middleware(UnknownToolAsError())
+    mcp.add_extension(ControlPlaneTasks(cp))  # native tasks, from our own store
 
     for route in routes(cp):
         mcp.custom_route(route.path, methods=sorted(route.methods or []))(route.endpoint)

@@ -15,9 +15,10 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio.to_thread
-from fastmcp.server.dependencies import get_access_token
+from fastmcp.server.dependencies import get_access_token, get_context
 from fastmcp.tools.base import Tool, ToolResult
 from fastmcp.utilities.json_schema import dereference_refs
+from fastmcp.utilities.tasks import TaskConfig
 from mcp_types import TextContent, ToolAnnotations
 from pydantic import BaseModel, ValidationError
 from pydantic.json_schema import SkipJsonSchema
@@ -37,16 +38,28 @@ def caller(default_owner: str) -> str:
     return default_owner
 
 
+def _meta(started: float) -> dict[str, Any]:
+    """Seed 002: every result says how long it took (ms), and echoes the call's progressToken."""
+    meta: dict[str, Any] = {"duration": round((time.perf_counter() - started) * 1000, 3)}
+    try:
+        rc = get_context().request_context
+    except RuntimeError:
+        return meta
+    token = (rc.meta or {}).get("progressToken") if rc is not None else None
+    if token is not None:
+        meta["progressToken"] = token
+    return meta
+
+
 def ok(data: dict[str, Any], started: float) -> ToolResult:
     return ToolResult(content=[TextContent(type="text", text=json.dumps(data, separators=(",", ":")))],
-                      structured_content=data, meta={"durationMs": round((time.perf_counter() - started) * 1000, 3)})
+                      structured_content=data, meta=_meta(started))
 
 
 def error(err: ControlPlaneError, started: float) -> ToolResult:
     data = err.to_dict()
     return ToolResult(content=[TextContent(type="text", text=json.dumps(data, separators=(",", ":")))],
-                      structured_content=data, is_error=True,
-                      meta={"durationMs": round((time.perf_counter() - started) * 1000, 3)})
+                      structured_content=data, is_error=True, meta=_meta(started))
 
 
 def describe_validation_error(e: ValidationError) -> ControlPlaneError:
@@ -74,12 +87,16 @@ class ServiceTool(Tool):
     handler: SkipJsonSchema[Callable[[str, dict[str, Any]], dict[str, Any]]]
     default_owner: SkipJsonSchema[str] = "local"
     inline: SkipJsonSchema[bool] = False
+    # Called with (owner, answer) after a successful call: the seed-000 follower of new tasks.
+    after: SkipJsonSchema[Callable[[str, dict[str, Any]], None] | None] = None
 
     async def run(self, arguments: dict[str, Any]) -> ToolResult:
         started = time.perf_counter()
         owner = caller(self.default_owner)
         try:
             out = await self._body(owner, arguments)
+            if self.after is not None:
+                self.after(owner, out)
         except ControlPlaneError as e:
             return error(e, started)
         except Exception:
@@ -101,7 +118,8 @@ class ServiceTool(Tool):
 
 def canonical_tool(name: str, description: str, model: type[BaseModel],
                    method: Callable[[str, Any], dict[str, Any]], *, default_owner: str, read_only: bool,
-                   inline: bool = False, schema_version: int = 1) -> ServiceTool:
+                   inline: bool = False, after: Callable[[str, dict[str, Any]], None] | None = None,
+                   schema_version: int = 1) -> ServiceTool:
     def handler(owner: str, arguments: dict[str, Any]) -> dict[str, Any]:
         try:
             req = model.model_validate_json(json.dumps(arguments))
@@ -111,14 +129,14 @@ def canonical_tool(name: str, description: str, model: type[BaseModel],
 
     return ServiceTool(
         name=name, description=description, parameters=inline_schema(model.model_json_schema()), handler=handler,
-        default_owner=default_owner, inline=inline,
+        default_owner=default_owner, inline=inline, after=after,
         annotations=ToolAnnotations(readOnlyHint=read_only, destructiveHint=False, openWorldHint=False),
         meta={"schemaVersion": schema_version, "toolingVersion": TOOLING_VERSION},
     )
 
 
 def catalog_tool(spec: Any, submit_direct: Callable[[str, str, dict[str, Any]], dict[str, Any]], *,
-                 default_owner: str) -> ServiceTool:
+                 default_owner: str, after: Callable[[str, dict[str, Any]], None] | None = None) -> ServiceTool:
     def handler(owner: str, arguments: dict[str, Any]) -> dict[str, Any]:
         return submit_direct(owner, spec.name, arguments)
 
@@ -127,6 +145,7 @@ def catalog_tool(spec: Any, submit_direct: Callable[[str, str, dict[str, Any]], 
         description=(spec.description + f"\n\nRuns as a durable task (estimated {spec.estimate_s:g} s): the call "
                      "returns a task id at once; follow it with get_task_status, tail_task_logs and get_task_result."),
         parameters=inline_schema(spec.input_schema), handler=handler, default_owner=default_owner, inline=True,
+        after=after, task_config=TaskConfig(mode="optional"),
         annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=False, idempotentHint=False, openWorldHint=True),
         meta={"schemaVersion": spec.schema_version, "toolingVersion": TOOLING_VERSION, "async": True,
               "estimatedRuntimeSeconds": spec.estimate_s},

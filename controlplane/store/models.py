@@ -24,6 +24,8 @@ class Task(SQLModel, table=True):
         # Sweeps: timeouts and expiry.
         Index("ix_tasks_state_timeout", "state", "timeout_at"),
         Index("ix_tasks_state_expires", "state", "expires_at"),
+        # Runtime estimates: a tool's recent successful runs.
+        Index("ix_tasks_tool_state", "tool_name", "state", "pk"),
     )
 
     pk: int | None = Field(default=None, primary_key=True)  # submission order (FIFO, cursors)

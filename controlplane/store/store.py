@@ -10,8 +10,10 @@ Rows are returned as plain dicts.
 from __future__ import annotations
 
 import json
+import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +64,9 @@ QUEUE_POSITION = (select(func.count().label("ahead")).select_from(T)
                          T.c.priority >= _bp("prio"),
                          or_(T.c.priority > _bp("prio"), T.c.pk < _bp("pk"))))
 GET_JOB = select(JOBS).where(JOBS.c.task_id == _bp("task_id"), JOBS.c.attempt == _bp("attempt"))
+RECENT_RUNS = (select(T.c.input_size, T.c.started_at, T.c.completed_at)
+               .where(T.c.tool_name == _bp("tool"), T.c.state == S.SUCCEEDED.value, T.c.started_at.is_not(None))
+               .order_by(T.c.pk.desc()).limit(_bp("lim")))
 UPDATE_TASK_VERSIONED = update(T).where(T.c.pk == _bp("_pk"), T.c.version == _bp("_version"))
 INSERT_TASK = insert(T).returning(T.c.pk)
 INSERT_TAGS = insert(TAGS)
@@ -121,6 +126,30 @@ class Store:
         self.db = db
         self.clock = clock
         self._lock_stmt = db.for_update(GET_TASK)
+        # Called with a task id after each committed change to the task (state or progress);
+        # the progress hub uses it to push updates to connected clients.
+        self.on_change: Callable[[str], None] | None = None
+        self._local = threading.local()
+
+    @contextmanager
+    def _tx(self) -> Iterator[Connection]:
+        """A write transaction; after it commits, `on_change` hears of every task it changed."""
+        changed: list[str] = []
+        outer = getattr(self._local, "changed", None)
+        self._local.changed = changed
+        try:
+            with self.db.write() as c:
+                yield c
+        finally:
+            self._local.changed = outer
+        if self.on_change is not None:
+            for task_id in dict.fromkeys(changed):
+                self.on_change(task_id)
+
+    def _changed(self, task_id: str) -> None:
+        changed = getattr(self._local, "changed", None)
+        if changed is not None:
+            changed.append(task_id)
 
     # ==== transitions (the only code that changes tasks.state) ==============================
     def _transition(
@@ -145,6 +174,7 @@ class Store:
             raise RuntimeError(f"task {task['task_id']} changed under a write transaction")
         self._event(c, task["task_id"], kind or to.value, task["state"], to.value,
                     vals.get("attempt", task["attempt"]), detail, now)
+        self._changed(task["task_id"])
         task = {**task, **vals}
         return task
 
@@ -163,7 +193,7 @@ class Store:
         """Move one task to `to`. Returns the new row, or None if `only_from` no longer holds.
         Raises states.IllegalTransition for a transition the state machine forbids."""
         now = self.clock()
-        with self.db.write() as c:
+        with self._tx() as c:
             task = self._lock_task(c, task_id)
             if task is None:
                 raise KeyError(task_id)
@@ -188,7 +218,7 @@ class Store:
 
     def _submit(self, new: NewTask, queue_limit: int) -> tuple[dict[str, Any], bool]:
         now = self.clock()
-        with self.db.write() as c:
+        with self._tx() as c:
             if new.idempotency_key is not None:
                 rows = self.db.run(c, GET_IDEMPOTENT, {"owner": new.owner, "tool_name": new.tool_name,
                                                        "key": new.idempotency_key})
@@ -284,6 +314,11 @@ class Store:
         ordered = sorted(rows.values(), key=lambda r: (r["submitted_at"], r["pk"]), reverse=True)
         return ordered[:limit]
 
+    def runtimes(self, tool_name: str, limit: int) -> list[tuple[float | None, float]]:
+        """(input size, runtime in s) of the tool's most recent successful runs."""
+        rows = self.db.fetch(RECENT_RUNS, {"tool": tool_name, "lim": limit})
+        return [(r["input_size"], r["completed_at"] - r["started_at"]) for r in rows]
+
     def events(self, task_id: str) -> list[dict[str, Any]]:
         with self.db.read() as c:
             rows = c.execute(select(EV).where(EV.c.task_id == task_id).order_by(EV.c.pk)).mappings()
@@ -316,7 +351,7 @@ class Store:
         running one goes to cancel_requested for the reconciler to stop its job; a finished
         one is left as it is (acknowledged=False)."""
         now = self.clock()
-        with self.db.write() as c:
+        with self._tx() as c:
             task = self._lock_task(c, task_id)
             if task is None or task["owner"] != owner:
                 return None, False
@@ -342,7 +377,7 @@ class Store:
         `launching` (the launch intent, recorded before any provider call) and becomes
         `scheduled`, in one transaction. Returns the job rows joined with their tasks."""
         now = self.clock()
-        with self.db.write() as c:
+        with self._tx() as c:
             busy = c.execute(select(func.count()).select_from(T).where(
                 T.c.resource_class == resource_class, T.c.state.in_(_SLOT))).scalar_one()
             free = capacity - busy
@@ -380,7 +415,7 @@ class Store:
 
     def record_launch(self, worker_id: str, handle: dict[str, Any]) -> bool:
         now = self.clock()
-        with self.db.write() as c:
+        with self._tx() as c:
             job = c.execute(select(JOBS).where(JOBS.c.worker_id == worker_id)).mappings().first()
             if job is None or job["state"] != "launching":
                 return False
@@ -408,17 +443,17 @@ class Store:
             return
         stmt = (update(JOBS).where(JOBS.c.worker_id == bindparam("wid"))
                 .values(provider_status=bindparam("st"), provider_reason=bindparam("rs")))
-        with self.db.write() as c:
+        with self._tx() as c:
             c.execute(stmt, [{"wid": u["worker_id"], "st": u["status"], "rs": u.get("reason")} for u in updates])
 
     def mark_stop_sent(self, worker_id: str) -> None:
         now = self.clock()
-        with self.db.write() as c:
+        with self._tx() as c:
             c.execute(update(JOBS).where(JOBS.c.worker_id == worker_id).values(
                 stop_sent_at=now, stop_requested_at=func.coalesce(JOBS.c.stop_requested_at, now)))
 
     def set_job_state(self, worker_id: str, state: str) -> None:
-        with self.db.write() as c:
+        with self._tx() as c:
             c.execute(update(JOBS).where(JOBS.c.worker_id == worker_id).values(state=state, finished_at=self.clock()))
 
     def job(self, task_id: str, attempt: int) -> dict[str, Any] | None:
@@ -438,7 +473,7 @@ class Store:
         the attempt is not the task's current one or the task has already finished.
         """
         now = self.clock()
-        with self.db.write() as c:
+        with self._tx() as c:
             task = self._lock_task(c, task_id)
             job = c.execute(select(JOBS).where(JOBS.c.task_id == task_id, JOBS.c.attempt == attempt)).mappings().first()
             if task is None or job is None or task["attempt"] != attempt or job["state"] not in ("active", "launching"):
@@ -495,6 +530,7 @@ class Store:
                     task_vals["log_first_seq"] = first
             if progress is not None:
                 task_vals["progress_json"] = json.dumps(progress)
+                self._changed(task_id)
             c.execute(update(JOBS).where(JOBS.c.worker_id == job["worker_id"]).values(event_seq=seq, seen_at=now))
 
             if TaskState(task["state"]) == S.SCHEDULED and (started or contiguous or outcome):
@@ -517,7 +553,7 @@ class Store:
         """Record heartbeats (runner calls without events), many at once."""
         if not beats:
             return
-        with self.db.write() as c:
+        with self._tx() as c:
             for (task_id, attempt), ts in beats.items():
                 c.execute(update(JOBS).where(JOBS.c.task_id == task_id, JOBS.c.attempt == attempt,
                                              JOBS.c.state == "active").values(seen_at=ts))
@@ -527,7 +563,7 @@ class Store:
     def mark_running(self, task_id: str, attempt: int, started_at: float | None) -> None:
         """The provider says the job runs although the runner has not reported yet."""
         now = self.clock()
-        with self.db.write() as c:
+        with self._tx() as c:
             task = self._lock_task(c, task_id)
             if task is None or task["attempt"] != attempt or task["state"] != S.SCHEDULED.value:
                 return
@@ -541,7 +577,7 @@ class Store:
         """End an attempt from outside the event stream: the provider found the job finished or
         gone, or refused to launch it (`ran=False`)."""
         now = self.clock()
-        with self.db.write() as c:
+        with self._tx() as c:
             task = self._lock_task(c, task_id)
             job = c.execute(select(JOBS).where(JOBS.c.task_id == task_id, JOBS.c.attempt == attempt)).mappings().first()
             if task is None or job is None or task["attempt"] != attempt or TaskState(task["state"]) in states.FINAL:
@@ -585,7 +621,7 @@ class Store:
         """cancel_requested -> cancelling (reason "cancel"), or running -> cancelling (reason
         "timeout"): the job is being stopped; the task ends once the job is confirmed gone."""
         now = self.clock()
-        with self.db.write() as c:
+        with self._tx() as c:
             task = self._lock_task(c, task_id)
             if task is None:
                 return None
@@ -603,7 +639,7 @@ class Store:
         from controlplane.outcomes import cancelled_error
 
         now = self.clock()
-        with self.db.write() as c:
+        with self._tx() as c:
             task = self._lock_task(c, task_id)
             if task is None or task["attempt"] != attempt or task["state"] not in (S.CANCEL_REQUESTED.value, S.CANCELLING.value):
                 return
@@ -623,7 +659,7 @@ class Store:
     def expire(self, task_id: str) -> bool:
         """terminal -> expired: logs and artifact rows go, the task row stays as a tombstone."""
         now = self.clock()
-        with self.db.write() as c:
+        with self._tx() as c:
             task = self._lock_task(c, task_id)
             if task is None or TaskState(task["state"]) not in states.TERMINAL:
                 return False
@@ -636,7 +672,7 @@ class Store:
     # ==== leader lease ========================================================================
     def acquire_lease(self, name: str, holder: str, ttl_s: float) -> bool:
         now = self.clock()
-        with self.db.write() as c:
+        with self._tx() as c:
             stmt = self.db.upsert(LEASES, {"name": name, "holder": holder, "expires_at": now + ttl_s}, ["name"],
                                   where=or_(LEASES.c.holder == holder, LEASES.c.expires_at < now))
             c.execute(stmt)
@@ -644,5 +680,5 @@ class Store:
             return row is not None and row[0] == holder
 
     def release_lease(self, name: str, holder: str) -> None:
-        with self.db.write() as c:
+        with self._tx() as c:
             c.execute(delete(LEASES).where(LEASES.c.name == name, LEASES.c.holder == holder))

@@ -1,0 +1,210 @@
+"""Streaming a task's progress to a connected client (seeds 000, 002, 004).
+
+* `wait_task` (a canonical tool): holds the call open until the task ends or `timeout_s` passes,
+  sending `notifications/progress` for the request's progressToken as the task advances. Over
+  HTTP the answer streams as SSE, which the transport keeps alive with a comment every 15 s; a
+  client that goes away only ends the wait, never the task, which stays reachable by id (the
+  polling fallback). It returns the task's result, or a "still running" answer with the
+  latest status.
+* The two-stage answer of seed 000: a catalog tool (or submit_task) called with a progressToken
+  and `_meta["io.github.mcp-controlplane/notify"] = true` answers at once with the task id, then,
+  while the client's session lasts, keeps sending `notifications/progress` for that token and
+  ends with a `notifications/tool_result` carrying the task's result. This needs a channel that
+  outlives the call: stdio, or a 2025-11-25 HTTP session (the 2026-07-28 wire has none; its
+  clients use native tasks or wait_task).
+
+Progress notifications are monotonic, at most 4 per second per call, and none follows the
+terminal answer (`controlplane.progress.ProgressSender`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import TYPE_CHECKING, Any, Literal
+
+from fastmcp.server.dependencies import get_context
+from fastmcp.tools.base import Tool, ToolResult
+from mcp_types import ToolAnnotations
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import BaseModel, ValidationError
+from pydantic.json_schema import SkipJsonSchema
+
+from controlplane import api
+from controlplane.errors import ControlPlaneError, ErrorCode, not_found
+from controlplane.mcp.tools import TOOLING_VERSION, caller, describe_validation_error, error, inline_schema, ok
+from controlplane.progress import ProgressSender, is_final
+
+if TYPE_CHECKING:
+    from controlplane.app import ControlPlane
+
+log = logging.getLogger("controlplane.mcp.streaming")
+NOTIFY_META = "io.github.mcp-controlplane/notify"
+KEEPALIVE_S = 15.0
+
+
+def _message_and_percent(task: dict[str, Any]) -> tuple[float | None, str]:
+    p = json.loads(task["progress_json"]) if task.get("progress_json") else {}
+    details = []
+    if p.get("step") is not None and p.get("step_total"):
+        details.append(f"step {p['step']}/{p['step_total']}")
+    details += [str(p[k]) for k in ("phase", "message") if p.get(k)]
+    message = task["state"] + (": " + ", ".join(details) if details else "")
+    percent = p.get("percent")
+    return (float(percent) if isinstance(percent, int | float) else None), message
+
+
+async def follow(cp: ControlPlane, task_id: str, sender: ProgressSender, until: float) -> dict[str, Any]:
+    """Forward a task's progress to `sender` until it ends or `until` (monotonic) passes;
+    returns the task as last seen. Never cancels the task."""
+    with cp.hub.subscribe(task_id) as sub:
+        task = cp.store.get(task_id)  # read after subscribing: no change can slip between
+        if task is None:
+            raise not_found()
+        last_sent = time.monotonic()
+        await sender.update(*_message_and_percent(task))
+        while not is_final(task):
+            remaining = until - time.monotonic()
+            if remaining <= 0:
+                break
+            update = await sub.next(timeout=min(KEEPALIVE_S, remaining))
+            if update is None:
+                if time.monotonic() - last_sent >= KEEPALIVE_S:
+                    await sender.keepalive(_message_and_percent(task)[1])
+                    last_sent = time.monotonic()
+                continue
+            task = update
+            if not is_final(task):
+                await sender.update(*_message_and_percent(task))
+                last_sent = time.monotonic()
+        return task
+
+
+def progress_sender_for_request() -> ProgressSender | None:
+    """A sender bound to the current request's progressToken (None without one)."""
+    ctx = get_context()
+    rc = ctx.request_context
+    token = (rc.meta or {}).get("progressToken") if rc is not None else None
+    if token is None:
+        return None
+    session, request_id = rc.session, rc.request_id
+
+    async def send(progress: float, total: float | None, message: str | None) -> None:
+        await session.send_progress_notification(progress_token=token, progress=progress, total=total,
+                                                 message=message, related_request_id=request_id)
+    return ProgressSender(send)
+
+
+class WaitTool(Tool):
+    """wait_task: waits for a task, streaming its progress."""
+
+    cp: SkipJsonSchema[Any]
+    default_owner: SkipJsonSchema[str] = "local"
+
+    async def run(self, arguments: dict[str, Any]) -> ToolResult:
+        started = time.perf_counter()
+        owner = caller(self.default_owner)
+        try:
+            req = api.WaitTask.model_validate_json(json.dumps(arguments))
+        except ValidationError as e:
+            return error(describe_validation_error(e), started)
+        svc = self.cp.service
+        try:
+            if self.cp.store.get(req.task_id, owner) is None:
+                raise not_found()
+            sender = progress_sender_for_request()
+            if sender is None:  # nobody to stream to: wait quietly
+                sender = ProgressSender(_discard)
+            try:
+                task = await follow(self.cp, req.task_id, sender, time.monotonic() + req.timeout_s)
+            finally:
+                sender.close()  # no progress after the terminal answer
+            if is_final(task):
+                out = {"done": True, **svc.result(owner, api.GetTaskResult(task_id=req.task_id))}
+            else:
+                out = {"done": False, "message": f"the task is still {task['state']} after {req.timeout_s:g} s; "
+                       "call wait_task again or poll get_task_status", "status": svc.describe(task)}
+        except ControlPlaneError as e:
+            return error(e, started)
+        except Exception:
+            log.exception("wait_task failed")
+            return error(ControlPlaneError(ErrorCode.INTERNAL, "internal error; the server log has the details"),
+                         started)
+        return ok(out, started)
+
+
+async def _discard(progress: float, total: float | None, message: str | None) -> None:
+    return None
+
+
+def wait_tool(cp: ControlPlane, default_owner: str) -> WaitTool:
+    return WaitTool(
+        name="wait_task",
+        description=("Wait for a task to finish, up to timeout_s, streaming its progress (notifications/progress "
+                     "for your progressToken). Returns the result like get_task_result, or done=false with the "
+                     "latest status if it is still running. Leaving early never cancels the task."),
+        parameters=inline_schema(api.WaitTask.model_json_schema()), cp=cp, default_owner=default_owner,
+        annotations=ToolAnnotations(readOnlyHint=True, destructiveHint=False, openWorldHint=False),
+        meta={"schemaVersion": 1, "toolingVersion": TOOLING_VERSION},
+    )
+
+
+# ---- seed 000: the two-stage answer's later stages ------------------------------------------------
+class ToolResultNotification(BaseModel):
+    """Seed 000's final notification, after the immediate answer and the progress notifications."""
+
+    method: Literal["notifications/tool_result"] = "notifications/tool_result"
+    params: dict[str, Any]
+
+
+class Followers:
+    """Background followers: each streams one task to one client session, then says goodbye."""
+
+    def __init__(self, cp: ControlPlane):
+        self.cp = cp
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def maybe_follow(self, owner: str, out: dict[str, Any]) -> None:
+        """Called by a task-creating tool after it answered: follow the task if the client asked."""
+        try:
+            ctx = get_context()
+        except RuntimeError:
+            return
+        rc = ctx.request_context
+        meta = (rc.meta or {}) if rc is not None else {}
+        if rc is None or not meta.get(NOTIFY_META) or rc.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            return
+        token, session = meta.get("progressToken"), rc.session
+        task = asyncio.create_task(self._follow(owner, out["task_id"], token, session))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _follow(self, owner: str, task_id: str, token: Any, session: Any) -> None:
+        async def send(progress: float, total: float | None, message: str | None) -> None:
+            await session.send_progress_notification(progress_token=token, progress=progress, total=total,
+                                                     message=message)  # the session's own channel
+
+        sender = ProgressSender(send if token is not None else _discard)
+        try:
+            task = await follow(self.cp, task_id, sender, float("inf"))
+            sender.close()
+            result = await asyncio.to_thread(self.cp.service.result, owner, api.GetTaskResult(task_id=task_id))
+            await session.send_notification(ToolResultNotification(params={
+                "job_id": task_id, "task_id": task_id, "result": result,
+                "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "state": task["state"]}))
+        except Exception as e:  # noqa: BLE001 - the session ended: the task goes on, by id
+            log.debug("stopped following %s: %r", task_id, e)
+        finally:
+            sender.close()
+
+    async def close(self) -> None:
+        for t in list(self._tasks):
+            t.cancel()
+        for t in list(self._tasks):
+            try:
+                await t
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001
+                pass

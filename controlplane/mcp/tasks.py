@@ -1,0 +1,253 @@
+"""Native MCP tasks (`io.modelcontextprotocol/tasks`, SEP-2663), served from our durable store.
+
+A client that opts into the extension on a `tools/call` of a catalog tool gets the task itself
+back (`resultType: "task"`), once it is committed; it then polls `tasks/get`, which inlines the
+tool's result when the task is done, and may `tasks/cancel` it (our cancellation, which reaches
+the cloud job). `tasks/list` lists the caller's tasks, page by page. The task id is our task id:
+it stays good in a fresh session and after a restart, for this caller only.
+
+Our ten states map onto the protocol's five statuses in one table (`STATUS`). A task that ended
+badly (`failed`, `timed_out`) is `failed` with a JSON-RPC error whose `data` is our task error;
+an `expired` task is `failed` too, its result gone.
+
+The 2025-11-25 era has no extension negotiation. For its clients `tasks/get`, `tasks/result`,
+`tasks/list` and `tasks/cancel` answer in that era's shapes (`ttl`, `pollInterval`, the result
+by `tasks/result`), for tasks created through the canonical tools or the two-stage catalog
+answer. Creating a task by augmenting a `tools/call` (`params.task`) is not possible on that
+wire with mcp 2.3: the SDK validates every handshake-era `tools/call` result against the
+2025-11-25 CallToolResult (no task arm), which strips a CreateTaskResult to nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from fastmcp.server.extensions import MethodBinding, ServerExtension, read_client_extension_settings
+from fastmcp.utilities.tasks import TASKS_EXTENSION_ID
+from mcp.server.context import ServerRequestContext
+from mcp.shared.exceptions import MCPError
+from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, RequestParams
+from mcp_types.jsonrpc import MISSING_REQUIRED_CLIENT_CAPABILITY
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import ConfigDict, Field
+
+from controlplane import api, blocking
+from controlplane.errors import ControlPlaneError
+from controlplane.mcp.tools import caller, error
+from controlplane.states import TaskState
+
+if TYPE_CHECKING:
+    from fastmcp.server.context import Context
+    from fastmcp.server.extensions import ToolCallContinuation, ToolCallOutcome
+
+    from controlplane.app import ControlPlane
+
+S = TaskState
+# Our ten states onto the protocol's task statuses: the one table.
+STATUS: dict[TaskState, str] = {
+    S.QUEUED: "working",
+    S.SCHEDULED: "working",
+    S.RUNNING: "working",
+    S.CANCEL_REQUESTED: "working",  # cancellation is cooperative: still working until stopped
+    S.CANCELLING: "working",
+    S.SUCCEEDED: "completed",
+    S.FAILED: "failed",
+    S.TIMED_OUT: "failed",
+    S.CANCELLED: "cancelled",
+    S.EXPIRED: "failed",
+}
+LEGACY_STATUS = STATUS  # 2025-11-25 has the same five words (and input_required, unused here)
+
+
+def iso(ts: float | None) -> str | None:
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z") if ts else None
+
+
+class TaskIdParams(RequestParams):
+    model_config = ConfigDict(populate_by_name=True)
+    task_id: str = Field(alias="taskId")
+
+
+class UpdateParams(TaskIdParams):
+    input_responses: dict[str, Any] = Field(default_factory=dict, alias="inputResponses")
+
+
+class ListParams(RequestParams):
+    model_config = ConfigDict(populate_by_name=True)
+    cursor: str | None = None
+
+
+class ControlPlaneTasks(ServerExtension):
+    identifier = TASKS_EXTENSION_ID
+
+    def __init__(self, cp: ControlPlane):
+        self.cp = cp
+
+    def clone(self) -> ControlPlaneTasks:  # bound to one control plane: never deep-copied
+        return ControlPlaneTasks(self.cp)
+
+    def methods(self) -> Sequence[MethodBinding]:
+        return [
+            MethodBinding("tasks/get", TaskIdParams, self._get),
+            MethodBinding("tasks/cancel", TaskIdParams, self._cancel),
+            MethodBinding("tasks/list", ListParams, self._list),
+            MethodBinding("tasks/update", UpdateParams, self._update, frozenset(MODERN_PROTOCOL_VERSIONS)),
+            MethodBinding("tasks/result", TaskIdParams, self._result,
+                          frozenset(v for v in _handshake_versions())),
+        ]
+
+    # ---- creation: tools/call of a catalog tool -----------------------------------------------
+    async def intercept_tool_call(self, params: Any, context: Context, call_next: ToolCallContinuation
+                                  ) -> ToolCallOutcome:
+        spec = self.cp.catalog.tool(params.name)
+        rc = context.request_context
+        modern = rc is not None and rc.protocol_version in MODERN_PROTOCOL_VERSIONS
+        if spec is None or not modern or context.client_extension_settings(TASKS_EXTENSION_ID) is None:
+            return await call_next()  # the two-stage answer (seed 000)
+        owner = caller(self.cp.settings.default_owner)
+        started = time.perf_counter()
+        req = api.SubmitTask(tool_name=spec.name, inputs=dict(params.arguments or {}))
+        try:
+            try:
+                with blocking.inline():
+                    sub = self.cp.service.submit(owner, req)
+            except blocking.WouldBlock:
+                sub = await anyio.to_thread.run_sync(self.cp.service.submit, owner, req)
+        except ControlPlaneError as e:
+            return error(e, started)  # refused before any task existed: an ordinary tool error
+        task = self.cp.store.get(sub["task_id"], owner)
+        assert task is not None  # committed before we answer (the spec's durability rule)
+        return {"resultType": "task", **self._task_fields(task)}
+
+    # ---- the task object ------------------------------------------------------------------------
+    def _task_fields(self, task: dict[str, Any], *, legacy: bool = False) -> dict[str, Any]:
+        state = TaskState(task["state"])
+        svc = self.cp.service
+        if task.get("expires_at"):
+            ttl_ms = int((task["expires_at"] - task["submitted_at"]) * 1000)  # as applied
+        else:
+            ttl_ms = int(task["ttl_s"]) * 1000  # kept at least this long from creation
+        poll_ms = svc.poll_after_ms(task)
+        out: dict[str, Any] = {"taskId": task["task_id"], "status": STATUS[state],
+                               "createdAt": iso(task["submitted_at"]), "lastUpdatedAt": iso(task["updated_at"])}
+        if legacy:
+            out.update(ttl=ttl_ms, pollInterval=poll_ms)
+        else:
+            out.update(ttlMs=ttl_ms, pollIntervalMs=poll_ms)
+        message = self._status_message(task)
+        if message:
+            out["statusMessage"] = message
+        return out
+
+    def _status_message(self, task: dict[str, Any]) -> str | None:
+        err = json.loads(task["error_json"]) if task.get("error_json") else None
+        if err and TaskState(task["state"]) in (S.FAILED, S.TIMED_OUT, S.CANCELLED):
+            return err.get("message")
+        if task["state"] == S.EXPIRED:
+            return "the task expired; its result was removed"
+        p = json.loads(task["progress_json"]) if task.get("progress_json") else None
+        if not p:
+            return None
+        parts = []
+        if isinstance(p.get("percent"), int | float):
+            parts.append(f"{p['percent']:g}%")
+        if p.get("step") is not None and p.get("step_total"):
+            parts.append(f"step {p['step']}/{p['step_total']}")
+        parts += [str(p[k]) for k in ("phase", "message") if p.get(k)]
+        return " ".join(parts) or None
+
+    def _tool_result(self, owner: str, task: dict[str, Any]) -> dict[str, Any]:
+        """The CallToolResult a synchronous call of the tool would have returned."""
+        out = self.cp.service.result(owner, api.GetTaskResult(task_id=task["task_id"]))
+        text = json.dumps(out, separators=(",", ":"))
+        return {"content": [{"type": "text", "text": text}], "structuredContent": out, "isError": False}
+
+    def _error(self, task: dict[str, Any]) -> dict[str, Any]:
+        err = json.loads(task["error_json"]) if task.get("error_json") else None
+        if task["state"] == S.EXPIRED:
+            err = {"code": "NOT_FOUND", "message": "the task expired; its result was removed"}
+        err = err or {"code": "INTERNAL", "message": f"the task ended {task['state']}"}
+        return {"code": INTERNAL_ERROR, "message": err.get("message", "the task failed"), "data": err}
+
+    # ---- methods --------------------------------------------------------------------------------
+    def _owned(self, ctx: ServerRequestContext[Any, Any], task_id: str) -> tuple[str, dict[str, Any]]:
+        modern = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
+        if modern and read_client_extension_settings(ctx, TASKS_EXTENSION_ID) is None:
+            raise MCPError(code=MISSING_REQUIRED_CLIENT_CAPABILITY,
+                           message=f"this request targets the tasks extension ({TASKS_EXTENSION_ID}); "
+                                   "the client did not declare it",
+                           data={"requiredCapabilities": {"extensions": {TASKS_EXTENSION_ID: {}}}})
+        owner = caller(self.cp.settings.default_owner)
+        task = self.cp.store.get(task_id, owner)
+        if task is None:  # unknown and someone else's answer alike
+            raise MCPError(code=INVALID_PARAMS, message=f"task {task_id} not found")
+        return owner, task
+
+    async def _get(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> dict[str, Any]:
+        owner, task = self._owned(ctx, params.task_id)
+        legacy = ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS
+        out = self._task_fields(task, legacy=legacy)
+        if legacy:
+            return out  # 2025-11-25: the result comes from tasks/result
+        status = out["status"]
+        if status == "completed":
+            out["result"] = await anyio.to_thread.run_sync(self._tool_result, owner, task)
+        elif status == "failed":
+            out["error"] = self._error(task)
+        return {"resultType": "complete", **out}
+
+    async def _result(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> dict[str, Any]:
+        """2025-11-25 `tasks/result`: waits for the task to end, then returns its tool result."""
+        owner, task = self._owned(ctx, params.task_id)
+        with self.cp.hub.subscribe(task["task_id"]) as sub:
+            task = self.cp.store.get(task["task_id"], owner) or task
+            while STATUS[TaskState(task["state"])] == "working":
+                task = await sub.next(timeout=15.0) or self.cp.store.get(task["task_id"], owner) or task
+        if STATUS[TaskState(task["state"])] == "completed":
+            return await anyio.to_thread.run_sync(self._tool_result, owner, task)
+        raise MCPError(**self._error(task))
+
+    async def _cancel(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> dict[str, Any]:
+        owner, task = self._owned(ctx, params.task_id)
+        await anyio.to_thread.run_sync(self.cp.service.cancel, owner,
+                                       api.CancelTask(task_id=task["task_id"], reason="tasks/cancel"))
+        task = self.cp.store.get(task["task_id"], owner) or task
+        legacy = ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS
+        return self._task_fields(task, legacy=True) if legacy else {"resultType": "complete"}
+
+    async def _update(self, ctx: ServerRequestContext[Any, Any], params: UpdateParams) -> dict[str, Any]:
+        self._owned(ctx, params.task_id)
+        raise MCPError(code=INVALID_PARAMS, message="this task asks for no input")
+
+    async def _list(self, ctx: ServerRequestContext[Any, Any], params: ListParams) -> dict[str, Any]:
+        modern = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
+        if modern and read_client_extension_settings(ctx, TASKS_EXTENSION_ID) is None:
+            raise MCPError(code=MISSING_REQUIRED_CLIENT_CAPABILITY,
+                           message=f"this request targets the tasks extension ({TASKS_EXTENSION_ID})",
+                           data={"requiredCapabilities": {"extensions": {TASKS_EXTENSION_ID: {}}}})
+        owner = caller(self.cp.settings.default_owner)
+        try:
+            page = await anyio.to_thread.run_sync(self.cp.service.list, owner,
+                                                  api.ListTasks(cursor=params.cursor, limit=50))
+        except ControlPlaneError as e:
+            raise MCPError(code=INVALID_PARAMS, message=e.message) from None
+        tasks = []
+        for t in page["tasks"]:
+            row = self.cp.store.get(t["task_id"], owner)
+            if row is not None:
+                tasks.append(self._task_fields(row, legacy=not modern))
+        out: dict[str, Any] = {"tasks": tasks}
+        if page["next_cursor"]:
+            out["nextCursor"] = page["next_cursor"]
+        return {"resultType": "complete", **out} if modern else out
+
+
+def _handshake_versions() -> list[str]:
+    from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+
+    return list(HANDSHAKE_PROTOCOL_VERSIONS)

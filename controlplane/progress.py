@@ -1,0 +1,169 @@
+"""Pushed progress: task updates fanned out to the clients that are connected and listening.
+
+`ProgressHub` hears from the store after every committed change to a task (its state or its
+progress) and hands the task's latest row to whoever subscribed to it. A subscription keeps
+only the newest update (older ones are coalesced away), so a slow client never holds up the
+others or the store.
+
+`ProgressSender` turns those updates into `notifications/progress` for one request's
+progressToken, as seeds 000, 002 and 003 (section 9) ask: the progress value never goes back,
+at most 4 notifications a second per call (later ones within the interval are coalesced into
+one trailing notification that carries the newest state), and nothing after the call's terminal
+response.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from controlplane.states import FINAL, TaskState
+
+MIN_INTERVAL_S = 0.25  # at most 4 progress notifications per second per call
+
+
+class Subscription:
+    def __init__(self, hub: ProgressHub, task_id: str):
+        self.hub = hub
+        self.task_id = task_id
+        self._latest: dict[str, Any] | None = None
+        self._event = asyncio.Event()
+
+    def _offer(self, task: dict[str, Any]) -> None:
+        self._latest = task
+        self._event.set()
+
+    async def next(self, timeout: float) -> dict[str, Any] | None:
+        """The newest update since the last call, or None if none came within `timeout`."""
+        try:
+            await asyncio.wait_for(self._event.wait(), timeout)
+        except TimeoutError:
+            return None
+        self._event.clear()
+        latest, self._latest = self._latest, None
+        return latest
+
+    def close(self) -> None:
+        self.hub._unsubscribe(self)
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class ProgressHub:
+    def __init__(self, fetch: Callable[[str], dict[str, Any] | None]):
+        self._fetch = fetch  # the task row by id (a cheap point read)
+        self._subs: dict[str, set[Subscription]] = defaultdict(set)
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def attach(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        self._loop = loop
+
+    def subscribe(self, task_id: str) -> Subscription:
+        sub = Subscription(self, task_id)
+        self._subs[task_id].add(sub)
+        return sub
+
+    def _unsubscribe(self, sub: Subscription) -> None:
+        subs = self._subs.get(sub.task_id)
+        if subs is not None:
+            subs.discard(sub)
+            if not subs:
+                self._subs.pop(sub.task_id, None)
+
+    def on_change(self, task_id: str) -> None:
+        """From any thread, after a commit: deliver the task's new state to its subscribers."""
+        loop = self._loop
+        if task_id not in self._subs or loop is None or loop.is_closed():
+            return
+        loop.call_soon_threadsafe(self._deliver, task_id)
+
+    def _deliver(self, task_id: str) -> None:
+        subs = self._subs.get(task_id)
+        if not subs:
+            return
+        task = self._fetch(task_id)
+        if task is None:
+            return
+        for sub in list(subs):
+            sub._offer(task)
+
+
+def progress_of(task: dict[str, Any], parse: Callable[[str | None], Any]) -> tuple[float | None, str]:
+    """(percent, message) of a task row, for a progress notification."""
+    p = parse(task.get("progress_json")) or {}
+    percent = p.get("percent")
+    parts = [task["state"]]
+    if p.get("step") is not None and p.get("step_total"):
+        parts.append(f"step {p['step']}/{p['step_total']}")
+    if p.get("phase"):
+        parts.append(str(p["phase"]))
+    if p.get("message"):
+        parts.append(str(p["message"]))
+    return (float(percent) if isinstance(percent, int | float) else None), ": ".join(parts[:1]) + (
+        " - " + ", ".join(parts[1:]) if len(parts) > 1 else "")
+
+
+def is_final(task: dict[str, Any]) -> bool:
+    return TaskState(task["state"]) in FINAL
+
+
+class ProgressSender:
+    """Throttled, monotonic progress notifications for one call's progressToken."""
+
+    def __init__(self, send: Callable[[float, float | None, str | None], Awaitable[None]],
+                 min_interval_s: float = MIN_INTERVAL_S):
+        self._send = send
+        self.min_interval_s = min_interval_s
+        self._value = 0.0
+        self._last_sent = 0.0
+        self._pending: tuple[float, str | None] | None = None
+        self._trailing: asyncio.Task[None] | None = None
+        self.closed = False
+        self.sent = 0
+
+    async def update(self, percent: float | None, message: str | None) -> None:
+        if self.closed:
+            return
+        if percent is not None:
+            self._value = max(self._value, min(100.0, float(percent)))  # never goes back
+        self._pending = (self._value, message)
+        wait = self._last_sent + self.min_interval_s - time.monotonic()
+        if wait <= 0:
+            await self._flush()
+        elif self._trailing is None:
+            self._trailing = asyncio.create_task(self._flush_after(wait))
+
+    async def keepalive(self, message: str) -> None:
+        """Repeat the current progress (a stream that stays silent for long gets cut)."""
+        await self.update(None, message)
+
+    async def _flush_after(self, delay: float) -> None:
+        await asyncio.sleep(delay)
+        self._trailing = None
+        await self._flush()
+
+    async def _flush(self) -> None:
+        if self.closed or self._pending is None:
+            return
+        value, message = self._pending
+        self._pending = None
+        self._last_sent = time.monotonic()
+        self.sent += 1
+        try:
+            await self._send(value, 100.0, message)
+        except Exception:  # noqa: BLE001 - the client went away: stop, the task goes on
+            self.close()
+
+    def close(self) -> None:
+        """The call is over: no notification may follow its terminal response."""
+        self.closed = True
+        if self._trailing is not None:
+            self._trailing.cancel()
+            self._trailing = None
