@@ -14,13 +14,21 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
+import fastmcp_tasks  # noqa: F401 - imported for its side effect, undone below
 import psutil
 import pytest
 from fastmcp import Client
+from fastmcp.client import extension_hooks
 
 from controlplane.app import ControlPlane
 from controlplane.mcp.server import build_server
 from controlplane.settings import Settings
+
+# Importing fastmcp_tasks makes every fastmcp Client opt into native tasks (and then poll a
+# catalog tool's task to its end). The tests opt in explicitly, per client, with
+# `extensions=[TasksClientExtension()]`, so that both kinds of client are exercised.
+extension_hooks._internal_client_extension_factories.clear()
 
 TERMINAL = {"succeeded", "failed", "cancelled", "timed_out", "expired"}
 ROOT = Path(__file__).resolve().parent.parent
@@ -227,3 +235,28 @@ def pid_alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+async def tree_pids(agent: Agent, task_id: str, children: int, timeout: float = 60) -> list[int]:
+    """Pids the exercise tool printed for its children and grandchildren."""
+    deadline = time.monotonic() + timeout
+    while True:
+        lines = await agent.all_logs(task_id)
+        pids = [int(m.group(1)) for ln in lines if (m := re.search(r"child pid=(\d+)", ln["message"]))]
+        if len(pids) >= 2 * children:
+            return pids
+        if time.monotonic() > deadline:
+            procs = [(p.pid, p.ppid(), p.status(), p.cmdline()[-2:]) for p in psutil.process_iter()
+                     if p.pid in pids or p.ppid() in pids]
+            raise AssertionError(f"tool printed only {pids}; log: {[ln['message'] for ln in lines]}; "
+                                 f"processes: {procs}")
+        await anyio.sleep(0.1)
+
+
+async def all_dead(pids: list[int], timeout: float = 15) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not any(pid_alive(p) for p in pids):
+            return True
+        await anyio.sleep(0.05)
+    return False

@@ -4,41 +4,13 @@ grandchildren included, and SIGKILL follows SIGTERM when the tool ignores it."""
 
 from __future__ import annotations
 
-import re
 import time
 
-import anyio
-import psutil
 import pytest
 
-from tests.conftest import Agent, pid_alive
+from tests.conftest import Agent, all_dead, pid_alive, tree_pids
 
 pytestmark = pytest.mark.anyio
-
-
-async def tree_pids(agent: Agent, task_id: str, children: int, timeout: float = 60) -> list[int]:
-    """Pids the exercise tool printed for its children and grandchildren."""
-    deadline = time.monotonic() + timeout
-    while True:
-        lines = await agent.all_logs(task_id)
-        pids = [int(m.group(1)) for ln in lines if (m := re.search(r"child pid=(\d+)", ln["message"]))]
-        if len(pids) >= 2 * children:
-            return pids
-        if time.monotonic() > deadline:
-            procs = [(p.pid, p.ppid(), p.status(), p.cmdline()[-2:]) for p in psutil.process_iter()
-                     if p.pid in pids or p.ppid() in pids]
-            raise AssertionError(f"tool printed only {pids}; log: {[ln['message'] for ln in lines]}; "
-                                 f"processes: {procs}")
-        await anyio.sleep(0.1)
-
-
-async def all_dead(pids: list[int], timeout: float = 15) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not any(pid_alive(p) for p in pids):
-            return True
-        await anyio.sleep(0.05)
-    return False
 
 
 async def test_cancel_running_task_kills_grandchildren(agent: Agent, cp) -> None:
