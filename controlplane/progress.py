@@ -15,6 +15,7 @@ response.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
@@ -95,19 +96,19 @@ class ProgressHub:
             sub._offer(task)
 
 
-def progress_of(task: dict[str, Any], parse: Callable[[str | None], Any]) -> tuple[float | None, str]:
-    """(percent, message) of a task row, for a progress notification."""
-    p = parse(task.get("progress_json")) or {}
+def progress_details(p: dict[str, Any]) -> list[str]:
+    """The words of a progress report: "step 2/4", its phase, its message (those it has)."""
+    details = [f"step {p['step']}/{p['step_total']}"] if p.get("step") is not None and p.get("step_total") else []
+    return details + [str(p[k]) for k in ("phase", "message") if p.get(k)]
+
+
+def notification_of(task: dict[str, Any]) -> tuple[float | None, str]:
+    """(percent, message) of a task row, for a progress notification: "running: step 2/4, ..."."""
+    p = json.loads(task["progress_json"]) if task.get("progress_json") else {}
+    details = progress_details(p)
     percent = p.get("percent")
-    parts = [task["state"]]
-    if p.get("step") is not None and p.get("step_total"):
-        parts.append(f"step {p['step']}/{p['step_total']}")
-    if p.get("phase"):
-        parts.append(str(p["phase"]))
-    if p.get("message"):
-        parts.append(str(p["message"]))
-    return (float(percent) if isinstance(percent, int | float) else None), ": ".join(parts[:1]) + (
-        " - " + ", ".join(parts[1:]) if len(parts) > 1 else "")
+    return (float(percent) if isinstance(percent, int | float) else None), \
+        task["state"] + (": " + ", ".join(details) if details else "")
 
 
 def is_final(task: dict[str, Any]) -> bool:

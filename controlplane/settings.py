@@ -42,6 +42,17 @@ class Settings(BaseSettings):
     # Inline tokens "tok1=alice,tok2=bob" (handy for tests and containers).
     auth_tokens: str | None = None
 
+    # HTTP: extra names allowed in the Host header and extra browser origins (comma-separated),
+    # beyond loopback and the public URL's own (DNS-rebinding protection).
+    allowed_hosts: str = ""
+    allowed_origins: str = ""
+    # 2026-07-28 calls that cannot stream anything are answered as JSON, not SSE.
+    json_responses: bool = True
+    # Replay for 2025-11-25 streams (Last-Event-ID): events kept per stream, in all, and for how long.
+    event_store_events_per_stream: int = 1000
+    event_store_max_events: int = 100_000
+    event_store_ttl_s: int = 3600
+
     # Loops.
     scheduler_interval_s: float = 0.5
     reconcile_interval_s: float = 2.0
@@ -55,6 +66,10 @@ class Settings(BaseSettings):
     kill_grace_s: float = 5.0
     # How long a cancelled/timed-out job may take to confirm it stopped before we stop waiting.
     stop_confirm_timeout_s: float = 120.0
+
+    # A streaming wait (wait_task, a followed task) repeats the latest progress after this much
+    # silence, so that proxies and clients do not cut an idle SSE stream (seed 004: 15 s).
+    keepalive_s: float = 15.0
 
     # Limits on what a caller can send.
     max_input_bytes: int = 256 * 1024
@@ -142,3 +157,9 @@ class Settings(BaseSettings):
         finally:
             tmp.unlink(missing_ok=True)
         return path.read_bytes().strip()
+
+    def allowed_host_list(self) -> list[str]:
+        return [h.strip() for h in self.allowed_hosts.split(",") if h.strip()]
+
+    def allowed_origin_list(self) -> list[str]:
+        return [o.strip() for o in self.allowed_origins.split(",") if o.strip()]

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -260,3 +261,30 @@ async def all_dead(pids: list[int], timeout: float = 15) -> bool:
             return True
         await anyio.sleep(0.05)
     return False
+
+
+@asynccontextmanager
+async def serving(cp: ControlPlane) -> AsyncIterator[Any]:
+    """The HTTP server in this process (`controlplane.serve.HttpServer`), on 127.0.0.1."""
+    import asyncio
+
+    from controlplane.serve import HttpServer
+
+    server = HttpServer(cp)
+    task = asyncio.create_task(server.serve())
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert not task.done(), task.exception()
+            assert time.monotonic() < deadline, "the HTTP server did not start"
+            await asyncio.sleep(0.01)
+        yield server
+    finally:
+        server.stop()
+        await task
+
+
+@pytest.fixture
+async def http_server(cp: ControlPlane) -> AsyncIterator[Any]:
+    async with serving(cp) as server:
+        yield server

@@ -29,6 +29,7 @@ from controlplane.mcp.tasks import STATUS
 from controlplane.settings import Settings
 from controlplane.states import TaskState
 from tests.conftest import FAST, Agent, ServerProcess, all_dead, fast_env, pid_alive, tree_pids
+from tests.wire import Legacy
 
 pytestmark = pytest.mark.anyio
 
@@ -250,43 +251,6 @@ async def test_a_fresh_session_after_a_restart_polls_the_task_by_id(server_proce
 
 
 # ---- the 2025-11-25 era: the same tasks, in that era's shapes --------------------------------------
-class Legacy:
-    """Raw JSON-RPC over Streamable HTTP in the 2025-11-25 era (initialize, session id)."""
-
-    def __init__(self, http: httpx.AsyncClient, url: str):
-        self.http, self.url, self.session_id, self.next_id = http, url, None, 0
-
-    def headers(self) -> dict[str, str]:
-        h = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json",
-             "MCP-Protocol-Version": "2025-11-25"}
-        if self.session_id:
-            h["Mcp-Session-Id"] = self.session_id
-        return h
-
-    async def request(self, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
-        self.next_id += 1
-        body = {"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params or {}}
-        r = await self.http.post(self.url, json=body, headers=self.headers(), timeout=60)
-        assert r.status_code == 200, r.text
-        self.session_id = r.headers.get("mcp-session-id", self.session_id)
-        if r.headers["content-type"].startswith("application/json"):
-            return r.json()
-        for line in r.text.splitlines():  # SSE: the response is the last data line with our id
-            if line.startswith("data:"):
-                msg = json.loads(line[5:])
-                if msg.get("id") == self.next_id:
-                    return msg
-        raise AssertionError(r.text)
-
-    async def start(self) -> None:
-        init = await self.request("initialize", {"protocolVersion": "2025-11-25", "capabilities": {},
-                                                 "clientInfo": {"name": "raw", "version": "1"}})
-        assert init["result"]["protocolVersion"] == "2025-11-25"
-        r = await self.http.post(self.url, headers=self.headers(),
-                                 json={"jsonrpc": "2.0", "method": "notifications/initialized"})
-        assert r.status_code == 202
-
-
 async def test_legacy_era_tasks_methods_in_their_own_shapes(server_process: ServerProcess) -> None:
     server = server_process.start()
     async with httpx.AsyncClient() as http:

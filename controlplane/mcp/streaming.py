@@ -35,49 +35,38 @@ from pydantic.json_schema import SkipJsonSchema
 from controlplane import api
 from controlplane.errors import ControlPlaneError, ErrorCode, not_found
 from controlplane.mcp.tools import TOOLING_VERSION, caller, describe_validation_error, error, inline_schema, ok
-from controlplane.progress import ProgressSender, is_final
+from controlplane.progress import ProgressSender, is_final, notification_of
 
 if TYPE_CHECKING:
     from controlplane.app import ControlPlane
 
 log = logging.getLogger("controlplane.mcp.streaming")
 NOTIFY_META = "io.github.mcp-controlplane/notify"
-KEEPALIVE_S = 15.0
-
-
-def _message_and_percent(task: dict[str, Any]) -> tuple[float | None, str]:
-    p = json.loads(task["progress_json"]) if task.get("progress_json") else {}
-    details = []
-    if p.get("step") is not None and p.get("step_total"):
-        details.append(f"step {p['step']}/{p['step_total']}")
-    details += [str(p[k]) for k in ("phase", "message") if p.get(k)]
-    message = task["state"] + (": " + ", ".join(details) if details else "")
-    percent = p.get("percent")
-    return (float(percent) if isinstance(percent, int | float) else None), message
 
 
 async def follow(cp: ControlPlane, task_id: str, sender: ProgressSender, until: float) -> dict[str, Any]:
     """Forward a task's progress to `sender` until it ends or `until` (monotonic) passes;
     returns the task as last seen. Never cancels the task."""
+    keepalive_s = cp.settings.keepalive_s
     with cp.hub.subscribe(task_id) as sub:
         task = cp.store.get(task_id)  # read after subscribing: no change can slip between
         if task is None:
             raise not_found()
         last_sent = time.monotonic()
-        await sender.update(*_message_and_percent(task))
+        await sender.update(*notification_of(task))
         while not is_final(task):
             remaining = until - time.monotonic()
             if remaining <= 0:
                 break
-            update = await sub.next(timeout=min(KEEPALIVE_S, remaining))
+            update = await sub.next(timeout=min(keepalive_s, remaining))
             if update is None:
-                if time.monotonic() - last_sent >= KEEPALIVE_S:
-                    await sender.keepalive(_message_and_percent(task)[1])
+                if time.monotonic() - last_sent >= keepalive_s:
+                    await sender.keepalive(notification_of(task)[1])
                     last_sent = time.monotonic()
                 continue
             task = update
             if not is_final(task):
-                await sender.update(*_message_and_percent(task))
+                await sender.update(*notification_of(task))
                 last_sent = time.monotonic()
         return task
 

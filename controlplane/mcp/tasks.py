@@ -39,6 +39,7 @@ from pydantic import ConfigDict, Field
 from controlplane import api, blocking
 from controlplane.errors import ControlPlaneError
 from controlplane.mcp.tools import caller, error
+from controlplane.progress import progress_details
 from controlplane.states import TaskState
 
 if TYPE_CHECKING:
@@ -153,13 +154,8 @@ class ControlPlaneTasks(ServerExtension):
         p = json.loads(task["progress_json"]) if task.get("progress_json") else None
         if not p:
             return None
-        parts = []
-        if isinstance(p.get("percent"), int | float):
-            parts.append(f"{p['percent']:g}%")
-        if p.get("step") is not None and p.get("step_total"):
-            parts.append(f"step {p['step']}/{p['step_total']}")
-        parts += [str(p[k]) for k in ("phase", "message") if p.get(k)]
-        return " ".join(parts) or None
+        percent = [f"{p['percent']:g}%"] if isinstance(p.get("percent"), int | float) else []
+        return " ".join(percent + progress_details(p)) or None
 
     def _tool_result(self, owner: str, task: dict[str, Any]) -> dict[str, Any]:
         """The CallToolResult a synchronous call of the tool would have returned."""

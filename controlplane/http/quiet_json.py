@@ -1,0 +1,93 @@
+"""JSON answers for the calls that stream nothing (2026-07-28 era, Streamable HTTP).
+
+The SDK's modern handler answers a POST either as one JSON body (`json_response=True` for the
+whole app) or as a deferred SSE stream that falls back to JSON when the handler sent nothing.
+The deferred path costs a task group, a channel and a disconnect watcher on every call. Most
+of our calls are point reads that cannot stream (no progressToken, no log level asked for, not
+`wait_task`), so this router sends those straight down the JSON path and everything else down
+the SSE one. `bench/run.py` measures the difference (`json vs sse` in its table).
+
+It sits where the SDK's ASGI app sits (inside the bearer-token check), so authentication,
+sessions and the 2025-11-25 era are untouched.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from mcp.server._streamable_http_modern import handle_modern_request
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+VERSION_HEADER = b"mcp-protocol-version"
+STREAMING_META = ("progressToken", "io.modelcontextprotocol/logLevel")
+MAX_PEEK = 1024 * 1024  # a body this large goes the usual way, unparsed here
+
+
+def may_stream(body: dict[str, Any], streaming_tools: frozenset[str]) -> bool:
+    """Whether this request may send anything before its response."""
+    if not isinstance(body, dict):
+        return True
+    params = body.get("params")
+    if not isinstance(params, dict):
+        return body.get("method") == "subscriptions/listen"
+    meta = params.get("_meta")
+    if isinstance(meta, dict) and any(k in meta for k in STREAMING_META):
+        return True
+    method = body.get("method")
+    return method == "subscriptions/listen" or (method == "tools/call" and params.get("name") in streaming_tools)
+
+
+class QuietJsonRouter:
+    """Wraps the SDK's ASGI app (fastmcp's `StreamableHTTPASGIApp`)."""
+
+    def __init__(self, inner: Any, streaming_tools: frozenset[str]):
+        self.inner: ASGIApp = inner
+        self.streaming_tools = streaming_tools
+        self.json_answers = 0  # how many calls took the JSON path (the tests look)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        version = next((v for k, v in scope.get("headers", ()) if k == VERSION_HEADER), None)
+        manager = getattr(self.inner, "session_manager", None)
+        if (scope["type"] != "http" or scope["method"] != "POST" or version is None or manager is None
+                or version.decode("latin-1") in HANDSHAKE_PROTOCOL_VERSIONS):
+            await self.inner(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # gone before the body arrived
+                await self.inner(scope, _replay([], message, receive), send)
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        replay = _replay([body], None, receive)
+        try:
+            quiet = size <= MAX_PEEK and not may_stream(json.loads(body), self.streaming_tools)
+        except (ValueError, RecursionError):
+            quiet = False  # the SDK answers malformed bodies itself
+        if not quiet:
+            await self.inner(scope, replay, send)
+            return
+        self.json_answers += 1
+        # The manager's own arguments, with JSON answers on: the same handler, without the stream.
+        await handle_modern_request(manager.app, manager.security_settings, True, manager._lifespan_state,
+                                    scope, replay, send)
+
+
+def _replay(bodies: list[bytes], pending: Message | None, receive: Receive) -> Receive:
+    """A receive() that gives back what was already read, then reads on."""
+    queue: list[Message] = [{"type": "http.request", "body": b, "more_body": False} for b in bodies]
+    if pending is not None:
+        queue.append(pending)
+
+    async def replay() -> Message:
+        if queue:
+            return queue.pop(0)
+        return await receive()
+    return replay

@@ -1,0 +1,233 @@
+"""Pushed progress and streaming waits (seeds 000, 002, 003 section 9, 004): wait_task streams a
+task's progress and returns its result; notifications are monotonic, at most 4 a second and never
+after the answer; a wait that times out says so; leaving a wait never cancels the task; 2025-11-25
+streams resume with Last-Event-ID; seed 000's follow-up notifications reach clients that ask."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import mcp
+import pytest
+from fastmcp import Client
+from fastmcp.client.messages import MessageHandler
+
+from controlplane.app import ControlPlane
+from controlplane.mcp.server import build_server
+from controlplane.mcp.streaming import NOTIFY_META
+from controlplane.settings import Settings
+from tests.conftest import FAST, Agent, ServerProcess
+from tests.wire import Legacy, sse_events
+
+pytestmark = pytest.mark.anyio
+
+
+class Recorder(MessageHandler):
+    """Every progress notification the client gets, with when it got it."""
+
+    def __init__(self) -> None:
+        self.progress: list[tuple[float, float, str | None]] = []
+        self.seen_at: list[float] = []  # every progress notification the session saw
+
+    async def on_progress(self, message: Any) -> None:
+        self.seen_at.append(time.monotonic())
+
+    async def handler(self, progress: float, total: float | None, message: str | None) -> None:
+        self.progress.append((time.monotonic(), progress, message))
+
+
+def assert_throttled(times: list[float]) -> None:
+    """At most 4 a second: no five notifications within any one second (a little slack for the
+    scheduler), and no more than 4 per second on average."""
+    for i in range(len(times) - 5):
+        assert times[i + 5] - times[i] >= 0.9, f"6 notifications within {times[i + 5] - times[i]:.2f} s"
+    if len(times) > 1:
+        assert len(times) - 1 <= 4 * (times[-1] - times[0]) + 1
+
+
+async def test_wait_task_streams_progress_then_returns_the_result(cp: ControlPlane) -> None:
+    rec = Recorder()
+    async with Client(build_server(cp), message_handler=rec) as client:
+        agent = Agent(client)
+        tid = await agent.submit(inputs={"progress_steps": 40, "sleep_s": 3, "result": {"k": "v"}})
+        res = await client.call_tool("wait_task", {"task_id": tid, "timeout_s": 60}, progress_handler=rec.handler)
+        answered = time.monotonic()
+        out = res.structured_content
+        assert out["done"] is True and out["state"] == "succeeded" and out["result"]["k"] == "v"
+        assert res.meta["duration"] > 2000 and "progressToken" in res.meta
+        await anyio.sleep(1.0)  # anything still in flight would arrive now
+    values = [p for _, p, _ in rec.progress]
+    assert len(values) >= 5, rec.progress  # 40 steps over 3 s, coalesced
+    assert values == sorted(values) and values[-1] <= 100
+    assert any("step" in (m or "") for _, _, m in rec.progress)
+    assert_throttled([t for t, _, _ in rec.progress])
+    assert all(t <= answered for t, _, _ in rec.progress)
+    assert len(rec.seen_at) == len(rec.progress) and max(rec.seen_at) <= answered  # none after the answer
+
+
+async def test_wait_task_times_out_with_the_latest_status_and_the_task_goes_on(cp: ControlPlane) -> None:
+    async with Client(build_server(cp)) as client:
+        agent = Agent(client)
+        tid = await agent.submit(inputs={"progress_steps": 20, "sleep_s": 4})
+        await agent.wait(tid, {"running"})
+        out = await agent.call("wait_task", task_id=tid, timeout_s=0.5)
+        assert out["done"] is False and "still running" in out["message"]
+        assert out["status"]["state"] == "running" and out["status"]["task_id"] == tid
+        out = await agent.call("wait_task", task_id=tid, timeout_s=60)
+        assert out["done"] is True and out["state"] == "succeeded"
+
+
+async def test_wait_task_refuses_bad_input_and_other_callers_tasks(cp: ControlPlane) -> None:
+    async with Client(build_server(cp)) as client:
+        agent = Agent(client)
+        assert (await agent.error("wait_task", task_id="tsk_" + "c" * 26))["code"] == "NOT_FOUND"
+        assert (await agent.error("wait_task", task_id="x", timeout_s=-1))["code"] == "INVALID_REQUEST"
+        assert (await agent.error("wait_task", task_id="x", timeout_s=10**9))["code"] == "INVALID_REQUEST"
+        bad = await agent.error("wait_task", task_id="tsk_" + "c" * 26, extra=True)
+        assert bad["code"] == "INVALID_REQUEST" and "extra" in bad["message"]
+
+
+async def test_a_silent_wait_is_kept_alive(home: Path) -> None:
+    cp = ControlPlane(Settings(home=home, keepalive_s=0.4, **FAST))
+    rec = Recorder()
+    async with Client(build_server(cp)) as client:
+        tid = await Agent(client).submit(inputs={"sleep_s": 30})  # no progress of its own
+        await Agent(client).wait(tid, {"running"})
+        out = (await client.call_tool("wait_task", {"task_id": tid, "timeout_s": 2},
+                                      progress_handler=rec.handler)).structured_content
+        assert out["done"] is False
+        # the first notification at once, then one per keep-alive interval of silence
+        assert len(rec.progress) >= 4, rec.progress
+        assert all("running" in (m or "") for _, _, m in rec.progress)
+        await Agent(client).call("cancel_task", task_id=tid)
+
+
+async def test_leaving_a_wait_never_cancels_the_task(server_process: ServerProcess) -> None:
+    server = server_process.start()
+    async with mcp.Client(server.url) as client:
+        sub = (await client.call_tool("submit_task", {"tool_name": "exercise", "inputs": {
+            "progress_steps": 10, "sleep_s": 3}})).structured_content
+        got: list[float] = []
+
+        async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+            got.append(progress)
+
+        with anyio.move_on_after(1.0):  # the agent gives up on the wait (its HTTP stream closes)
+            await client.call_tool("wait_task", {"task_id": sub["task_id"], "timeout_s": 60},
+                                   progress_callback=on_progress)
+        assert got, "no progress streamed before the client left"
+    async with mcp.Client(server.url) as client:  # the polling fallback: the task is there, by id
+        st = (await client.call_tool("get_task_status", {"task_id": sub["task_id"]})).structured_content
+        assert st["state"] in ("running", "succeeded")
+        out = (await client.call_tool("wait_task", {"task_id": sub["task_id"], "timeout_s": 60})).structured_content
+        assert out["done"] is True and out["state"] == "succeeded"
+
+
+# ---- the 2025-11-25 era on the wire --------------------------------------------------------------
+async def test_a_legacy_stream_resumes_with_last_event_id(http_server: Any) -> None:
+    async with httpx.AsyncClient(timeout=60) as http:
+        rpc = Legacy(http, http_server.url)
+        await rpc.start()
+        sub = (await rpc.request("tools/call", {"name": "submit_task", "arguments": {
+            "tool_name": "exercise", "inputs": {"progress_steps": 12, "sleep_s": 3}}}))["result"]["structuredContent"]
+        body = rpc.body("tools/call", {"name": "wait_task", "arguments": {"task_id": sub["task_id"], "timeout_s": 60},
+                                       "_meta": {"progressToken": "w1"}})
+        before: list[dict[str, Any]] = []
+        last_id = None
+        async with http.stream("POST", rpc.url, json=body, headers=rpc.headers()) as r:
+            assert r.headers["content-type"].startswith("text/event-stream")
+            async for event in sse_events(r):
+                assert event.id is not None  # every event can be resumed from
+                last_id = event.id
+                if event.data is not None:
+                    assert event.data.get("method") == "notifications/progress"
+                    before.append(event.data["params"])
+                    break  # the connection drops after the first progress notification
+        await anyio.sleep(1.0)  # the task advances while nobody listens
+        after: list[dict[str, Any]] = []
+        answer = None
+        async with http.stream("GET", rpc.url, headers=rpc.headers(**{"Last-Event-ID": last_id})) as r:
+            assert r.status_code == 200
+            async for event in sse_events(r):
+                if event.data is None:
+                    continue
+                if event.data.get("id") == body["id"]:
+                    answer = event.data
+                    break
+                after.append(event.data["params"])
+        assert answer is not None and answer["result"]["structuredContent"]["done"] is True
+        assert answer["result"]["structuredContent"]["state"] == "succeeded"
+        assert after, "nothing was replayed or streamed after the reconnect"
+        values = [p["progress"] for p in before + after]
+        assert values == sorted(values) and all(p["progressToken"] == "w1" for p in before + after)
+
+
+async def test_seed_000_follow_up_notifications(http_server: Any) -> None:
+    """A legacy client that asks (progressToken + the notify flag) gets the immediate answer, then
+    progress on its session's stream, then `notifications/tool_result` with the result."""
+    async with httpx.AsyncClient(timeout=60) as http:
+        rpc = Legacy(http, http_server.url)
+        await rpc.start()
+        messages: list[tuple[float, dict[str, Any]]] = []
+        listening = anyio.Event()
+
+        async def listen() -> None:
+            async with http.stream("GET", rpc.url, headers=rpc.headers()) as r:
+                assert r.status_code == 200
+                listening.set()
+                async for event in sse_events(r):
+                    if event.data is not None:
+                        messages.append((time.monotonic(), event.data))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(listen)
+            await listening.wait()
+            answer = await rpc.request("tools/call", {"name": "exercise", "arguments": {
+                "progress_steps": 8, "sleep_s": 1.5, "result": {"z": 26}},
+                "_meta": {"progressToken": "t1", NOTIFY_META: True}})
+            sub = answer["result"]["structuredContent"]
+            assert sub["status"] == "queued"  # stage one: at once
+            deadline = time.monotonic() + 60
+            while not any(m["method"] == "notifications/tool_result" for _, m in messages):
+                assert time.monotonic() < deadline, messages
+                await anyio.sleep(0.05)
+            await anyio.sleep(0.8)
+            tg.cancel_scope.cancel()
+        progress = [(t, m["params"]) for t, m in messages if m["method"] == "notifications/progress"]
+        [(t_final, final)] = [(t, m["params"]) for t, m in messages if m["method"] == "notifications/tool_result"]
+        assert final["task_id"] == sub["task_id"] and final["state"] == "succeeded"
+        assert final["result"]["result"]["z"] == 26
+        assert progress and all(p["progressToken"] == "t1" for _, p in progress)
+        values = [p["progress"] for _, p in progress]
+        assert values == sorted(values)
+        assert_throttled([t for t, _ in progress])
+        assert all(t <= t_final for t, _ in progress)  # nothing after the final notification
+
+
+async def test_without_the_flag_there_is_no_follow_up(http_server: Any) -> None:
+    async with httpx.AsyncClient(timeout=60) as http:
+        rpc = Legacy(http, http_server.url)
+        await rpc.start()
+        messages: list[dict[str, Any]] = []
+
+        async def listen() -> None:
+            async with http.stream("GET", rpc.url, headers=rpc.headers()) as r:
+                async for event in sse_events(r):
+                    if event.data is not None:
+                        messages.append(event.data)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(listen)
+            sub = (await rpc.request("tools/call", {"name": "exercise", "arguments": {"sleep_s": 0.3},
+                                                    "_meta": {"progressToken": "t2"}}))["result"]["structuredContent"]
+            out = (await rpc.request("tools/call", {"name": "wait_task", "arguments": {
+                "task_id": sub["task_id"], "timeout_s": 30}}))["result"]["structuredContent"]
+            assert out["state"] == "succeeded"
+            await anyio.sleep(0.5)
+            tg.cancel_scope.cancel()
+        assert messages == []
+
