@@ -21,6 +21,7 @@ from controlplane import api
 from controlplane.http.routes import routes
 from controlplane.mcp.auth import build_auth
 from controlplane.errors import invalid
+from controlplane.mcp.completion import install as install_completion
 from controlplane.mcp.streaming import Followers, wait_tool
 from controlplane.mcp.tasks import ControlPlaneTasks
 from controlplane.mcp.tools import canonical_tool, catalog_tool, error
@@ -91,12 +92,14 @@ def build_server(cp: ControlPlane, *, with_auth: bool = True) -> FastMCP:
                        default_owner=owner, read_only=True),
         wait_tool(cp, owner),
     ]
+    canonical = {t.name: t.parameters for t in tools}
     for spec in cp.catalog.tools.values():
         tools.append(catalog_tool(spec, svc.submit_direct, default_owner=owner, after=followers.maybe_follow))
     for t in tools:
         mcp.add_tool(t)
     mcp.add_middleware(UnknownToolAsError())
     mcp.add_extension(ControlPlaneTasks(cp))  # native tasks, from our own store
+    install_completion(mcp, cp, canonical)  # task:// and tool:// resources, prompts, completion
 
     for route in routes(cp):
         mcp.custom_route(route.path, methods=sorted(route.methods or []))(route.endpoint)

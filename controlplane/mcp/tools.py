@@ -90,6 +90,14 @@ class ServiceTool(Tool):
     # Called with (owner, answer) after a successful call: the seed-000 follower of new tasks.
     after: SkipJsonSchema[Callable[[str, dict[str, Any]], None] | None] = None
 
+    def to_mcp_tool(self, **overrides: Any) -> Any:
+        # fastmcp advertises `execution.taskSupport` from the task config, which only the
+        # 2025-11-25 wire carries; tasks cannot be created on that wire (see mcp/tasks.py), so
+        # saying so there would invite clients to send `params.task` in vain.
+        tool = super().to_mcp_tool(**overrides)
+        tool.execution = None
+        return tool
+
     async def run(self, arguments: dict[str, Any]) -> ToolResult:
         started = time.perf_counter()
         owner = caller(self.default_owner)

@@ -314,6 +314,31 @@ class Store:
         ordered = sorted(rows.values(), key=lambda r: (r["submitted_at"], r["pk"]), reverse=True)
         return ordered[:limit]
 
+    def task_ids(self, owner: str, prefix: str, limit: int) -> list[str]:
+        """The owner's task ids that start with `prefix`, newest first (for completion).
+
+        A short prefix matches many tasks: walk the owner's newest tasks and stop after `limit`
+        matches. A longer one matches few among all tasks (ids are random): range-scan the id
+        index and sort those few."""
+        if len(prefix) <= 6:  # "tsk_" and up to two random characters
+            q = (select(T.c.task_id).where(T.c.owner == owner, T.c.task_id.startswith(prefix, autoescape=True))
+                 .order_by(T.c.submitted_at.desc(), T.c.pk.desc()).limit(limit))
+            with self.db.read() as c:
+                return [r[0] for r in c.execute(q)]
+        upper = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+        q = select(T.c.task_id, T.c.submitted_at, T.c.owner).where(T.c.task_id >= prefix, T.c.task_id < upper)
+        with self.db.read() as c:
+            rows = [r for r in c.execute(q.limit(10_000)) if r[2] == owner]
+        rows.sort(key=lambda r: r[1], reverse=True)
+        return [r[0] for r in rows[:limit]]
+
+    def recent_inputs(self, owner: str, tool_name: str, limit: int) -> list[dict[str, Any]]:
+        """The inputs of the owner's most recent tasks of a tool, newest first (for completion)."""
+        q = (select(T.c.inputs_json).where(T.c.owner == owner, T.c.tool_name == tool_name)
+             .order_by(T.c.submitted_at.desc(), T.c.pk.desc()).limit(limit))
+        with self.db.read() as c:
+            return [json.loads(r[0]) for r in c.execute(q)]
+
     def runtimes(self, tool_name: str, limit: int) -> list[tuple[float | None, float]]:
         """(input size, runtime in s) of the tool's most recent successful runs."""
         rows = self.db.fetch(RECENT_RUNS, {"tool": tool_name, "lim": limit})
