@@ -11,8 +11,8 @@
   provider double of `bench.doubles` in place of the local provider. Its ready line says whether
   its listening socket is IPPROTO_TCP (see `tcp_socket` for why that matters).
 
-`python -m bench.servers noop` and `python -m bench.servers controlplane --home DIR [--double]
-[--cycles K]` serve until SIGTERM. Before serving, `--cycles K` runs K reconciler cycles directly
+`python -m bench.servers noop [--json]` and `python -m bench.servers controlplane --home DIR
+[--double] [--cycles K] [--set KEY=VALUE ...]` serve until SIGTERM. Before serving, `--cycles K` runs K reconciler cycles directly
 (`Reconciler.cycle_sync`, nothing else running in the process) and measures each: wall time,
 process CPU time and the provider calls it made. Once the server accepts connections the process
 prints one line `BENCH-READY {json}` (url, pid, cycle figures, RSS) on stdout.
@@ -72,12 +72,12 @@ def tcp_socket(host: str, port: int) -> socket.socket:
 class NoopHttpServer:
     """`noop_server()` served like `controlplane.serve.HttpServer` serves the control plane."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, json_response: bool = False):
         import uvicorn
 
         self.sock = tcp_socket(host, port)
         self.url = f"http://{host}:{self.sock.getsockname()[1]}/mcp"
-        app = noop_server().http_app(path="/mcp")
+        app = noop_server().http_app(path="/mcp", json_response=json_response)
         config = uvicorn.Config(app, lifespan="on", log_level="warning", access_log=False,
                                 timeout_graceful_shutdown=2)
         self.server = uvicorn.Server(config)
@@ -112,7 +112,8 @@ def measure_cycles(cp: Any, double: Any, k: int) -> list[dict[str, Any]]:
     return out
 
 
-async def serve_controlplane(home: Path, *, double: bool, batch: int, cycles: int) -> None:
+async def serve_controlplane(home: Path, *, double: bool, batch: int, cycles: int,
+                             settings: dict[str, str] | None = None) -> None:
     from bench.doubles import CountingProvider
     from controlplane.app import ControlPlane
     from controlplane.serve import HttpServer
@@ -121,7 +122,7 @@ async def serve_controlplane(home: Path, *, double: bool, batch: int, cycles: in
     me = psutil.Process()
     info: dict[str, Any] = {"pid": os.getpid(), "rss_after_import": me.memory_info().rss}
     provider = CountingProvider(poll_batch_size=batch) if double else None
-    cp = ControlPlane(Settings(home=home), providers={"local": provider} if provider else None)
+    cp = ControlPlane(Settings(home=home, **(settings or {})), providers={"local": provider} if provider else None)
     info["rss_after_open"] = me.memory_info().rss
     if cycles:
         assert provider is not None, "--cycles needs --double"
@@ -132,8 +133,8 @@ async def serve_controlplane(home: Path, *, double: bool, batch: int, cycles: in
     await _serve(http, info)
 
 
-async def serve_noop() -> None:
-    http = NoopHttpServer()
+async def serve_noop(json_response: bool = False) -> None:
+    http = NoopHttpServer(json_response=json_response)
     await _serve(http, {"pid": os.getpid()})
 
 
@@ -156,13 +157,18 @@ def main() -> None:
     ap.add_argument("--double", action="store_true", help="use the counting provider double for 'local'")
     ap.add_argument("--batch", type=int, default=100, help="the double's poll_batch_size")
     ap.add_argument("--cycles", type=int, default=0, help="reconciler cycles to measure before serving")
+    ap.add_argument("--json", action="store_true", help="noop: answer with application/json, not SSE")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="controlplane: a setting (controlplane.settings.Settings field)")
     args = ap.parse_args()
     if args.which == "noop":
-        asyncio.run(serve_noop())
+        asyncio.run(serve_noop(args.json))
     else:
         if args.home is None:
             ap.error("controlplane needs --home")
-        asyncio.run(serve_controlplane(args.home, double=args.double, batch=args.batch, cycles=args.cycles))
+        settings = dict(kv.split("=", 1) for kv in args.set)
+        asyncio.run(serve_controlplane(args.home, double=args.double, batch=args.batch, cycles=args.cycles,
+                                       settings=settings))
 
 
 if __name__ == "__main__":

@@ -128,6 +128,7 @@ async def test_transparent_call_polls_to_the_result(cp: ControlPlane) -> None:
     async with tasks_client(build_server(cp)) as client:
         res = await client.call_tool("exercise", {"sleep_s": 0.3, "result": {"x": 1}})
         assert res.structured_content["result"]["x"] == 1
+        assert res.meta["duration"] >= 300  # seed 002: the result says how long the tool ran (ms)
         [task] = (await Agent(client).call("list_tasks"))["tasks"]
         assert task["state"] == "succeeded"
 

@@ -101,3 +101,19 @@ def test_a_change_without_a_bump_is_caught() -> None:
     assert unversioned_changes(old, described) == ["t"]
     assert unversioned_changes(old, bumped) == []
     assert unversioned_changes(old, new_release) == []
+
+
+async def test_every_tool_result_carries_its_duration(cp: ControlPlane) -> None:
+    """Seed 002: every result, error results included, has `_meta.duration` in milliseconds."""
+    async with Client(build_server(cp, with_auth=False)) as client:
+        first = await client.call_tool("exercise", {})
+        task_id = first.structured_content["task_id"]
+        calls = {"submit_task": {"tool_name": "exercise"}, "get_task_status": {"task_id": task_id},
+                 "tail_task_logs": {"task_id": task_id}, "list_tasks": {}, "get_task_result": {"task_id": task_id},
+                 "wait_task": {"task_id": task_id, "timeout_s": 5}, "cancel_task": {"task_id": task_id},
+                 "lj_relax": {"n_atoms": 2, "max_steps": 1}, "no_such_tool": {}, "get_task_status ": {"x": 1}}
+        results = [first] + [await client.call_tool(name.strip(), args, raise_on_error=False)
+                             for name, args in calls.items()]
+        assert [r.is_error for r in results[-2:]] == [True, True]
+        for res in results:
+            assert isinstance(res.meta["duration"], float | int) and res.meta["duration"] >= 0

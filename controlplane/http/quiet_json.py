@@ -5,7 +5,7 @@ whole app) or as a deferred SSE stream that falls back to JSON when the handler 
 The deferred path costs a task group, a channel and a disconnect watcher on every call. Most
 of our calls are point reads that cannot stream (no progressToken, no log level asked for, not
 `wait_task`), so this router sends those straight down the JSON path and everything else down
-the SSE one. `bench/run.py` measures the difference (`json vs sse` in its table).
+the SSE one. `bench/protocol.py` measures the difference (part 2).
 
 It sits where the SDK's ASGI app sits (inside the bearer-token check), so authentication,
 sessions and the 2025-11-25 era are untouched.

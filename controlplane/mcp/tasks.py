@@ -161,7 +161,11 @@ class ControlPlaneTasks(ServerExtension):
         """The CallToolResult a synchronous call of the tool would have returned."""
         out = self.cp.service.result(owner, api.GetTaskResult(task_id=task["task_id"]))
         text = json.dumps(out, separators=(",", ":"))
-        return {"content": [{"type": "text", "text": text}], "structuredContent": out, "isError": False}
+        # seed 002's duration (ms): for a task, how long its tool ran
+        ran = (task["completed_at"] - task["started_at"]) * 1000 if task.get("started_at") and task.get(
+            "completed_at") else 0.0
+        return {"content": [{"type": "text", "text": text}], "structuredContent": out, "isError": False,
+                "_meta": {"duration": round(ran, 3)}}
 
     def _error(self, task: dict[str, Any]) -> dict[str, Any]:
         err = json.loads(task["error_json"]) if task.get("error_json") else None
