@@ -1,12 +1,13 @@
 """Argument completion (seed 002): candidate values for a tool's argument, a task id, a tool name.
 
-Candidates for an argument come, in this order, from:
-1. `$.field` references: a value starting with `$.` is completed from the other arguments already
-   given (`$.seed` offers the value of `seed`; `$.opts.` walks into an object);
-2. the argument's JSON schema: `enum`, `const`, `anyOf`/`oneOf` branches, booleans, small integer
+A value starting with `$.` is a reference to another argument and is completed from the other
+arguments already given, and from nothing else: `$.se` offers the values given for the arguments
+whose names start with `se`; an object argument offers `$.opts.` to walk into it. Otherwise the
+candidates come, in this order, from:
+1. the argument's JSON schema: `enum`, `const`, `anyOf`/`oneOf` branches, booleans, small integer
    ranges, array item enums;
-3. values the same caller used for that argument in earlier tasks of the same tool, newest first;
-4. the schema's `default` and `examples`.
+2. values the same caller used for that argument in earlier tasks of the same tool, newest first;
+3. the schema's `default` and `examples`.
 Canonical tools complete `task_id` with the caller's own task ids (newest first), `tool_name` with
 the catalog's tools, and `inputs.<field>` of submit_task as the field of the tool it names.
 

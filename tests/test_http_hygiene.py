@@ -12,6 +12,7 @@ import pytest
 from fastmcp import Client
 
 from controlplane.app import ControlPlane
+from controlplane.mcp.server import build_server
 from controlplane.settings import Settings
 from tests.conftest import FAST, serving
 from tests.wire import Legacy, modern_headers, modern_request
@@ -121,3 +122,33 @@ async def test_json_answers_keep_the_token_check(home: Path) -> None:
                               Authorization="Bearer tok-a")
         assert r.status_code == 200 and r.headers["content-type"] == "application/json"
         assert r.json()["result"]["structuredContent"]["tasks"] == []
+
+
+# ---- no hidden tools/list per call -------------------------------------------------------------------
+async def test_a_tool_call_does_not_list_every_tool_first(cp: ControlPlane, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SDK validates Mcp-Param-* headers against the called tool's schema; unless the server
+    can look that schema up, it runs a whole tools/list through the server on every 2026-07-28
+    tools/call (half the cost of a status call). Ours looks it up."""
+    import controlplane.serve
+    from fastmcp.server.middleware import Middleware
+
+    listings: list[str] = []
+
+    class CountListings(Middleware):
+        async def on_list_tools(self, context: Any, call_next: Any) -> Any:
+            listings.append("tools/list")
+            return await call_next(context)
+
+    def counting_server(cp: ControlPlane, **kw: Any) -> Any:
+        mcp = build_server(cp, **kw)
+        mcp.add_middleware(CountListings())
+        return mcp
+
+    monkeypatch.setattr(controlplane.serve, "build_server", counting_server)
+    async with serving(cp) as server, httpx.AsyncClient() as http:
+        for _ in range(3):
+            r = await post_modern(http, server.url, "tools/call", {"name": "list_tasks", "arguments": {"limit": 5}})
+            assert r.status_code == 200 and '"isError":false' in r.text.replace(" ", "")
+        assert listings == []
+        r = await post_modern(http, server.url, "tools/list")
+        assert r.status_code == 200 and listings == ["tools/list"]  # the counter does count

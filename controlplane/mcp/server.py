@@ -97,6 +97,12 @@ def build_server(cp: ControlPlane, *, with_auth: bool = True) -> FastMCP:
         tools.append(catalog_tool(spec, svc.submit_direct, default_owner=owner, after=followers.maybe_follow))
     for t in tools:
         mcp.add_tool(t)
+    # Before every 2026-07-28 tools/call with arguments, the SDK checks the request's Mcp-Param-*
+    # headers against the tool's input schema, which it finds by running a whole tools/list
+    # through the server unless the low-level server can look the schema up itself: that listing
+    # was half the cost of a get_task_status call. Our tools are the same for every caller.
+    schemas = {t.name: t.parameters for t in tools}
+    mcp._mcp_server.get_tool_input_schema = schemas.get
     mcp.add_middleware(UnknownToolAsError())
     mcp.add_extension(ControlPlaneTasks(cp))  # native tasks, from our own store
     install_completion(mcp, cp, canonical)  # task:// and tool:// resources, prompts, completion
