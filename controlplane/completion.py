@@ -138,11 +138,12 @@ def _history(inputs: list[dict[str, Any]], path: str) -> list[str]:
 
 
 class Completer:
-    """`canonical`: the input schemas of the canonical tools, by name (as served, $refs inlined)."""
+    """`schemas`: the input schemas of the served tools, by name (as served, $refs inlined); a
+    catalog tool is completed from its catalog entry (and its history) first."""
 
-    def __init__(self, cp: ControlPlane, canonical: dict[str, dict[str, Any]]):
+    def __init__(self, cp: ControlPlane, schemas: dict[str, dict[str, Any]]):
         self.cp = cp
-        self.canonical = canonical
+        self.schemas = schemas
 
     def task_ids(self, owner: str, typed: str) -> Candidates:
         ids = self.cp.store.task_ids(owner, typed, MAX_VALUES + 1)
@@ -159,7 +160,7 @@ class Completer:
         spec = self.cp.catalog.tool(tool)
         if spec is not None:
             return self._catalog_argument(owner, spec, argument, typed, arguments)
-        if tool not in self.canonical:
+        if tool not in self.schemas:
             return None
         if argument == "task_id":
             return self.task_ids(owner, typed)
@@ -171,7 +172,7 @@ class Completer:
             if target is None:
                 return Candidates([], 0, False)
             return self._catalog_argument(owner, target, argument.removeprefix("inputs."), typed, inner)
-        schema = property_schema(self.canonical[tool], argument) or {}
+        schema = property_schema(self.schemas[tool], argument) or {}
         if typed.startswith("$."):
             return _finish([], typed, resolved=references(typed, argument, arguments))
         return _finish(schema_values(schema) + _suggested(schema), typed)

@@ -80,7 +80,7 @@ class TaskService:
         if len(inputs_json.encode()) > self.settings.max_input_bytes:
             raise invalid(f"inputs are {len(inputs_json.encode())} bytes; the limit is {self.settings.max_input_bytes}",
                           hint="pass large data by reference (a URL or object key) instead of inline")
-        self._validate_inputs(req.tool_name, req.inputs)
+        self.validate_inputs(req.tool_name, req.inputs)
 
         res = req.resources or api.Resources()
         rc_name = res.resource_class or tool.resource_class
@@ -135,7 +135,9 @@ class TaskService:
             out["deduplicated"] = True
         return out
 
-    def _validate_inputs(self, tool_name: str, inputs: dict[str, Any]) -> None:
+    def validate_inputs(self, tool_name: str, inputs: dict[str, Any]) -> None:
+        """INVALID_REQUEST naming the first offending field (`inputs.<field>`) unless the inputs fit the
+        tool's schema."""
         errors = sorted(self.catalog.validator(tool_name).iter_errors(inputs), key=lambda e: [str(p) for p in e.path])
         if errors:
             e: SchemaValidationError = errors[0]

@@ -16,12 +16,11 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio.to_thread
 import mcp_types
-from jsonschema import Draft202012Validator
 from fastmcp.prompts.base import Prompt, PromptArgument
 from fastmcp.server.extensions import MethodBinding, ServerExtension
 from mcp.server.context import ServerRequestContext
@@ -29,6 +28,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS, RequestParams
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.json_schema import SkipJsonSchema
 
 from controlplane import api
 from controlplane.completion import Candidates, Completer, resolve
@@ -94,16 +94,16 @@ class RunToolPrompt(Prompt):
     """A catalog tool as a prompt: its arguments are the tool's (values as JSON or plain text)."""
 
     tool_input_schema: dict[str, Any] = Field(default_factory=dict, exclude=True)
+    validate_inputs: SkipJsonSchema[Callable[[str, dict[str, Any]], None]] = Field(exclude=True)
 
     async def render(self, arguments: dict[str, Any] | None = None) -> str:
         props = self.tool_input_schema.get("properties", {})
         given = {k: _typed(v, props.get(k)) for k, v in (arguments or {}).items() if v is not None and v != ""}
         values = {name: resolve(v, name, given) for name, v in given.items()}
-        errors = list(Draft202012Validator(self.tool_input_schema).iter_errors(values))
-        if errors:
-            first = min(errors, key=lambda e: [str(p) for p in e.path])
-            where = ".".join(str(p) for p in first.path) or "(arguments)"
-            raise MCPError(code=INVALID_PARAMS, message=f"{where}: {first.message}")
+        try:
+            self.validate_inputs(self.name, values)  # what submitting them would say
+        except ControlPlaneError as e:
+            raise MCPError(code=INVALID_PARAMS, message=e.message) from None
         inputs = json.dumps(values, indent=2, sort_keys=True)
         return (f"Run the tool `{self.name}` as a durable task with these arguments:\n\n```json\n{inputs}\n```\n\n"
                 "The call returns a task id at once. Then call wait_task with that id (it streams progress "
@@ -128,13 +128,13 @@ def _json_or_text(v: Any) -> Any:
         return v
 
 
-def tool_prompt(spec: Any) -> RunToolPrompt:
+def tool_prompt(spec: Any, validate_inputs: Callable[[str, dict[str, Any]], None]) -> RunToolPrompt:
     schema = spec.input_schema
     required = set(schema.get("required", []))
     args = [PromptArgument(name=n, description=(p or {}).get("description"), required=n in required)
             for n, p in schema.get("properties", {}).items()]
     return RunToolPrompt(name=spec.name, description=f"Run {spec.name} as a durable task. {spec.description}",
-                         arguments=args, tool_input_schema=schema,
+                         arguments=args, tool_input_schema=schema, validate_inputs=validate_inputs,
                          meta={"schemaVersion": spec.schema_version})
 
 
@@ -180,8 +180,9 @@ class CompletionExtension(ServerExtension):
 
 
 # ---- wiring --------------------------------------------------------------------------------------
-def install(mcp: FastMCP, cp: ControlPlane, canonical: dict[str, dict[str, Any]]) -> Completer:
-    completer = Completer(cp, canonical)
+def install(mcp: FastMCP, cp: ControlPlane, schemas: dict[str, dict[str, Any]]) -> Completer:
+    """`schemas`: the input schema of every served tool, by name, as served."""
+    completer = Completer(cp, schemas)
     owner_default = cp.settings.default_owner
 
     @mcp.resource(TASK_TEMPLATE, name="task", mime_type="application/json",
@@ -197,7 +198,7 @@ def install(mcp: FastMCP, cp: ControlPlane, canonical: dict[str, dict[str, Any]]
         return await anyio.to_thread.run_sync(tool_document, cp, tool_name)
 
     for spec in cp.catalog.tools.values():
-        mcp.add_prompt(tool_prompt(spec))
+        mcp.add_prompt(tool_prompt(spec, cp.service.validate_inputs))
 
     @mcp.completion
     async def complete(ref: Any, argument: mcp_types.CompletionArgument,
@@ -210,9 +211,10 @@ def install(mcp: FastMCP, cp: ControlPlane, canonical: dict[str, dict[str, Any]]
             if ref.uri == TOOL_TEMPLATE and argument.name == "tool_name":
                 return wire(completer.tool_names(argument.value))
             return None
-        if cp.catalog.tool(ref.name) is None:
+        spec = cp.catalog.tool(ref.name)
+        if spec is None:
             return None
-        props = cp.catalog.tool(ref.name).input_schema.get("properties", {})  # type: ignore[union-attr]
+        props = spec.input_schema.get("properties", {})
         args = {k: _typed(v, props.get(k)) for k, v in args.items()}
         found = await anyio.to_thread.run_sync(completer.argument, owner, ref.name, argument.name,
                                                argument.value, args)

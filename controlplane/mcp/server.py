@@ -92,7 +92,6 @@ def build_server(cp: ControlPlane, *, with_auth: bool = True) -> FastMCP:
                        default_owner=owner, read_only=True),
         wait_tool(cp, owner),
     ]
-    canonical = {t.name: t.parameters for t in tools}
     for spec in cp.catalog.tools.values():
         tools.append(catalog_tool(spec, svc.submit_direct, default_owner=owner, after=followers.maybe_follow))
     for t in tools:
@@ -105,7 +104,7 @@ def build_server(cp: ControlPlane, *, with_auth: bool = True) -> FastMCP:
     mcp._mcp_server.get_tool_input_schema = schemas.get
     mcp.add_middleware(UnknownToolAsError())
     mcp.add_extension(ControlPlaneTasks(cp))  # native tasks, from our own store
-    install_completion(mcp, cp, canonical)  # task:// and tool:// resources, prompts, completion
+    install_completion(mcp, cp, schemas)  # task:// and tool:// resources, prompts, completion
 
     for route in routes(cp):
         mcp.custom_route(route.path, methods=sorted(route.methods or []))(route.endpoint)
