@@ -60,11 +60,12 @@ def wait_port(port: int, proc: subprocess.Popen[bytes] | None = None, timeout: f
     raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout}s")
 
 
-def stop(proc: subprocess.Popen[bytes]) -> None:
+def stop(proc: subprocess.Popen[bytes], grace_s: float = 10) -> None:
+    """SIGTERM, then SIGKILL if it has not exited after `grace_s`."""
     if proc.poll() is None:
         proc.terminate()
         try:
-            proc.wait(10)
+            proc.wait(grace_s)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)

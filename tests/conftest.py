@@ -23,6 +23,7 @@ from fastmcp import Client
 from fastmcp.client import extension_hooks
 
 from controlplane.app import ControlPlane
+from tests.cloud import stop
 from controlplane.mcp.server import build_server
 from controlplane.settings import Settings
 
@@ -192,13 +193,8 @@ class ServerProcess:
             self.proc.wait(10)
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        if self.proc:
+            stop(self.proc)
 
 
 @pytest.fixture
@@ -261,6 +257,17 @@ async def all_dead(pids: list[int], timeout: float = 15) -> bool:
             return True
         await anyio.sleep(0.05)
     return False
+
+
+def most_in_one_second(times: list[float]) -> int:
+    """The most events inside any one-second window (how a per-second rate limit is judged)."""
+    times = sorted(times)
+    best, j = 0, 0
+    for i, t in enumerate(times):
+        while times[j] <= t - 1.0:
+            j += 1
+        best = max(best, i - j + 1)
+    return best
 
 
 @asynccontextmanager

@@ -32,7 +32,7 @@ from providers.aws_batch import AwsBatchProvider
 from providers.base import JobPhase, LaunchSpec
 from tests import aws
 from tests.cloud import moto_server  # noqa: F401  (fixture)
-from tests.conftest import FAST, Agent
+from tests.conftest import FAST, Agent, most_in_one_second
 
 pytestmark = pytest.mark.anyio
 BATCH_FAST = dict(FAST, aws_batch_poll_interval_s=0.2, aws_batch_max_tps=500)
@@ -347,13 +347,7 @@ class FaultProxy:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def max_per_second(self) -> int:
-        times = sorted(self.arrivals)
-        best, j = 0, 0
-        for i, t in enumerate(times):
-            while times[j] <= t - 1.0:
-                j += 1
-            best = max(best, i - j + 1)
-        return best
+        return most_in_one_second(self.arrivals)
 
     def close(self) -> None:
         self.server.shutdown()

@@ -15,6 +15,7 @@ import httpx
 import pytest
 from fastmcp import Client
 
+from tests.cloud import stop
 from tests.conftest import ROOT, Agent, ServerProcess, fast_env
 
 pytestmark = pytest.mark.anyio
@@ -156,9 +157,4 @@ def test_serve_on_all_interfaces_with_tokens_starts(home: Path) -> None:
         r = httpx.post(f"http://127.0.0.1:{port}/mcp", json=INITIALIZE, headers=MCP_HEADERS, timeout=30)
         assert r.status_code == 401
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        stop(proc, grace_s=15)

@@ -8,16 +8,7 @@ import threading
 import time
 
 from providers.ratelimit import SlidingWindowLimiter
-
-
-def most_in_one_second(times: list[float]) -> int:
-    times = sorted(times)
-    best, j = 0, 0
-    for i, t in enumerate(times):
-        while times[j] <= t - 1.0:
-            j += 1
-        best = max(best, i - j + 1)
-    return best
+from tests.conftest import most_in_one_second
 
 
 def test_arrivals_never_exceed_the_rate_in_any_second() -> None:
