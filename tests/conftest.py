@@ -239,7 +239,8 @@ async def tree_pids(agent: Agent, task_id: str, children: int, timeout: float = 
     deadline = time.monotonic() + timeout
     while True:
         lines = await agent.all_logs(task_id)
-        pids = [int(m.group(1)) for ln in lines if (m := re.search(r"child pid=(\d+)", ln["message"]))]
+        # Siblings share the tool's stdout: parse every pid in a line, not the first.
+        pids = [int(p) for ln in lines for p in re.findall(r"child pid=(\d+)", ln["message"])]
         if len(pids) >= 2 * children:
             return pids
         if time.monotonic() > deadline:

@@ -25,11 +25,11 @@ from pathlib import Path
 from infra.runner import toolkit
 
 SLEEPER = (
-    "import signal, subprocess, sys, time\n"
+    "import os, signal, subprocess, sys, time\n"
     "if sys.argv[1] == '1': signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
     "if sys.argv[2] == 'parent':\n"
     "    g = subprocess.Popen([sys.executable, '-c', sys.argv[3], sys.argv[1], 'leaf', sys.argv[3]])\n"
-    "    print(f'grandchild pid={g.pid}', flush=True)\n"
+    "    os.write(1, f'grandchild pid={g.pid}\\n'.encode())\n"
     "while True: time.sleep(1)\n"
 )
 
@@ -55,7 +55,7 @@ def main() -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     for _ in range(int(inp.get("spawn_children", 0))):
         c = subprocess.Popen([sys.executable, "-c", SLEEPER, "1" if ignore else "0", "parent", SLEEPER])
-        print(f"child pid={c.pid}", flush=True)
+        os.write(1, f"child pid={c.pid}\n".encode())  # one write: siblings share stdout
 
     for i in range(int(inp.get("log_lines", 0))):
         print(f"line {i}")
