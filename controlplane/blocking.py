@@ -4,13 +4,19 @@ The MCP tools try their body on the event loop inside `inline()` (no thread hop:
 or a submit on SQLite costs less than the hop itself). Code that would block there calls
 `must_not_block()`, or, for database writes, finds the write lock taken: both raise
 `WouldBlock`, nothing has been written, and the tool runs the body again in a worker thread.
+`call()` does exactly that for any such function.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from typing import TypeVar
+
+import anyio.to_thread
+
+T = TypeVar("T")
 
 _inline: ContextVar[bool] = ContextVar("controlplane_inline", default=False)
 
@@ -36,3 +42,15 @@ def must_not_block() -> None:
     """Call before I/O that may wait (a cloud API, a lock): refuses to run on the event loop."""
     if _inline.get():
         raise WouldBlock()
+
+
+async def call(fn: Callable[..., T], *args: object) -> T:
+    """`fn(*args)` on the event loop if it cannot block there, else in a worker thread.
+
+    `fn` must raise `WouldBlock` (through `must_not_block()` or a database write) before it has
+    any effect: it is run again from the start in the thread."""
+    try:
+        with inline():
+            return fn(*args)
+    except WouldBlock:
+        return await anyio.to_thread.run_sync(fn, *args)

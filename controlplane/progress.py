@@ -16,12 +16,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from controlplane import blocking
 from controlplane.states import FINAL, TaskState
+
+log = logging.getLogger("controlplane.progress")
 
 MIN_INTERVAL_S = 0.25  # at most 4 progress notifications per second per call
 
@@ -58,10 +62,18 @@ class Subscription:
 
 
 class ProgressHub:
+    """Fans committed task changes out to subscriptions. A change is heard from any thread; the
+    task's row is read once per burst of changes (one read in flight per task, a change during
+    the read triggers one more), through `blocking.call` so that a networked database's read
+    never stalls the event loop, and in commit order, so a subscriber never sees a state go back."""
+
     def __init__(self, fetch: Callable[[str], dict[str, Any] | None]):
         self._fetch = fetch  # the task row by id (a cheap point read)
         self._subs: dict[str, set[Subscription]] = defaultdict(set)
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._reading: set[str] = set()  # tasks whose row is being read
+        self._stale: set[str] = set()  # ... and that changed again meanwhile
+        self._readers: set[asyncio.Task[None]] = set()
 
     def attach(self, loop: asyncio.AbstractEventLoop | None) -> None:
         self._loop = loop
@@ -83,17 +95,34 @@ class ProgressHub:
         loop = self._loop
         if task_id not in self._subs or loop is None or loop.is_closed():
             return
-        loop.call_soon_threadsafe(self._deliver, task_id)
+        loop.call_soon_threadsafe(self._changed, task_id)
 
-    def _deliver(self, task_id: str) -> None:
-        subs = self._subs.get(task_id)
-        if not subs:
+    def _changed(self, task_id: str) -> None:
+        if task_id not in self._subs:
             return
-        task = self._fetch(task_id)
-        if task is None:
+        if task_id in self._reading:
+            self._stale.add(task_id)  # read again once the read in flight is done
             return
-        for sub in list(subs):
-            sub._offer(task)
+        self._reading.add(task_id)
+        reader = asyncio.get_running_loop().create_task(self._deliver(task_id))
+        self._readers.add(reader)  # keep a reference until it is done
+        reader.add_done_callback(self._readers.discard)
+
+    async def _deliver(self, task_id: str) -> None:
+        try:
+            while task_id in self._subs:
+                self._stale.discard(task_id)
+                task = await blocking.call(self._fetch, task_id)
+                if task is not None:
+                    for sub in list(self._subs.get(task_id, ())):
+                        sub._offer(task)
+                if task_id not in self._stale:
+                    break
+        except Exception:  # a failed read loses one update, never the subscriber's next one
+            log.exception("progress: reading task %s failed", task_id)
+        finally:
+            self._reading.discard(task_id)
+            self._stale.discard(task_id)
 
 
 def progress_details(p: dict[str, Any]) -> list[str]:

@@ -32,7 +32,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, ValidationError
 from pydantic.json_schema import SkipJsonSchema
 
-from controlplane import api
+from controlplane import api, blocking
 from controlplane.errors import ControlPlaneError, ErrorCode, not_found
 from controlplane.mcp.tools import TOOLING_VERSION, caller, describe_validation_error, error, inline_schema, ok
 from controlplane.progress import ProgressSender, is_final, notification_of
@@ -49,7 +49,7 @@ async def follow(cp: ControlPlane, task_id: str, sender: ProgressSender, until: 
     returns the task as last seen. Never cancels the task."""
     keepalive_s = cp.settings.keepalive_s
     with cp.hub.subscribe(task_id) as sub:
-        task = cp.store.get(task_id)  # read after subscribing: no change can slip between
+        task = await blocking.call(cp.store.get, task_id)  # read after subscribing: nothing slips between
         if task is None:
             raise not_found()
         last_sent = time.monotonic()
@@ -101,7 +101,7 @@ class WaitTool(Tool):
             return error(describe_validation_error(e), started)
         svc = self.cp.service
         try:
-            if self.cp.store.get(req.task_id, owner) is None:
+            if await blocking.call(self.cp.store.get, req.task_id, owner) is None:
                 raise not_found()
             sender = progress_sender_for_request()
             if sender is None:  # nobody to stream to: wait quietly

@@ -114,14 +114,10 @@ class ControlPlaneTasks(ServerExtension):
         started = time.perf_counter()
         req = api.SubmitTask(tool_name=spec.name, inputs=dict(params.arguments or {}))
         try:
-            try:
-                with blocking.inline():
-                    sub = self.cp.service.submit(owner, req)
-            except blocking.WouldBlock:
-                sub = await anyio.to_thread.run_sync(self.cp.service.submit, owner, req)
+            sub = await blocking.call(self.cp.service.submit, owner, req)
         except ControlPlaneError as e:
             return error(e, started)  # refused before any task existed: an ordinary tool error
-        task = self.cp.store.get(sub["task_id"], owner)
+        task = await blocking.call(self.cp.store.get, sub["task_id"], owner)
         assert task is not None  # committed before we answer (the spec's durability rule)
         return {"resultType": "task", **self._task_fields(task)}
 
@@ -175,7 +171,7 @@ class ControlPlaneTasks(ServerExtension):
         return {"code": INTERNAL_ERROR, "message": err.get("message", "the task failed"), "data": err}
 
     # ---- methods --------------------------------------------------------------------------------
-    def _owned(self, ctx: ServerRequestContext[Any, Any], task_id: str) -> tuple[str, dict[str, Any]]:
+    async def _owned(self, ctx: ServerRequestContext[Any, Any], task_id: str) -> tuple[str, dict[str, Any]]:
         modern = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
         if modern and read_client_extension_settings(ctx, TASKS_EXTENSION_ID) is None:
             raise MCPError(code=MISSING_REQUIRED_CLIENT_CAPABILITY,
@@ -183,13 +179,13 @@ class ControlPlaneTasks(ServerExtension):
                                    "the client did not declare it",
                            data={"requiredCapabilities": {"extensions": {TASKS_EXTENSION_ID: {}}}})
         owner = caller(self.cp.settings.default_owner)
-        task = self.cp.store.get(task_id, owner)
+        task = await blocking.call(self.cp.store.get, task_id, owner)
         if task is None:  # unknown and someone else's answer alike
             raise MCPError(code=INVALID_PARAMS, message=f"task {task_id} not found")
         return owner, task
 
     async def _get(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> dict[str, Any]:
-        owner, task = self._owned(ctx, params.task_id)
+        owner, task = await self._owned(ctx, params.task_id)
         legacy = ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS
         out = self._task_fields(task, legacy=legacy)
         if legacy:
@@ -203,25 +199,26 @@ class ControlPlaneTasks(ServerExtension):
 
     async def _result(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> dict[str, Any]:
         """2025-11-25 `tasks/result`: waits for the task to end, then returns its tool result."""
-        owner, task = self._owned(ctx, params.task_id)
+        owner, task = await self._owned(ctx, params.task_id)
         with self.cp.hub.subscribe(task["task_id"]) as sub:
-            task = self.cp.store.get(task["task_id"], owner) or task
+            task = await blocking.call(self.cp.store.get, task["task_id"], owner) or task
             while STATUS[TaskState(task["state"])] == "working":
-                task = await sub.next(timeout=15.0) or self.cp.store.get(task["task_id"], owner) or task
+                task = (await sub.next(timeout=15.0)
+                        or await blocking.call(self.cp.store.get, task["task_id"], owner) or task)
         if STATUS[TaskState(task["state"])] == "completed":
             return await anyio.to_thread.run_sync(self._tool_result, owner, task)
         raise MCPError(**self._error(task))
 
     async def _cancel(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> dict[str, Any]:
-        owner, task = self._owned(ctx, params.task_id)
+        owner, task = await self._owned(ctx, params.task_id)
         await anyio.to_thread.run_sync(self.cp.service.cancel, owner,
                                        api.CancelTask(task_id=task["task_id"], reason="tasks/cancel"))
-        task = self.cp.store.get(task["task_id"], owner) or task
+        task = await blocking.call(self.cp.store.get, task["task_id"], owner) or task
         legacy = ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS
         return self._task_fields(task, legacy=True) if legacy else {"resultType": "complete"}
 
     async def _update(self, ctx: ServerRequestContext[Any, Any], params: UpdateParams) -> dict[str, Any]:
-        self._owned(ctx, params.task_id)
+        await self._owned(ctx, params.task_id)
         raise MCPError(code=INVALID_PARAMS, message="this task asks for no input")
 
     async def _list(self, ctx: ServerRequestContext[Any, Any], params: ListParams) -> dict[str, Any]:
@@ -231,19 +228,19 @@ class ControlPlaneTasks(ServerExtension):
                            message=f"this request targets the tasks extension ({TASKS_EXTENSION_ID})",
                            data={"requiredCapabilities": {"extensions": {TASKS_EXTENSION_ID: {}}}})
         owner = caller(self.cp.settings.default_owner)
+
+        def page_of_rows() -> tuple[list[dict[str, Any] | None], str | None]:
+            page = self.cp.service.list(owner, api.ListTasks(cursor=params.cursor, limit=50))
+            return [self.cp.store.get(t["task_id"], owner) for t in page["tasks"]], page["next_cursor"]
+
         try:
-            page = await anyio.to_thread.run_sync(self.cp.service.list, owner,
-                                                  api.ListTasks(cursor=params.cursor, limit=50))
+            rows, next_cursor = await anyio.to_thread.run_sync(page_of_rows)
         except ControlPlaneError as e:
             raise MCPError(code=INVALID_PARAMS, message=e.message) from None
-        tasks = []
-        for t in page["tasks"]:
-            row = self.cp.store.get(t["task_id"], owner)
-            if row is not None:
-                tasks.append(self._task_fields(row, legacy=not modern))
+        tasks = [self._task_fields(row, legacy=not modern) for row in rows if row is not None]
         out: dict[str, Any] = {"tasks": tasks}
-        if page["next_cursor"]:
-            out["nextCursor"] = page["next_cursor"]
+        if next_cursor:
+            out["nextCursor"] = next_cursor
         return {"resultType": "complete", **out} if modern else out
 
 

@@ -116,11 +116,7 @@ class ServiceTool(Tool):
 
     async def _body(self, owner: str, arguments: dict[str, Any]) -> dict[str, Any]:
         if self.inline:
-            try:
-                with blocking.inline():
-                    return self.handler(owner, arguments)
-            except blocking.WouldBlock:
-                pass  # nothing was written: run it where it may wait
+            return await blocking.call(self.handler, owner, arguments)
         return await anyio.to_thread.run_sync(self.handler, owner, arguments)
 
 

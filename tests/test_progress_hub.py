@@ -1,0 +1,89 @@
+"""The progress hub reads a changed task where the database allows it: inline on SQLite, in a
+worker thread for a database reached over the network, once per burst of changes, in order."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+from controlplane import blocking
+from controlplane.progress import ProgressHub
+
+
+class Rows:
+    """A task table behind a networked database: reads refuse to run on the event loop."""
+
+    def __init__(self, networked: bool, delay_s: float = 0.0):
+        self.networked = networked
+        self.delay_s = delay_s
+        self.version = 0
+        self.reads: list[str] = []  # the thread each read ran in
+
+    def fetch(self, task_id: str) -> dict[str, Any]:
+        if self.networked:
+            blocking.must_not_block()
+        seen = self.version
+        time.sleep(self.delay_s)
+        self.reads.append(threading.current_thread().name)
+        return {"task_id": task_id, "version": seen}
+
+
+async def _run(rows: Rows, changes: int) -> tuple[ProgressHub, list[int]]:
+    hub = ProgressHub(rows.fetch)
+    hub.attach(asyncio.get_running_loop())
+    seen: list[int] = []
+    with hub.subscribe("t1") as sub:
+
+        def writer() -> None:  # commits from another thread, as the reconciler and ingestor do
+            for _ in range(changes):
+                rows.version += 1
+                hub.on_change("t1")
+                time.sleep(0.002)
+
+        await asyncio.to_thread(writer)
+        while not seen or seen[-1] != changes:
+            update = await sub.next(timeout=5)
+            assert update is not None, f"the last change never arrived; saw {seen}"
+            seen.append(update["version"])
+    return hub, seen
+
+
+def test_a_networked_database_is_read_off_the_event_loop() -> None:
+    rows = Rows(networked=True)
+    _, seen = asyncio.run(_run(rows, changes=3))
+    loop_thread = threading.main_thread().name
+    assert rows.reads and loop_thread not in rows.reads
+    assert seen == sorted(seen) and seen[-1] == 3
+
+
+def test_sqlite_reads_stay_on_the_loop() -> None:
+    rows = Rows(networked=False)
+    asyncio.run(_run(rows, changes=3))
+    assert set(rows.reads) == {threading.main_thread().name}
+
+
+def test_a_burst_of_changes_costs_few_reads_and_never_goes_back() -> None:
+    rows = Rows(networked=True, delay_s=0.05)
+    hub, seen = asyncio.run(_run(rows, changes=100))
+    assert seen == sorted(seen) and seen[-1] == 100
+    # ~0.2 s of changes, 50 ms per read, one read in flight: a handful of reads, not 100
+    assert len(rows.reads) < 20, len(rows.reads)
+    assert not hub._reading and not hub._stale
+
+
+async def _after_unsubscribe(rows: Rows) -> ProgressHub:
+    hub = ProgressHub(rows.fetch)
+    hub.attach(asyncio.get_running_loop())
+    with hub.subscribe("t1"):
+        pass
+    hub.on_change("t1")
+    await asyncio.sleep(0.05)
+    return hub
+
+
+def test_no_reads_for_a_task_nobody_follows() -> None:
+    rows = Rows(networked=True)
+    asyncio.run(_after_unsubscribe(rows))
+    assert rows.reads == []
