@@ -23,6 +23,7 @@ from controlplane.mcp.auth import build_auth
 from controlplane.errors import invalid
 from controlplane.mcp.completion import install as install_completion
 from controlplane.mcp.streaming import Followers, wait_tool
+from controlplane.mcp.subscriptions import TaskSubscriptions
 from controlplane.mcp.tasks import ControlPlaneTasks
 from controlplane.mcp.tools import canonical_tool, catalog_tool, error
 
@@ -49,6 +50,7 @@ class UnknownToolAsError(Middleware):
 
 def build_server(cp: ControlPlane, *, with_auth: bool = True) -> FastMCP:
     followers = Followers(cp)
+    subscriptions = TaskSubscriptions(cp)
 
     @asynccontextmanager
     async def lifespan(_server: FastMCP) -> AsyncIterator[dict[str, Any]]:
@@ -56,6 +58,7 @@ def build_server(cp: ControlPlane, *, with_auth: bool = True) -> FastMCP:
             try:
                 yield {}
             finally:
+                await subscriptions.close()
                 await followers.close()
 
     mcp = FastMCP(
@@ -105,6 +108,7 @@ def build_server(cp: ControlPlane, *, with_auth: bool = True) -> FastMCP:
     mcp.add_middleware(UnknownToolAsError())
     mcp.add_extension(ControlPlaneTasks(cp))  # native tasks, from our own store
     install_completion(mcp, cp, schemas)  # task:// and tool:// resources, prompts, completion
+    subscriptions.install(mcp)  # task:// subscriptions, in both eras
 
     for route in routes(cp):
         mcp.custom_route(route.path, methods=sorted(route.methods or []))(route.endpoint)
