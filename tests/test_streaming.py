@@ -106,6 +106,24 @@ async def test_a_silent_wait_is_kept_alive(home: Path) -> None:
         await Agent(client).call("cancel_task", task_id=tid)
 
 
+async def test_a_wait_finds_the_end_even_when_the_hub_cannot_read_it(home: Path) -> None:
+    """The hub's read of a changed task fails (a database hiccup): the wait learns the outcome
+    from its own read in the next quiet spell, not at the end of its timeout."""
+    cp = ControlPlane(Settings(home=home, keepalive_s=0.4, **FAST))
+
+    def failing_read(task_id: str) -> None:
+        raise OSError("database unavailable")
+
+    cp.hub._fetch = failing_read
+    async with Client(build_server(cp)) as client:
+        agent = Agent(client)
+        tid = await agent.submit(inputs={"sleep_s": 0.5, "result": {"k": "v"}})
+        started = time.monotonic()
+        out = await agent.call("wait_task", task_id=tid, timeout_s=60)
+        assert out["done"] is True and out["state"] == "succeeded" and out["result"]["k"] == "v"
+        assert time.monotonic() - started < 20
+
+
 async def test_leaving_a_wait_never_cancels_the_task(server_process: ServerProcess) -> None:
     server = server_process.start()
     async with mcp.Client(server.url) as client:

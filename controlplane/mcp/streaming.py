@@ -60,15 +60,25 @@ async def follow(cp: ControlPlane, task_id: str, sender: ProgressSender, until: 
                 break
             update = await sub.next(timeout=min(keepalive_s, remaining))
             if update is None:
-                if time.monotonic() - last_sent >= keepalive_s:
-                    await sender.keepalive(notification_of(task)[1])
-                    last_sent = time.monotonic()
-                continue
+                # A quiet spell: read the task once more, so that an update the hub failed to
+                # deliver (a failed read) costs one spell, not the rest of the wait.
+                fresh = await blocking.call(cp.store.get, task_id)
+                if fresh is None or _shown(fresh) == _shown(task):
+                    if time.monotonic() - last_sent >= keepalive_s:
+                        await sender.keepalive(notification_of(task)[1])
+                        last_sent = time.monotonic()
+                    continue
+                update = fresh
             task = update
             if not is_final(task):
                 await sender.update(*notification_of(task))
                 last_sent = time.monotonic()
         return task
+
+
+def _shown(task: dict[str, Any]) -> tuple[str, str | None]:
+    """What a follower shows of a task: its state and its progress."""
+    return task["state"], task.get("progress_json")
 
 
 def progress_sender_for_request() -> ProgressSender | None:
