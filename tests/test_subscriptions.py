@@ -126,7 +126,7 @@ async def test_legacy_subscribe_notifies_the_owner_until_unsubscribed(cp: Contro
         assert bob_heard.uris == []
 
         # after unsubscribing, the task's changes are no longer heard
-        second = (await Agent(alice).call("exercise", sleep_s=2, progress_steps=20))["task_id"]
+        second = (await Agent(alice).call("exercise", sleep_s=4, progress_steps=20))["task_id"]
         await alice.session.subscribe_resource(f"task://{second}")
         await Agent(alice).wait(second, {"running"})
         await alice.session.unsubscribe_resource(f"task://{second}")
