@@ -71,9 +71,8 @@ class ProgressHub:
         self._fetch = fetch  # the task row by id (a cheap point read)
         self._subs: dict[str, set[Subscription]] = defaultdict(set)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._reading: set[str] = set()  # tasks whose row is being read
-        self._stale: set[str] = set()  # ... and that changed again meanwhile
-        self._readers: set[asyncio.Task[None]] = set()
+        self._readers: dict[str, asyncio.Task[None]] = {}  # the read in flight, per task
+        self._stale: set[str] = set()  # tasks that changed again during their read
 
     def attach(self, loop: asyncio.AbstractEventLoop | None) -> None:
         self._loop = loop
@@ -100,13 +99,10 @@ class ProgressHub:
     def _changed(self, task_id: str) -> None:
         if task_id not in self._subs:
             return
-        if task_id in self._reading:
+        if task_id in self._readers:
             self._stale.add(task_id)  # read again once the read in flight is done
             return
-        self._reading.add(task_id)
-        reader = asyncio.get_running_loop().create_task(self._deliver(task_id))
-        self._readers.add(reader)  # keep a reference until it is done
-        reader.add_done_callback(self._readers.discard)
+        self._readers[task_id] = asyncio.get_running_loop().create_task(self._deliver(task_id))
 
     async def _deliver(self, task_id: str) -> None:
         try:
@@ -121,7 +117,7 @@ class ProgressHub:
         except Exception:  # a failed read loses one update, never the subscriber's next one
             log.exception("progress: reading task %s failed", task_id)
         finally:
-            self._reading.discard(task_id)
+            del self._readers[task_id]  # in the task's last step: no change can fall in between
             self._stale.discard(task_id)
 
 

@@ -70,7 +70,7 @@ def test_a_burst_of_changes_costs_few_reads_and_never_goes_back() -> None:
     assert seen == sorted(seen) and seen[-1] == 100
     # ~0.2 s of changes, 50 ms per read, one read in flight: a handful of reads, not 100
     assert len(rows.reads) < 20, len(rows.reads)
-    assert not hub._reading and not hub._stale
+    assert not hub._readers and not hub._stale
 
 
 async def _after_unsubscribe(rows: Rows) -> ProgressHub:
