@@ -108,12 +108,12 @@ def run_cycles(job_ids: list[str], tps: float, n: int, console) -> list[dict]:
     ratelimit._registry.clear()
     with tempfile.TemporaryDirectory(prefix="cp-bench-batch-") as home:
         aws.batch_catalog(Path(home))
-        provider = AwsBatchProvider(region=aws.REGION, max_tps=tps, poll_interval_s=0)
+        provider = AwsBatchProvider.configured(home, region=aws.REGION, max_tps=tps, poll_interval_s=1e-9)
         calls = {"describe": 0}
         provider.batch.meta.events.register("before-call.batch.DescribeJobs",
                                             lambda **_: calls.__setitem__("describe", calls["describe"] + 1))
         settings = Settings(home=home)
-        local = LocalProvider(settings.jobs_dir)
+        local = LocalProvider.configured(home)
         cp = ControlPlane(settings, providers={"aws_batch": provider, "local": local})
         handles = [{"job_id": j, "job_name": f"cp-bench-{i}-a1", "job_queue": aws.QUEUE,
                     "log_group": aws.LOG_GROUP, "stuck_after_s": 900.0, "on_stuck": "wait"}

@@ -41,8 +41,8 @@ from controlplane.service import TaskService
 from controlplane.settings import Settings
 from controlplane.store.db import Database
 from controlplane.store.store import Store
-from providers import create_provider
-from providers.base import LaunchSpec, Provider
+from providers import registry
+from providers.base import LaunchSpec, Provider, ProviderContext
 
 log = logging.getLogger("controlplane")
 LEADER_LEASE = "leader"
@@ -66,17 +66,15 @@ class ControlPlane:
         self.stores = StoreRegistry(self.settings.resolved_object_store_url, self.secret_key)
         for url in self.catalog.store_urls():  # open every store the catalog names, failing early
             self.stores.get(url)
-        names = sorted({t.provider for t in self.catalog.tools.values()})
-        try:
-            self.providers: dict[str, Provider] = providers or {n: create_provider(n, self.settings) for n in names}
-        except (ValueError, ImportError) as e:
-            raise CatalogError(f"{self.catalog.source}: {e}") from None
-        for tool in self.catalog.tools.values():
-            rc = self.catalog.resource_classes[tool.resource_class]
-            try:
-                self.providers[tool.provider].check_options({**rc.provider_options, **tool.provider_options})
-            except ValueError as e:
-                raise CatalogError(f"{self.catalog.source}: tools.{tool.name}.provider_options: {e}") from None
+        context = ProviderContext(home=self.settings.home, kill_grace_s=self.settings.kill_grace_s,
+                                  endpoint_file=self.settings.endpoint_file)
+        self.providers: dict[str, Provider] = dict(providers or {})
+        for name in self.catalog.providers():
+            if name not in self.providers:
+                try:
+                    self.providers[name] = registry.create(name, context)
+                except registry.ProviderUnavailable as e:
+                    raise CatalogError(f"{self.catalog.source}: {e}") from None
         self.estimator = Estimator(self.store.runtimes)
         self.ingestor = Ingestor(self.store, self.catalog, self.stores, self.settings)
         self.service = TaskService(self.settings, self.store, self.catalog, self.stores, self.estimator, self.providers,
@@ -101,7 +99,8 @@ class ControlPlane:
 
     def build_spec(self, task: dict[str, Any], job: dict[str, Any]) -> LaunchSpec:
         return build_launch_spec(task, job, self.catalog, self.settings, secret_key=self.secret_key,
-                                 callback_url=self.callback_url, store_url=self.stores.get(task["store_url"]).url)
+                                 callback_url=self.callback_url, store_url=self.stores.get(task["store_url"]).url,
+                                 python=self.providers[task["provider"]].python)
 
     def wake(self) -> None:
         """Run the scheduler and reconciler soon (callable from any thread)."""

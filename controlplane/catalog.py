@@ -25,7 +25,9 @@ A catalog is a TOML or YAML file with two tables:
     [tools.lj_relax.input_schema]       # JSON Schema 2020-12, an object schema
     ...
 
-Loading validates everything and reports errors as `<file>: tools.<name>.<field>: <problem>`.
+Loading validates everything and reports errors as `<file>: tools.<name>.<field>: <problem>`,
+including each tool's `provider` (a registered runner) and its `provider_options` (the resource
+class's merged with the tool's), which are checked against that provider's `Options` model.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ from jsonschema.exceptions import SchemaError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from controlplane.objectstore.base import split_store_url
+from providers import registry
+from providers.base import ProviderOptions
 
 TOOL_NAME_PATTERN = r"^[a-zA-Z][a-zA-Z0-9_\-]{0,63}$"
 # Names of the canonical tools; a catalog tool may not shadow them.
@@ -189,14 +193,22 @@ class ToolSpec(_Strict):
 
 
 class Catalog:
-    def __init__(self, tools: dict[str, ToolSpec], classes: dict[str, ResourceClass], source: str):
+    def __init__(self, tools: dict[str, ToolSpec], classes: dict[str, ResourceClass], source: str,
+                 options: dict[str, ProviderOptions] | None = None):
         self.tools = tools
         self.resource_classes = classes
         self.source = source
         self._validators = {name: t.validator() for name, t in tools.items()}
+        # Each tool's provider_options, validated by its provider's Options model.
+        self.options = options if options is not None else {
+            name: _provider_options(t, classes[t.resource_class], source) for name, t in tools.items()}
 
     def tool(self, name: str) -> ToolSpec | None:
         return self.tools.get(name)
+
+    def providers(self) -> list[str]:
+        """The providers the catalog's tools run on."""
+        return sorted({t.provider for t in self.tools.values()})
 
     def validator(self, name: str) -> Draft202012Validator:
         return self._validators[name]
@@ -244,7 +256,34 @@ class Catalog:
                     f" (declared: {', '.join(sorted(classes))})"
                 )
             tools[name] = spec
-        return cls(tools, classes, source)
+        options = {name: _provider_options(t, classes[t.resource_class], source) for name, t in tools.items()}
+        return cls(tools, classes, source, options)
+
+
+def _provider_options(tool: ToolSpec, rc: ResourceClass, source: str) -> ProviderOptions:
+    """Validate a tool's provider_options (its resource class's, overridden by its own) against
+    its provider's Options model; errors name the file, the tool and the field."""
+    where = f"tools.{tool.name}"
+    try:
+        model = registry.options_model(tool.provider)
+    except registry.ProviderUnavailable as e:
+        raise CatalogError(f"{source}: {where}.provider: {e}") from None
+    merged = {**rc.provider_options, **tool.provider_options}
+    context = {"cpu": rc.cpu, "memory_mb": rc.memory_mb, "gpu": rc.gpu, "scratch_mb": rc.scratch_mb,
+               "resource_class": rc.name}
+    try:
+        return model.model_validate(merged, context=context)
+    except ValidationError as e:
+        first = e.errors()[0]
+        field = ".".join(str(p) for p in first["loc"])
+        msg = "unknown field" if first["type"] == "extra_forbidden" else first["msg"].removeprefix("Value error, ")
+        origin = ""
+        top = str(first["loc"][0]) if first["loc"] else ""
+        if top and top in rc.provider_options and top not in tool.provider_options:
+            origin = f" (from resource_classes.{rc.name}.provider_options)"
+        more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
+        path = f"{where}.provider_options" + (f".{field}" if field else "")
+        raise CatalogError(f"{source}: {path}: {msg}{origin}{more}") from None
 
 
 def _table(body: Any, source: str, where: str) -> dict[str, Any]:

@@ -1,7 +1,16 @@
 """From a scheduled task to a `LaunchSpec`: the job contract the runner is started with.
 
-Also derives the per-task, per-attempt runner secret: an HMAC of (task id, attempt) under the
-server key, so nothing secret is stored and a restarted control plane still recognises it.
+Also derives the per-attempt runner credentials, HMACs of (task id, attempt) under the server
+key, so nothing secret is stored and a restarted control plane (or another replica) still
+recognises them:
+
+* the **bootstrap token** goes into the job's environment. A job's spec can be read back through
+  the cloud's API (DescribeJobs, executions.get), so it carries nothing that lasts: the runner
+  trades the token once, on start, for the attempt's secret (`POST .../claim` with a nonce of
+  its own); the claim is recorded, and a token read later is dead (only the same nonce may
+  claim again, so a runner whose first answer was lost can retry);
+* the **runner secret** authenticates the attempt's event callbacks. It never leaves the
+  control plane except in the answer to the one claim.
 """
 
 from __future__ import annotations
@@ -20,8 +29,18 @@ def runner_secret(key: bytes, task_id: str, attempt: int) -> str:
     return hmac.new(key, f"controlplane/runner\n{task_id}\n{attempt}".encode(), hashlib.sha256).hexdigest()
 
 
+def bootstrap_token(key: bytes, task_id: str, attempt: int) -> str:
+    return hmac.new(key, f"controlplane/bootstrap\n{task_id}\n{attempt}".encode(), hashlib.sha256).hexdigest()
+
+
+def nonce_digest(nonce: str) -> str:
+    """What the store keeps of a claim's nonce (the nonce itself never rests anywhere)."""
+    return hashlib.sha256(nonce.encode()).hexdigest()
+
+
 def build_launch_spec(task: dict[str, Any], job: dict[str, Any], catalog: Catalog, settings: Settings, *,
-                      secret_key: bytes, callback_url: str | None, store_url: str) -> LaunchSpec:
+                      secret_key: bytes, callback_url: str | None, store_url: str, python: str) -> LaunchSpec:
+    """`python` is what `{python}` in the tool's command means on the provider that runs it."""
     tool = catalog.tools[task["tool_name"]]
     rc = catalog.resource_classes[task["resource_class"]]
     res = json.loads(task["resources_json"] or "{}")
@@ -31,20 +50,17 @@ def build_launch_spec(task: dict[str, Any], job: dict[str, Any], catalog: Catalo
         "CONTROLPLANE_ATTEMPT": str(task["attempt"]),
         "CONTROLPLANE_JOB_NAME": job["job_name"],
         "CONTROLPLANE_STORE_URL": store_url,
-        "CONTROLPLANE_CALLBACK_SECRET": runner_secret(secret_key, task["task_id"], task["attempt"]),
         "CONTROLPLANE_HEARTBEAT_S": str(settings.heartbeat_interval_s),
         "CONTROLPLANE_KILL_GRACE_S": str(settings.kill_grace_s),
     })
     if callback_url:
         env["CONTROLPLANE_CALLBACK_URL"] = callback_url
-    if task["provider"] == "local":
-        env["CONTROLPLANE_ENDPOINT_FILE"] = str(settings.endpoint_file)
+        env["CONTROLPLANE_BOOTSTRAP_TOKEN"] = bootstrap_token(secret_key, task["task_id"], task["attempt"])
     return LaunchSpec(
         task_id=task["task_id"], attempt=task["attempt"], job_name=job["job_name"], tool_name=tool.name,
-        owner=task["owner"], command=tool.command, image=tool.image, env=env,
-        cpu=float(res.get("cpu") or rc.cpu), memory_mb=int(res.get("memory_mb") or rc.memory_mb),
+        owner=task["owner"], command=tuple(c.replace("{python}", python) for c in tool.command), image=tool.image,
+        env=env, cpu=float(res.get("cpu") or rc.cpu), memory_mb=int(res.get("memory_mb") or rc.memory_mb),
         gpu=int(res.get("gpu") if res.get("gpu") is not None else rc.gpu),
         scratch_mb=int(res.get("scratch_mb") if res.get("scratch_mb") is not None else rc.scratch_mb),
-        max_runtime_s=int(task["max_runtime_s"]), resource_class=rc.name,
-        options={**rc.provider_options, **tool.provider_options},
+        max_runtime_s=int(task["max_runtime_s"]), resource_class=rc.name, options=catalog.options[tool.name],
     )

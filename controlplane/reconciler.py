@@ -124,17 +124,26 @@ class Reconciler:
 
     # ---- polling ------------------------------------------------------------------------------
     def _poll(self, provider: Provider, jobs: list[dict[str, Any]], stats: CycleStats) -> list[JobStatus | None]:
-        out: list[JobStatus | None] = []
+        """Statuses in the order of `jobs` (None: unknown this cycle). Handles are grouped by the
+        provider's `poll_key` and handed over `poll_batch_size` at a time, so a provider that
+        lists per job (Cloud Run) answers each job's executions with one paged list."""
+        handles = [json.loads(j["handle_json"]) for j in jobs]
+        groups: dict[Any, list[int]] = defaultdict(list)
+        for i, h in enumerate(handles):
+            groups[provider.poll_key(h)].append(i)
+        out: list[JobStatus | None] = [None] * len(jobs)
         size = max(1, provider.poll_batch_size)
-        for i in range(0, len(jobs), size):
-            chunk = jobs[i : i + size]
-            handles = [json.loads(j["handle_json"]) for j in chunk]
-            try:
-                out.extend(self._call(provider.poll, handles))
-            except Exception as e:  # noqa: BLE001 - a failed poll changes nothing
-                log.warning("poll of %d %s jobs failed: %s", len(chunk), provider.name, e)
-                out.extend([None] * len(chunk))
-            stats.provider_calls[f"{provider.name}.poll"] += 1
+        for key, members in groups.items():
+            for i in range(0, len(members), size):
+                chunk = members[i : i + size]
+                try:
+                    statuses = self._call(provider.poll, [handles[k] for k in chunk])
+                except Exception as e:  # noqa: BLE001 - a failed poll changes nothing
+                    log.warning("poll of %d %s jobs (%s) failed: %s", len(chunk), provider.name, key, e)
+                    statuses = [None] * len(chunk)
+                for k, st in zip(chunk, statuses):
+                    out[k] = st
+                stats.provider_calls[f"{provider.name}.poll"] += 1
         return out
 
     @staticmethod

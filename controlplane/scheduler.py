@@ -23,7 +23,7 @@ from controlplane.objectstore.registry import StoreRegistry
 from controlplane.outcomes import decide_launch_failure
 from controlplane.states import TaskState
 from controlplane.store.store import Store
-from providers.base import Capability, LaunchSpec, PermanentProviderError, Provider
+from providers.base import LaunchSpec, PermanentProviderError, Provider
 
 log = logging.getLogger("controlplane.scheduler")
 
@@ -92,7 +92,7 @@ class Scheduler:
         handle = None
         fresh = wid in self._fresh
         self._fresh.discard(wid)
-        if not fresh and provider.supports(Capability.FIND):
+        if not fresh:  # a launch that may have happened is looked up before it is repeated
             handle = await anyio.to_thread.run_sync(provider.find, spec)
         if task["state"] != TaskState.SCHEDULED:  # cancelled before its job started
             if handle is not None:

@@ -88,14 +88,7 @@ class Settings(BaseSettings):
     artifact_url_ttl_s: int = 3600
     max_artifact_url_ttl_s: int = 7 * 24 * 3600
 
-    # Python interpreter the local provider starts runners and example tools with.
-    local_python: str | None = None
-
-    # AWS Batch (region and credentials otherwise from boto3's standard chain).
-    aws_region: str | None = None
-    aws_batch_max_tps: float = 40.0  # all Batch calls of this process, per account and region
-    aws_batch_poll_interval_s: float = 10.0
-    aws_batch_stuck_after_s: float = 900.0  # RUNNABLE/STARTING longer than this is "stuck"
+    # Job runners keep their own settings (CONTROLPLANE_<PROVIDER>_*, in each provider module).
 
     @field_validator("home", mode="before")
     @classmethod
@@ -118,18 +111,12 @@ class Settings(BaseSettings):
         return self.object_store_url or (self.home / "objects").resolve().as_uri()
 
     @property
-    def jobs_dir(self) -> Path:
-        """Where the local provider keeps one directory per launched job."""
-        return self.home / "jobs"
-
-    @property
     def endpoint_file(self) -> Path:
         """The URL the running server listens on, for local runners that outlive a restart."""
         return self.home / "endpoint.json"
 
     def ensure_home(self) -> None:
         self.home.mkdir(parents=True, exist_ok=True)
-        self.jobs_dir.mkdir(parents=True, exist_ok=True)
 
     def secret_key(self) -> bytes:
         """The server's signing key (artifact links, runner callback secrets), made on first use.

@@ -26,6 +26,10 @@ How it maps the core's contract onto Batch:
   for finished jobs); the cursor is CloudWatch's forward token. A stream that does not exist
   (yet) is an empty page with a reason.
 
+Settings (`CONTROLPLANE_AWS_BATCH_*`): `REGION` (else boto3's chain), `ENDPOINT_URL` (an emulator
+or a private endpoint; boto3's own `AWS_ENDPOINT_URL_BATCH` works too), `LOGS_ENDPOINT_URL`,
+`MAX_TPS`, `POLL_INTERVAL_S`, `STUCK_AFTER_S`. Credentials: boto3's standard chain.
+
 Throttling: botocore's adaptive retries, and a limiter shared by every Batch client of one
 account and region in the process (default 40 requests/s, under Batch's documented 50 TPS for
 SubmitJob and DescribeJobs). It counts every HTTP request, retries included, because it hooks
@@ -39,12 +43,14 @@ from __future__ import annotations
 import logging
 import re
 import time
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import quote
 
 import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
 
 from providers import ratelimit
 from providers.base import (
@@ -57,6 +63,9 @@ from providers.base import (
     LogPage,
     PermanentProviderError,
     Provider,
+    ProviderContext,
+    ProviderOptions,
+    ProviderSettings,
     TransientProviderError,
 )
 
@@ -96,24 +105,44 @@ def classify(e: Exception) -> Exception:
     return e
 
 
+class AwsBatchSettings(ProviderSettings):
+    model_config = SettingsConfigDict(env_prefix="CONTROLPLANE_AWS_BATCH_", extra="ignore")
+
+    region: str | None = None
+    endpoint_url: str | None = None
+    logs_endpoint_url: str | None = None
+    max_tps: float = Field(default=40.0, gt=0)  # all Batch calls of this process, per account and region
+    poll_interval_s: float = Field(default=10.0, gt=0)
+    stuck_after_s: float = Field(default=900.0, gt=0)  # RUNNABLE/STARTING longer than this is "stuck"
+
+
+class AwsBatchOptions(ProviderOptions):
+    job_queue: str = Field(min_length=1)
+    job_definition: str = Field(min_length=1)
+    log_group: str = DEFAULT_LOG_GROUP
+    stuck_after_s: float | None = Field(default=None, gt=0)
+    on_stuck: Literal["wait", "fail"] = "wait"
+
+
 class AwsBatchProvider(Provider):
     name = "aws_batch"
+    Settings = AwsBatchSettings
+    Options = AwsBatchOptions
     poll_batch_size = 100  # DescribeJobs takes at most 100 job ids
-    capabilities = frozenset({Capability.LOGS, Capability.LOG_LINK, Capability.FIND})
+    capabilities = frozenset({Capability.LOGS, Capability.LOG_LINK})
 
-    def __init__(self, *, region: str | None = None, max_tps: float = 40.0, poll_interval_s: float = 10.0,
-                 stuck_after_s: float = 900.0, kill_grace_s: float = 30.0, session: Any = None):
-        session = session or boto3.session.Session(region_name=region)
+    def __init__(self, settings: AwsBatchSettings, context: ProviderContext, *, session: Any = None):
+        session = session or boto3.session.Session(region_name=settings.region)
         config = Config(retries={"mode": "adaptive", "max_attempts": 8}, connect_timeout=10, read_timeout=30)
-        self.batch = session.client("batch", config=config)
-        self.logs_client = session.client("logs", config=config)
+        self.batch = session.client("batch", config=config, endpoint_url=settings.endpoint_url)
+        self.logs_client = session.client("logs", config=config, endpoint_url=settings.logs_endpoint_url)
         self.region = self.batch.meta.region_name
-        self.poll_interval_s = poll_interval_s
-        self.stuck_after_s = stuck_after_s
-        self.kill_grace_s = kill_grace_s
+        self.poll_interval_s = settings.poll_interval_s
+        self.stuck_after_s = settings.stuck_after_s
+        self.kill_grace_s = context.kill_grace_s
         # One limiter per account and region (and endpoint, for emulators), shared by all clients.
-        key = f"batch:{self.region}:{self.batch.meta.endpoint_url}"
-        self.limiter = ratelimit.shared(key, max_tps)
+        self.limiter = ratelimit.shared(ratelimit.key("batch", region=self.region, endpoint=self.batch.meta.endpoint_url),
+                                        settings.max_tps)
         ratelimit.BotocoreHook(self.limiter).install(self.batch, "batch")  # every request, retries too
         self._streams: dict[str, str] = {}  # job id -> log stream, learnt from DescribeJobs
 
@@ -123,27 +152,19 @@ class AwsBatchProvider(Provider):
         except (ClientError, BotoCoreError) as e:
             raise classify(e) from e
 
-    # ---- configuration ----------------------------------------------------------------------
-    def check_options(self, options: dict[str, Any]) -> None:
-        missing = [k for k in ("job_queue", "job_definition") if not options.get(k)]
-        if missing:
-            raise ValueError(f"provider_options needs {', '.join(missing)} for aws_batch")
-        if options.get("on_stuck", "wait") not in ("wait", "fail"):
-            raise ValueError("provider_options.on_stuck must be 'wait' or 'fail'")
-
     # ---- launch / find ------------------------------------------------------------------------
     def launch(self, spec: LaunchSpec) -> Handle:
-        opts = spec.options
+        opts: AwsBatchOptions = spec.options
         requirements = [{"type": "VCPU", "value": f"{spec.cpu:g}"}, {"type": "MEMORY", "value": str(spec.memory_mb)}]
         if spec.gpu:
             requirements.append({"type": "GPU", "value": str(spec.gpu)})
         resp = self._call(
             self.batch.submit_job,
             jobName=spec.job_name,
-            jobQueue=opts["job_queue"],
-            jobDefinition=opts["job_definition"],
+            jobQueue=opts.job_queue,
+            jobDefinition=opts.job_definition,
             containerOverrides={
-                "command": [c.replace("{python}", "python") for c in spec.command],
+                "command": list(spec.command),
                 "environment": [{"name": k, "value": v} for k, v in sorted(spec.env.items())],
                 "resourceRequirements": requirements,
             },
@@ -157,11 +178,9 @@ class AwsBatchProvider(Provider):
         return self._handle(resp["jobId"], spec)
 
     def _handle(self, job_id: str, spec: LaunchSpec) -> Handle:
-        opts = spec.options
-        return {"job_id": job_id, "job_name": spec.job_name, "job_queue": opts["job_queue"],
-                "log_group": opts.get("log_group", DEFAULT_LOG_GROUP),
-                "stuck_after_s": float(opts.get("stuck_after_s", self.stuck_after_s)),
-                "on_stuck": opts.get("on_stuck", "wait")}
+        opts: AwsBatchOptions = spec.options
+        return {"job_id": job_id, "job_name": spec.job_name, "job_queue": opts.job_queue, "log_group": opts.log_group,
+                "stuck_after_s": float(opts.stuck_after_s or self.stuck_after_s), "on_stuck": opts.on_stuck}
 
     def find(self, spec: LaunchSpec) -> Handle | None:
         # A filter, never a bare listing: without a status or a filter ListJobs returns only
@@ -169,7 +188,7 @@ class AwsBatchProvider(Provider):
         found: list[dict[str, Any]] = []
         token = None
         while True:
-            kwargs: dict[str, Any] = {"jobQueue": spec.options["job_queue"],
+            kwargs: dict[str, Any] = {"jobQueue": spec.options.job_queue,
                                       "filters": [{"name": "JOB_NAME", "values": [spec.job_name]}]}
             if token:
                 kwargs["nextToken"] = token

@@ -1,7 +1,7 @@
 """The local provider: each job is the runner (`python -m infra.runner`) as a local process tree.
 
 It runs the same job contract as the cloud providers, so everything works offline. Every job
-gets a directory `<jobs_dir>/<job_name>/`:
+gets a directory `<jobs_dir>/<job_name>/` (`CONTROLPLANE_LOCAL_JOBS_DIR`, default `<home>/jobs`):
 
     launch.json    what was launched          runner.pid   {"pid", "create_time"}
     console.log    the runner's stdout/stderr (the tool's output, as a cloud console shows it)
@@ -13,6 +13,9 @@ are found again by their job directory (or, if the crash came before `runner.pid
 by the `--job-name` on their command line). Cancel sends SIGTERM to the runner, which stops the
 tool's process group; if the runner has not exited after the grace period, a repeated cancel
 SIGKILLs the runner and every process below it.
+
+Settings (`CONTROLPLANE_LOCAL_*`): `PYTHON` (the interpreter runners and `{python}` tools run
+with; default this one), `JOBS_DIR`, `POLL_INTERVAL_S`. No catalog options.
 """
 
 from __future__ import annotations
@@ -29,22 +32,45 @@ from pathlib import Path
 import psutil
 
 import infra
-from providers.base import Capability, Handle, JobPhase, JobStatus, LaunchSpec, LogLine, LogPage, Provider
+from pydantic_settings import SettingsConfigDict
+
+from providers.base import (
+    Capability,
+    Handle,
+    JobPhase,
+    JobStatus,
+    LaunchSpec,
+    LogLine,
+    LogPage,
+    Provider,
+    ProviderContext,
+    ProviderSettings,
+)
 
 PROJECT_ROOT = str(Path(infra.__file__).resolve().parent.parent)
 
 
+class LocalSettings(ProviderSettings):
+    model_config = SettingsConfigDict(env_prefix="CONTROLPLANE_LOCAL_", extra="ignore")
+
+    python: str | None = None  # default: the interpreter the control plane runs on
+    jobs_dir: Path | None = None  # default: <home>/jobs
+    poll_interval_s: float = 1.0
+
+
 class LocalProvider(Provider):
     name = "local"
+    Settings = LocalSettings
     poll_batch_size = 1000
-    capabilities = frozenset({Capability.LOGS, Capability.FIND})
-    poll_interval_s = 1.0
+    capabilities = frozenset({Capability.LOGS})
 
-    def __init__(self, jobs_dir: Path, *, python: str | None = None, kill_grace_s: float = 5.0):
-        self.jobs_dir = Path(jobs_dir)
+    def __init__(self, settings: LocalSettings, context: ProviderContext):
+        self.jobs_dir = Path(settings.jobs_dir or context.home / "jobs")
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
-        self.python = python or sys.executable
-        self.kill_grace_s = kill_grace_s
+        self.python = settings.python or sys.executable
+        self.kill_grace_s = context.kill_grace_s
+        self.poll_interval_s = settings.poll_interval_s
+        self.endpoint_file = context.endpoint_file
         self._children: dict[int, subprocess.Popen[bytes]] = {}
 
     # ---- launch / find --------------------------------------------------------------------
@@ -56,11 +82,13 @@ class LocalProvider(Provider):
                 return found
             shutil.rmtree(job_dir)  # a launch that died before its runner started
         (job_dir / "work").mkdir(parents=True)
-        command = [c.replace("{python}", self.python) for c in spec.command]
+        command = list(spec.command)
         (job_dir / "launch.json").write_text(json.dumps({"task_id": spec.task_id, "attempt": spec.attempt,
                                                          "tool": spec.tool_name, "command": command}))
         env = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLPLANE_")}
         env.update(spec.env)
+        # A runner that outlives this server finds its successor's callback URL here.
+        env["CONTROLPLANE_ENDPOINT_FILE"] = str(self.endpoint_file)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (PROJECT_ROOT, env.get("PYTHONPATH")) if p)
         env["PYTHONUNBUFFERED"] = "1"
         argv = [self.python, "-m", "infra.runner", "--job-name", spec.job_name,

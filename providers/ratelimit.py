@@ -1,5 +1,13 @@
 """Client-side rate limits for cloud APIs, shared by every client of one account and region.
 
+One limiter for every cloud: each provider takes the limiter named for its API, account or
+project, and region (`key(...)`, `shared(...)`) and makes every HTTP request to that API hold a
+place in it, retries included. How a request is held depends on the SDK, not on the limiter:
+`BotocoreHook` hooks botocore's request events (botocore retries inside the SDK), and `held`
+wraps one call for SDKs whose own retries the provider switches off and does itself (Google's
+API core). `try_acquire` serves quotas a caller would rather report than wait for (Cloud
+Logging's 60 reads a minute: a log tail answers "try again" instead of hanging).
+
 The limit is on what the service sees: in no one-second window may more than `rate` requests
 reach it. Counting start times is not enough for that, because requests spend time in flight
 (connection setup, queueing) and arrive bunched. So a request holds its place from the moment it
@@ -16,6 +24,8 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 _registry: dict[str, SlidingWindowLimiter] = {}
 _registry_lock = threading.Lock()
@@ -50,6 +60,30 @@ class SlidingWindowLimiter:
             self.waited_s += wait
             time.sleep(max(wait, 1e-3))
 
+    def try_acquire(self) -> int | None:
+        """A token if a request may start now, else None (never waits)."""
+        with self._lock:
+            now = time.monotonic()
+            for token, end in list(self._holders.items()):
+                if end <= now - self.window_s:
+                    del self._holders[token]
+            if len(self._holders) >= self.rate:
+                return None
+            token = next(self._ids)
+            self._holders[token] = _IN_FLIGHT
+            self.calls += 1
+            return token
+
+    def wait_s(self) -> float:
+        """Seconds until a place is likely to free up (0 if one is free now)."""
+        with self._lock:
+            now = time.monotonic()
+            live = [e for e in self._holders.values() if e == _IN_FLIGHT or e > now - self.window_s]
+            if len(live) < self.rate:
+                return 0.0
+            ends = [e for e in live if e != _IN_FLIGHT]
+            return max(0.0, min(ends) + self.window_s - now) if ends else self.window_s
+
     def release(self, token: int) -> None:
         with self._lock:
             if token in self._holders:
@@ -81,10 +115,26 @@ class BotocoreHook:
             self.limiter.release(token)
 
 
-def shared(name: str, rate: float) -> SlidingWindowLimiter:
-    """The process-wide limiter called `name` (created with `rate` on first use)."""
+@contextmanager
+def held(limiter: SlidingWindowLimiter) -> Iterator[None]:
+    """Hold a place in `limiter` for one request: from before it starts until it has ended."""
+    token = limiter.acquire()
+    try:
+        yield
+    finally:
+        limiter.release(token)
+
+
+def key(api: str, *, account: str | None = None, region: str | None = None, endpoint: str | None = None) -> str:
+    """The name of the limiter for one API of one account (or project) and region. The endpoint is
+    part of it so that an emulator or a private endpoint never shares a budget with the cloud."""
+    return ":".join([api, account or "-", region or "-", endpoint or "-"])
+
+
+def shared(name: str, rate: float, window_s: float = 1.0) -> SlidingWindowLimiter:
+    """The process-wide limiter called `name` (created with `rate` per `window_s` on first use)."""
     with _registry_lock:
         limiter = _registry.get(name)
         if limiter is None:
-            limiter = _registry[name] = SlidingWindowLimiter(rate)
+            limiter = _registry[name] = SlidingWindowLimiter(rate, window_s)
         return limiter

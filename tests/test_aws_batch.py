@@ -28,14 +28,14 @@ from fastmcp import Client
 from controlplane.app import ControlPlane
 from controlplane.mcp.server import build_server
 from controlplane.settings import Settings
-from providers.aws_batch import AwsBatchProvider
+from providers.aws_batch import AwsBatchOptions, AwsBatchProvider
 from providers.base import JobPhase, LaunchSpec
 from tests import aws
 from tests.cloud import moto_server  # noqa: F401  (fixture)
 from tests.conftest import FAST, Agent, most_in_one_second
 
 pytestmark = pytest.mark.anyio
-BATCH_FAST = dict(FAST, aws_batch_poll_interval_s=0.2, aws_batch_max_tps=500)
+
 
 
 @pytest.fixture
@@ -45,6 +45,9 @@ def moto(moto_server: str, monkeypatch: pytest.MonkeyPatch) -> str:  # noqa: F81
     aws.create_batch(moto_server)
     for k, v in aws.aws_env(moto_server).items():
         monkeypatch.setenv(k, v)
+    # The provider's own settings (CONTROLPLANE_AWS_BATCH_*), fast for tests.
+    monkeypatch.setenv("CONTROLPLANE_AWS_BATCH_POLL_INTERVAL_S", "0.2")
+    monkeypatch.setenv("CONTROLPLANE_AWS_BATCH_MAX_TPS", "500")
     return moto_server
 
 
@@ -66,7 +69,7 @@ class Batch:
 @pytest.fixture
 async def batch(moto: str, bucket: str, home: Path) -> AsyncIterator[Batch]:
     aws.batch_catalog(home, retry='{ max_attempts = 2, backoff_s = 0, retry_on = ["worker_lost"] }')
-    cp = ControlPlane(Settings(home=home, object_store_url=bucket, **BATCH_FAST))
+    cp = ControlPlane(Settings(home=home, object_store_url=bucket, **FAST))
     with aws.BatchExecutor(moto) as executor:
         async with Client(build_server(cp)) as client:
             yield Batch(cp, Agent(client), executor, moto)
@@ -153,7 +156,7 @@ async def test_failed_job_carries_exit_code_and_reason(batch: Batch) -> None:
 async def test_job_that_never_starts_fails_as_launch_failed(moto: str, bucket: str, home: Path) -> None:
     """The image cannot be pulled: Batch fails the job before any runner exists."""
     aws.batch_catalog(home)
-    cp = ControlPlane(Settings(home=home, object_store_url=bucket, **BATCH_FAST))
+    cp = ControlPlane(Settings(home=home, object_store_url=bucket, **FAST))
     with aws.BatchExecutor(moto, start_jobs=False):
         async with Client(build_server(cp)) as client:
             agent = Agent(client)
@@ -176,11 +179,11 @@ def spec(job_name: str, **options: Any) -> LaunchSpec:
     return LaunchSpec(task_id="tsk_" + job_name, attempt=1, job_name=job_name, tool_name="exercise", owner="me",
                       command=("python", "-m", "infra.tools.exercise"), image=None, env={"A": "1"}, cpu=1,
                       memory_mb=512, gpu=0, scratch_mb=0, max_runtime_s=60, resource_class="batch",
-                      options={"job_queue": aws.QUEUE, "job_definition": aws.JOB_DEFINITION, **options})
+                      options=AwsBatchOptions(job_queue=aws.QUEUE, job_definition=aws.JOB_DEFINITION, **options))
 
 
-def test_every_batch_status_maps_onto_a_phase(moto: str) -> None:
-    provider = AwsBatchProvider(region="us-east-1", poll_interval_s=0.1, stuck_after_s=3600)
+def test_every_batch_status_maps_onto_a_phase(moto: str, tmp_path: Path) -> None:
+    provider = AwsBatchProvider.configured(tmp_path, region="us-east-1", poll_interval_s=0.1, stuck_after_s=3600)
     handle = provider.launch(spec("cp-map-a1"))
     job = aws.backend()._jobs[handle["job_id"]]
     expected = {"SUBMITTED": JobPhase.PENDING, "PENDING": JobPhase.PENDING, "RUNNABLE": JobPhase.PENDING,
@@ -208,8 +211,8 @@ def test_every_batch_status_maps_onto_a_phase(moto: str) -> None:
     assert gone.phase == JobPhase.GONE and still.phase == JobPhase.SUCCEEDED
 
 
-def test_a_job_stuck_in_runnable_is_reported_and_given_up_on_by_policy(moto: str) -> None:
-    provider = AwsBatchProvider(region="us-east-1", stuck_after_s=3600)
+def test_a_job_stuck_in_runnable_is_reported_and_given_up_on_by_policy(moto: str, tmp_path: Path) -> None:
+    provider = AwsBatchProvider.configured(tmp_path, region="us-east-1", stuck_after_s=3600)
     patient = provider.launch(spec("cp-wait-a1", stuck_after_s=60))
     strict = provider.launch(spec("cp-fail-a1", stuck_after_s=60, on_stuck="fail"))
     for h in (patient, strict):
@@ -224,7 +227,7 @@ def test_a_job_stuck_in_runnable_is_reported_and_given_up_on_by_policy(moto: str
 
 async def test_stuck_job_shows_why_and_fails_when_the_catalog_says_so(moto: str, bucket: str, home: Path) -> None:
     aws.batch_catalog(home, provider_options='stuck_after_s = 1, on_stuck = "fail"')
-    cp = ControlPlane(Settings(home=home, object_store_url=bucket, **BATCH_FAST))
+    cp = ControlPlane(Settings(home=home, object_store_url=bucket, **FAST))
     with aws.BatchExecutor(moto, start_jobs=False):  # no capacity: nothing ever starts
         async with Client(build_server(cp)) as client:
             agent = Agent(client)
@@ -238,7 +241,7 @@ async def test_stuck_job_shows_why_and_fails_when_the_catalog_says_so(moto: str,
 
 async def test_waiting_reason_shows_in_status(moto: str, bucket: str, home: Path) -> None:
     aws.batch_catalog(home, provider_options="stuck_after_s = 1")
-    cp = ControlPlane(Settings(home=home, object_store_url=bucket, **BATCH_FAST))
+    cp = ControlPlane(Settings(home=home, object_store_url=bucket, **FAST))
     with aws.BatchExecutor(moto, start_jobs=False):
         async with Client(build_server(cp)) as client:
             agent = Agent(client)
@@ -269,7 +272,7 @@ async def test_vanished_job_is_worker_lost_and_retried(batch: Batch) -> None:
 async def test_crash_after_submit_before_the_handle_launches_exactly_one_job(moto: str, bucket: str,
                                                                           home: Path) -> None:
     aws.batch_catalog(home)
-    settings = Settings(home=home, object_store_url=bucket, **BATCH_FAST)
+    settings = Settings(home=home, object_store_url=bucket, **FAST)
     first = ControlPlane(settings)
     from controlplane import api
 
@@ -359,8 +362,9 @@ async def test_throttled_batch_api_fails_no_task_and_stays_under_the_rate(moto: 
     monkeypatch.setenv("AWS_ENDPOINT_URL_BATCH", proxy.url)  # only Batch goes through the proxy
     aws.batch_catalog(home)
     rate = 3  # low enough that launches, polls and retries together would exceed it unchecked
-    settings = Settings(home=home, object_store_url=bucket,
-                        **dict(BATCH_FAST, aws_batch_max_tps=rate, aws_batch_poll_interval_s=0.05))
+    monkeypatch.setenv("CONTROLPLANE_AWS_BATCH_MAX_TPS", str(rate))
+    monkeypatch.setenv("CONTROLPLANE_AWS_BATCH_POLL_INTERVAL_S", "0.05")
+    settings = Settings(home=home, object_store_url=bucket, **FAST)
     import providers.ratelimit as ratelimit
 
     ratelimit._registry.clear()  # a fresh limiter for this endpoint

@@ -118,7 +118,7 @@ class FlakyLocal(LocalProvider):
 
 async def test_provider_api_errors_never_fail_a_task(home: Path) -> None:
     settings = Settings(home=home, **FAST)
-    flaky = FlakyLocal(settings.jobs_dir, kill_grace_s=1.0)
+    flaky = FlakyLocal.configured(home, kill_grace_s=1.0)
     cp = ControlPlane(settings, providers={"local": flaky})
     async with Client(build_server(cp)) as client:
         agent = Agent(client)

@@ -1,11 +1,14 @@
 """HTTP routes that are not MCP: the runner callback API and signed artifact downloads.
 
+    POST /runner/v1/tasks/{task_id}/attempts/{attempt}/claim    runner: bootstrap token -> secret
     POST /runner/v1/tasks/{task_id}/attempts/{attempt}/events   runner -> control plane
     GET  /objects/{store}/{key}?expires=&filename=&signature=    signed download (a local store)
     GET  /healthz
 
-These routes are not behind the MCP bearer auth: runners authenticate with their per-task,
-per-attempt secret, downloads with the link's HMAC signature. Answers never include internals.
+These routes are not behind the MCP bearer auth: a runner trades its attempt's one-time bootstrap
+token (the only credential in the job's spec) for the attempt's secret once, with a nonce of its
+own, and authenticates its events with that secret; downloads carry the link's HMAC signature.
+Answers never include internals.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from controlplane.launch import runner_secret
+from controlplane.launch import bootstrap_token, nonce_digest, runner_secret
 from controlplane.objectstore.base import UnsafeKey, guess_content_type
 from controlplane.states import FINAL, TaskState
 from controlplane.store.store import StaleAttempt
@@ -38,6 +41,32 @@ def _error(status: int, message: str) -> JSONResponse:
 
 
 def routes(cp: ControlPlane) -> list[Route]:
+    async def runner_claim(request: Request) -> Response:
+        task_id = request.path_params["task_id"]
+        try:
+            attempt = int(request.path_params["attempt"])
+        except ValueError:
+            return _error(404, "not found")
+        auth = request.headers.get("authorization", "")
+        expected = "Bearer " + bootstrap_token(cp.secret_key, task_id, attempt)
+        if not hmac.compare_digest(auth.encode(), expected.encode()):
+            return _error(401, "bad bootstrap token")
+        body = await request.body()
+        try:
+            nonce = json.loads(body[:4096] or b"{}").get("nonce")
+        except (ValueError, AttributeError):
+            nonce = None
+        if not isinstance(nonce, str) or not 32 <= len(nonce) <= 256:
+            return _error(400, "body must be {\"nonce\": a random string of 32 to 256 characters}")
+        claimed = await anyio.to_thread.run_sync(cp.store.claim_runner_secret, task_id, attempt, nonce_digest(nonce))
+        if claimed is None:
+            return _error(409, "this attempt is no longer current")
+        if not claimed:
+            log.warning("a second claim of the runner secret of %s/%s was refused", task_id, attempt)
+            return _error(403, "the bootstrap token has been used")
+        return JSONResponse({"secret": runner_secret(cp.secret_key, task_id, attempt)},
+                            headers={"Cache-Control": "no-store"})
+
     async def runner_events(request: Request) -> Response:
         task_id = request.path_params["task_id"]
         try:
@@ -102,6 +131,7 @@ def routes(cp: ControlPlane) -> list[Route]:
         return JSONResponse({"ok": True})
 
     return [
+        Route("/runner/v1/tasks/{task_id}/attempts/{attempt}/claim", runner_claim, methods=["POST"]),
         Route("/runner/v1/tasks/{task_id}/attempts/{attempt}/events", runner_events, methods=["POST"]),
         Route("/objects/{store}/{key:path}", download, methods=["GET", "HEAD"]),
         Route("/healthz", healthz, methods=["GET"]),

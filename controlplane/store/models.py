@@ -168,6 +168,8 @@ class Job(SQLModel, table=True):
     event_seq: int = 0  # highest runner event seq ingested
     provider_status: str | None = Field(default=None, sa_column=Column(String(32)))
     provider_reason: str | None = Field(default=None, sa_column=Column(Text))
+    # sha256 of the nonce of the runner that traded the bootstrap token for the attempt's secret.
+    secret_claim: str | None = Field(default=None, sa_column=Column(String(64)))
 
 
 class Lease(SQLModel, table=True):

@@ -481,6 +481,19 @@ class Store:
         with self._tx() as c:
             c.execute(update(JOBS).where(JOBS.c.worker_id == worker_id).values(state=state, finished_at=self.clock()))
 
+    def claim_runner_secret(self, task_id: str, attempt: int, nonce_digest: str) -> bool | None:
+        """Record the one runner allowed the attempt's secret: True for the first claim and for a
+        repeat with the same nonce, False for any other nonce, None if the attempt is not current."""
+        with self._tx() as c:
+            task = c.execute(select(T.c.attempt, T.c.state).where(T.c.task_id == task_id)).first()
+            if task is None or task.attempt != attempt or TaskState(task.state) in states.FINAL:
+                return None
+            done = c.execute(update(JOBS).where(JOBS.c.task_id == task_id, JOBS.c.attempt == attempt,
+                                                or_(JOBS.c.secret_claim.is_(None),
+                                                    JOBS.c.secret_claim == nonce_digest))
+                             .values(secret_claim=nonce_digest))
+            return done.rowcount == 1
+
     def job(self, task_id: str, attempt: int) -> dict[str, Any] | None:
         rows = self.db.fetch(GET_JOB, {"task_id": task_id, "attempt": attempt})
         return rows[0] if rows else None

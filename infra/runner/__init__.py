@@ -10,7 +10,9 @@ Environment the control plane gives the runner:
     CONTROLPLANE_TASK_ID, CONTROLPLANE_ATTEMPT   which task attempt this job is
     CONTROLPLANE_STORE_URL                       object store holding inputs, results, artifacts
     CONTROLPLANE_CALLBACK_URL                    base URL of the runner API (optional)
-    CONTROLPLANE_CALLBACK_SECRET                 per-task, per-attempt bearer secret
+    CONTROLPLANE_BOOTSTRAP_TOKEN                 one-time token, traded on start for the attempt's
+                                                 callback secret (POST .../claim with a nonce), so
+                                                 a copy read later from the job's spec is dead
     CONTROLPLANE_ENDPOINT_FILE                   (local) file naming the current callback URL
     CONTROLPLANE_HEARTBEAT_S, CONTROLPLANE_KILL_GRACE_S
 

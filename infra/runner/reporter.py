@@ -1,5 +1,14 @@
 """Delivery of a job's events (logs, progress, artifacts, its outcome) to the control plane.
 
+The runner's callback secret is not in its environment: the job's spec carries a one-time
+bootstrap token, which the reporter trades for the secret before its first delivery
+
+    POST {callback}/tasks/{task_id}/attempts/{attempt}/claim   Authorization: Bearer <token>
+    {"nonce": <random, this process's own>}   ->   {"secret": ...}
+
+(a retry with the same nonce is answered again; any other claimant gets 403, after which this
+runner delivers through the object store only).
+
 Events get a sequence number when they leave the pending queue (progress is coalesced first:
 only the latest report in a batch is kept). Batches are POSTed in order to
 
@@ -20,6 +29,7 @@ from __future__ import annotations
 import http.client
 import json
 import queue
+import secrets
 import sys
 import threading
 import time
@@ -40,7 +50,8 @@ class Reporter:
         attempt: int,
         store: ObjectStore | None,
         callback_url: str | None,
-        secret: str | None,
+        bootstrap: str | None = None,
+        secret: str | None = None,
         endpoint_file: str | None = None,
         heartbeat_s: float = 10.0,
         flush_interval_s: float = 0.05,
@@ -50,7 +61,9 @@ class Reporter:
         self.attempt = attempt
         self.store = store
         self.callback_url = callback_url
+        self.bootstrap = bootstrap
         self.secret = secret
+        self._nonce = secrets.token_hex(32)
         self.endpoint_file = endpoint_file
         self.heartbeat_s = heartbeat_s
         self.flush_interval_s = flush_interval_s
@@ -129,7 +142,32 @@ class Reporter:
             self._next_seq += 1
             self._unacked.append(e)
 
+    def _claim(self) -> bool:
+        """Trade the bootstrap token for the attempt's secret. False: not now (or never)."""
+        status, body = self._post({"nonce": self._nonce}, "claim", self.bootstrap)
+        if status == 200 and isinstance(body.get("secret"), str):
+            self.secret = body["secret"]
+            return True
+        if status == 409:  # the attempt is over: stop, as for a 409 on events
+            self._unacked.clear()
+            self._stop("stale")
+            self._last_contact = time.monotonic()
+            return False
+        if status in (400, 401, 403):
+            print(f"runner: the control plane refused this job's bootstrap token ({status}); "
+                  "delivering events through the object store only", file=sys.stderr)
+            self.callback_url = None
+            self.endpoint_file = None
+            return False
+        self._backoff = min(30.0, max(0.5, self._backoff * 2))
+        self._next_try = time.monotonic() + self._backoff
+        if status is None and self.endpoint_file:
+            self._rediscover()
+        return False
+
     def _deliver(self) -> None:
+        if self.secret is None and not self._claim():
+            return
         batch = self._unacked[:MAX_BATCH]
         status, body = self._post({"events": batch})
         if status == 200:
@@ -175,11 +213,12 @@ class Reporter:
         self._unacked = []
 
     # ---- HTTP ---------------------------------------------------------------------------------
-    def _post(self, payload: dict[str, Any]) -> tuple[int | None, dict[str, Any]]:
+    def _post(self, payload: dict[str, Any], route: str = "events",
+              credential: str | None = None) -> tuple[int | None, dict[str, Any]]:
         url = urlsplit(self.callback_url or "")
-        path = f"{url.path.rstrip('/')}/tasks/{self.task_id}/attempts/{self.attempt}/events"
+        path = f"{url.path.rstrip('/')}/tasks/{self.task_id}/attempts/{self.attempt}/{route}"
         body = json.dumps(payload, separators=(",", ":")).encode()
-        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {self.secret}"}
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {credential or self.secret}"}
         for _ in range(2):  # one retry on a dropped keep-alive connection
             try:
                 if self._conn is None:

@@ -81,12 +81,12 @@ class Runner:
             attempt=self.attempt,
             store=self.store,
             callback_url=env.get("CONTROLPLANE_CALLBACK_URL") or None,
-            secret=env.get("CONTROLPLANE_CALLBACK_SECRET"),
+            bootstrap=env.get("CONTROLPLANE_BOOTSTRAP_TOKEN"),
             endpoint_file=env.get("CONTROLPLANE_ENDPOINT_FILE") or None,
             heartbeat_s=float(env.get("CONTROLPLANE_HEARTBEAT_S", "10")),
             on_stop=self.request_stop,
         )
-        self.base_env = {k: v for k, v in env.items() if k != "CONTROLPLANE_CALLBACK_SECRET"}
+        self.base_env = {k: v for k, v in env.items() if k != "CONTROLPLANE_BOOTSTRAP_TOKEN"}
 
     def request_stop(self, reason: str) -> None:
         if self.stop_reason is None:
