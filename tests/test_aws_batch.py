@@ -12,7 +12,8 @@ import random
 import secrets
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -33,6 +34,7 @@ from providers.base import JobPhase, LaunchSpec
 from tests import aws
 from tests.cloud import moto_server  # noqa: F401  (fixture)
 from tests.conftest import FAST, Agent, most_in_one_second
+from tests.provider_contract import Harness, ProviderContract
 
 pytestmark = pytest.mark.anyio
 
@@ -386,3 +388,55 @@ async def test_throttled_batch_api_fails_no_task_and_stays_under_the_rate(moto: 
         assert len(names) == len(set(names)) == 9  # no job submitted twice despite failed calls
     finally:
         proxy.close()
+
+
+# ---- the provider contract suite ----------------------------------------------------------------
+class BatchHarness(Harness):
+    """AWS Batch on moto, with the executor playing the compute environment and a fault proxy in
+    front of the Batch API."""
+
+    can_hold_pending = True
+    can_fail_calls = True
+
+    def __init__(self, home: Path, moto: str, executor: aws.BatchExecutor, proxy: FaultProxy):
+        self.executor = executor
+        self.proxy = proxy
+        self.provider = AwsBatchProvider.configured(home, region=aws.REGION, endpoint_url=proxy.url, max_tps=500,
+                                                    poll_interval_s=0.1)
+        self.options = AwsBatchOptions(job_queue=aws.QUEUE, job_definition=aws.JOB_DEFINITION)
+
+    def count_jobs(self, job_name: str) -> int:
+        return sum(1 for j in aws.backend()._jobs.values() if j.job_name == job_name)
+
+    def forget(self, handle: dict[str, Any]) -> None:
+        aws.backend()._jobs.pop(handle["job_id"], None)
+        proc = self.executor.procs.get(handle["job_id"])
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+
+    @contextmanager
+    def pending(self) -> Iterator[None]:
+        self.executor.start_jobs = False
+        try:
+            yield
+        finally:
+            self.executor.start_jobs = True
+
+    @contextmanager
+    def failing_calls(self, rate: float) -> Iterator[None]:
+        self.proxy.fault_rate = rate
+        try:
+            yield
+        finally:
+            self.proxy.fault_rate = 0.0
+
+
+class TestBatchContract(ProviderContract):
+    @pytest.fixture
+    def harness(self, moto: str, tmp_path: Path) -> Iterator[BatchHarness]:
+        proxy = FaultProxy(moto, fault_rate=0.0)
+        try:
+            with aws.BatchExecutor(moto) as executor:
+                yield BatchHarness(tmp_path, moto, executor, proxy)
+        finally:
+            proxy.close()

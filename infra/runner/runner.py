@@ -112,6 +112,9 @@ class Runner:
             return self._finish(started, exit_code=None, signal_name=None, error=f"cannot read inputs: {e}",
                                 result=None, artifacts=[])
         inputs_file.write_text(json.dumps(inputs))
+        if self.stop_requested.is_set():  # stopped before the tool started: do not start it
+            return self._finish(started, exit_code=None, signal_name=None, error="stopped before the tool started",
+                                result=None, artifacts=[])
 
         read_fd, write_fd = os.pipe()
         env = dict(self.base_env)
@@ -306,9 +309,11 @@ def _kind_of(name: str) -> str:
     return KINDS.get(Path(name).suffix.lower(), "file")
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, early_signals: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     runner = Runner(args, dict(os.environ))
     signal.signal(signal.SIGTERM, lambda *_: runner.request_stop("signal"))
     signal.signal(signal.SIGINT, lambda *_: runner.request_stop("signal"))
+    if early_signals:  # stopped while starting up
+        runner.request_stop("signal")
     return runner.run()

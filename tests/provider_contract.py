@@ -1,0 +1,242 @@
+"""The provider contract suite: what every job runner must do, run against each provider's own
+fake or emulator with the real in-job runner executing every job.
+
+A provider's test module subclasses `ProviderContract` and gives it a `harness` fixture (a
+`Harness`: the provider under test, plus the few levers only the fake has: keep jobs waiting,
+make the runner forget a job, make a share of API calls fail, count the jobs of one attempt).
+The suite then checks, through the provider's interface alone:
+
+* launch runs the job to SUCCEEDED, or FAILED with the tool's non-zero exit;
+* find after a crash between the launch intent and the handle finds the one job, and nothing
+  for an attempt never launched;
+* every phase: PENDING (no capacity), RUNNING, SUCCEEDED, FAILED, GONE, in one poll of
+  handles of several poll groups, answered in order;
+* cancel stops a running job, and repeating it (also after the end, and on a vanished job) is
+  harmless;
+* native logs read page by page return every line once, in order;
+* throttled calls (429/5xx) are survived: nothing fails for them, and no attempt runs twice.
+
+Jobs run `python -c <script>` through the runner with no object store and no callback, so each
+test stands alone.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+from providers.base import Handle, JobPhase, JobStatus, LaunchSpec, Provider, ProviderOptions, TransientProviderError
+
+ENDED = {JobPhase.SUCCEEDED, JobPhase.FAILED, JobPhase.GONE}
+
+
+class Harness:
+    """What a provider's test module supplies. Levers it cannot pull are None (and the contract
+    test that needs one is skipped with the reason)."""
+
+    provider: Provider
+    options: ProviderOptions
+    can_hold_pending = False
+    can_fail_calls = False
+
+    def count_jobs(self, job_name: str) -> int:
+        """How many jobs the runner has for one attempt's job name."""
+        raise NotImplementedError
+
+    def forget(self, handle: Handle) -> None:
+        """The runner no longer knows the job (purged from its history); its process dies."""
+        raise NotImplementedError
+
+    @contextmanager
+    def pending(self) -> Iterator[None]:
+        """Jobs launched inside wait for capacity until the block ends."""
+        raise NotImplementedError
+        yield
+
+    @contextmanager
+    def failing_calls(self, rate: float) -> Iterator[None]:
+        """A share of the provider's API calls answer 429 or 5xx inside the block."""
+        raise NotImplementedError
+        yield
+
+    def spec(self, job_name: str, script: str, *, max_runtime_s: int = 120) -> LaunchSpec:
+        return LaunchSpec(task_id="tsk_" + job_name, attempt=1, job_name=job_name, tool_name="contract", owner="me",
+                          command=(self.provider.python, "-c", script), image=None,
+                          env={"CONTROLPLANE_TASK_ID": "tsk_" + job_name, "CONTROLPLANE_ATTEMPT": "1",
+                               "CONTROLPLANE_JOB_NAME": job_name},
+                          cpu=1, memory_mb=512, gpu=0, scratch_mb=0, max_runtime_s=max_runtime_s,
+                          resource_class="contract", options=self.options)
+
+
+def unique(prefix: str) -> str:
+    return f"cp-{prefix}-{time.monotonic_ns() % 10**10}-a1"
+
+
+def poll_one(provider: Provider, handle: Handle) -> JobStatus:
+    [status] = provider.poll([handle])
+    return status
+
+
+def wait_for(provider: Provider, handle: Handle, phases: set[JobPhase], timeout: float = 60) -> JobStatus:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            status = poll_one(provider, handle)
+            if status.phase in phases:
+                return status
+        except TransientProviderError:
+            status = None  # a throttled poll is no news
+        if time.monotonic() > deadline:
+            raise AssertionError(f"job still {status} after {timeout}s, wanted {phases}")
+        time.sleep(0.1)
+
+
+def eventually(fn: Callable[[], Any], timeout: float = 30) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return fn()
+        except (AssertionError, TransientProviderError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def launch_like_the_scheduler(provider: Provider, spec: LaunchSpec, tries: int = 30) -> Handle:
+    """The scheduler's loop: after a launch that failed in an unknown way, find before retrying."""
+    first = True
+    for _ in range(tries):
+        try:
+            if not first:
+                found = provider.find(spec)
+                if found is not None:
+                    return found
+            first = False
+            return provider.launch(spec)
+        except TransientProviderError:
+            time.sleep(0.1)
+    raise AssertionError(f"could not launch {spec.job_name} in {tries} tries")
+
+
+PRINT_LINES = "import sys\nfor i in range({n}): print('line', i)\nsys.exit({code})"
+SLEEP = "import time\nprint('sleeping', flush=True)\ntime.sleep({s})"
+
+
+class ProviderContract:
+    """Subclass with a `harness` fixture; every test below then runs against that provider."""
+
+    def test_launch_runs_the_job_to_success_or_failure(self, harness: Harness) -> None:
+        p = harness.provider
+        ok = p.launch(harness.spec(unique("ok"), PRINT_LINES.format(n=2, code=0)))
+        bad = p.launch(harness.spec(unique("bad"), PRINT_LINES.format(n=2, code=3)))
+        assert wait_for(p, ok, ENDED).phase == JobPhase.SUCCEEDED
+        failed = wait_for(p, bad, ENDED)
+        assert failed.phase == JobPhase.FAILED
+        assert failed.exit_code in (None, 3)  # not every runner reports the exit code
+
+    def test_find_after_a_crash_between_intent_and_handle(self, harness: Harness) -> None:
+        p = harness.provider
+        spec = harness.spec(unique("find"), SLEEP.format(s=1))
+        launched = p.launch(spec)  # ... and the control plane died before storing the handle
+        found = eventually(lambda: _found(p, spec))
+        assert wait_for(p, found, ENDED).phase == JobPhase.SUCCEEDED
+        assert wait_for(p, launched, ENDED).phase == JobPhase.SUCCEEDED  # the same job
+        assert harness.count_jobs(spec.job_name) == 1
+        assert p.find(harness.spec(unique("never"), SLEEP.format(s=0))) is None
+
+    def test_every_phase_in_one_poll_in_order(self, harness: Harness) -> None:
+        p = harness.provider
+        running = p.launch(harness.spec(unique("run"), SLEEP.format(s=30)))
+        done = p.launch(harness.spec(unique("done"), PRINT_LINES.format(n=1, code=0)))
+        failed = p.launch(harness.spec(unique("fail"), PRINT_LINES.format(n=1, code=2)))
+        gone = p.launch(harness.spec(unique("gone"), SLEEP.format(s=30)))
+        wait_for(p, running, {JobPhase.RUNNING})
+        wait_for(p, gone, {JobPhase.RUNNING})
+        wait_for(p, done, ENDED)
+        wait_for(p, failed, ENDED)
+        harness.forget(gone)
+        handles = [gone, done, running, failed]
+        groups = {p.poll_key(h) for h in handles}
+        statuses = eventually(lambda: _phases(p, handles, [JobPhase.GONE, JobPhase.SUCCEEDED, JobPhase.RUNNING,
+                                                           JobPhase.FAILED]))
+        assert statuses[2].started_at is not None and len(groups) >= 1
+        p.cancel(running)
+        wait_for(p, running, ENDED)
+
+    def test_a_job_waiting_for_capacity_is_pending(self, harness: Harness) -> None:
+        if not harness.can_hold_pending:
+            pytest.skip(f"{harness.provider.name} starts every job at once (no capacity to wait for)")
+        p = harness.provider
+        with harness.pending():
+            h = p.launch(harness.spec(unique("pend"), PRINT_LINES.format(n=1, code=0)))
+            assert poll_one(p, h).phase == JobPhase.PENDING
+            p.cancel(h)  # cancel before it ever started
+            assert wait_for(p, h, ENDED).phase in (JobPhase.FAILED, JobPhase.GONE)
+
+    def test_cancel_stops_the_job_and_repeats_harmlessly(self, harness: Harness) -> None:
+        p = harness.provider
+        h = p.launch(harness.spec(unique("cancel"), SLEEP.format(s=120)))
+        wait_for(p, h, {JobPhase.RUNNING})
+        time.sleep(0.5)  # a job that has been running a moment (its runner has started)
+        started = time.monotonic()
+        for _ in range(3):
+            p.cancel(h, "contract")
+        status = wait_for(p, h, ENDED, timeout=60)
+        assert status.phase in (JobPhase.FAILED, JobPhase.SUCCEEDED) and time.monotonic() - started < 60
+        p.cancel(h, "again, after the end")
+        harness.forget(h)
+        p.cancel(h, "and once it is gone")
+
+    def test_native_logs_page_by_page(self, harness: Harness) -> None:
+        p = harness.provider
+        h = p.launch(harness.spec(unique("logs"), PRINT_LINES.format(n=25, code=0)))
+        wait_for(p, h, ENDED)
+
+        def read_all() -> list[str]:
+            seen: list[str] = []
+            cursor = None
+            for _ in range(40):
+                page = p.logs(h, cursor, 7)
+                assert len(page.lines) <= 7
+                if not page.lines and page.reason is None:
+                    break
+                seen += [ln.message for ln in page.lines]
+                cursor = page.next_cursor
+            lines = [m for m in seen if m.startswith("line ")]
+            assert lines == [f"line {i}" for i in range(25)], seen
+            return lines
+
+        eventually(read_all)
+
+    def test_throttled_calls_are_survived(self, harness: Harness) -> None:
+        if not harness.can_fail_calls:
+            pytest.skip(f"{harness.provider.name} calls no API that could throttle")
+        p = harness.provider
+        specs = [harness.spec(unique(f"thr{i}"), PRINT_LINES.format(n=1, code=0)) for i in range(3)]
+        slow = harness.spec(unique("thrc"), SLEEP.format(s=60))
+        with harness.failing_calls(0.3):
+            handles = [launch_like_the_scheduler(p, s) for s in specs]
+            slow_h = launch_like_the_scheduler(p, slow)
+            for h in handles:
+                assert wait_for(p, h, ENDED).phase == JobPhase.SUCCEEDED
+            wait_for(p, slow_h, {JobPhase.RUNNING})
+            eventually(lambda: p.cancel(slow_h))
+            assert wait_for(p, slow_h, ENDED).phase in (JobPhase.FAILED, JobPhase.SUCCEEDED)
+        for s in [*specs, slow]:
+            assert harness.count_jobs(s.job_name) == 1, s.job_name
+
+
+def _found(p: Provider, spec: LaunchSpec) -> Handle:
+    found = p.find(spec)
+    assert found is not None, "find did not see the launched job"
+    return found
+
+
+def _phases(p: Provider, handles: list[Handle], want: list[JobPhase]) -> list[JobStatus]:
+    statuses = p.poll(handles)
+    assert [s.phase for s in statuses] == want, statuses
+    return statuses
