@@ -105,6 +105,12 @@ async def test_lifecycle_through_the_mcp_tools(batch: Batch) -> None:
     assert job["timeout"]["attemptDurationSeconds"] >= 300  # the tool's default runtime, plus grace
     env = {e["name"]: e["value"] for e in job["container"]["environment"]}
     assert env["CONTROLPLANE_TASK_ID"] == tid and env["CONTROLPLANE_STORE_URL"].startswith("s3://")
+    # DescribeJobs shows only the bootstrap token, which the runner has traded (and so killed).
+    from controlplane.launch import runner_secret
+
+    assert "CONTROLPLANE_CALLBACK_SECRET" not in env
+    assert runner_secret(batch.cp.secret_key, tid, 1) not in env.values()
+    assert batch.cp.store.job(tid, 1)["secret_claim"] is not None
     assert job["container"]["command"] == ["python", "-m", "infra.tools.exercise"]
 
     relayed = await agent.all_logs(tid)
