@@ -6,21 +6,41 @@ resumable upload in 8 MiB chunks with `ifGenerationMatch=0` (GCS refuses a secon
 same name atomically; the store also checks first, for emulators that do not enforce it).
 
 Links are V4 signed URLs, at most 7 days. They are signed with a service-account key when
-`CONTROLPLANE_GCS_SIGNING_KEY_FILE` names one, and otherwise through IAM signBlob with the
-runtime identity (Cloud Run's metadata credentials carry no private key), which needs the
-identity to hold roles/iam.serviceAccountTokenCreator on itself.
+`CONTROLPLANE_GCS_SIGNING_KEY_FILE` names one (or when the client's own credentials hold a
+private key), and otherwise through IAM Credentials signBlob with the runtime identity (Cloud
+Run's metadata credentials carry no private key), which needs the identity to hold
+roles/iam.serviceAccountTokenCreator on the signing service account:
+
+- `CONTROLPLANE_GCS_IAM_ENDPOINT`: where signBlob is called (default
+  `https://iamcredentials.googleapis.com`, or `https://iamcredentials.<universe>` in another
+  universe), e.g. a private endpoint or, in tests, a fake;
+- `CONTROLPLANE_GCS_SIGNER_EMAIL`: the service account to sign as (default the runtime
+  credentials' `service_account_email`).
+
+Either way google-cloud-storage builds the canonical request; only the RSA signature of the
+string to sign comes from IAM. The access token is sent to the IAM endpoint only, and never
+logged or put in an error.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import datetime
 import hashlib
+import logging
 import os
+import threading
 from collections.abc import Iterator
 from typing import Any, BinaryIO
+from urllib.parse import quote
 
+import requests
 from google.api_core import exceptions as gexc
+from google.auth import credentials as auth_credentials
+from google.auth import crypt
 from google.cloud import storage
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from controlplane.objectstore.base import (
     CHUNK,
@@ -34,10 +54,144 @@ from controlplane.objectstore.base import (
 )
 
 UPLOAD_CHUNK = 8 * CHUNK  # a multiple of 256 KiB, as resumable uploads require
+DEFAULT_IAM_ENDPOINT = "https://iamcredentials.googleapis.com"
+
+log = logging.getLogger("controlplane.objectstore.gcs")
+
+
+class GcsSigningError(RuntimeError):
+    """A link could not be signed (IAM signBlob refused, unreachable, or no signer configured)."""
+
+
+class _TransientSignBlobError(GcsSigningError):
+    """429, 5xx or a connection failure: worth another try."""
+
+
+class IamSignBlobSigner(crypt.Signer, auth_credentials.Signing):
+    """Signs bytes with IAM Credentials `signBlob`, at an endpoint of our choosing.
+
+    Hand-written because the libraries hard-code the endpoint: google-cloud-storage's
+    `_signing._sign_message` (used for `service_account_email=` + `access_token=`) POSTs to
+    `https://iamcredentials.{universe_domain}/...`, and `google.auth.iam.Signer` and
+    `impersonated_credentials.Credentials.sign_bytes` use the module constant
+    `google.auth.iam._IAM_SIGN_ENDPOINT` (only the universe domain is substituted). Neither can
+    be pointed at a private endpoint or a fake without patching module globals.
+
+    It is both a `google.auth.crypt.Signer` (`sign`, `key_id`) and a
+    `google.auth.credentials.Signing` (`sign_bytes`, `signer_email`, `signer`), so it can be
+    passed as `credentials=` to `Blob.generate_signed_url(version="v4")`, which then builds the
+    canonical request and string to sign itself and only asks us for the RSA signature.
+    """
+
+    attempts = 4  # 429 and 5xx are retried, waiting backoff_s, 2x, 4x... (at most 8 s) between tries
+    backoff_s = 0.5
+    timeout_s = 30.0
+
+    def __init__(self, credentials: Any, endpoint: str, signer_email: str | None = None, *,
+                 attempts: int | None = None, backoff_s: float | None = None, timeout_s: float | None = None,
+                 session: requests.Session | None = None):
+        self._credentials = credentials  # the runtime identity; its token authorizes the call
+        self.endpoint = endpoint.rstrip("/")
+        self._email = signer_email
+        if attempts is not None:
+            self.attempts = max(1, int(attempts))
+        if backoff_s is not None:
+            self.backoff_s = backoff_s
+        if timeout_s is not None:
+            self.timeout_s = timeout_s
+        self._session = session or requests.Session()
+        self._lock = threading.Lock()
+
+    # ---- google.auth.credentials.Signing ---------------------------------------------------
+    @property
+    def signer_email(self) -> str:
+        if not self._email:
+            # Metadata-server credentials say "default" until their first refresh.
+            self._ensure_valid()
+            email = getattr(self._credentials, "service_account_email", None)
+            if not email or email == "default":
+                raise GcsSigningError(
+                    "cannot sign a GCS link: no service-account key (CONTROLPLANE_GCS_SIGNING_KEY_FILE) and the "
+                    "runtime credentials name no service account; set CONTROLPLANE_GCS_SIGNER_EMAIL")
+            self._email = email
+        return self._email
+
+    @property
+    def signer(self) -> IamSignBlobSigner:
+        return self
+
+    def sign_bytes(self, message: bytes | str) -> bytes:
+        return self.sign(message)
+
+    # ---- google.auth.crypt.Signer --------------------------------------------------------------
+    @property
+    def key_id(self) -> str | None:
+        return None  # IAM picks the key; it names it in the answer's keyId
+
+    def sign(self, message: bytes | str) -> bytes:
+        if isinstance(message, str):
+            message = message.encode("utf-8")
+        email = self.signer_email
+        url = f"{self.endpoint}/v1/projects/-/serviceAccounts/{quote(email, safe='@')}:signBlob"
+        body = {"payload": base64.b64encode(message).decode("ascii")}
+        try:
+            for attempt in Retrying(stop=stop_after_attempt(self.attempts),
+                                    wait=wait_exponential(multiplier=self.backoff_s, max=8),
+                                    retry=retry_if_exception_type(_TransientSignBlobError), reraise=True):
+                with attempt:
+                    return self._call(url, body, email)
+        except _TransientSignBlobError as exc:
+            raise GcsSigningError(f"IAM signBlob for {email} at {url} failed after {self.attempts} attempts: "
+                                  f"{exc}") from None
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # ---- the call --------------------------------------------------------------------------
+    def _ensure_valid(self) -> None:
+        import google.auth.exceptions
+        import google.auth.transport.requests
+
+        with self._lock:
+            if self._credentials.valid:
+                return
+            try:
+                self._credentials.refresh(google.auth.transport.requests.Request(self._session))
+            except google.auth.exceptions.GoogleAuthError as exc:
+                raise GcsSigningError(f"cannot sign a GCS link: refreshing the runtime credentials failed "
+                                      f"({type(exc).__name__}: {exc})") from None
+
+    def _call(self, url: str, body: dict[str, str], email: str) -> bytes:
+        self._ensure_valid()
+        token = self._credentials.token
+        headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+        try:
+            r = self._session.post(url, json=body, headers=headers, timeout=self.timeout_s)
+        except requests.RequestException as exc:
+            # requests' messages name the URL, never the headers
+            log.warning("IAM signBlob at %s unreachable (%s); retrying", url, type(exc).__name__)
+            raise _TransientSignBlobError(f"unreachable ({type(exc).__name__})") from None
+        if r.status_code == 429 or r.status_code >= 500:
+            log.warning("IAM signBlob at %s answered %s; retrying", url, r.status_code)
+            raise _TransientSignBlobError(f"HTTP {r.status_code}: {_excerpt(r.text, token)}")
+        if r.status_code != 200:
+            hint = (f"; the runtime identity needs roles/iam.serviceAccountTokenCreator on {email}"
+                    if r.status_code in (401, 403) else "")
+            raise GcsSigningError(f"IAM signBlob for {email} at {url} refused with HTTP {r.status_code}: "
+                                  f"{_excerpt(r.text, token)}{hint}")
+        try:
+            return base64.b64decode(r.json()["signedBlob"], validate=True)
+        except (ValueError, KeyError, TypeError, binascii.Error):
+            raise GcsSigningError(f"IAM signBlob at {url} answered without a valid signedBlob") from None
+
+
+def _excerpt(text: str, token: str | None) -> str:
+    """The start of an error body, for a message, with the token blanked should it be echoed."""
+    text = " ".join((text or "").split())[:300]
+    return text.replace(token, "<token>") if token else text
 
 
 class GcsObjectStore(ObjectStore):
-    def __init__(self, bucket: str, prefix: str = "", *, client: Any = None, signing_key_file: str | None = None):
+    def __init__(self, bucket: str, prefix: str = "", *, client: Any = None, signing_key_file: str | None = None,
+                 iam_endpoint: str | None = None, signer_email: str | None = None):
         self.bucket_name = bucket
         self.prefix = prefix
         self.url = f"gs://{bucket}/{prefix}".rstrip("/")
@@ -53,7 +207,13 @@ class GcsObjectStore(ObjectStore):
         self.client = client
         self.bucket = client.bucket(bucket)
         self.signing_key_file = signing_key_file or os.environ.get("CONTROLPLANE_GCS_SIGNING_KEY_FILE")
+        universe = getattr(client, "universe_domain", None) or "googleapis.com"
+        self.iam_endpoint = (iam_endpoint or os.environ.get("CONTROLPLANE_GCS_IAM_ENDPOINT")
+                             or (DEFAULT_IAM_ENDPOINT if universe == "googleapis.com"
+                                 else f"https://iamcredentials.{universe}")).rstrip("/")
+        self.signer_email = signer_email or os.environ.get("CONTROLPLANE_GCS_SIGNER_EMAIL") or None
         self._signer: Any = None
+        self._iam_signer: IamSignBlobSigner | None = None
 
     @classmethod
     def from_url(cls, url: str) -> GcsObjectStore:
@@ -144,10 +304,8 @@ class GcsObjectStore(ObjectStore):
             return {"credentials": self._signer}
         creds = self.client._credentials
         if hasattr(creds, "sign_bytes") and getattr(creds, "signer", None) is not None:
-            return {"credentials": creds}  # a service-account key: signs locally
-        # Runtime identity without a key (Cloud Run): sign through IAM signBlob.
-        import google.auth.transport.requests
-
-        if not creds.valid:
-            creds.refresh(google.auth.transport.requests.Request())
-        return {"service_account_email": creds.service_account_email, "access_token": creds.token}
+            return {"credentials": creds}  # a service-account key (or a signer of its own)
+        # Runtime identity without a key (Cloud Run): sign through IAM signBlob at our endpoint.
+        if self._iam_signer is None:
+            self._iam_signer = IamSignBlobSigner(creds, self.iam_endpoint, self.signer_email)
+        return {"credentials": self._iam_signer}

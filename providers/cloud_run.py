@@ -1,0 +1,475 @@
+"""Google Cloud Run Jobs: each task attempt is one execution of a Cloud Run job; its logs are in
+Cloud Logging.
+
+The operator provisions one Cloud Run job per tool image and resource shape (the Terraform
+modules make them from the catalog); the image's entrypoint is the runner
+(`infra/runner/Dockerfile`). A catalog entry names the job in `provider_options`:
+
+    project   the Google Cloud project (required unless `job` is a full resource name)
+    region    the job's region (idem)
+    job       the job's name, or `projects/P/locations/R/jobs/J`
+    container the container to override in a multi-container job (default: the first)
+    stuck_after_s, on_stuck   as for AWS Batch: an execution still pending after this long is
+              reported as waiting ("wait") or stopped and failed with LAUNCH_FAILED ("fail")
+
+What varies per task travels in the execution's overrides: the container's args (the tool's
+command, after the image's runner entrypoint), its env (the runner's contract, merged into the
+job's env), task_count 1 and the timeout (max_runtime_s plus grace, a backstop: the control plane
+stops the execution itself). The image, cpu and memory are the job's and cannot be overridden
+per execution: a resource class maps onto a job, not onto a shape chosen per task.
+
+How it maps the core's contract onto Cloud Run:
+
+* launch = RunJob. Its long-running operation ends only when the execution does, so the
+  execution's name is read from the operation's metadata and the operation is never waited on.
+  RunJob is NOT idempotent: a 5xx may come after the execution was created. So a launch is never
+  retried in place (only a 429, which the service refused before doing anything); the control
+  plane's launch retry looks the execution up with `find` first.
+* find = list the job's executions and match the attempt's own marker, `CONTROLPLANE_JOB_NAME`
+  in the execution's container env (overrides are applied to the execution's template).
+* poll: there is no batch get and no state filter, so `poll_key` is the job: the reconciler
+  hands over every watched execution of one job at once, answered by one paged ListExecutions
+  (newest first, stopping once every watched execution was seen). An execution missing from the
+  list is confirmed with one GetExecution before it is called GONE (Cloud Run keeps 1,000
+  executions per job; a list is not proof of absence).
+* cancel = CancelExecution, idempotent: an execution that has already ended (or vanished)
+  answers as cancelled; the control plane repeats it until the execution reports it stopped.
+* logs = Cloud Logging entries of the execution (resource `cloud_run_job`, label
+  `run.googleapis.com/execution_name`), oldest first, cursor = timestamp + insertId. Cloud
+  Logging allows about 60 reads a minute per project: reads take a place in a per-project
+  limiter without waiting (a tail over the quota answers "try again" with its cursor), and
+  concurrent tails of one task share pages for a few seconds. Entries reach Cloud Logging with a
+  delay of seconds (a line that arrives later with an earlier timestamp than the cursor is not
+  seen by this tail); the runner's relay (the default log source) has every line, including
+  those of a container that died before its log agent flushed. log_link = the execution's
+  `log_uri`.
+
+Settings (`CONTROLPLANE_CLOUD_RUN_*`), each endpoint and credential replaceable for emulators,
+fakes and private endpoints: `ENDPOINT` (Admin API, e.g. `http://127.0.0.1:8080`),
+`LOGGING_ENDPOINT`, `CREDENTIALS_FILE` (a service-account key; default Application Default
+Credentials, the runtime service account on Cloud Run), `ANONYMOUS` (no credentials: fakes),
+`MAX_TPS` (Admin API requests a second per project and region, shared by every client in the
+process), `LOG_READS_PER_MIN`, `POLL_INTERVAL_S`, `PAGE_SIZE`, `STUCK_AFTER_S`, `RETRY_DEADLINE_S`.
+
+Errors: 429 and 5xx are retried with jittered backoff inside each call (each try holds a place
+in the limiter) and, past the deadline, become TransientProviderError, which never fails a task.
+A job that does not exist fails the launch (PermanentProviderError -> LAUNCH_FAILED) with a
+message naming it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Hashable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import requests
+from google.api_core import exceptions as gexc
+from google.api_core.client_options import ClientOptions
+from google.cloud import run_v2
+from google.protobuf import duration_pb2
+from pydantic import Field, model_validator
+from pydantic_settings import SettingsConfigDict
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_random_exponential
+
+from providers import ratelimit
+from providers.base import (
+    Capability,
+    Handle,
+    JobPhase,
+    JobStatus,
+    LaunchSpec,
+    LogLine,
+    LogPage,
+    PermanentProviderError,
+    Provider,
+    ProviderContext,
+    ProviderOptions,
+    ProviderSettings,
+    TransientProviderError,
+)
+
+log = logging.getLogger("controlplane.providers.cloud_run")
+
+MARKER = "CONTROLPLANE_JOB_NAME"  # the env var that names an execution's task attempt
+_COND = run_v2.Condition.State
+_REASON = run_v2.Condition.ExecutionReason
+# The Completed condition (state, execution reason) -> our phase and the status word we show.
+# An execution without a final Completed condition is RUNNING while a task runs, else PENDING.
+PHASES: dict[tuple[int, int | None], tuple[JobPhase, str]] = {
+    (_COND.CONDITION_SUCCEEDED, None): (JobPhase.SUCCEEDED, "SUCCEEDED"),
+    (_COND.CONDITION_FAILED, _REASON.NON_ZERO_EXIT_CODE): (JobPhase.FAILED, "FAILED"),
+    (_COND.CONDITION_FAILED, _REASON.CANCELLED): (JobPhase.FAILED, "CANCELLED"),
+    (_COND.CONDITION_FAILED, _REASON.DELETED): (JobPhase.GONE, "DELETED"),
+    (_COND.CONDITION_FAILED, None): (JobPhase.FAILED, "FAILED"),
+}
+TRANSIENT = (gexc.TooManyRequests, gexc.ServiceUnavailable, gexc.InternalServerError, gexc.BadGateway,
+             gexc.GatewayTimeout, gexc.DeadlineExceeded, requests.exceptions.ConnectionError,
+             requests.exceptions.Timeout)
+SHARED_PAGE_S = 3.0  # concurrent tails of one execution share a page this long
+
+
+class CloudRunSettings(ProviderSettings):
+    model_config = SettingsConfigDict(env_prefix="CONTROLPLANE_CLOUD_RUN_", extra="ignore")
+
+    endpoint: str | None = None  # Cloud Run Admin API base URL (default run.googleapis.com)
+    logging_endpoint: str | None = None  # Cloud Logging API base URL (default logging.googleapis.com)
+    credentials_file: Path | None = None  # a service-account key; default: Application Default Credentials
+    anonymous: bool = False  # send no credentials (emulators and fakes only)
+    max_tps: float = Field(default=10.0, gt=0)  # Admin API requests per second, per project and region
+    log_reads_per_min: int = Field(default=60, ge=1)  # Cloud Logging entries.list, per project
+    poll_interval_s: float = Field(default=10.0, gt=0)
+    page_size: int = Field(default=500, ge=1, le=1000)  # executions per ListExecutions page
+    stuck_after_s: float = Field(default=900.0, gt=0)
+    retry_deadline_s: float = Field(default=30.0, ge=0)  # how long one call retries 429/5xx
+
+
+class CloudRunOptions(ProviderOptions):
+    job: str = Field(min_length=1)
+    project: str | None = None
+    region: str | None = None
+    container: str | None = None
+    stuck_after_s: float | None = Field(default=None, gt=0)
+    on_stuck: Literal["wait", "fail"] = "wait"
+
+    @model_validator(mode="after")
+    def _located(self) -> CloudRunOptions:
+        if self.job.startswith("projects/"):
+            parts = self.job.split("/")
+            if len(parts) != 6 or parts[2] != "locations" or parts[4] != "jobs" or not all(parts[1::2]):
+                raise ValueError("job: a full name is projects/PROJECT/locations/REGION/jobs/JOB")
+        elif "/" in self.job:
+            raise ValueError("job: a job name, or projects/PROJECT/locations/REGION/jobs/JOB")
+        elif not (self.project and self.region):
+            raise ValueError("project and region are required with a short job name")
+        return self
+
+    @property
+    def job_path(self) -> str:
+        return self.job if self.job.startswith("projects/") else \
+            f"projects/{self.project}/locations/{self.region}/jobs/{self.job}"
+
+
+def _ts(t: Any) -> float | None:
+    """A proto timestamp (DatetimeWithNanoseconds, or unset) as epoch seconds."""
+    if t is None:
+        return None
+    if isinstance(t, datetime):
+        return t.timestamp() if t.year > 1970 else None
+    return None
+
+
+def _rfc3339(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def execution_status(ex: Any, now: float, stuck_after_s: float, on_stuck: str) -> JobStatus:
+    """One execution as the core's job status, through the table above."""
+    completed = next((c for c in ex.conditions if c.type_ == "Completed"), None)
+    state = int(completed.state) if completed is not None else _COND.CONDITION_PENDING
+    reason_code = int(completed.execution_reason) if completed is not None else 0
+    message = completed.message if completed is not None else ""
+    started, finished = _ts(ex.start_time), _ts(ex.completion_time)
+    if state in (_COND.CONDITION_SUCCEEDED, _COND.CONDITION_FAILED):
+        phase, word = PHASES.get((state, reason_code)) or PHASES[(state, None)]
+        why = _REASON(reason_code).name if reason_code else None
+        reason = ": ".join(p for p in (why, message) if p) or None
+        return JobStatus(phase, reason=reason, started_at=started, finished_at=finished, raw_status=word)
+    if ex.running_count > 0 or reason_code == _REASON.CANCELLING:
+        word = "CANCELLING" if reason_code == _REASON.CANCELLING else "RUNNING"
+        return JobStatus(JobPhase.RUNNING, reason=message or None, started_at=started or now, raw_status=word)
+    waiting = give_up = None
+    created = _ts(ex.create_time) or now
+    if now - created > stuck_after_s:
+        waiting = f"PENDING for {(now - created) / 60:.0f} min: {message or 'waiting for the execution to start'}"
+        if on_stuck == "fail":
+            give_up = f"the execution did not start: {waiting}"
+    return JobStatus(JobPhase.PENDING, reason=message or None, waiting_reason=waiting, give_up_reason=give_up,
+                     raw_status="PENDING")
+
+
+class _SharedPages:
+    """Log pages shared by concurrent tails for a few seconds; one read per key at a time."""
+
+    def __init__(self, ttl_s: float):
+        self.ttl_s = ttl_s
+        self._pages: dict[Hashable, tuple[float, LogPage]] = {}
+        self._locks: dict[Hashable, threading.Lock] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable, read: Callable[[], LogPage]) -> LogPage:
+        with self._lock:
+            lock = self._locks.setdefault(key, threading.Lock())
+        with lock:
+            now = time.monotonic()
+            hit = self._pages.get(key)
+            if hit is not None and hit[0] > now:
+                return hit[1]
+            page = read()
+            with self._lock:
+                for k in [k for k, (exp, _) in self._pages.items() if exp <= now]:
+                    self._pages.pop(k, None)
+                    self._locks.pop(k, None)
+                if page.reason is None:  # an answer worth sharing (not a throttled one)
+                    self._pages[key] = (now + self.ttl_s, page)
+            return page
+
+
+class CloudRunProvider(Provider):
+    name = "cloud_run"
+    Settings = CloudRunSettings
+    Options = CloudRunOptions
+    poll_batch_size = 1_000_000  # a whole job's watched executions in one call (one paged list)
+    capabilities = frozenset({Capability.LOGS, Capability.LOG_LINK})
+
+    def __init__(self, settings: CloudRunSettings, context: ProviderContext):
+        self.settings = settings
+        self.poll_interval_s = settings.poll_interval_s
+        self.kill_grace_s = context.kill_grace_s
+        self.credentials = self._credentials(settings)
+        options = ClientOptions(api_endpoint=settings.endpoint) if settings.endpoint else None
+        self.jobs = run_v2.JobsClient(credentials=self.credentials, transport="rest", client_options=options)
+        self.executions = run_v2.ExecutionsClient(credentials=self.credentials, transport="rest",
+                                                  client_options=options)
+        self._logging: Any = None
+        self._logging_lock = threading.Lock()
+        self._pages = _SharedPages(SHARED_PAGE_S)
+        self._log_uris: dict[str, str] = {}  # execution -> its log_uri, learnt from polls
+        self.api_calls = 0  # Admin API requests made (tries included), for benchmarks
+
+    @staticmethod
+    def _credentials(settings: CloudRunSettings) -> Any:
+        if settings.anonymous:
+            from google.auth.credentials import AnonymousCredentials
+
+            return AnonymousCredentials()
+        if settings.credentials_file:
+            from google.oauth2 import service_account
+
+            return service_account.Credentials.from_service_account_file(
+                str(settings.credentials_file), scopes=["https://www.googleapis.com/auth/cloud-platform"])
+        return None  # the SDK's Application Default Credentials
+
+    # ---- calls: one limiter per project and region, retries with jitter -------------------------
+    def _limiter(self, job_path: str) -> ratelimit.SlidingWindowLimiter:
+        project, region = job_path.split("/")[1], job_path.split("/")[3]
+        return ratelimit.shared(ratelimit.key("cloudrun", account=project, region=region,
+                                              endpoint=self.settings.endpoint), self.settings.max_tps)
+
+    def _call(self, job_path: str, fn: Callable[..., Any], *, retry_on: tuple[type[BaseException], ...] = TRANSIENT,
+              **kwargs: Any) -> Any:
+        """One Admin API call. The SDK's own retries are off (`retry=None`) so that every try
+        passes the shared limiter; 429/5xx are retried here until `retry_deadline_s`."""
+        limiter = self._limiter(job_path)
+
+        def once() -> Any:
+            with ratelimit.held(limiter):
+                self.api_calls += 1
+                return fn(**kwargs, retry=None, timeout=30)
+
+        try:
+            for attempt in Retrying(retry=retry_if_exception(lambda e: isinstance(e, retry_on)),
+                                    wait=wait_random_exponential(multiplier=0.25, max=8),
+                                    stop=stop_after_delay(self.settings.retry_deadline_s) | stop_after_attempt(10),
+                                    reraise=True):
+                with attempt:
+                    return once()
+        except TRANSIENT as e:
+            raise TransientProviderError(f"Cloud Run API: {type(e).__name__}: {getattr(e, 'message', e)}") from e
+        except gexc.GoogleAPICallError as e:
+            raise PermanentProviderError(f"Cloud Run API: {type(e).__name__}: {e.message}") from e
+        return None  # pragma: no cover
+
+    # ---- launch / find --------------------------------------------------------------------------
+    def launch(self, spec: LaunchSpec) -> Handle:
+        opts: CloudRunOptions = spec.options
+        override = run_v2.RunJobRequest.Overrides.ContainerOverride(
+            name=opts.container or "", args=list(spec.command),
+            env=[run_v2.EnvVar(name=k, value=v) for k, v in sorted(spec.env.items())])
+        timeout = max(60, int(spec.max_runtime_s + self.kill_grace_s + 60))  # a backstop
+        request = run_v2.RunJobRequest(name=opts.job_path, overrides=run_v2.RunJobRequest.Overrides(
+            container_overrides=[override], task_count=1, timeout=duration_pb2.Duration(seconds=timeout)))
+        try:
+            # Only a 429 is retried in place: the service refused it before doing anything. After a
+            # 5xx the execution may exist; the control plane's retry calls `find` first.
+            operation = self._call(opts.job_path, self.jobs.run_job, retry_on=(gexc.TooManyRequests,),
+                                   request=request)
+        except PermanentProviderError as e:
+            if isinstance(e.__cause__, gexc.NotFound):
+                raise PermanentProviderError(f"the Cloud Run job {opts.job_path} does not exist (provider_options.job "
+                                             "of the catalog names a job the operator has not created)") from None
+            raise
+        execution = operation.metadata
+        if execution is None or not execution.name:
+            # The operation has no execution yet: look it up by its marker rather than guess.
+            found = self.find(spec)
+            if found is None:
+                raise TransientProviderError("RunJob answered without an execution name")
+            return found
+        return self._handle(execution, spec)
+
+    def _handle(self, execution: Any, spec: LaunchSpec) -> Handle:
+        opts: CloudRunOptions = spec.options
+        return {"execution": execution.name, "job": opts.job_path, "job_name": spec.job_name,
+                "created_at": _ts(execution.create_time) or time.time(), "log_uri": execution.log_uri or None,
+                "stuck_after_s": float(opts.stuck_after_s or self.settings.stuck_after_s), "on_stuck": opts.on_stuck}
+
+    def find(self, spec: LaunchSpec) -> Handle | None:
+        opts: CloudRunOptions = spec.options
+        found = [ex for ex in self._list(opts.job_path) if _marker(ex) == spec.job_name]
+        if not found:
+            return None
+        if len(found) > 1:
+            log.warning("%d Cloud Run executions carry %s; following the newest", len(found), spec.job_name)
+        return self._handle(max(found, key=lambda ex: _ts(ex.create_time) or 0), spec)
+
+    def _list(self, job_path: str, until: Callable[[Any], bool] | None = None) -> list[Any]:
+        """The job's executions, newest first, page by page (stops early once `until` is true)."""
+        out: list[Any] = []
+        token = ""
+        while True:
+            request = run_v2.ListExecutionsRequest(parent=job_path, page_size=self.settings.page_size, page_token=token)
+            pager = self._call(job_path, self.executions.list_executions, request=request)
+            response = next(iter(pager.pages))  # this page only: each further page is one more counted call
+            out.extend(response.executions)
+            token = response.next_page_token
+            if not token or (until is not None and until(out)):
+                return out
+
+    # ---- poll -----------------------------------------------------------------------------------
+    def poll_key(self, handle: Handle) -> Hashable:
+        return handle["job"]
+
+    def poll(self, handles: list[Handle]) -> list[JobStatus]:
+        if not handles:
+            return []
+        now = time.time()
+        by_job: dict[str, list[Handle]] = {}
+        for h in handles:
+            by_job.setdefault(h["job"], []).append(h)
+        seen: dict[str, Any] = {}
+        for job_path, group in by_job.items():
+            wanted = {h["execution"] for h in group}
+            listed = self._list(job_path, until=lambda out, w=wanted: w <= {ex.name for ex in out})
+            seen.update((ex.name, ex) for ex in listed if ex.name in wanted)
+            for name in wanted - seen.keys():  # not listed: confirm before calling it gone
+                try:
+                    seen[name] = self._call(job_path, self.executions.get_execution, name=name)
+                except PermanentProviderError as e:
+                    if not isinstance(e.__cause__, gexc.NotFound):
+                        raise
+        out = []
+        for h in handles:
+            ex = seen.get(h["execution"])
+            if ex is None:
+                self._log_uris.pop(h["execution"], None)
+                out.append(JobStatus(JobPhase.GONE, reason="Cloud Run no longer knows this execution",
+                                     raw_status="GONE"))
+                continue
+            if ex.log_uri:
+                self._log_uris[ex.name] = ex.log_uri
+            out.append(execution_status(ex, now, h.get("stuck_after_s", self.settings.stuck_after_s),
+                                        h.get("on_stuck", "wait")))
+        return out
+
+    # ---- cancel ---------------------------------------------------------------------------------
+    def cancel(self, handle: Handle, reason: str = "cancelled") -> None:
+        try:
+            self._call(handle["job"], self.executions.cancel_execution, name=handle["execution"])
+        except PermanentProviderError as e:
+            # Already ended (FAILED_PRECONDITION) or gone (NOT_FOUND): nothing left to stop.
+            if not isinstance(e.__cause__, gexc.NotFound | gexc.FailedPrecondition):
+                raise
+
+    # ---- logs -----------------------------------------------------------------------------------
+    def _logging_client(self, project: str) -> Any:
+        with self._logging_lock:
+            if self._logging is None:
+                from google.cloud import logging as gcl
+
+                options = {"api_endpoint": self.settings.logging_endpoint} if self.settings.logging_endpoint else None
+                self._logging = gcl.Client(project=project, credentials=self.credentials, _use_grpc=False,
+                                           client_options=options)
+            return self._logging
+
+    def logs(self, handle: Handle, cursor: str | None, limit: int) -> LogPage:
+        return self._pages.get((handle["execution"], cursor, limit), lambda: self._read_logs(handle, cursor, limit))
+
+    def _read_logs(self, handle: Handle, cursor: str | None, limit: int) -> LogPage:
+        _, project, _, region, _, job = handle["job"].split("/")
+        execution = handle["execution"].rsplit("/", 1)[-1]
+        after_ts, _, after_id = (cursor or "").partition("|")
+        # Always bound by time: without a timestamp term Cloud Logging searches the last 24 h only.
+        since = after_ts or _rfc3339(float(handle.get("created_at") or time.time()) - 60)
+        query = "\n".join([
+            'resource.type = "cloud_run_job"',
+            f'resource.labels.job_name = "{job}"',
+            f'resource.labels.location = "{region}"',
+            f'labels."run.googleapis.com/execution_name" = "{execution}"',
+            f'timestamp >= "{since}"',
+        ])
+        limiter = ratelimit.shared(ratelimit.key("logging", account=project, endpoint=self.settings.logging_endpoint),
+                                   self.settings.log_reads_per_min, window_s=60.0)
+        place = limiter.try_acquire()
+        if place is None:
+            return LogPage([], cursor, reason=(
+                f"Cloud Logging allows {self.settings.log_reads_per_min} reads a minute per project; try again in "
+                f"{limiter.wait_s():.0f} s (the runner's own log, source='task', has every line)"))
+        # One page: entries at the cursor's instant that were returned before are skipped, so a
+        # little more than `limit` is asked for. (The client's pager hides page tokens; with
+        # page_size == max_results it reads one page.)
+        size = min(1000, limit + 50)
+        try:
+            entries = list(self._logging_client(project).list_entries(
+                resource_names=[f"projects/{project}"], filter_=query, order_by="timestamp asc", page_size=size,
+                max_results=size))
+        except TRANSIENT as e:
+            raise TransientProviderError(f"Cloud Logging: {type(e).__name__}") from e
+        except gexc.GoogleAPICallError as e:
+            raise PermanentProviderError(f"Cloud Logging: {e.message}") from e
+        finally:
+            limiter.release(place)
+        lines: list[LogLine] = []
+        last = (after_ts, after_id)
+        for entry in entries:
+            key = (entry.timestamp.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"), entry.insert_id or "")
+            if after_ts and key <= (after_ts, after_id):
+                continue  # at or before the cursor: returned by an earlier page
+            if len(lines) >= limit:
+                break
+            lines.append(LogLine(ts=entry.timestamp.timestamp(), message=_text(entry.payload)))
+            last = key
+        return LogPage(lines, _cursor(last) or cursor)
+
+    def log_link(self, handle: Handle) -> str | None:
+        uri = handle.get("log_uri") or self._log_uris.get(handle["execution"])
+        if uri:
+            return uri
+        _, project, _, region, _, _job = handle["job"].split("/")
+        execution = handle["execution"].rsplit("/", 1)[-1]
+        return (f"https://console.cloud.google.com/run/jobs/executions/details/{region}/{execution}/logs"
+                f"?project={project}")
+
+
+def _marker(execution: Any) -> str | None:
+    for container in execution.template.containers:
+        for env in container.env:
+            if env.name == MARKER:
+                return env.value
+    return None
+
+
+def _cursor(last: tuple[str, str]) -> str | None:
+    return f"{last[0]}|{last[1]}" if last[0] else None
+
+
+def _text(payload: Any) -> str:
+    if isinstance(payload, str):
+        return payload.rstrip("\n")
+    if isinstance(payload, dict):
+        return str(payload.get("message") or payload)
+    return "" if payload is None else str(payload)

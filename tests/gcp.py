@@ -1,0 +1,1006 @@
+"""Google Cloud Run Jobs and Cloud Logging offline: one local HTTP server (stdlib
+ThreadingHTTPServer, 127.0.0.1 only) that speaks the REST wire of Cloud Run Admin API v2 and of
+Cloud Logging v2 `entries.list`, plus an executor thread that plays Cloud Run: it runs each
+execution's container command as a local process (the real in-job runner, for the provider
+tests) and forwards its output lines to the logging fake as Cloud Run's log agent does.
+
+The real SDK clients talk to it unchanged:
+
+    fake = FakeCloudRun()
+    fake.create_job("proj", "us-central1", "cp-exercise", command=["python", "-m", "infra.runner"])
+    jobs = run_v2.JobsClient(transport="rest", client_options=ClientOptions(api_endpoint=fake.url),
+                             credentials=AnonymousCredentials())
+    op = jobs.run_job(request={"name": ".../jobs/cp-exercise", "overrides": {...}})
+    op.metadata.name             # the Execution; never block on op.result()
+    logging.Client(project="proj", _use_grpc=False, credentials=AnonymousCredentials(),
+                   client_options={"api_endpoint": fake.url}).list_entries(filter_=...)
+
+Cloud Run routes (all under /v2, answers in proto3 JSON with enums as ints, which is what the
+clients ask for with `$alt=json;enum-encoding=int`): jobs/{job}:run, operations/{id},
+jobs/{job}/executions (paged, newest first), executions/{id}, executions/{id}:cancel, jobs/{job}.
+Errors use Google's JSON error shape, so the clients raise google.api_core.exceptions (404 ->
+NotFound, 429 -> TooManyRequests, 503 -> ServiceUnavailable, 400 -> BadRequest).
+
+Where it differs from the real services:
+- Jobs are created with `fake.create_job(...)` (there is no CreateJob route). One container per
+  job; whatever `taskCount` says, one task (index 0, attempt 0) runs; failed tasks are never
+  retried (the job's maxRetries is 0); no parallelism, no resources, no volumes, no IAM.
+- A task that exceeds its timeout is SIGKILLed and the execution fails with a message saying so
+  (no executionReason: the real service's exact reason for this case is not modelled).
+- The run_job Operation finishes (done, `response` = the Execution) when the execution finishes,
+  whatever its outcome; it never carries an `error`. The operation of a forgotten execution is
+  gone too (404).
+- stdout and stderr are merged into the log `run.googleapis.com%2Fstdout`; no request logs, and
+  system logs (`run.googleapis.com%2Fvarlog%2Fsystem`) only with `fake.system_logs = True`.
+- The logging filter language is a subset: a conjunction (AND, or whitespace/newlines) of
+  `field op value` with op in = != > >= < <=; anything else (OR, NOT, parentheses, `:`, regular
+  expressions, unknown fields) answers 400 INVALID_ARGUMENT rather than matching wrongly.
+  String comparisons are exact (case-sensitive). pageSize above 1000 is capped to 1000.
+- Quotas are off unless set (`logging_quota_per_min`); fault injection is random per request.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import random
+import re
+import signal
+import socket
+import string
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, quote, urlsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+
+EXECUTION_TYPE = "type.googleapis.com/google.cloud.run.v2.Execution"
+
+# google.cloud.run.v2.Condition.State
+CONDITION_PENDING, CONDITION_RECONCILING, CONDITION_FAILED, CONDITION_SUCCEEDED = 1, 2, 3, 4
+# google.cloud.run.v2.Condition.ExecutionReason
+NON_ZERO_EXIT_CODE, CANCELLED, CANCELLING = 2, 3, 4
+
+TERMINAL = {"succeeded", "failed", "cancelled"}
+
+STDOUT_LOG = "run.googleapis.com%2Fstdout"
+SYSTEM_LOG = "run.googleapis.com%2Fvarlog%2Fsystem"
+
+
+# ---- time helpers ------------------------------------------------------------------------------
+
+def rfc3339(t: float | None) -> str | None:
+    """Seconds since the epoch -> RFC3339 UTC with microseconds and Z (as Cloud Run answers)."""
+    if t is None:
+        return None
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def rfc3339_ns(ns: int) -> str:
+    """Nanoseconds since the epoch -> RFC3339 UTC with nanoseconds and Z (as Cloud Logging answers)."""
+    secs, frac = divmod(ns, 1_000_000_000)
+    return datetime.fromtimestamp(secs, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S") + f".{frac:09d}Z"
+
+
+_RFC3339 = re.compile(r"(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?"
+                      r"(?:([Zz])|([+-])(\d{2}):?(\d{2}))$")
+
+
+def parse_rfc3339_ns(text: str) -> int:
+    """RFC3339 (Z, +hh:mm or +hhmm, up to 9 fractional digits) -> nanoseconds since the epoch."""
+    m = _RFC3339.match(text.strip())
+    if not m:
+        raise ValueError(f"not an RFC3339 timestamp: {text!r}")
+    y, mo, d, h, mi, s, frac, z, sign, oh, om = m.groups()
+    dt = datetime(int(y), int(mo), int(d), int(h), int(mi), int(s), tzinfo=timezone.utc)
+    ns = int(dt.timestamp()) * 1_000_000_000 + int((frac or "0").ljust(9, "0"))
+    if not z:
+        offset = (int(oh) * 60 + int(om)) * 60 * 1_000_000_000
+        ns -= offset if sign == "+" else -offset
+    return ns
+
+
+def parse_duration(text: Any) -> float:
+    """Protobuf Duration JSON ("123s", "1.5s") -> seconds."""
+    if isinstance(text, (int, float)):
+        return float(text)
+    if not isinstance(text, str) or not text.endswith("s"):
+        raise ValueError(f"not a duration: {text!r}")
+    return float(text[:-1])
+
+
+def duration(seconds: float) -> str:
+    return f"{int(seconds)}s" if float(seconds).is_integer() else f"{seconds:.9f}".rstrip("0") + "s"
+
+
+class ApiError(Exception):
+    """Answered as Google's JSON error: {"error": {"code", "message", "status"}}."""
+
+    def __init__(self, code: int, status: str, message: str):
+        super().__init__(message)
+        self.code, self.status, self.message = code, status, message
+
+
+def not_found(message: str) -> ApiError:
+    return ApiError(404, "NOT_FOUND", message)
+
+
+def invalid(message: str) -> ApiError:
+    return ApiError(400, "INVALID_ARGUMENT", message)
+
+
+def _page_token(cursor: Any) -> str:
+    return base64.urlsafe_b64encode(json.dumps(cursor).encode()).decode().rstrip("=")
+
+
+def _read_page_token(token: str) -> Any:
+    try:
+        return json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+    except Exception as e:  # noqa: BLE001 - any garbage is a bad token
+        raise invalid(f"Invalid page token: {token!r}") from e
+
+
+# ---- state ---------------------------------------------------------------------------------------
+
+@dataclass
+class _Job:
+    project: str
+    region: str
+    name: str  # short name
+    image: str
+    command: list[str]
+    args: list[str]
+    env: dict[str, str]
+    timeout_s: float
+    task_count: int
+    labels: dict[str, str]
+    uid: str = field(default_factory=lambda: str(uuid.uuid4()))
+    create_time: float = field(default_factory=time.time)
+    execution_count: int = 0
+    latest: str | None = None  # full name of the latest execution
+
+    @property
+    def full_name(self) -> str:
+        return f"projects/{self.project}/locations/{self.region}/jobs/{self.name}"
+
+
+@dataclass
+class _Execution:
+    job: _Job
+    short: str
+    seq: int
+    image: str
+    command: list[str]
+    args: list[str]
+    env: dict[str, str]
+    task_count: int
+    timeout_s: float
+    synthetic: bool = False
+    uid: str = field(default_factory=lambda: str(uuid.uuid4()))
+    state: str = "pending"  # pending, running, cancelling, succeeded, failed, cancelled
+    create_time: float = field(default_factory=time.time)
+    created_mono: float = field(default_factory=time.monotonic)
+    start_time: float | None = None
+    started_mono: float | None = None
+    completion_time: float | None = None
+    transition_time: float = field(default_factory=time.time)
+    proc: subprocess.Popen[bytes] | None = None
+    exit_code: int | None = None
+    exited_mono: float | None = None
+    message: str = ""
+    reason: int = 0  # Condition.ExecutionReason of "Completed"
+    cancel_requested: bool = False
+    sigterm_mono: float | None = None
+    timed_out: bool = False
+    output_done: threading.Event = field(default_factory=threading.Event)
+    generation: int = 1
+
+    @property
+    def name(self) -> str:
+        return f"{self.job.full_name}/executions/{self.short}"
+
+
+# ---- Cloud Logging ------------------------------------------------------------------------------
+
+_FILTER_TERM = re.compile(r"""
+    (?P<and>AND)(?=[\s(]|$)
+  | (?P<field>[A-Za-z_]\w*(?:\.(?:[A-Za-z_][\w-]*|"(?:[^"\\]|\\.)*"))*)
+    \s*(?P<op>>=|<=|!=|=|>|<)\s*
+    (?P<value>"(?:[^"\\]|\\.)*"|[^\s"()]+)
+""", re.X)
+_SEGMENT = re.compile(r'"(?:[^"\\]|\\.)*"|[^.]+')
+_STRING_FIELDS = {("resource", "type"), ("insertId",), ("logName",), ("severity",), ("textPayload",)}
+_TIME_FIELDS = {("timestamp",), ("receiveTimestamp",)}
+
+
+def _unquote(text: str) -> str:
+    if len(text) >= 2 and text[0] == '"' and text[-1] == '"':
+        return re.sub(r"\\(.)", r"\1", text[1:-1])
+    return text
+
+
+def parse_filter(text: str) -> list[tuple[tuple[str, ...], str, Any]]:
+    """A conjunction of comparisons -> [(field path, op, value)]; ApiError(400) if unsupported."""
+    terms: list[tuple[tuple[str, ...], str, Any]] = []
+    pos, expect_term = 0, True
+    while True:
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+        if pos >= len(text):
+            break
+        m = _FILTER_TERM.match(text, pos)
+        if not m:
+            raise invalid(f"Unsupported filter (the fake understands `field op \"value\"` joined by AND) near: {text[pos:pos + 40]!r}")
+        pos = m.end()
+        if m.group("and"):
+            if expect_term:
+                raise invalid(f"Unexpected AND in filter: {text!r}")
+            expect_term = True
+            continue
+        path = tuple(_unquote(s) for s in _SEGMENT.findall(m.group("field")))
+        op, raw = m.group("op"), _unquote(m.group("value"))
+        if path in _TIME_FIELDS:
+            try:
+                value: Any = parse_rfc3339_ns(raw)
+            except ValueError as e:
+                raise invalid(f"Invalid timestamp in filter: {raw!r}") from e
+        elif path in _STRING_FIELDS or (len(path) == 3 and path[:2] == ("resource", "labels")) \
+                or (len(path) == 2 and path[0] == "labels"):
+            value = raw
+        else:
+            raise invalid(f"Unsupported field in filter: {m.group('field')!r}")
+        terms.append((path, op, value))
+        expect_term = False
+    if expect_term and terms:
+        raise invalid(f"Filter ends with AND: {text!r}")
+    return terms
+
+
+def _field_value(entry: dict[str, Any], path: tuple[str, ...]) -> Any:
+    if path in _TIME_FIELDS:
+        return entry["_ts_ns"] if path == ("timestamp",) else entry["_recv_ns"]
+    node: Any = entry
+    for key in path:
+        if not isinstance(node, dict) or key not in node:
+            return None
+        node = node[key]
+    return node
+
+
+def _compare(actual: Any, op: str, wanted: Any) -> bool:
+    if actual is None:
+        return op == "!="
+    return {"=": actual == wanted, "!=": actual != wanted, ">": actual > wanted, ">=": actual >= wanted,
+            "<": actual < wanted, "<=": actual <= wanted}[op]
+
+
+class FakeCloudLogging:
+    """The entries of the log store, and `POST /v2/entries:list`. Served by FakeCloudRun's server
+    (so `url` is the same); its controls are also reachable as attributes of FakeCloudRun."""
+
+    def __init__(self, lock: threading.RLock):
+        self._lock = lock
+        self.url = ""
+        self.log_delay_s = 0.0  # ingestion delay: an entry is listed only this long after it is written
+        self.logging_quota_per_min: int | None = None  # entries.list calls per rolling 60 s; None: no limit
+        self._entries: list[dict[str, Any]] = []
+        self._last_ns = 0
+        self._seq = 0
+        self._calls: list[float] = []  # monotonic times of accepted entries.list calls
+
+    def add_log(self, project: str, region: str, job: str, execution: str, text: str, ts: datetime | float | str | None = None,
+                *, log: str = STDOUT_LOG, severity: str = "DEFAULT") -> dict[str, Any]:
+        """Write an entry as Cloud Run's agent would for a line of `execution` (short name).
+        `ts`: a datetime, epoch seconds or RFC3339 text; default now."""
+        with self._lock:
+            now_ns = time.time_ns()
+            if ts is None:
+                ts_ns = max(now_ns, self._last_ns + 1)
+                self._last_ns = ts_ns
+            elif isinstance(ts, datetime):
+                ts_ns = int(ts.timestamp()) * 1_000_000_000 + ts.microsecond * 1000
+            elif isinstance(ts, str):
+                ts_ns = parse_rfc3339_ns(ts)
+            else:
+                ts_ns = int(ts * 1_000_000_000)
+            self._seq += 1
+            entry = {
+                "logName": f"projects/{project}/logs/{log}",
+                "resource": {"type": "cloud_run_job", "labels": {"project_id": project, "job_name": job, "location": region}},
+                "labels": {"run.googleapis.com/execution_name": execution, "run.googleapis.com/task_index": "0",
+                           "run.googleapis.com/task_attempt": "0"},
+                "timestamp": rfc3339_ns(ts_ns),
+                "receiveTimestamp": rfc3339_ns(max(now_ns, ts_ns)),
+                "insertId": f"{self._seq:012x}{random.getrandbits(24):06x}",
+                "textPayload": text,
+                "severity": severity,
+                "_ts_ns": ts_ns, "_recv_ns": max(now_ns, ts_ns), "_project": project,
+                "_visible_at": time.monotonic() + self.log_delay_s,
+            }
+            self._entries.append(entry)
+            return _public(entry)
+
+    def log_entries(self, execution: str | None = None) -> list[dict[str, Any]]:
+        """Every entry written so far (visible or not), in timestamp order; `execution` is a short
+        or full execution name."""
+        short = execution.rsplit("/", 1)[-1] if execution else None
+        with self._lock:
+            found = [e for e in self._entries
+                     if short is None or e["labels"].get("run.googleapis.com/execution_name") == short]
+            found.sort(key=lambda e: (e["_ts_ns"], e["insertId"]))
+            return [_public(e) for e in found]
+
+    def entries_list(self, body: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            now = time.monotonic()
+            if self.logging_quota_per_min is not None:
+                self._calls = [t for t in self._calls if now - t < 60]
+                if len(self._calls) >= self.logging_quota_per_min:
+                    raise ApiError(429, "RESOURCE_EXHAUSTED",
+                                   "Quota exceeded for quota metric 'Read requests' and limit 'Read requests per minute' "
+                                   "of service 'logging.googleapis.com'.")
+                self._calls.append(now)
+            names = body.get("resourceNames") or []
+            if not names:
+                raise invalid("resourceNames is required")
+            projects = set()
+            for n in names:
+                m = re.fullmatch(r"projects/([^/]+)", n)
+                if not m:
+                    raise invalid(f"Unsupported resource name (the fake knows projects/ID only): {n!r}")
+                projects.add(m.group(1))
+            terms = parse_filter(body.get("filter") or "")
+            order = " ".join((body.get("orderBy") or "timestamp asc").lower().split())
+            if order not in ("timestamp", "timestamp asc", "timestamp desc"):
+                raise invalid(f"Unsupported orderBy: {body.get('orderBy')!r}")
+            desc = order == "timestamp desc"
+            try:
+                size = int(body.get("pageSize") or 50)
+            except (TypeError, ValueError) as e:
+                raise invalid(f"Invalid pageSize: {body.get('pageSize')!r}") from e
+            if size < 0:
+                raise invalid("pageSize must not be negative")
+            size = min(size, 1000)
+            found = [e for e in self._entries if e["_project"] in projects and e["_visible_at"] <= now
+                     and all(_compare(_field_value(e, p), op, v) for p, op, v in terms)]
+            found.sort(key=lambda e: (e["_ts_ns"], e["insertId"]), reverse=desc)
+            if body.get("pageToken"):
+                cursor = _read_page_token(body["pageToken"])
+                try:
+                    after = (int(cursor[0]), str(cursor[1]))
+                except (TypeError, ValueError, IndexError, KeyError) as e:
+                    raise invalid("Invalid page token") from e
+                found = [e for e in found if ((e["_ts_ns"], e["insertId"]) < after if desc else (e["_ts_ns"], e["insertId"]) > after)]
+            page = found[:size]
+            out: dict[str, Any] = {"entries": [_public(e) for e in page]}
+            if len(found) > size and page:
+                out["nextPageToken"] = _page_token([page[-1]["_ts_ns"], page[-1]["insertId"]])
+            return out
+
+
+def _public(entry: dict[str, Any]) -> dict[str, Any]:
+    return json.loads(json.dumps({k: v for k, v in entry.items() if not k.startswith("_")}))
+
+
+# ---- Cloud Run -------------------------------------------------------------------------------------
+
+_P = r"projects/(?P<p>[^/]+)/locations/(?P<r>[^/]+)"
+_ROUTES: list[tuple[str, re.Pattern[str], str]] = [
+    ("POST", re.compile(rf"/v2/{_P}/jobs/(?P<j>[^/:]+):run"), "_run_job"),
+    ("GET", re.compile(rf"/v2/{_P}/jobs/(?P<j>[^/:]+)"), "_get_job"),
+    ("GET", re.compile(rf"/v2/{_P}/jobs/(?P<j>[^/:]+)/executions"), "_list_executions"),
+    ("GET", re.compile(rf"/v2/{_P}/jobs/(?P<j>[^/:]+)/executions/(?P<e>[^/:]+)"), "_get_execution"),
+    ("POST", re.compile(rf"/v2/{_P}/jobs/(?P<j>[^/:]+)/executions/(?P<e>[^/:]+):cancel"), "_cancel_execution"),
+    ("GET", re.compile(rf"/v2/{_P}/operations/(?P<o>[^/:]+)"), "_get_operation"),
+    ("POST", re.compile(r"/v2/entries:list"), "_entries_list"),
+]
+
+
+class FakeCloudRun:
+    """Cloud Run Admin API v2 (jobs, executions, operations) and Cloud Logging entries.list on one
+    local port, with an executor thread that runs executions as local processes. See the module
+    docstring; every control is a plain attribute or method and is safe to use from any thread."""
+
+    def __init__(self, *, pending_s: float = 0.05, start_jobs: bool = True, seed: int | None = None,
+                 cancel_grace_s: float = 10.0):
+        self._lock = threading.RLock()
+        self.start_jobs = start_jobs  # False: executions stay pending (no capacity)
+        self.pending_s = pending_s  # how long an execution is pending before its process starts
+        self.ignore_cancel = False  # True: :cancel answers 200 and nothing happens
+        self.cancel_grace_s = cancel_grace_s  # SIGTERM -> SIGKILL delay after a cancel (Cloud Run: 10 s)
+        self.system_logs = False  # True: also write run.googleapis.com/varlog/system entries (start, exit)
+        self.fault_rate = 0.0  # share of all requests answered 429/503 before doing anything
+        self.rng = random.Random(seed)
+        self.faults = 0
+        self.requests: list[tuple[float, str, str]] = []  # (monotonic time, method, path without query)
+        self.runs: dict[str, int] = {}  # CONTROLPLANE_JOB_NAME -> executions started (processes)
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}  # execution full name -> process
+        self.logging = FakeCloudLogging(self._lock)
+        self._names = random.Random()
+        self._jobs: dict[str, _Job] = {}
+        self._executions: dict[str, _Execution] = {}  # full name -> execution (forgotten ones removed)
+        self._active: set[str] = set()  # executions (with a process to play) not finished yet
+        self._operations: dict[str, str] = {}  # operation full name -> execution full name
+        self._seq = 0
+        self._synthetic = 0
+        self._stop = threading.Event()
+
+        self._server = _Server(("127.0.0.1", 0), _Handler)
+        self._server.fake = self
+        self.port = self._server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.logging.url = self.url
+        self._serve_thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
+                                              name="fake-cloud-run-http", daemon=True)
+        self._serve_thread.start()
+        self._executor = threading.Thread(target=self._loop, name="fake-cloud-run-executor", daemon=True)
+        self._executor.start()
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    def __enter__(self) -> FakeCloudRun:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop serving, stop the executor, SIGKILL every process group still running."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self._server.shutdown()
+        self._server.close_connections()
+        self._server.server_close()
+        self._executor.join(10)
+        self._serve_thread.join(10)
+        for proc in list(self.processes.values()):
+            _killpg(proc, signal.SIGKILL)
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
+            if proc.stdout is not None:
+                proc.stdout.close()
+
+    # -- setup and inspection (tests) -------------------------------------------------------------
+
+    def create_job(self, project: str, region: str, job: str, *, command: list[str], args: list[str] | None = None,
+                   env: dict[str, str] | None = None, image: str = "runner:1", timeout_s: float = 600,
+                   task_count: int = 1, labels: dict[str, str] | None = None) -> str:
+        """Create (or replace) a job; returns its full name."""
+        j = _Job(project, region, job, image, list(command), list(args or []), dict(env or {}), float(timeout_s),
+                 task_count, dict(labels or {}))
+        with self._lock:
+            self._jobs[j.full_name] = j
+        return j.full_name
+
+    def executions(self, job: str | None = None) -> list[dict[str, Any]]:
+        """Server-side state of the executions (of `job`, a short or full name), oldest first."""
+        short = job.rsplit("/", 1)[-1] if job else None
+        with self._lock:
+            return [{"name": e.name, "short": e.short, "job": e.job.name, "project": e.job.project,
+                     "region": e.job.region, "state": e.state, "env": dict(e.env), "args": list(e.args),
+                     "command": list(e.command), "pid": e.proc.pid if e.proc else None, "exit_code": e.exit_code,
+                     "message": e.message, "task_count": e.task_count, "timeout_s": e.timeout_s,
+                     "synthetic": e.synthetic, "cancel_requested": e.cancel_requested}
+                    for e in sorted(self._executions.values(), key=lambda e: e.seq)
+                    if short is None or e.job.name == short]
+
+    def execution_json(self, name: str) -> dict[str, Any]:
+        """The Execution as the API answers it (full or short name)."""
+        with self._lock:
+            return self._execution_json(self._find(name))
+
+    def forget(self, execution: str) -> None:
+        """The execution disappears (Cloud Run prunes past 1,000 per job); its process is killed."""
+        with self._lock:
+            e = self._find(execution)
+            del self._executions[e.name]
+            self._active.discard(e.name)
+            for op in [o for o, n in self._operations.items() if n == e.name]:
+                del self._operations[op]
+            proc = e.proc
+        if proc is not None:
+            _killpg(proc, signal.SIGKILL)
+
+    def add_executions(self, project: str, region: str, job: str, n: int, state: str = "running") -> list[str]:
+        """Insert n synthetic executions that run no process, with env CONTROLPLANE_JOB_NAME=synthetic-{i}
+        (i counts on across calls); they stay `state` (pending or running) until `finish` (a :cancel
+        ends them at once, unless ignore_cancel). Creates the job if needed. Returns their full names."""
+        if state not in ("pending", "running"):
+            raise ValueError("state must be pending or running")
+        full = f"projects/{project}/locations/{region}/jobs/{job}"
+        with self._lock:
+            if full not in self._jobs:
+                self.create_job(project, region, job, command=["python", "-m", "infra.runner"])
+            j = self._jobs[full]
+            names = []
+            for _ in range(n):
+                i = self._synthetic
+                self._synthetic += 1
+                e = self._new_execution(j, args=list(j.args), env={**j.env, "CONTROLPLANE_JOB_NAME": f"synthetic-{i}"},
+                                        task_count=j.task_count, timeout_s=j.timeout_s, synthetic=True)
+                if state == "running":
+                    e.state, e.start_time, e.started_mono = "running", e.create_time, e.created_mono
+                names.append(e.name)
+            return names
+
+    def finish(self, execution: str, exit_code: int = 0) -> None:
+        """End an execution (synthetic ones end only this way) as if its task exited with exit_code."""
+        with self._lock:
+            e = self._find(execution)
+            if e.state in TERMINAL:
+                return
+            proc = e.proc
+        if proc is not None:
+            _killpg(proc, signal.SIGKILL)
+        with self._lock:
+            if e.state in TERMINAL:
+                return
+            if e.start_time is None:
+                e.start_time, e.started_mono = time.time(), time.monotonic()
+            e.exit_code = exit_code
+            self._complete(e, "succeeded" if exit_code == 0 else "failed")
+
+    def reset_counts(self) -> None:
+        with self._lock:
+            self.requests.clear()
+            self.faults = 0
+
+    # logging controls, reachable on the Cloud Run fake too
+    @property
+    def log_delay_s(self) -> float:
+        return self.logging.log_delay_s
+
+    @log_delay_s.setter
+    def log_delay_s(self, value: float) -> None:
+        self.logging.log_delay_s = value
+
+    @property
+    def logging_quota_per_min(self) -> int | None:
+        return self.logging.logging_quota_per_min
+
+    @logging_quota_per_min.setter
+    def logging_quota_per_min(self, value: int | None) -> None:
+        self.logging.logging_quota_per_min = value
+
+    def log_entries(self, execution: str | None = None) -> list[dict[str, Any]]:
+        return self.logging.log_entries(execution)
+
+    def add_log(self, project: str, region: str, job: str, execution: str, text: str, ts: Any = None, **kw: Any) -> dict[str, Any]:
+        return self.logging.add_log(project, region, job, execution.rsplit("/", 1)[-1], text, ts, **kw)
+
+    # -- HTTP dispatch -------------------------------------------------------------------------------
+
+    def handle(self, method: str, path: str, query: dict[str, list[str]], body: bytes) -> tuple[int, dict[str, Any]]:
+        with self._lock:
+            self.requests.append((time.monotonic(), method, path))
+            if self.fault_rate > 0 and self.rng.random() < self.fault_rate:
+                self.faults += 1
+                if self.rng.random() < 0.5:
+                    return _error(ApiError(429, "RESOURCE_EXHAUSTED", "Quota exceeded (injected fault)."))
+                return _error(ApiError(503, "UNAVAILABLE", "The service is currently unavailable (injected fault)."))
+        try:
+            for verb, pattern, handler in _ROUTES:
+                m = pattern.fullmatch(path)
+                if m and verb == method:
+                    try:
+                        payload = json.loads(body) if body.strip() else {}
+                    except ValueError as e:
+                        raise invalid(f"Invalid JSON payload: {e}") from e
+                    return 200, getattr(self, handler)(query=query, body=payload, **m.groupdict())
+            raise not_found(f"The requested URL {path} was not found on this server ({method}).")
+        except ApiError as e:
+            return _error(e)
+
+    def _run_job(self, p: str, r: str, j: str, query: Any, body: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            job = self._job(p, r, j)
+            overrides = body.get("overrides") or {}
+            args, env = list(job.args), dict(job.env)
+            containers = overrides.get("containerOverrides") or []
+            if len(containers) > 1:
+                raise invalid("The job has one container; at most one container override is allowed.")
+            for c in containers:
+                if c.get("clearArgs"):
+                    args = []
+                elif c.get("args"):
+                    args = list(c["args"])
+                for var in c.get("env") or []:
+                    if "name" not in var:
+                        raise invalid("An env override needs a name.")
+                    env[var["name"]] = var.get("value", "")
+            try:
+                timeout_s = parse_duration(overrides["timeout"]) if overrides.get("timeout") else job.timeout_s
+            except ValueError as e:
+                raise invalid(str(e)) from e
+            task_count = int(overrides.get("taskCount") or job.task_count)
+            if body.get("validateOnly"):
+                e = _Execution(job, f"{job.name}-xxxxx", 0, job.image, job.command, args, env, task_count, timeout_s)
+                return self._operation(p, r, e, register=False)
+            e = self._new_execution(job, args=args, env=env, task_count=task_count, timeout_s=timeout_s)
+            self._active.add(e.name)
+            return self._operation(p, r, e)
+
+    def _get_job(self, p: str, r: str, j: str, **_: Any) -> dict[str, Any]:
+        with self._lock:
+            job = self._job(p, r, j)
+            out: dict[str, Any] = {
+                "name": job.full_name, "uid": job.uid, "generation": "1", "labels": job.labels,
+                "createTime": rfc3339(job.create_time), "updateTime": rfc3339(job.create_time),
+                "launchStage": 4,  # GA
+                "template": {"taskCount": job.task_count, "parallelism": 0, "template": {
+                    "containers": [_container(job.image, job.command, job.args, job.env)],
+                    "maxRetries": 0, "timeout": duration(job.timeout_s)}},
+                "observedGeneration": "1", "executionCount": job.execution_count, "reconciling": False,
+                "etag": f'"{job.uid[:8]}"',
+            }
+            latest = self._executions.get(job.latest or "")
+            if latest is not None:
+                out["latestCreatedExecution"] = {"name": latest.name, "createTime": rfc3339(latest.create_time),
+                                                 **({"completionTime": rfc3339(latest.completion_time)} if latest.completion_time else {})}
+            return out
+
+    def _list_executions(self, p: str, r: str, j: str, query: dict[str, list[str]], **_: Any) -> dict[str, Any]:
+        try:
+            size = int((query.get("pageSize") or ["0"])[0] or 0)
+        except ValueError as e:
+            raise invalid("Invalid pageSize") from e
+        if size < 0:
+            raise invalid("pageSize must not be negative")
+        size = min(size or 100, 1000)
+        token = (query.get("pageToken") or [""])[0]
+        before = None
+        if token:
+            cursor = _read_page_token(token)
+            if not isinstance(cursor, int):
+                raise invalid(f"Invalid page token: {token!r}")
+            before = cursor
+        with self._lock:
+            job = self._job(p, r, j)
+            found = sorted((e for e in self._executions.values() if e.job is job and (before is None or e.seq < before)),
+                           key=lambda e: -e.seq)
+            out: dict[str, Any] = {"executions": [self._execution_json(e) for e in found[:size]]}
+            if len(found) > size:
+                out["nextPageToken"] = _page_token(found[size - 1].seq)
+            return out
+
+    def _get_execution(self, p: str, r: str, j: str, e: str, **_: Any) -> dict[str, Any]:
+        with self._lock:
+            return self._execution_json(self._execution(p, r, j, e))
+
+    def _cancel_execution(self, p: str, r: str, j: str, e: str, body: dict[str, Any], **_: Any) -> dict[str, Any]:
+        with self._lock:
+            ex = self._execution(p, r, j, e)
+            if body.get("validateOnly") or self.ignore_cancel or ex.state in TERMINAL or ex.cancel_requested:
+                return self._operation(p, r, ex)
+            ex.cancel_requested = True
+            if ex.state == "pending" or (ex.synthetic and ex.proc is None):
+                self._complete(ex, "cancelled")
+            else:
+                ex.state, ex.reason, ex.transition_time = "cancelling", CANCELLING, time.time()
+                ex.message = "The execution is being cancelled."
+            return self._operation(p, r, ex)
+
+    def _get_operation(self, p: str, r: str, o: str, **_: Any) -> dict[str, Any]:
+        name = f"projects/{p}/locations/{r}/operations/{o}"
+        with self._lock:
+            ex = self._executions.get(self._operations.get(name, ""))
+            if ex is None:
+                raise not_found(f"Operation {name} not found.")
+            return self._operation_json(name, ex)
+
+    def _entries_list(self, body: dict[str, Any], **_: Any) -> dict[str, Any]:
+        return self.logging.entries_list(body)
+
+    # -- helpers ------------------------------------------------------------------------------------
+
+    def _job(self, p: str, r: str, j: str) -> _Job:
+        job = self._jobs.get(f"projects/{p}/locations/{r}/jobs/{j}")
+        if job is None:
+            raise not_found(f"Resource '{j}' of kind 'JOB' in region '{r}' in project '{p}' does not exist.")
+        return job
+
+    def _execution(self, p: str, r: str, j: str, e: str) -> _Execution:
+        ex = self._executions.get(f"projects/{p}/locations/{r}/jobs/{j}/executions/{e}")
+        if ex is None:
+            raise not_found(f"Resource '{e}' of kind 'EXECUTION' in region '{r}' in project '{p}' does not exist.")
+        return ex
+
+    def _find(self, name: str) -> _Execution:
+        if name in self._executions:
+            return self._executions[name]
+        for e in self._executions.values():
+            if e.short == name:
+                return e
+        raise KeyError(name)
+
+    def _new_execution(self, job: _Job, *, args: list[str], env: dict[str, str], task_count: int, timeout_s: float,
+                       synthetic: bool = False) -> _Execution:
+        while True:
+            short = f"{job.name}-" + "".join(self._names.choices(string.ascii_lowercase + string.digits, k=5))
+            if f"{job.full_name}/executions/{short}" not in self._executions:
+                break
+        self._seq += 1
+        e = _Execution(job, short, self._seq, job.image, list(job.command), args, env, task_count, timeout_s, synthetic=synthetic)
+        self._executions[e.name] = e
+        job.execution_count += 1
+        job.latest = e.name
+        return e
+
+    def _operation(self, p: str, r: str, e: _Execution, register: bool = True) -> dict[str, Any]:
+        name = f"projects/{p}/locations/{r}/operations/{uuid.uuid4()}"
+        if register:
+            self._operations[name] = e.name
+        return self._operation_json(name, e)
+
+    def _operation_json(self, name: str, e: _Execution) -> dict[str, Any]:
+        body = {"@type": EXECUTION_TYPE, **self._execution_json(e)}
+        op: dict[str, Any] = {"name": name, "metadata": body, "done": e.state in TERMINAL}
+        if e.state in TERMINAL:
+            op["response"] = body
+        return op
+
+    def _execution_json(self, e: _Execution) -> dict[str, Any]:
+        done = e.state in TERMINAL
+        started = e.start_time is not None
+        completed: dict[str, Any] = {"type": "Completed", "lastTransitionTime": rfc3339(e.transition_time)}
+        if e.state == "pending":
+            completed.update(state=CONDITION_PENDING, message="Waiting for the execution to start.")
+        elif e.state in ("running", "cancelling"):
+            completed.update(state=CONDITION_RECONCILING, message=e.message or "Execution is running.")
+        elif e.state == "succeeded":
+            completed.update(state=CONDITION_SUCCEEDED, message="Execution completed successfully in "
+                             f"{(e.completion_time or 0) - (e.start_time or 0):.1f}s.")
+        else:
+            completed.update(state=CONDITION_FAILED, message=e.message)
+        if e.reason:
+            completed["executionReason"] = e.reason
+        conditions = [
+            {"type": "ResourcesAvailable", "state": CONDITION_SUCCEEDED if started else CONDITION_PENDING,
+             "lastTransitionTime": rfc3339(e.start_time or e.create_time),
+             **({} if started else {"message": "Provisioning resources."})},
+            {"type": "Started", "state": CONDITION_SUCCEEDED if started else CONDITION_PENDING,
+             "lastTransitionTime": rfc3339(e.start_time or e.create_time)},
+            completed,
+        ]
+        state = e.state
+        j = e.job
+        log_filter = (f'resource.type = "cloud_run_job"\nresource.labels.job_name = "{j.name}"\n'
+                      f'resource.labels.location = "{j.region}"\nlabels."run.googleapis.com/execution_name" = "{e.short}"')
+        out: dict[str, Any] = {
+            "name": e.name, "uid": e.uid, "generation": str(e.generation),
+            "labels": {"run.googleapis.com/jobUid": j.uid, **j.labels},
+            "createTime": rfc3339(e.create_time), "updateTime": rfc3339(e.transition_time),
+            "launchStage": 4, "job": j.name, "parallelism": 0, "taskCount": e.task_count,
+            "template": {"containers": [_container(e.image, e.command, e.args, e.env)], "maxRetries": 0,
+                         "timeout": duration(e.timeout_s)},
+            "reconciling": not done, "conditions": conditions, "observedGeneration": str(e.generation),
+            "runningCount": 1 if state in ("running", "cancelling") else 0,
+            "succeededCount": 1 if state == "succeeded" else 0,
+            "failedCount": 1 if state == "failed" else 0,
+            "cancelledCount": 1 if state == "cancelled" else 0,
+            "retriedCount": 0,
+            "logUri": (f"https://console.cloud.google.com/logs/viewer?project={quote(j.project)}"
+                       f"&advancedFilter={quote(log_filter, safe='')}"),
+            "etag": f'"{e.uid[:8]}-{e.generation}"',
+        }
+        if e.start_time is not None:
+            out["startTime"] = rfc3339(e.start_time)
+        if e.completion_time is not None:
+            out["completionTime"] = rfc3339(e.completion_time)
+        return out
+
+    # -- the executor: plays Cloud Run -----------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            with self._lock:
+                active = [self._executions[n] for n in self._active if n in self._executions]
+            for e in active:
+                try:
+                    self._step(e)
+                except Exception as exc:  # noqa: BLE001 - keep playing Cloud Run for the others
+                    print(f"fake cloud run: {e.name}: {exc!r}", file=sys.stderr)
+            self._stop.wait(0.01)
+
+    def _step(self, e: _Execution) -> None:
+        now = time.monotonic()
+        with self._lock:
+            state = e.state
+            if state in TERMINAL:
+                self._active.discard(e.name)
+                return
+            if state == "pending":
+                if self.start_jobs and now - e.created_mono >= self.pending_s:
+                    self._start(e)
+                return
+        proc = e.proc
+        assert proc is not None
+        if proc.poll() is None:
+            if e.cancel_requested and e.sigterm_mono is None:
+                e.sigterm_mono = now
+                _killpg(proc, signal.SIGTERM)
+            elif e.sigterm_mono is not None and now - e.sigterm_mono > self.cancel_grace_s:
+                _killpg(proc, signal.SIGKILL)
+            if not e.timed_out and e.started_mono is not None and now - e.started_mono > e.timeout_s:
+                e.timed_out = True
+                _killpg(proc, signal.SIGKILL)
+            return
+        if e.exited_mono is None:
+            e.exited_mono = now
+            _killpg(proc, signal.SIGKILL)  # the container ends with its main process
+        if not e.output_done.is_set() and now - e.exited_mono < 2.0:
+            return  # let the last lines reach the log first
+        rc = proc.returncode
+        code = rc if rc >= 0 else 128 - rc
+        with self._lock:
+            if e.state in TERMINAL:
+                return
+            e.exit_code = code
+            if self.system_logs:
+                self.logging.add_log(e.job.project, e.job.region, e.job.name, e.short,
+                                     f"Container called exit({code}).", log=SYSTEM_LOG)
+            if e.cancel_requested:
+                self._complete(e, "cancelled")
+            elif e.timed_out:
+                self._complete(e, "failed", f"Task {e.short}-task0 exceeded the configured timeout of "
+                                            f"{duration(e.timeout_s)} and was stopped; the execution failed.", reason=0)
+            elif code == 0:
+                self._complete(e, "succeeded")
+            else:
+                self._complete(e, "failed")
+
+    def _start(self, e: _Execution) -> None:
+        cmd = [*e.command, *e.args]
+        if cmd and cmd[0] == "python":
+            cmd[0] = sys.executable
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "CLOUD_RUN_EXECUTION": e.short, "CLOUD_RUN_JOB": e.job.name,
+               "CLOUD_RUN_TASK_INDEX": "0", "CLOUD_RUN_TASK_ATTEMPT": "0", "CLOUD_RUN_TASK_COUNT": str(e.task_count),
+               **e.env}
+        e.start_time, e.started_mono, e.transition_time = time.time(), time.monotonic(), time.time()
+        try:
+            proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        except OSError as exc:
+            e.exit_code = 127
+            self._complete(e, "failed", f"Task {e.short}-task0 failed to start: {exc}", reason=0)
+            return
+        e.proc, e.state = proc, "running"
+        self.processes[e.name] = proc
+        key = e.env.get("CONTROLPLANE_JOB_NAME", e.job.name)
+        self.runs[key] = self.runs.get(key, 0) + 1
+        threading.Thread(target=self._forward_logs, args=(e, proc), name=f"logs-{e.short}", daemon=True).start()
+
+    def _forward_logs(self, e: _Execution, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdout is not None
+        try:
+            for raw in iter(proc.stdout.readline, b""):
+                self.logging.add_log(e.job.project, e.job.region, e.job.name, e.short,
+                                     raw.decode(errors="replace").rstrip("\r\n"))
+        except (OSError, ValueError):
+            pass  # the pipe was closed by close()
+        finally:
+            e.output_done.set()
+
+    def _complete(self, e: _Execution, state: str, message: str | None = None, reason: int | None = None) -> None:
+        e.state = state
+        e.completion_time = e.transition_time = time.time()
+        if state == "succeeded":
+            e.reason, e.message = 0, ""
+        elif state == "cancelled":
+            e.reason, e.message = CANCELLED, message or "The execution was cancelled."
+        else:
+            e.reason = NON_ZERO_EXIT_CODE if reason is None else reason
+            e.message = message or (f"Task {e.short}-task0 failed with exit code {e.exit_code}; "
+                                    "the execution failed (1 task failed to complete).")
+        self._active.discard(e.name)
+
+
+def _container(image: str, command: list[str], args: list[str], env: dict[str, str]) -> dict[str, Any]:
+    return {"image": image, "command": list(command), "args": list(args),
+            "env": [{"name": k, "value": v} for k, v in env.items()],
+            "resources": {"limits": {"cpu": "1000m", "memory": "512Mi"}}}
+
+
+def _error(e: ApiError) -> tuple[int, dict[str, Any]]:
+    return e.code, {"error": {"code": e.code, "message": e.message, "status": e.status}}
+
+
+def _killpg(proc: subprocess.Popen[bytes], sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+# ---- HTTP -------------------------------------------------------------------------------------------
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False
+    allow_reuse_address = True
+    fake: FakeCloudRun
+
+    def __init__(self, *args: Any, **kw: Any):
+        self.conns: set[socket.socket] = set()
+        self.conns_lock = threading.Lock()
+        super().__init__(*args, **kw)
+
+    def close_connections(self) -> None:
+        """Close the kept-alive client connections too (their handler threads would serve on)."""
+        with self.conns_lock:
+            for s in list(self.conns):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive: the SDKs reuse connections
+    server: _Server
+
+    def setup(self) -> None:
+        super().setup()
+        # headers and body go out in two writes: without this, Nagle + delayed ACK cost 40 ms a call
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with self.server.conns_lock:
+            self.server.conns.add(self.connection)
+
+    def finish(self) -> None:
+        with self.server.conns_lock:
+            self.server.conns.discard(self.connection)
+        super().finish()
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet
+        pass
+
+    def _serve(self) -> None:
+        parts = urlsplit(self.path)
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        if self.server.fake._stop.is_set():
+            status, payload = _error(ApiError(503, "UNAVAILABLE", "The fake is shutting down."))
+        else:
+            status, payload = self.server.fake.handle(self.command, parts.path, parse_qs(parts.query), body)
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json; charset=UTF-8")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_POST = do_DELETE = do_PATCH = _serve
+
+
+# ---- clients (the real SDKs pointed at the fake) ---------------------------------------------------
+
+def run_clients(url: str) -> tuple[Any, Any]:
+    """(JobsClient, ExecutionsClient) of google.cloud.run_v2 over REST against `url`."""
+    from google.api_core.client_options import ClientOptions
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import run_v2
+
+    opts = ClientOptions(api_endpoint=url)
+    return (run_v2.JobsClient(transport="rest", client_options=opts, credentials=AnonymousCredentials()),
+            run_v2.ExecutionsClient(transport="rest", client_options=opts, credentials=AnonymousCredentials()))
+
+
+def logging_client(url: str, project: str) -> Any:
+    """google.cloud.logging.Client over its JSON REST API against `url`."""
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import logging as gcl
+
+    return gcl.Client(project=project, credentials=AnonymousCredentials(), _use_grpc=False,
+                      client_options={"api_endpoint": url})

@@ -1,0 +1,346 @@
+"""The Cloud Run Jobs provider against the fake Admin API v2 and Cloud Logging (`tests/gcp.py`),
+driven by the real google-cloud-run and google-cloud-logging clients over REST, with the fake
+running each execution's runner as a local process and results and artifacts in GCS on its
+emulator: the whole lifecycle through the MCP tools, the status table, a crash between intent and
+execution name, a wrong job name, throttled APIs, the log quota, and the provider contract suite."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from fastmcp import Client
+
+from controlplane.app import ControlPlane
+from controlplane.mcp.server import build_server
+from controlplane.settings import Settings
+from providers import ratelimit
+from providers.base import JobPhase
+from providers.cloud_run import CloudRunOptions, CloudRunProvider, execution_status
+from tests import gcp
+from tests.cloud import CloudTarget, gcs_server, gcs_target  # noqa: F401  (fixture)
+from tests.conftest import FAST, Agent
+from tests.provider_contract import Harness, ProviderContract
+
+pytestmark = pytest.mark.anyio
+PROJECT, REGION, JOB = "cp-proj", "us-central1", "cp-exercise"
+JOB_PATH = f"projects/{PROJECT}/locations/{REGION}/jobs/{JOB}"
+RUNNER = ["python", "-m", "infra.runner", "--"]  # the runner image's entrypoint
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[gcp.FakeCloudRun]:
+    with gcp.FakeCloudRun(seed=7) as fake:
+        fake.create_job(PROJECT, REGION, JOB, command=RUNNER, args=["python", "-m", "infra.tools.exercise"])
+        for k, v in {"ENDPOINT": fake.url, "LOGGING_ENDPOINT": fake.url, "ANONYMOUS": "1", "POLL_INTERVAL_S": "0.2",
+                     "MAX_TPS": "500", "RETRY_DEADLINE_S": "20"}.items():
+            monkeypatch.setenv(f"CONTROLPLANE_CLOUD_RUN_{k}", v)
+        ratelimit._registry.clear()  # fresh limiters for this fake's endpoint
+        yield fake
+
+
+@pytest.fixture
+def gcs(gcs_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> CloudTarget:  # noqa: F811
+    target = gcs_target(gcs_server, tmp_path)
+    for k, v in target.env.items():
+        monkeypatch.setenv(k, v)  # the runners (the fake's processes) inherit them, as a job its identity
+    return target
+
+
+def cloud_run_catalog(home: Path, *, job: str = JOB, retry: str = "{ max_attempts = 1 }", extra: str = "") -> None:
+    """The default catalog with `exercise` on Cloud Run (the fake's job) in its own resource class."""
+    from controlplane.catalog import default_catalog_text
+
+    text = default_catalog_text()
+    old = ('provider = "local"\nresource_class = "cpu_small"\ncommand = ["{python}", "-m", "infra.tools.exercise"]\n'
+           "default_runtime_s = 300\nmax_runtime_s = 3600\nestimate_s = 1\nretry = { max_attempts = 1 }")
+    assert old in text
+    text = text.replace(old, 'provider = "cloud_run"\nresource_class = "cloudrun"\ncommand = ["{python}", "-m", '
+                             '"infra.tools.exercise"]\ndefault_runtime_s = 300\nmax_runtime_s = 3600\n'
+                             f"estimate_s = 1\nretry = {retry}")
+    text += ("\n[resource_classes.cloudrun]\nmax_concurrency = 4\nmax_queue_length = 100\ncpu = 1\nmemory_mb = 512\n"
+             f'provider_options = {{ project = "{PROJECT}", region = "{REGION}", job = "{job}"{extra} }}\n')
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "catalog.toml").write_text(text)
+
+
+@dataclass
+class Run:
+    cp: ControlPlane
+    agent: Agent
+    fake: gcp.FakeCloudRun
+
+
+@pytest.fixture
+async def run(fake: gcp.FakeCloudRun, gcs: CloudTarget, home: Path) -> AsyncIterator[Run]:
+    cloud_run_catalog(home, retry='{ max_attempts = 2, backoff_s = 0, retry_on = ["worker_lost"] }')
+    cp = ControlPlane(Settings(home=home, object_store_url=gcs.url, **FAST))
+    async with Client(build_server(cp)) as client:
+        yield Run(cp, Agent(client), fake)
+
+
+def execution_of(fake: gcp.FakeCloudRun, tid: str, attempt: int = 1, *, final: bool = False) -> dict[str, Any]:
+    """The execution of a task attempt; with `final`, once it has ended (the task can end first:
+    the runner reports before its process exits)."""
+    name = f"cp-{tid.removeprefix('tsk_')}-a{attempt}"
+    deadline = time.monotonic() + 30
+    while True:
+        [ex] = [e for e in fake.executions() if e["env"].get("CONTROLPLANE_JOB_NAME") == name]
+        if not final or ex["state"] in ("succeeded", "failed", "cancelled") or time.monotonic() > deadline:
+            return ex
+        time.sleep(0.05)
+
+
+# ---- the lifecycle through the MCP tools ----------------------------------------------------------
+async def test_lifecycle_through_the_mcp_tools(run: Run) -> None:
+    agent = run.agent
+    tid = await agent.submit(inputs={"progress_steps": 3, "sleep_s": 0.6, "log_lines": 30, "artifact_bytes": 50_000,
+                                     "result": {"on": "cloud run"}})
+    st = await agent.wait(tid, timeout=60)
+    assert st["state"] == "succeeded", st
+    assert st["progress"]["percent"] == 100
+    ex = execution_of(run.fake, tid, final=True)
+    assert ex["state"] == "succeeded" and ex["args"] == ["python", "-m", "infra.tools.exercise"]
+    assert ex["env"]["CONTROLPLANE_TASK_ID"] == tid and ex["env"]["CONTROLPLANE_STORE_URL"].startswith("gs://")
+    assert "CONTROLPLANE_CALLBACK_SECRET" not in ex["env"] and ex["timeout_s"] >= 300
+    assert st["log_link"].startswith("https://") and ex["short"] in st["log_link"]  # the execution's log_uri
+
+    relayed = await agent.all_logs(tid)
+    assert [ln["message"] for ln in relayed] == [f"line {i}" for i in range(30)]
+    # The execution's own log in Cloud Logging, page by page.
+    seen: list[str] = []
+    cursor = None
+    for _ in range(20):
+        args: dict[str, Any] = {"task_id": tid, "source": "provider", "limit": 9}
+        if cursor:
+            args["cursor"] = cursor
+        page = await agent.call("tail_task_logs", **args)
+        if not page["lines"]:
+            break
+        seen += [ln["message"] for ln in page["lines"]]
+        cursor = page["next_cursor"]
+    assert [m for m in seen if m.startswith("line ")] == [f"line {i}" for i in range(30)]
+
+    res = await agent.call("get_task_result", task_id=tid)
+    assert res["result"]["on"] == "cloud run"
+    [art] = res["artifacts"]
+    body = httpx.get(art["download_url"]).content  # a V4 signed URL on the GCS emulator
+    assert len(body) == art["size_bytes"] == 50_000 and hashlib.sha256(body).hexdigest() == art["sha256"]
+
+
+async def test_cancel_reaches_the_execution(run: Run) -> None:
+    tid = await run.agent.submit(inputs={"sleep_s": 120, "spawn_children": 1})
+    await run.agent.wait(tid, {"running"}, timeout=60)
+    proc = run.fake.processes[execution_of(run.fake, tid)["name"]]
+    assert (await run.agent.call("cancel_task", task_id=tid, reason="enough"))["state"] == "cancel_requested"
+    st = await run.agent.wait(tid, timeout=60)
+    assert st["state"] == "cancelled" and st["error"]["code"] == "CANCELLED"
+    assert execution_of(run.fake, tid, final=True)["state"] == "cancelled" and proc.poll() is not None
+
+
+async def test_timeout_stops_the_execution(run: Run) -> None:
+    tid = await run.agent.submit(inputs={"sleep_s": 120}, resources={"max_runtime_s": 1})
+    st = await run.agent.wait(tid, timeout=60)
+    assert st["state"] == "timed_out" and st["error"]["code"] == "TOOL_TIMEOUT"
+    assert execution_of(run.fake, tid, final=True)["state"] == "cancelled"
+
+
+async def test_failed_tool_and_vanished_execution(run: Run) -> None:
+    bad = await run.agent.submit(inputs={"exit_code": 3})
+    st = await run.agent.wait(bad, timeout=60)
+    assert st["state"] == "failed" and st["error"]["code"] == "TOOL_FAILED" and st["error"]["exit_code"] == 3
+
+    tid = await run.agent.submit(inputs={"sleep_s": 2})
+    await run.agent.wait(tid, {"running"}, timeout=60)
+    run.fake.forget(execution_of(run.fake, tid)["name"])  # pruned from the job's history, process killed
+    st = await run.agent.wait(tid, timeout=60)
+    assert st["state"] == "succeeded" and st["attempt"] == 2  # worker_lost, retried
+    retry = [e for e in run.cp.store.events(tid) if e["kind"] == "retry"]
+    assert json.loads(retry[0]["detail_json"])["error"] == "WORKER_LOST"
+
+
+async def test_a_wrong_job_name_fails_the_launch_clearly(fake: gcp.FakeCloudRun, gcs: CloudTarget, home: Path) -> None:
+    cloud_run_catalog(home, job="no-such-job")
+    cp = ControlPlane(Settings(home=home, object_store_url=gcs.url, **FAST))
+    async with Client(build_server(cp)) as client:
+        agent = Agent(client)
+        st = await agent.wait(await agent.submit(inputs={}), timeout=30)
+    assert st["state"] == "failed" and st["error"]["code"] == "LAUNCH_FAILED"
+    assert f"projects/{PROJECT}/locations/{REGION}/jobs/no-such-job does not exist" in st["error"]["message"]
+
+
+async def test_a_catalog_entry_without_a_job_is_refused_at_load(home: Path) -> None:
+    from controlplane.catalog import Catalog, CatalogError
+
+    cloud_run_catalog(home)
+    text = (home / "catalog.toml").read_text().replace(f'job = "{JOB}"', 'jb = "x"')
+    with pytest.raises(CatalogError) as err:
+        Catalog.parse(text, source="catalog.toml")
+    assert str(err.value).startswith("catalog.toml: tools.exercise.provider_options.")
+    text = (home / "catalog.toml").read_text().replace(f'project = "{PROJECT}", ', "")
+    with pytest.raises(CatalogError, match="project and region are required"):
+        Catalog.parse(text, source="catalog.toml")
+
+
+# ---- restart between intent and execution name ----------------------------------------------------
+async def test_crash_after_run_before_the_handle_launches_exactly_one_execution(fake: gcp.FakeCloudRun,
+                                                                             gcs: CloudTarget, home: Path) -> None:
+    from controlplane import api
+
+    cloud_run_catalog(home)
+    settings = Settings(home=home, object_store_url=gcs.url, **FAST)
+    first = ControlPlane(settings)
+    tid = first.service.submit("local", api.SubmitTask(tool_name="exercise", inputs={"log_lines": 3}))["task_id"]
+    [claimed] = first.store.claim_for_launch("cloudrun", 4)  # the launch intent, committed
+    task, job = claimed["task"], claimed["job"]
+    first.scheduler._write_inputs(task)
+    first.providers["cloud_run"].launch(first.build_spec(task, job))  # RunJob went through...
+    del first  # ...and the control plane died before recording the execution
+
+    second = ControlPlane(settings)
+    assert second.store.job(tid, 1)["state"] == "launching"
+    async with Client(build_server(second)) as client:
+        st = await Agent(client).wait(tid, timeout=60)
+    assert st["state"] == "succeeded"
+    assert fake.runs[job["job_name"]] == 1  # found by its marker, not run again
+    assert json.loads(second.store.job(tid, 1)["handle_json"])["execution"] == execution_of(fake, tid)["name"]
+
+
+# ---- throttling -----------------------------------------------------------------------------------
+async def test_throttled_apis_fail_no_task_and_run_nothing_twice(fake: gcp.FakeCloudRun, gcs: CloudTarget,
+                                                                 home: Path) -> None:
+    cloud_run_catalog(home)
+    cp = ControlPlane(Settings(home=home, object_store_url=gcs.url, **FAST))
+    fake.fault_rate = 0.3  # 429 or 503 to a third of all Admin API and Logging requests
+    async with Client(build_server(cp)) as client:
+        agent = Agent(client)
+        tids = [await agent.submit(inputs={"sleep_s": 0.3, "log_lines": 3}) for _ in range(6)]
+        cancel_me = await agent.submit(inputs={"sleep_s": 60})
+        await agent.wait(cancel_me, {"running"}, timeout=120)
+        await agent.call("cancel_task", task_id=cancel_me)
+        states = [(await agent.wait(t, timeout=120))["state"] for t in tids]
+        assert (await agent.wait(cancel_me, timeout=120))["state"] == "cancelled"
+    assert states == ["succeeded"] * 6 and fake.faults > 5
+    assert sorted(fake.runs.values()) == [1] * 7  # no execution started twice for one attempt
+
+
+async def test_log_reads_keep_to_the_quota_and_share_pages(run: Run, monkeypatch: pytest.MonkeyPatch) -> None:
+    tid = await run.agent.submit(inputs={"log_lines": 5})
+    assert (await run.agent.wait(tid, timeout=60))["state"] == "succeeded"
+    provider: CloudRunProvider = run.cp.providers["cloud_run"]
+    provider.settings = provider.settings.model_copy(update={"log_reads_per_min": 3})
+    ratelimit._registry.clear()
+    run.fake.reset_counts()
+
+    async def tail(limit: int = 50) -> dict[str, Any]:
+        return await run.agent.call("tail_task_logs", task_id=tid, source="provider", limit=limit)
+
+    pages: list[dict[str, Any]] = []
+
+    async def one() -> None:
+        pages.append(await tail())
+
+    async with anyio.create_task_group() as tg:  # four agents tail the same task at once
+        for _ in range(4):
+            tg.start_soon(one)
+    reads = [r for r in run.fake.requests if r[2].endswith("entries:list")]
+    assert len(reads) == 1  # one read served them all
+    assert all([ln["message"] for ln in p["lines"] if ln["message"].startswith("line ")] ==
+               [f"line {i}" for i in range(5)] for p in pages)
+    answers = [await tail(limit) for limit in (49, 48, 47)]  # other pages: each read takes a place
+    assert "allows 3 reads a minute" in answers[-1]["reason"] and answers[-1]["lines"] == []
+    assert len([r for r in run.fake.requests if r[2].endswith("entries:list")]) == 3  # quota of 3, never exceeded
+
+
+# ---- the status table -------------------------------------------------------------------------------
+def test_every_execution_state_maps_onto_a_phase(fake: gcp.FakeCloudRun) -> None:
+    from google.cloud import run_v2
+
+    def status(**overrides: Any) -> Any:
+        ex = run_v2.Execution(name="x", running_count=overrides.pop("running", 0))
+        cond = overrides.pop("completed", None)
+        if cond is not None:
+            ex.conditions.append(run_v2.Condition(type_="Completed", state=cond[0], execution_reason=cond[1],
+                                                  message=cond[2]))
+        ex.create_time = overrides.pop("created", None) or ex.create_time
+        return execution_status(ex, time.time(), overrides.pop("stuck", 900), overrides.pop("on_stuck", "wait"))
+
+    S = run_v2.Condition.State
+    R = run_v2.Condition.ExecutionReason
+    assert status().phase == JobPhase.PENDING
+    assert status(completed=(S.CONDITION_PENDING, 0, "")).phase == JobPhase.PENDING
+    assert status(running=1, completed=(S.CONDITION_RECONCILING, 0, "")).raw_status == "RUNNING"
+    assert status(completed=(S.CONDITION_RECONCILING, R.CANCELLING, "")).raw_status == "CANCELLING"
+    assert status(completed=(S.CONDITION_SUCCEEDED, 0, "")).phase == JobPhase.SUCCEEDED
+    failed = status(completed=(S.CONDITION_FAILED, R.NON_ZERO_EXIT_CODE, "exit code 3"))
+    assert failed.phase == JobPhase.FAILED and failed.reason == "NON_ZERO_EXIT_CODE: exit code 3"
+    assert status(completed=(S.CONDITION_FAILED, R.CANCELLED, "")).raw_status == "CANCELLED"
+    assert status(completed=(S.CONDITION_FAILED, R.DELETED, "")).phase == JobPhase.GONE
+    timeout = status(completed=(S.CONDITION_FAILED, 0, "exceeded the configured timeout"))
+    assert timeout.phase == JobPhase.FAILED and "timeout" in timeout.reason
+    from datetime import UTC, datetime
+
+    old = datetime.fromtimestamp(time.time() - 3600, UTC)
+    stuck = status(created=old, stuck=60, on_stuck="fail")
+    assert stuck.phase == JobPhase.PENDING and stuck.waiting_reason.startswith("PENDING for 60 min")
+    assert stuck.give_up_reason and status(created=old, stuck=60).give_up_reason is None
+
+
+# ---- the provider contract suite --------------------------------------------------------------------
+class CloudRunHarness(Harness):
+    can_hold_pending = True
+    can_fail_calls = True
+
+    def __init__(self, home: Path, fake: gcp.FakeCloudRun):
+        self.fake = fake
+        fake.create_job(PROJECT, REGION, "contract", command=RUNNER)
+        fake.create_job(PROJECT, REGION, "contract-b", command=RUNNER)
+        self.provider = CloudRunProvider.configured(home, poll_interval_s=0.1)
+        self.options = CloudRunOptions(project=PROJECT, region=REGION, job="contract")
+        self._n = 0
+
+    def spec(self, job_name: str, script: str, *, max_runtime_s: int = 120) -> Any:
+        # Alternate between two jobs so that one poll spans several poll groups.
+        self._n += 1
+        spec = super().spec(job_name, script, max_runtime_s=max_runtime_s)
+        from dataclasses import replace
+
+        job = "contract" if self._n % 2 else "contract-b"
+        return replace(spec, options=CloudRunOptions(project=PROJECT, region=REGION, job=job))
+
+    def count_jobs(self, job_name: str) -> int:
+        return sum(1 for e in self.fake.executions() if e["env"].get("CONTROLPLANE_JOB_NAME") == job_name)
+
+    def forget(self, handle: dict[str, Any]) -> None:
+        self.fake.forget(handle["execution"])
+
+    @contextmanager
+    def pending(self) -> Iterator[None]:
+        self.fake.start_jobs = False
+        try:
+            yield
+        finally:
+            self.fake.start_jobs = True
+
+    @contextmanager
+    def failing_calls(self, rate: float) -> Iterator[None]:
+        self.fake.fault_rate = rate
+        try:
+            yield
+        finally:
+            self.fake.fault_rate = 0.0
+
+
+class TestCloudRunContract(ProviderContract):
+    @pytest.fixture
+    def harness(self, fake: gcp.FakeCloudRun, tmp_path: Path) -> CloudRunHarness:
+        return CloudRunHarness(tmp_path, fake)
