@@ -32,9 +32,7 @@ from tests.conftest import FAST, Agent
 from tests.provider_contract import Harness, ProviderContract
 
 pytestmark = pytest.mark.anyio
-PROJECT, REGION, JOB = "cp-proj", "us-central1", "cp-exercise"
-JOB_PATH = f"projects/{PROJECT}/locations/{REGION}/jobs/{JOB}"
-RUNNER = ["python", "-m", "infra.runner", "--"]  # the runner image's entrypoint
+PROJECT, REGION, JOB, RUNNER = gcp.PROJECT, gcp.REGION, gcp.JOB, gcp.RUNNER
 
 
 @pytest.fixture
@@ -56,23 +54,6 @@ def gcs(gcs_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Clo
     return target
 
 
-def cloud_run_catalog(home: Path, *, job: str = JOB, retry: str = "{ max_attempts = 1 }", extra: str = "") -> None:
-    """The default catalog with `exercise` on Cloud Run (the fake's job) in its own resource class."""
-    from controlplane.catalog import default_catalog_text
-
-    text = default_catalog_text()
-    old = ('provider = "local"\nresource_class = "cpu_small"\ncommand = ["{python}", "-m", "infra.tools.exercise"]\n'
-           "default_runtime_s = 300\nmax_runtime_s = 3600\nestimate_s = 1\nretry = { max_attempts = 1 }")
-    assert old in text
-    text = text.replace(old, 'provider = "cloud_run"\nresource_class = "cloudrun"\ncommand = ["{python}", "-m", '
-                             '"infra.tools.exercise"]\ndefault_runtime_s = 300\nmax_runtime_s = 3600\n'
-                             f"estimate_s = 1\nretry = {retry}")
-    text += ("\n[resource_classes.cloudrun]\nmax_concurrency = 4\nmax_queue_length = 100\ncpu = 1\nmemory_mb = 512\n"
-             f'provider_options = {{ project = "{PROJECT}", region = "{REGION}", job = "{job}"{extra} }}\n')
-    home.mkdir(parents=True, exist_ok=True)
-    (home / "catalog.toml").write_text(text)
-
-
 @dataclass
 class Run:
     cp: ControlPlane
@@ -82,7 +63,7 @@ class Run:
 
 @pytest.fixture
 async def run(fake: gcp.FakeCloudRun, gcs: CloudTarget, home: Path) -> AsyncIterator[Run]:
-    cloud_run_catalog(home, retry='{ max_attempts = 2, backoff_s = 0, retry_on = ["worker_lost"] }')
+    gcp.cloud_run_catalog(home, retry='{ max_attempts = 2, backoff_s = 0, retry_on = ["worker_lost"] }')
     cp = ControlPlane(Settings(home=home, object_store_url=gcs.url, **FAST))
     async with Client(build_server(cp)) as client:
         yield Run(cp, Agent(client), fake)
@@ -169,7 +150,7 @@ async def test_failed_tool_and_vanished_execution(run: Run) -> None:
 
 
 async def test_a_wrong_job_name_fails_the_launch_clearly(fake: gcp.FakeCloudRun, gcs: CloudTarget, home: Path) -> None:
-    cloud_run_catalog(home, job="no-such-job")
+    gcp.cloud_run_catalog(home, job="no-such-job")
     cp = ControlPlane(Settings(home=home, object_store_url=gcs.url, **FAST))
     async with Client(build_server(cp)) as client:
         agent = Agent(client)
@@ -181,7 +162,7 @@ async def test_a_wrong_job_name_fails_the_launch_clearly(fake: gcp.FakeCloudRun,
 async def test_a_catalog_entry_without_a_job_is_refused_at_load(home: Path) -> None:
     from controlplane.catalog import Catalog, CatalogError
 
-    cloud_run_catalog(home)
+    gcp.cloud_run_catalog(home)
     text = (home / "catalog.toml").read_text().replace(f'job = "{JOB}"', 'jb = "x"')
     with pytest.raises(CatalogError) as err:
         Catalog.parse(text, source="catalog.toml")
@@ -196,7 +177,7 @@ async def test_crash_after_run_before_the_handle_launches_exactly_one_execution(
                                                                              gcs: CloudTarget, home: Path) -> None:
     from controlplane import api
 
-    cloud_run_catalog(home)
+    gcp.cloud_run_catalog(home)
     settings = Settings(home=home, object_store_url=gcs.url, **FAST)
     first = ControlPlane(settings)
     tid = first.service.submit("local", api.SubmitTask(tool_name="exercise", inputs={"log_lines": 3}))["task_id"]
@@ -218,7 +199,7 @@ async def test_crash_after_run_before_the_handle_launches_exactly_one_execution(
 # ---- throttling -----------------------------------------------------------------------------------
 async def test_throttled_apis_fail_no_task_and_run_nothing_twice(fake: gcp.FakeCloudRun, gcs: CloudTarget,
                                                                  home: Path) -> None:
-    cloud_run_catalog(home)
+    gcp.cloud_run_catalog(home)
     cp = ControlPlane(Settings(home=home, object_store_url=gcs.url, **FAST))
     fake.fault_rate = 0.3  # 429 or 503 to a third of all Admin API and Logging requests
     async with Client(build_server(cp)) as client:

@@ -1,0 +1,171 @@
+"""Reconciler cycles over 5,000 in-flight Cloud Run executions across 5 jobs, beside AWS Batch:
+`python bench/cloud_run.py [--executions N] [--jobs J] [--no-batch]`.
+
+The fake Cloud Run Admin API (`tests/gcp.py`) runs in a child process holding N running
+executions spread over J jobs (synthetic: no process behind them), so its CPU is not this
+process's. This process holds a control plane whose database has N running tasks, each with the
+handle of one execution, and runs reconciler cycles against the real Cloud Run provider over
+REST. Cloud Run has no batch get: the provider lists each job's executions, so a cycle must cost
+one ListExecutions per job per page (ceil(N / J / page_size) pages a job) and nothing per
+execution. It reports the Admin API requests per cycle (counted by the fake), the wall time and
+this process's CPU per cycle, at two page sizes; then the same figures for AWS Batch over N jobs
+on moto (`bench/aws_batch.py`: ceil(N / 100) DescribeJobs), measured in the same run.
+
+Prints a table and, as its last line, one JSON object with every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+FAKE_CHILD = r"""
+import json, sys, threading
+sys.path.insert(0, sys.argv[3])
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from tests import gcp
+n, jobs = int(sys.argv[1]), int(sys.argv[2])
+fake = gcp.FakeCloudRun()
+names = {}
+for j in range(jobs):
+    job = f"cp-bench-{j}"
+    names[job] = fake.add_executions(gcp.PROJECT, gcp.REGION, job, n // jobs + (1 if j < n % jobs else 0))
+
+class Counts(BaseHTTPRequestHandler):  # GET /: requests by method and path kind since the last GET
+    def do_GET(self):
+        with fake._lock:
+            reqs, fake.requests[:] = list(fake.requests), []
+        kinds = {}
+        for _, method, path in reqs:
+            kind = "list" if path.endswith("/executions") else ("get" if "/executions/" in path else path)
+            kinds[f"{method} {kind}"] = kinds.get(f"{method} {kind}", 0) + 1
+        body = json.dumps(kinds).encode()
+        self.send_response(200); self.send_header("content-length", str(len(body))); self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a): pass
+
+counts = ThreadingHTTPServer(("127.0.0.1", 0), Counts)
+threading.Thread(target=counts.serve_forever, daemon=True).start()
+print(json.dumps({"url": fake.url, "counts": f"http://127.0.0.1:{counts.server_address[1]}", "names": names}),
+      flush=True)
+threading.Event().wait()
+"""
+
+
+def main() -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--executions", type=int, default=5_000)
+    ap.add_argument("--jobs", type=int, default=5)
+    ap.add_argument("--cycles", type=int, default=2)
+    ap.add_argument("--no-batch", action="store_true", help="skip the AWS Batch comparison")
+    args = ap.parse_args()
+    console = Console(stderr=True)
+    t0 = time.monotonic()
+    child = subprocess.Popen([sys.executable, "-c", FAKE_CHILD, str(args.executions), str(args.jobs), str(ROOT)],
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT)
+    results: dict[str, list[dict]] = {}
+    try:
+        assert child.stdout is not None
+        seeded = json.loads(child.stdout.readline())
+        console.log(f"the fake holds {args.executions} running executions in {args.jobs} jobs "
+                    f"({time.monotonic() - t0:.1f} s)")
+        for page_size in (500, 1000):
+            results[f"cloud_run page {page_size}"] = run_cycles(seeded, page_size, args.cycles, console)
+    finally:
+        child.terminate()
+        child.wait(10)
+    per_job = math.ceil(args.executions / args.jobs)
+    if not args.no_batch:
+        results["aws_batch"] = batch_cycles(args.executions, args.cycles, console)
+
+    table = Table(title=f"one reconciler cycle over {args.executions} in-flight executions")
+    for col in ("provider", "cycle", "API calls", "target", "wall", "control plane CPU"):
+        table.add_column(col, justify="right")
+    for label, cycles in results.items():
+        for c in cycles:
+            table.add_row(label, str(c["cycle"]), str(c["api_calls"]), str(c["target"]), f"{c['wall_s']:.2f} s",
+                          f"{c['cpu_s']:.2f} s")
+    Console().print(table)
+    ok = all(c["api_calls"] <= c["target"] and c["jobs"] == args.executions for cs in results.values() for c in cs)
+    print(json.dumps({"benchmark": "cloud-run-reconcile", "executions": args.executions, "jobs": args.jobs,
+                      "executions_per_job": per_job, "results": results, "pass": ok}))
+    return 0
+
+
+def run_cycles(seeded: dict, page_size: int, n: int, console) -> list[dict]:
+    from bench.seed import seed_inflight
+    from controlplane.app import ControlPlane
+    from controlplane.settings import Settings
+    from providers import ratelimit
+    from providers.cloud_run import CloudRunProvider
+    from providers.local import LocalProvider
+    from tests import gcp
+
+    ratelimit._registry.clear()
+    with tempfile.TemporaryDirectory(prefix="cp-bench-cloudrun-") as home:
+        gcp.cloud_run_catalog(Path(home))
+        provider = CloudRunProvider.configured(home, endpoint=seeded["url"], logging_endpoint=seeded["url"],
+                                               anonymous=True, page_size=page_size, poll_interval_s=1e-9,
+                                               max_tps=1000)
+        cp = ControlPlane(Settings(home=home), providers={"cloud_run": provider, "local": LocalProvider.configured(home)})
+        handles = []
+        for job, names in seeded["names"].items():
+            path = f"projects/{gcp.PROJECT}/locations/{gcp.REGION}/jobs/{job}"
+            handles += [{"execution": name, "job": path, "job_name": f"synthetic-{i}", "created_at": time.time(),
+                         "log_uri": None, "stuck_after_s": 900.0, "on_stuck": "wait"} for i, name in enumerate(names)]
+        seed_inflight(cp.db, len(handles), provider="cloud_run", rc="cloudrun", handles=handles)
+        target = sum(math.ceil(len(names) / page_size) for names in seeded["names"].values())
+        out = []
+        for i in range(n):
+            _counts(seeded)
+            cpu0, t0 = time.process_time(), time.perf_counter()
+            stats = cp.reconciler.cycle_sync(force_poll=True)
+            wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+            kinds = _counts(seeded)
+            out.append({"cycle": i + 1, "jobs": stats.jobs, "api_calls": sum(kinds.values()), "by_kind": kinds,
+                        "target": target, "wall_s": wall, "cpu_s": cpu, "finished": stats.finished,
+                        "lost": stats.lost})
+            console.log(f"cloud run page {page_size} cycle {i + 1}: {out[-1]}")
+        return out
+
+
+def _counts(seeded: dict) -> dict[str, int]:
+    with urllib.request.urlopen(seeded["counts"]) as r:
+        return json.loads(r.read())
+
+
+def batch_cycles(n_jobs: int, cycles: int, console) -> list[dict]:
+    """bench/aws_batch.py's measurement over the same number of jobs, without its rate limit."""
+    from bench import aws_batch
+    from tests import aws
+
+    moto = subprocess.Popen([sys.executable, "-c", aws_batch.MOTO_CHILD, str(n_jobs), str(ROOT)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT)
+    try:
+        assert moto.stdout is not None
+        seeded = json.loads(moto.stdout.readline())
+        os.environ.update(aws.aws_env(seeded["url"]))
+        runs = aws_batch.run_cycles(seeded["ids"], 1000.0, cycles, console)
+    finally:
+        moto.terminate()
+        moto.wait(10)
+    return [{**r, "api_calls": r["describe_calls"], "target": math.ceil(n_jobs / 100)} for r in runs]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
