@@ -129,6 +129,22 @@ class Agent:
                 raise AssertionError(f"task {task_id} still {st['state']} after {timeout}s: {st}")
             await anyio.sleep(0.05)
 
+    async def provider_log_messages(self, task_id: str, limit: int) -> list[str]:
+        """The job's native log (source='provider'), read page by page until a page is empty."""
+        seen: list[str] = []
+        cursor = None
+        for _ in range(50):
+            args: dict[str, Any] = {"task_id": task_id, "source": "provider", "limit": limit}
+            if cursor:
+                args["cursor"] = cursor
+            page = await self.call("tail_task_logs", **args)
+            assert page["next_cursor"].startswith("plog_")
+            if not page["lines"]:
+                break
+            seen += [ln["message"] for ln in page["lines"]]
+            cursor = page["next_cursor"]
+        return seen
+
     async def all_logs(self, task_id: str) -> list[dict[str, Any]]:
         lines: list[dict[str, Any]] = []
         cursor = None

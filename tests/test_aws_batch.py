@@ -116,18 +116,7 @@ async def test_lifecycle_through_the_mcp_tools(batch: Batch) -> None:
     relayed = await agent.all_logs(tid)
     assert [ln["message"] for ln in relayed] == [f"line {i}" for i in range(30)]
     # The job's own log in CloudWatch, page by page on its forward token.
-    seen: list[str] = []
-    cursor = None
-    for _ in range(20):
-        args: dict[str, Any] = {"task_id": tid, "source": "provider", "limit": 7}
-        if cursor:
-            args["cursor"] = cursor
-        page = await agent.call("tail_task_logs", **args)
-        assert page["next_cursor"].startswith("plog_")
-        if not page["lines"]:
-            break
-        seen += [ln["message"] for ln in page["lines"]]
-        cursor = page["next_cursor"]
+    seen = await agent.provider_log_messages(tid, limit=7)
     assert [m for m in seen if m.startswith("line ")] == [f"line {i}" for i in range(30)]
 
     res = await agent.call("get_task_result", task_id=tid)

@@ -98,17 +98,7 @@ async def test_lifecycle_through_the_mcp_tools(run: Run) -> None:
     relayed = await agent.all_logs(tid)
     assert [ln["message"] for ln in relayed] == [f"line {i}" for i in range(30)]
     # The execution's own log in Cloud Logging, page by page.
-    seen: list[str] = []
-    cursor = None
-    for _ in range(20):
-        args: dict[str, Any] = {"task_id": tid, "source": "provider", "limit": 9}
-        if cursor:
-            args["cursor"] = cursor
-        page = await agent.call("tail_task_logs", **args)
-        if not page["lines"]:
-            break
-        seen += [ln["message"] for ln in page["lines"]]
-        cursor = page["next_cursor"]
+    seen = await agent.provider_log_messages(tid, limit=9)
     assert [m for m in seen if m.startswith("line ")] == [f"line {i}" for i in range(30)]
 
     res = await agent.call("get_task_result", task_id=tid)

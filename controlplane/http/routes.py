@@ -17,6 +17,7 @@ import hmac
 import json
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import anyio.to_thread
@@ -41,16 +42,24 @@ def _error(status: int, message: str) -> JSONResponse:
 
 
 def routes(cp: ControlPlane) -> list[Route]:
-    async def runner_claim(request: Request) -> Response:
+    def authenticate(request: Request, credential: Callable[[bytes, str, int], str]) -> tuple[str, int] | Response:
+        """The (task id, attempt) a runner route names, if its bearer is that attempt's `credential`."""
         task_id = request.path_params["task_id"]
         try:
             attempt = int(request.path_params["attempt"])
         except ValueError:
             return _error(404, "not found")
         auth = request.headers.get("authorization", "")
-        expected = "Bearer " + bootstrap_token(cp.secret_key, task_id, attempt)
+        expected = "Bearer " + credential(cp.secret_key, task_id, attempt)
         if not hmac.compare_digest(auth.encode(), expected.encode()):
-            return _error(401, "bad bootstrap token")
+            return _error(401, "bad runner credentials")
+        return task_id, attempt
+
+    async def runner_claim(request: Request) -> Response:
+        who = authenticate(request, bootstrap_token)
+        if isinstance(who, Response):
+            return who
+        task_id, attempt = who
         body = await request.body()
         try:
             nonce = json.loads(body[:4096] or b"{}").get("nonce")
@@ -68,15 +77,10 @@ def routes(cp: ControlPlane) -> list[Route]:
                             headers={"Cache-Control": "no-store"})
 
     async def runner_events(request: Request) -> Response:
-        task_id = request.path_params["task_id"]
-        try:
-            attempt = int(request.path_params["attempt"])
-        except ValueError:
-            return _error(404, "not found")
-        auth = request.headers.get("authorization", "")
-        expected = "Bearer " + runner_secret(cp.secret_key, task_id, attempt)
-        if not hmac.compare_digest(auth.encode(), expected.encode()):
-            return _error(401, "bad runner credentials")
+        who = authenticate(request, runner_secret)
+        if isinstance(who, Response):
+            return who
+        task_id, attempt = who
         if int(request.headers.get("content-length") or 0) > MAX_EVENTS_BODY:
             return _error(413, "batch too large")
         body = await request.body()
