@@ -42,18 +42,25 @@ class SlidingWindowLimiter:
         self.calls = 0
         self.waited_s = 0.0
 
+    def _take(self, now: float) -> int | None:
+        """Under the lock: forget places whose window has passed, then take one if any is free."""
+        for token, end in list(self._holders.items()):
+            if end <= now - self.window_s:
+                del self._holders[token]
+        if len(self._holders) >= self.rate:
+            return None
+        token = next(self._ids)
+        self._holders[token] = _IN_FLIGHT
+        self.calls += 1
+        return token
+
     def acquire(self) -> int:
         """Block until a request may start; returns a token to `release` when it has ended."""
         while True:
             with self._lock:
                 now = time.monotonic()
-                for token, end in list(self._holders.items()):
-                    if end <= now - self.window_s:
-                        del self._holders[token]
-                if len(self._holders) < self.rate:
-                    token = next(self._ids)
-                    self._holders[token] = _IN_FLIGHT
-                    self.calls += 1
+                token = self._take(now)
+                if token is not None:
                     return token
                 ends = [e for e in self._holders.values() if e != _IN_FLIGHT]
                 wait = (min(ends) + self.window_s - now + 1e-4) if ends else 0.01
@@ -63,16 +70,7 @@ class SlidingWindowLimiter:
     def try_acquire(self) -> int | None:
         """A token if a request may start now, else None (never waits)."""
         with self._lock:
-            now = time.monotonic()
-            for token, end in list(self._holders.items()):
-                if end <= now - self.window_s:
-                    del self._holders[token]
-            if len(self._holders) >= self.rate:
-                return None
-            token = next(self._ids)
-            self._holders[token] = _IN_FLIGHT
-            self.calls += 1
-            return token
+            return self._take(time.monotonic())
 
     def wait_s(self) -> float:
         """Seconds until a place is likely to free up (0 if one is free now)."""

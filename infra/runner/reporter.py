@@ -149,20 +149,14 @@ class Reporter:
             self.secret = body["secret"]
             return True
         if status == 409:  # the attempt is over: stop, as for a 409 on events
-            self._unacked.clear()
-            self._stop("stale")
-            self._last_contact = time.monotonic()
-            return False
-        if status in (400, 401, 403):
+            self._stale()
+        elif status in (400, 401, 403):
             print(f"runner: the control plane refused this job's bootstrap token ({status}); "
                   "delivering events through the object store only", file=sys.stderr)
             self.callback_url = None
             self.endpoint_file = None
-            return False
-        self._backoff = min(30.0, max(0.5, self._backoff * 2))
-        self._next_try = time.monotonic() + self._backoff
-        if status is None and self.endpoint_file:
-            self._rediscover()
+        else:
+            self._back_off(status)
         return False
 
     def _deliver(self) -> None:
@@ -181,14 +175,21 @@ class Reporter:
                 self._stop("cancel")
             return
         if status == 409:
-            self._unacked.clear()
-            self._stop("stale")
-            self._last_contact = time.monotonic()
+            self._stale()
             return
         # Unreachable, 5xx or 401 (a secret the server no longer accepts): back off and retry.
+        self._back_off(status)
+
+    def _stale(self) -> None:
+        """This attempt is no longer the task's current one: drop its events and stop the tool."""
+        self._unacked.clear()
+        self._stop("stale")
+        self._last_contact = time.monotonic()
+
+    def _back_off(self, status: int | None) -> None:
         self._backoff = min(30.0, max(0.5, self._backoff * 2))
         self._next_try = time.monotonic() + self._backoff
-        if status is None and self.endpoint_file:
+        if status is None and self.endpoint_file:  # unreachable: the server may have moved
             self._rediscover()
 
     def _stop(self, reason: str) -> None:
