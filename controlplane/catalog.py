@@ -193,14 +193,13 @@ class ToolSpec(_Strict):
 
 
 class Catalog:
-    def __init__(self, tools: dict[str, ToolSpec], classes: dict[str, ResourceClass], source: str,
-                 options: dict[str, ProviderOptions] | None = None):
+    def __init__(self, tools: dict[str, ToolSpec], classes: dict[str, ResourceClass], source: str):
         self.tools = tools
         self.resource_classes = classes
         self.source = source
         self._validators = {name: t.validator() for name, t in tools.items()}
         # Each tool's provider_options, validated by its provider's Options model.
-        self.options = options if options is not None else {
+        self.options: dict[str, ProviderOptions] = {
             name: _provider_options(t, classes[t.resource_class], source) for name, t in tools.items()}
 
     def tool(self, name: str) -> ToolSpec | None:
@@ -256,8 +255,7 @@ class Catalog:
                     f" (declared: {', '.join(sorted(classes))})"
                 )
             tools[name] = spec
-        options = {name: _provider_options(t, classes[t.resource_class], source) for name, t in tools.items()}
-        return cls(tools, classes, source, options)
+        return cls(tools, classes, source)
 
 
 def _provider_options(tool: ToolSpec, rc: ResourceClass, source: str) -> ProviderOptions:
@@ -274,16 +272,11 @@ def _provider_options(tool: ToolSpec, rc: ResourceClass, source: str) -> Provide
     try:
         return model.model_validate(merged, context=context)
     except ValidationError as e:
-        first = e.errors()[0]
-        field = ".".join(str(p) for p in first["loc"])
-        msg = "unknown field" if first["type"] == "extra_forbidden" else first["msg"].removeprefix("Value error, ")
-        origin = ""
-        top = str(first["loc"][0]) if first["loc"] else ""
-        if top and top in rc.provider_options and top not in tool.provider_options:
-            origin = f" (from resource_classes.{rc.name}.provider_options)"
-        more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
-        path = f"{where}.provider_options" + (f".{field}" if field else "")
-        raise CatalogError(f"{source}: {path}: {msg}{origin}{more}") from None
+        field, msg = _describe(e)
+        top = field.split(".", 1)[0]
+        if top in rc.provider_options and top not in tool.provider_options:
+            msg += f" (from resource_classes.{rc.name}.provider_options)"
+        raise CatalogError(f"{source}: {where}.provider_options.{field}: {msg}") from None
 
 
 def _table(body: Any, source: str, where: str) -> dict[str, Any]:
@@ -296,15 +289,21 @@ def _build(model: type[BaseModel], data: dict[str, Any], source: str, where: str
     try:
         return model.model_validate(data)
     except ValidationError as e:
-        first = e.errors()[0]
-        field = ".".join(str(p) for p in first["loc"])
-        msg = first["msg"].removeprefix("Value error, ")
-        if not field:  # a cross-field check names its field as "<field>: <problem>"
-            field, _, msg = msg.partition(": ")
-        if first["type"] == "extra_forbidden":
-            msg = "unknown field"
-        more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
-        raise CatalogError(f"{source}: {where}.{field}: {msg}{more}") from None
+        field, msg = _describe(e)
+        raise CatalogError(f"{source}: {where}.{field}: {msg}") from None
+
+
+def _describe(e: ValidationError) -> tuple[str, str]:
+    """A validation error as (dotted field, problem): the first error, and how many more."""
+    first = e.errors()[0]
+    field = ".".join(str(p) for p in first["loc"])
+    msg = first["msg"].removeprefix("Value error, ")
+    if not field:  # a cross-field check names its field as "<field>: <problem>"
+        field, _, msg = msg.partition(": ")
+    if first["type"] == "extra_forbidden":
+        msg = "unknown field"
+    more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
+    return field, msg + more
 
 
 def default_catalog_text() -> str:

@@ -145,7 +145,7 @@ class CloudRunOptions(ProviderOptions):
         elif "/" in self.job:
             raise ValueError("job: a job name, or projects/PROJECT/locations/REGION/jobs/JOB")
         elif not (self.project and self.region):
-            raise ValueError("project and region are required with a short job name")
+            raise ValueError("project: project and region are required with a short job name")
         return self
 
     @property
