@@ -43,7 +43,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import quote
 
 import boto3
@@ -64,9 +64,10 @@ from providers.base import (
     PermanentProviderError,
     Provider,
     ProviderContext,
-    ProviderOptions,
     ProviderSettings,
     TransientProviderError,
+    WaitPolicy,
+    waiting_verdict,
 )
 
 log = logging.getLogger("controlplane.providers.aws_batch")
@@ -116,12 +117,10 @@ class AwsBatchSettings(ProviderSettings):
     stuck_after_s: float = Field(default=900.0, gt=0)  # RUNNABLE/STARTING longer than this is "stuck"
 
 
-class AwsBatchOptions(ProviderOptions):
+class AwsBatchOptions(WaitPolicy):
     job_queue: str = Field(min_length=1)
     job_definition: str = Field(min_length=1)
     log_group: str = DEFAULT_LOG_GROUP
-    stuck_after_s: float | None = Field(default=None, gt=0)
-    on_stuck: Literal["wait", "fail"] = "wait"
 
 
 class AwsBatchProvider(Provider):
@@ -231,12 +230,9 @@ class AwsBatchProvider(Provider):
         phase = PHASES.get(status, JobPhase.PENDING)
         waiting = give_up = None
         if status in WAITING:
-            waited = now - job.get("createdAt", now * 1000) / 1000
-            if waited > h.get("stuck_after_s", self.stuck_after_s):
-                why = job.get("statusReason") or WAITING[status]
-                waiting = f"{status} for {waited / 60:.0f} min: {why}"
-                if h.get("on_stuck") == "fail":
-                    give_up = f"the job did not start: {waiting}"
+            waiting, give_up = waiting_verdict(
+                status, now - job.get("createdAt", now * 1000) / 1000, job.get("statusReason") or WAITING[status],
+                stuck_after_s=h.get("stuck_after_s", self.stuck_after_s), on_stuck=h.get("on_stuck", "wait"))
         return JobStatus(
             phase,
             reason=job.get("statusReason"),

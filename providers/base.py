@@ -49,9 +49,9 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 Handle = dict[str, Any]
@@ -75,6 +75,24 @@ class ProviderOptions(BaseModel):
     `scratch_mb`), e.g. to refuse a shape the runner cannot give."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class WaitPolicy(ProviderOptions):
+    """Options of a runner whose jobs may wait for capacity, perhaps for ever: past
+    `stuck_after_s` (default: the provider's setting) a waiting job is reported with its reason,
+    and with `on_stuck = "fail"` given up on (stopped, the attempt LAUNCH_FAILED)."""
+
+    stuck_after_s: float | None = Field(default=None, gt=0)
+    on_stuck: Literal["wait", "fail"] = "wait"
+
+
+def waiting_verdict(status: str, waited_s: float, why: str, *, stuck_after_s: float, on_stuck: str,
+                    noun: str = "job") -> tuple[str | None, str | None]:
+    """(waiting_reason, give_up_reason) of a job that has been waiting `waited_s` in `status`."""
+    if waited_s <= stuck_after_s:
+        return None, None
+    waiting = f"{status} for {waited_s / 60:.0f} min: {why}"
+    return waiting, (f"the {noun} did not start: {waiting}" if on_stuck == "fail" else None)
 
 
 @dataclass(frozen=True)

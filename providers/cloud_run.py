@@ -65,7 +65,7 @@ import time
 from collections.abc import Callable, Hashable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import requests
 from google.api_core import exceptions as gexc
@@ -88,9 +88,10 @@ from providers.base import (
     PermanentProviderError,
     Provider,
     ProviderContext,
-    ProviderOptions,
     ProviderSettings,
     TransientProviderError,
+    WaitPolicy,
+    waiting_verdict,
 )
 
 log = logging.getLogger("controlplane.providers.cloud_run")
@@ -128,13 +129,11 @@ class CloudRunSettings(ProviderSettings):
     retry_deadline_s: float = Field(default=30.0, ge=0)  # how long one call retries 429/5xx
 
 
-class CloudRunOptions(ProviderOptions):
+class CloudRunOptions(WaitPolicy):
     job: str = Field(min_length=1)
     project: str | None = None
     region: str | None = None
     container: str | None = None
-    stuck_after_s: float | None = Field(default=None, gt=0)
-    on_stuck: Literal["wait", "fail"] = "wait"
 
     @model_validator(mode="after")
     def _located(self) -> CloudRunOptions:
@@ -182,12 +181,9 @@ def execution_status(ex: Any, now: float, stuck_after_s: float, on_stuck: str) -
     if ex.running_count > 0 or reason_code == _REASON.CANCELLING:
         word = "CANCELLING" if reason_code == _REASON.CANCELLING else "RUNNING"
         return JobStatus(JobPhase.RUNNING, reason=message or None, started_at=started or now, raw_status=word)
-    waiting = give_up = None
-    created = _ts(ex.create_time) or now
-    if now - created > stuck_after_s:
-        waiting = f"PENDING for {(now - created) / 60:.0f} min: {message or 'waiting for the execution to start'}"
-        if on_stuck == "fail":
-            give_up = f"the execution did not start: {waiting}"
+    waiting, give_up = waiting_verdict("PENDING", now - (_ts(ex.create_time) or now),
+                                       message or "waiting for the execution to start",
+                                       stuck_after_s=stuck_after_s, on_stuck=on_stuck, noun="execution")
     return JobStatus(JobPhase.PENDING, reason=message or None, waiting_reason=waiting, give_up_reason=give_up,
                      raw_status="PENDING")
 
