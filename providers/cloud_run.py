@@ -162,8 +162,17 @@ def _ts(t: Any) -> float | None:
     return None
 
 
-def _rfc3339(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+def _rfc3339(t: datetime | float) -> str:
+    """A UTC instant in the one form cursors and filters use (microseconds, Z): equal instants
+    give equal strings and the strings sort as the instants do."""
+    dt = t if isinstance(t, datetime) else datetime.fromtimestamp(t, UTC)
+    return dt.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _parts(job_path: str) -> tuple[str, str, str]:
+    """(project, region, job) of projects/P/locations/R/jobs/J."""
+    _, project, _, region, _, job = job_path.split("/")
+    return project, region, job
 
 
 def execution_status(ex: Any, now: float, stuck_after_s: float, on_stuck: str) -> JobStatus:
@@ -252,7 +261,7 @@ class CloudRunProvider(Provider):
 
     # ---- calls: one limiter per project and region, retries with jitter -------------------------
     def _limiter(self, job_path: str) -> ratelimit.SlidingWindowLimiter:
-        project, region = job_path.split("/")[1], job_path.split("/")[3]
+        project, region, _ = _parts(job_path)
         return ratelimit.shared(ratelimit.key("cloudrun", account=project, region=region,
                                               endpoint=self.settings.endpoint), self.settings.max_tps)
 
@@ -396,7 +405,7 @@ class CloudRunProvider(Provider):
         return self._pages.get((handle["execution"], cursor, limit), lambda: self._read_logs(handle, cursor, limit))
 
     def _read_logs(self, handle: Handle, cursor: str | None, limit: int) -> LogPage:
-        _, project, _, region, _, job = handle["job"].split("/")
+        project, region, job = _parts(handle["job"])
         execution = handle["execution"].rsplit("/", 1)[-1]
         after_ts, _, after_id = (cursor or "").partition("|")
         # Always bound by time: without a timestamp term Cloud Logging searches the last 24 h only.
@@ -432,7 +441,7 @@ class CloudRunProvider(Provider):
         lines: list[LogLine] = []
         last = (after_ts, after_id)
         for entry in entries:
-            key = (entry.timestamp.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"), entry.insert_id or "")
+            key = (_rfc3339(entry.timestamp), entry.insert_id or "")
             if after_ts and key <= (after_ts, after_id):
                 continue  # at or before the cursor: returned by an earlier page
             if len(lines) >= limit:
@@ -445,7 +454,7 @@ class CloudRunProvider(Provider):
         uri = handle.get("log_uri") or self._log_uris.get(handle["execution"])
         if uri:
             return uri
-        _, project, _, region, _, _job = handle["job"].split("/")
+        project, region, _ = _parts(handle["job"])
         execution = handle["execution"].rsplit("/", 1)[-1]
         return (f"https://console.cloud.google.com/run/jobs/executions/details/{region}/{execution}/logs"
                 f"?project={project}")

@@ -209,8 +209,7 @@ class GcsObjectStore(ObjectStore):
         self.signing_key_file = signing_key_file or os.environ.get("CONTROLPLANE_GCS_SIGNING_KEY_FILE")
         universe = getattr(client, "universe_domain", None) or "googleapis.com"
         self.iam_endpoint = (iam_endpoint or os.environ.get("CONTROLPLANE_GCS_IAM_ENDPOINT")
-                             or (DEFAULT_IAM_ENDPOINT if universe == "googleapis.com"
-                                 else f"https://iamcredentials.{universe}")).rstrip("/")
+                             or f"https://iamcredentials.{universe}").rstrip("/")
         self.signer_email = signer_email or os.environ.get("CONTROLPLANE_GCS_SIGNER_EMAIL") or None
         self._signer: Any = None
         self._iam_signer: IamSignBlobSigner | None = None
