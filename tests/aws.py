@@ -27,7 +27,7 @@ from typing import Any
 
 import boto3
 
-from tests.cloud import AWS_ENV, ROOT
+from tests.cloud import AWS_ENV, ROOT, exercise_catalog
 
 QUEUE = "cp-queue"
 JOB_DEFINITION = "controlplane-runner"
@@ -178,17 +178,6 @@ class BatchExecutor:
 
 def batch_catalog(home: Path, *, retry: str = "{ max_attempts = 1 }", provider_options: str = "") -> None:
     """The default catalog with `exercise` on AWS Batch (queue cp-queue) and a Batch resource class."""
-    from controlplane.catalog import default_catalog_text
-
-    text = default_catalog_text()
-    old = ('provider = "local"\nresource_class = "cpu_small"\ncommand = ["{python}", "-m", "infra.tools.exercise"]\n'
-           "default_runtime_s = 300\nmax_runtime_s = 3600\nestimate_s = 1\nretry = { max_attempts = 1 }")
-    assert old in text
-    text = text.replace(old, 'provider = "aws_batch"\nresource_class = "batch"\ncommand = ["python", "-m", '
-                             '"infra.tools.exercise"]\ndefault_runtime_s = 300\nmax_runtime_s = 3600\n'
-                             f"estimate_s = 1\nretry = {retry}")
     options = f'job_queue = "{QUEUE}", job_definition = "{JOB_DEFINITION}"' + (f", {provider_options}" if provider_options else "")
-    text += (f"\n[resource_classes.batch]\nmax_concurrency = 4\nmax_queue_length = 100\ncpu = 2\nmemory_mb = 2048\n"
-             f"provider_options = {{ {options} }}\n")
-    home.mkdir(parents=True, exist_ok=True)
-    (home / "catalog.toml").write_text(text)
+    exercise_catalog(home, provider="aws_batch", resource_class="batch", retry=retry, options=options,
+                     resources="max_concurrency = 4\nmax_queue_length = 100\ncpu = 2\nmemory_mb = 2048")

@@ -1011,18 +1011,10 @@ PROJECT, REGION, JOB = "cp-proj", "us-central1", "cp-exercise"
 RUNNER = ["python", "-m", "infra.runner", "--"]  # the runner image's entrypoint
 
 
-def cloud_run_catalog(home: Path, *, job: str = JOB, retry: str = "{ max_attempts = 1 }", extra: str = "") -> None:
+def cloud_run_catalog(home: Path, *, job: str = JOB, retry: str = "{ max_attempts = 1 }") -> None:
     """The default catalog with `exercise` on Cloud Run (the fake's job) in its own resource class."""
-    from controlplane.catalog import default_catalog_text
+    from tests.cloud import exercise_catalog
 
-    text = default_catalog_text()
-    old = ('provider = "local"\nresource_class = "cpu_small"\ncommand = ["{python}", "-m", "infra.tools.exercise"]\n'
-           "default_runtime_s = 300\nmax_runtime_s = 3600\nestimate_s = 1\nretry = { max_attempts = 1 }")
-    assert old in text
-    text = text.replace(old, 'provider = "cloud_run"\nresource_class = "cloudrun"\ncommand = ["{python}", "-m", '
-                             '"infra.tools.exercise"]\ndefault_runtime_s = 300\nmax_runtime_s = 3600\n'
-                             f"estimate_s = 1\nretry = {retry}")
-    text += ("\n[resource_classes.cloudrun]\nmax_concurrency = 4\nmax_queue_length = 100\ncpu = 1\nmemory_mb = 512\n"
-             f'provider_options = {{ project = "{PROJECT}", region = "{REGION}", job = "{job}"{extra} }}\n')
-    home.mkdir(parents=True, exist_ok=True)
-    (home / "catalog.toml").write_text(text)
+    exercise_catalog(home, provider="cloud_run", resource_class="cloudrun", retry=retry,
+                     options=f'project = "{PROJECT}", region = "{REGION}", job = "{job}"',
+                     resources="max_concurrency = 4\nmax_queue_length = 100\ncpu = 1\nmemory_mb = 512")
