@@ -35,13 +35,13 @@ ENDED = {JobPhase.SUCCEEDED, JobPhase.FAILED, JobPhase.GONE}
 
 
 class Harness:
-    """What a provider's test module supplies. Levers it cannot pull are None (and the contract
-    test that needs one is skipped with the reason)."""
+    """What a provider's test module supplies. A lever the fake does not have is None (and the
+    contract test that needs it is skipped with the reason)."""
 
     provider: Provider
     options: ProviderOptions
-    can_hold_pending = False
-    can_fail_calls = False
+    capacity: Any = None  # an object whose `start_jobs = False` keeps new jobs waiting (the fake's executor)
+    faults: Any = None  # an object whose `fault_rate` makes that share of API calls answer 429 or 5xx
 
     def count_jobs(self, job_name: str) -> int:
         """How many jobs the runner has for one attempt's job name."""
@@ -54,14 +54,14 @@ class Harness:
     @contextmanager
     def pending(self) -> Iterator[None]:
         """Jobs launched inside wait for capacity until the block ends."""
-        raise NotImplementedError
-        yield
+        with _setting(self.capacity, "start_jobs", False):
+            yield
 
     @contextmanager
     def failing_calls(self, rate: float) -> Iterator[None]:
         """A share of the provider's API calls answer 429 or 5xx inside the block."""
-        raise NotImplementedError
-        yield
+        with _setting(self.faults, "fault_rate", rate):
+            yield
 
     def spec(self, job_name: str, script: str, *, max_runtime_s: int = 120) -> LaunchSpec:
         return LaunchSpec(task_id="tsk_" + job_name, attempt=1, job_name=job_name, tool_name="contract", owner="me",
@@ -168,7 +168,7 @@ class ProviderContract:
         wait_for(p, running, ENDED)
 
     def test_a_job_waiting_for_capacity_is_pending(self, harness: Harness) -> None:
-        if not harness.can_hold_pending:
+        if harness.capacity is None:
             pytest.skip(f"{harness.provider.name} starts every job at once (no capacity to wait for)")
         p = harness.provider
         with harness.pending():
@@ -213,7 +213,7 @@ class ProviderContract:
         eventually(read_all)
 
     def test_throttled_calls_are_survived(self, harness: Harness) -> None:
-        if not harness.can_fail_calls:
+        if harness.faults is None:
             pytest.skip(f"{harness.provider.name} calls no API that could throttle")
         p = harness.provider
         specs = [harness.spec(unique(f"thr{i}"), PRINT_LINES.format(n=1, code=0)) for i in range(3)]
@@ -228,6 +228,16 @@ class ProviderContract:
             assert wait_for(p, slow_h, ENDED).phase in (JobPhase.FAILED, JobPhase.SUCCEEDED)
         for s in [*specs, slow]:
             assert harness.count_jobs(s.job_name) == 1, s.job_name
+
+
+@contextmanager
+def _setting(obj: Any, attr: str, value: Any) -> Iterator[None]:
+    before = getattr(obj, attr)
+    setattr(obj, attr, value)
+    try:
+        yield
+    finally:
+        setattr(obj, attr, before)
 
 
 def _found(p: Provider, spec: LaunchSpec) -> Handle:

@@ -13,7 +13,6 @@ import secrets
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -390,12 +389,9 @@ class BatchHarness(Harness):
     """AWS Batch on moto, with the executor playing the compute environment and a fault proxy in
     front of the Batch API."""
 
-    can_hold_pending = True
-    can_fail_calls = True
-
     def __init__(self, home: Path, moto: str, executor: aws.BatchExecutor, proxy: FaultProxy):
         self.executor = executor
-        self.proxy = proxy
+        self.capacity, self.faults = executor, proxy  # start_jobs, fault_rate
         self.provider = AwsBatchProvider.configured(home, region=aws.REGION, endpoint_url=proxy.url, max_tps=500,
                                                     poll_interval_s=0.1)
         self.options = AwsBatchOptions(job_queue=aws.QUEUE, job_definition=aws.JOB_DEFINITION)
@@ -408,22 +404,6 @@ class BatchHarness(Harness):
         proc = self.executor.procs.get(handle["job_id"])
         if proc is not None and proc.poll() is None:
             proc.kill()
-
-    @contextmanager
-    def pending(self) -> Iterator[None]:
-        self.executor.start_jobs = False
-        try:
-            yield
-        finally:
-            self.executor.start_jobs = True
-
-    @contextmanager
-    def failing_calls(self, rate: float) -> Iterator[None]:
-        self.proxy.fault_rate = rate
-        try:
-            yield
-        finally:
-            self.proxy.fault_rate = 0.0
 
 
 class TestBatchContract(ProviderContract):

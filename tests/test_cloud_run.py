@@ -10,7 +10,6 @@ import hashlib
 import json
 import time
 from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -268,11 +267,8 @@ def test_every_execution_state_maps_onto_a_phase(fake: gcp.FakeCloudRun) -> None
 
 # ---- the provider contract suite --------------------------------------------------------------------
 class CloudRunHarness(Harness):
-    can_hold_pending = True
-    can_fail_calls = True
-
     def __init__(self, home: Path, fake: gcp.FakeCloudRun):
-        self.fake = fake
+        self.fake = self.capacity = self.faults = fake  # start_jobs, fault_rate
         fake.create_job(PROJECT, REGION, "contract", command=RUNNER)
         fake.create_job(PROJECT, REGION, "contract-b", command=RUNNER)
         self.provider = CloudRunProvider.configured(home, poll_interval_s=0.1)
@@ -294,21 +290,6 @@ class CloudRunHarness(Harness):
     def forget(self, handle: dict[str, Any]) -> None:
         self.fake.forget(handle["execution"])
 
-    @contextmanager
-    def pending(self) -> Iterator[None]:
-        self.fake.start_jobs = False
-        try:
-            yield
-        finally:
-            self.fake.start_jobs = True
-
-    @contextmanager
-    def failing_calls(self, rate: float) -> Iterator[None]:
-        self.fake.fault_rate = rate
-        try:
-            yield
-        finally:
-            self.fake.fault_rate = 0.0
 
 
 class TestCloudRunContract(ProviderContract):
