@@ -244,7 +244,6 @@ class CloudRunProvider(Provider):
         self._logging_lock = threading.Lock()
         self._pages = _SharedPages(SHARED_PAGE_S)
         self._log_uris: dict[str, str] = {}  # execution -> its log_uri, learnt from polls
-        self.api_calls = 0  # Admin API requests made (tries included), for benchmarks
 
     @staticmethod
     def _credentials(settings: CloudRunSettings) -> Any:
@@ -273,7 +272,6 @@ class CloudRunProvider(Provider):
 
         def once() -> Any:
             with ratelimit.held(limiter):
-                self.api_calls += 1
                 return fn(**kwargs, retry=None, timeout=30)
 
         try:
