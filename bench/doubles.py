@@ -24,7 +24,8 @@ class CountingProvider(Provider):
         self.name = name
         self.poll_batch_size = poll_batch_size
         self.poll_interval_s = poll_interval_s
-        self.calls = {"launch": 0, "poll": 0, "cancel": 0}
+        self.calls = {"launch": 0, "find": 0, "poll": 0, "cancel": 0}
+        self._launched: set[str] = set()
         self.handles_polled = 0
         self.largest_batch = 0
         self._lock = threading.Lock()  # the control plane calls providers from worker threads
@@ -39,7 +40,14 @@ class CountingProvider(Provider):
     def launch(self, spec: LaunchSpec) -> Handle:
         with self._lock:
             self.calls["launch"] += 1
+            self._launched.add(spec.job_name)
         return {"job": spec.job_name, "double": True}
+
+    def find(self, spec: LaunchSpec) -> Handle | None:
+        with self._lock:
+            self.calls["find"] += 1
+            launched = spec.job_name in self._launched
+        return {"job": spec.job_name, "double": True} if launched else None
 
     def poll(self, handles: list[Handle]) -> list[JobStatus]:
         with self._lock:
