@@ -76,7 +76,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_random_exponential
 
-from providers import ratelimit
+from providers import logtail, ratelimit
 from providers.base import (
     Capability,
     Handle,
@@ -111,7 +111,6 @@ PHASES: dict[tuple[int, int | None], tuple[JobPhase, str]] = {
 TRANSIENT = (gexc.TooManyRequests, gexc.ServiceUnavailable, gexc.InternalServerError, gexc.BadGateway,
              gexc.GatewayTimeout, gexc.DeadlineExceeded, requests.exceptions.ConnectionError,
              requests.exceptions.Timeout)
-SHARED_PAGE_S = 3.0  # concurrent tails of one execution share a page this long
 
 
 class CloudRunSettings(ProviderSettings):
@@ -197,33 +196,6 @@ def execution_status(ex: Any, now: float, stuck_after_s: float, on_stuck: str) -
                      raw_status="PENDING")
 
 
-class _SharedPages:
-    """Log pages shared by concurrent tails for a few seconds; one read per key at a time."""
-
-    def __init__(self, ttl_s: float):
-        self.ttl_s = ttl_s
-        self._pages: dict[Hashable, tuple[float, LogPage]] = {}
-        self._locks: dict[Hashable, threading.Lock] = {}
-        self._lock = threading.Lock()
-
-    def get(self, key: Hashable, read: Callable[[], LogPage]) -> LogPage:
-        with self._lock:
-            lock = self._locks.setdefault(key, threading.Lock())
-        with lock:
-            now = time.monotonic()
-            hit = self._pages.get(key)
-            if hit is not None and hit[0] > now:
-                return hit[1]
-            page = read()
-            with self._lock:
-                for k in [k for k, (exp, _) in self._pages.items() if exp <= now]:
-                    self._pages.pop(k, None)
-                    self._locks.pop(k, None)
-                if page.reason is None:  # an answer worth sharing (not a throttled one)
-                    self._pages[key] = (now + self.ttl_s, page)
-            return page
-
-
 class CloudRunProvider(Provider):
     name = "cloud_run"
     Settings = CloudRunSettings
@@ -242,7 +214,7 @@ class CloudRunProvider(Provider):
                                                   client_options=options)
         self._logging: Any = None
         self._logging_lock = threading.Lock()
-        self._pages = _SharedPages(SHARED_PAGE_S)
+        self._pages = logtail.SharedPages()
         self._log_uris: dict[str, str] = {}  # execution -> its log_uri, learnt from polls
 
     @staticmethod
@@ -405,7 +377,7 @@ class CloudRunProvider(Provider):
     def _read_logs(self, handle: Handle, cursor: str | None, limit: int) -> LogPage:
         project, region, job = _parts(handle["job"])
         execution = handle["execution"].rsplit("/", 1)[-1]
-        after_ts, _, after_id = (cursor or "").partition("|")
+        after_ts, _ = logtail.split_cursor(cursor)
         # Always bound by time: without a timestamp term Cloud Logging searches the last 24 h only.
         since = after_ts or _rfc3339(float(handle.get("created_at") or time.time()) - 60)
         query = "\n".join([
@@ -417,36 +389,26 @@ class CloudRunProvider(Provider):
         ])
         limiter = ratelimit.shared(ratelimit.key("logging", account=project, endpoint=self.settings.logging_endpoint),
                                    self.settings.log_reads_per_min, window_s=60.0)
-        place = limiter.try_acquire()
-        if place is None:
-            return LogPage([], cursor, reason=(
-                f"Cloud Logging allows {self.settings.log_reads_per_min} reads a minute per project; try again in "
-                f"{limiter.wait_s():.0f} s (the runner's own log, source='task', has every line)"))
-        # One page: entries at the cursor's instant that were returned before are skipped, so a
-        # little more than `limit` is asked for. (The client's pager hides page tokens; with
-        # page_size == max_results it reads one page.)
-        size = min(1000, limit + 50)
-        try:
-            entries = list(self._logging_client(project).list_entries(
-                resource_names=[f"projects/{project}"], filter_=query, order_by="timestamp asc", page_size=size,
-                max_results=size))
-        except TRANSIENT as e:
-            raise TransientProviderError(f"Cloud Logging: {type(e).__name__}") from e
-        except gexc.GoogleAPICallError as e:
-            raise PermanentProviderError(f"Cloud Logging: {e.message}") from e
-        finally:
-            limiter.release(place)
-        lines: list[LogLine] = []
-        last = (after_ts, after_id)
-        for entry in entries:
-            key = (_rfc3339(entry.timestamp), entry.insert_id or "")
-            if after_ts and key <= (after_ts, after_id):
-                continue  # at or before the cursor: returned by an earlier page
-            if len(lines) >= limit:
-                break
-            lines.append(LogLine(ts=entry.timestamp.timestamp(), message=_text(entry.payload)))
-            last = key
-        return LogPage(lines, _cursor(last) or cursor)
+
+        def read() -> LogPage:
+            # One page: entries at the cursor's instant that were returned before are skipped, so
+            # a little more than `limit` is asked for. (The client's pager hides page tokens; with
+            # page_size == max_results it reads one page.)
+            size = min(1000, limit + 50)
+            try:
+                entries = list(self._logging_client(project).list_entries(
+                    resource_names=[f"projects/{project}"], filter_=query, order_by="timestamp asc", page_size=size,
+                    max_results=size))
+            except TRANSIENT as e:
+                raise TransientProviderError(f"Cloud Logging: {type(e).__name__}") from e
+            except gexc.GoogleAPICallError as e:
+                raise PermanentProviderError(f"Cloud Logging: {e.message}") from e
+            return logtail.after_cursor(
+                (((_rfc3339(e.timestamp), e.insert_id or ""), LogLine(ts=e.timestamp.timestamp(), message=_text(e.payload)))
+                 for e in entries), cursor, limit)
+
+        return logtail.within_quota(limiter, cursor, f"Cloud Logging allows {self.settings.log_reads_per_min} reads a "
+                                    "minute per project", read)
 
     def log_link(self, handle: Handle) -> str | None:
         uri = handle.get("log_uri") or self._log_uris.get(handle["execution"])
@@ -464,10 +426,6 @@ def _marker(execution: Any) -> str | None:
             if env.name == MARKER:
                 return env.value
     return None
-
-
-def _cursor(last: tuple[str, str]) -> str | None:
-    return f"{last[0]}|{last[1]}" if last[0] else None
 
 
 def _text(payload: Any) -> str:
