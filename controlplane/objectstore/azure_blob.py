@@ -35,6 +35,8 @@ from controlplane.objectstore.base import (
 )
 
 BLOCK = 8 * CHUNK
+KEY_SKEW = datetime.timedelta(minutes=10)  # user-delegation keys end this much short of Azure's 7-day limit
+KEY_REUSE_SLACK = datetime.timedelta(hours=1)  # a 7-day link may be this much shorter to reuse the cached key
 UTC = datetime.UTC
 
 
@@ -144,13 +146,21 @@ class AzureBlobObjectStore(ObjectStore):
         if self.account_key:
             sas = generate_blob_sas(account_key=self.account_key, **common)
         else:
-            sas = generate_blob_sas(user_delegation_key=self._delegation_key(expiry), **common)
+            key, key_until = self._delegation_key(expiry)
+            common["expiry"] = min(expiry, key_until)  # a link cannot outlive the key that signs it
+            sas = generate_blob_sas(user_delegation_key=key, **common)
         return f"{self.endpoint}/{self.container}/{quote(name)}?{sas}"
 
-    def _delegation_key(self, needed_until: datetime.datetime) -> Any:
-        if self._delegation is None or self._delegation[1] < needed_until:
-            now = datetime.datetime.now(UTC)
-            until = now + datetime.timedelta(days=7)
+    def _delegation_key(self, needed_until: datetime.datetime) -> tuple[Any, datetime.datetime]:
+        """A user-delegation key valid until `needed_until` if it can be (the cached one, or a new
+        one), and its expiry. Azure refuses a key that ends more than 7 days after *its* clock, so
+        a new key asks for 10 minutes less than that (a host clock a little fast is no error); and
+        a key with at least 7 days less an hour left serves the longest links, which may then end
+        up to an hour early, rather than every 7-day link fetching a key of its own."""
+        now = datetime.datetime.now(UTC)
+        longest = now + datetime.timedelta(days=7) - KEY_SKEW
+        if self._delegation is None or self._delegation[1] < min(needed_until, longest - KEY_REUSE_SLACK):
+            until = longest
             key = self.service.get_user_delegation_key(now - datetime.timedelta(minutes=5), until)
             self._delegation = (key, until)
-        return self._delegation[0]
+        return self._delegation
