@@ -4,6 +4,7 @@
     controlplane demo [--home DIR]
     controlplane tasks list|show|logs|cancel|result|submit ...   (against a running server)
     controlplane db upgrade [--home DIR]
+    controlplane jobs [--state abandoned] [--home DIR]   (the operator's view of the jobs table)
 """
 
 from __future__ import annotations
@@ -99,6 +100,39 @@ def db_upgrade(home: HomeOpt = None) -> None:
     db = Database(settings.resolved_database_url)
     db.upgrade()
     err.print(f"database at revision {db.current_revision()}")
+
+
+@app.command("jobs")
+def jobs_list(home: HomeOpt = None,
+              state: Annotated[list[str] | None, typer.Option(help="launching, active, draining, abandoned, done, "
+                                                                   "dropped (repeatable; default all)")] = None,
+              limit: int = 50, as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """The jobs the control plane launched, newest first, read from its database. `--state
+    abandoned` lists the jobs that never confirmed they stopped: their tasks have ended, but the
+    cloud may still run (and bill) them."""
+    from datetime import UTC, datetime
+
+    from controlplane.store.db import Database
+    from controlplane.store.store import Store
+
+    settings = _settings(home)
+    db = Database(settings.resolved_database_url)
+    db.upgrade()
+    rows = Store(db).jobs(state, limit)
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+
+    def when(t: float | None) -> str:
+        return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%SZ") if t else ""
+
+    table = Table(box=None, pad_edge=False)
+    for name in ("job", "task_id", "provider", "state", "provider status", "created", "abandoned"):
+        table.add_column(name, no_wrap=True, overflow="ignore")
+    for r in rows:
+        table.add_row(r["job_name"], r["task_id"], r["provider"], r["state"], r["provider_status"] or "",
+                      when(r["created_at"]), when(r["abandoned_at"]))
+    Console(width=max(200, Console().width)).print(table)
 
 
 # ---- client commands ----------------------------------------------------------------------------

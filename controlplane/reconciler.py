@@ -9,7 +9,10 @@ One cycle:
    provider's own status; a lost job is retried per the tool's policy or fails `WORKER_LOST`;
 4. stops a job whose runner has stopped heartbeating, and treats it as lost once the provider
    confirms it is gone (a retry never runs beside the job it replaces); jobs whose task has
-   moved on ("draining") are stopped until the provider confirms it;
+   moved on ("draining") are stopped until the provider confirms it; a job that does not confirm
+   it stopped within `stop_confirm_timeout_s` no longer holds its task: the task ends, the job is
+   recorded as "abandoned" (`controlplane jobs --state abandoned`) and is still stopped every
+   ABANDONED_RESEND_S until the provider says it ended (some runners ignore a stop);
 5. expires finished tasks past their ttl: their objects are deleted first, then their logs and
    artifact rows; a failed deletion is retried next cycle, never skipped.
 
@@ -40,6 +43,7 @@ from providers.base import JobPhase, JobStatus, PermanentProviderError, Provider
 
 log = logging.getLogger("controlplane.reconciler")
 STOP_RESEND_S = 5.0
+ABANDONED_RESEND_S = 60.0  # an abandoned job is still asked to stop, less often
 
 
 @dataclass
@@ -93,7 +97,7 @@ class Reconciler:
     @staticmethod
     def _draining(j: dict[str, Any]) -> bool:
         """The task has moved on (finished, or a later attempt) but this job may still run."""
-        return j["job_state"] == "draining" or j["attempt"] != j["task_attempt"]
+        return j["job_state"] in ("draining", "abandoned") or j["attempt"] != j["task_attempt"]
 
     def _stops(self, jobs: list[dict[str, Any]], now: float, stats: CycleStats) -> None:
         for j in jobs:
@@ -166,10 +170,7 @@ class Reconciler:
                                 "reason": reason})
             alive = st.phase in (JobPhase.RUNNING, JobPhase.PENDING)
             if self._draining(j):
-                if not alive:
-                    self.store.set_job_state(j["worker_id"], "done")
-                elif now - (j["stop_sent_at"] or 0) >= STOP_RESEND_S:
-                    self._send_stop(j, "superseded", stats)
+                self._drain(j, alive, now, stats)
                 continue
             if not alive:
                 self._finalize(j, st, stats)
@@ -184,6 +185,21 @@ class Reconciler:
             elif state == TaskState.RUNNING:
                 self._check_heartbeat(j, now, stats)
         self.store.set_provider_status(changed)
+
+    def _drain(self, j: dict[str, Any], alive: bool, now: float, stats: CycleStats) -> None:
+        """A job whose task has moved on: done once it ended; stopped until then; abandoned if it
+        has not confirmed it stopped within stop_confirm_timeout_s."""
+        if not alive:
+            self.store.set_job_state(j["worker_id"], "done")
+            return
+        abandoned = j["job_state"] == "abandoned"
+        if not abandoned and now - (j["stop_requested_at"] or now) >= self.settings.stop_confirm_timeout_s:
+            log.warning("job %s did not confirm it stopped within %.0f s: abandoned (still stopped now and then)",
+                        j["job_name"], self.settings.stop_confirm_timeout_s)
+            self.store.set_job_state(j["worker_id"], "abandoned")
+            abandoned = True
+        if now - (j["stop_sent_at"] or 0) >= (ABANDONED_RESEND_S if abandoned else STOP_RESEND_S):
+            self._send_stop(j, "superseded", stats)
 
     def _check_heartbeat(self, j: dict[str, Any], now: float, stats: CycleStats) -> None:
         """A runner that reported before and then went silent is stopped and, once the provider
@@ -221,13 +237,13 @@ class Reconciler:
             self._lost_unconfirmed(j, "the job did not confirm it stopped", stats)
 
     def _lost_unconfirmed(self, j: dict[str, Any], reason: str, stats: CycleStats) -> None:
-        log.warning("job %s: %s within %.0f s; releasing its task and still stopping it",
+        log.warning("job %s: %s within %.0f s; its task ends, the job is abandoned (and still stopped now and then)",
                     j["job_name"], reason, self.settings.stop_confirm_timeout_s)
         task = self.store.get(j["task_id"])
         if task is None:
             return
         d = decide_lost(task, reason, self.ingestor.policy(task["tool_name"]))
-        self.store.finish_attempt(j["task_id"], j["attempt"], d, job_state="draining")
+        self.store.finish_attempt(j["task_id"], j["attempt"], d, job_state="abandoned")
         stats.lost += 1
 
     # ---- finishing ----------------------------------------------------------------------------

@@ -85,7 +85,7 @@ class Scheduler:
         if task is None or task["attempt"] != job["attempt"] or task["state"] not in (
             TaskState.SCHEDULED, TaskState.CANCEL_REQUESTED, TaskState.CANCELLING
         ):
-            await anyio.to_thread.run_sync(self.store.set_job_state, wid, "abandoned")
+            await anyio.to_thread.run_sync(self.store.set_job_state, wid, "dropped")
             return
         provider = self.providers[job["provider"]]
         spec = self.build_spec(task, job)

@@ -17,7 +17,7 @@ from controlplane.store.db import Database
 def test_migrations_create_exactly_the_model_schema(tmp_path: Path) -> None:
     db = Database(f"sqlite:///{tmp_path / 'cp.db'}")
     db.upgrade()
-    assert db.current_revision() == "0004"
+    assert db.current_revision() == "0005"
     with db.engine.connect() as c, warnings.catch_warnings():
         warnings.simplefilter("ignore")  # SQLite cannot reflect the one expression index (priority DESC)
         diff = compare_metadata(MigrationContext.configure(c), SQLModel.metadata)
@@ -35,7 +35,7 @@ def test_upgrade_is_idempotent_and_downgrade_clean(tmp_path: Path) -> None:
     db = Database(f"sqlite:///{tmp_path / 'cp.db'}")
     db.upgrade()
     db.upgrade()  # a second start changes nothing
-    assert db.current_revision() == "0004"
+    assert db.current_revision() == "0005"
     from alembic import command
     from alembic.config import Config
 
@@ -47,7 +47,7 @@ def test_upgrade_is_idempotent_and_downgrade_clean(tmp_path: Path) -> None:
     command.downgrade(cfg, "base")
     assert set(inspect(db.engine).get_table_names()) <= {"alembic_version"}
     db.upgrade()
-    assert db.current_revision() == "0004"
+    assert db.current_revision() == "0005"
 
 
 def test_upgrade_from_0001_keeps_tasks_and_gives_them_the_default_store(tmp_path: Path) -> None:
@@ -62,7 +62,23 @@ def test_upgrade_from_0001_keeps_tasks_and_gives_them_the_default_store(tmp_path
             " VALUES ('tsk_old', 'me', 'exercise', '{}', 'local', 'cpu_small', 0, 60, '[]', '{}', 60, 'succeeded',"
             " 1, 1, 0, 1.0, 1.0, 0, 0, 1, 3)")
     db.upgrade()
-    assert db.current_revision() == "0004"
+    assert db.current_revision() == "0005"
     with db.engine.connect() as c:
         row = c.exec_driver_sql("SELECT task_id, state, store_url FROM tasks").one()
     assert tuple(row) == ("tsk_old", "succeeded", "")
+
+
+def test_upgrade_to_0005_renames_dropped_launches_and_records_abandonment(tmp_path: Path) -> None:
+    """Before 0005 `abandoned` meant a launch intent dropped before anything ran; it is `dropped`
+    now, and `abandoned` (with abandoned_at) is a job that never confirmed it stopped."""
+    db = Database(f"sqlite:///{tmp_path / 'cp.db'}")
+    db.upgrade("0004")
+    with db.engine.begin() as c:
+        for wid, state in (("w1", "abandoned"), ("w2", "done")):
+            c.exec_driver_sql(
+                "INSERT INTO jobs (worker_id, task_id, attempt, provider, resource_class, job_name, state, created_at,"
+                f" event_seq) VALUES ('{wid}', 'tsk_{wid}', 1, 'local', 'cpu_small', 'job-{wid}', '{state}', 1.0, 0)")
+    db.upgrade()
+    with db.engine.connect() as c:
+        rows = c.exec_driver_sql("SELECT worker_id, state, abandoned_at FROM jobs ORDER BY worker_id").all()
+    assert [tuple(r) for r in rows] == [("w1", "dropped", None), ("w2", "done", None)]

@@ -155,8 +155,10 @@ class Job(SQLModel, table=True):
     provider: str = Field(sa_column=Column(String(64), nullable=False))
     resource_class: str = Field(sa_column=Column(String(64), nullable=False))
     job_name: str = Field(sa_column=Column(String(128), nullable=False, unique=True))
-    # launching -> active -> done; launching -> abandoned (never launched); active -> draining
-    # (the task moved on but the job is not confirmed stopped: keep stopping it) -> done
+    # launching -> active -> done; launching -> dropped (never launched); active -> draining
+    # (the task moved on but the job is not confirmed stopped: keep stopping it) -> done;
+    # active/draining -> abandoned (it did not confirm it stopped within stop_confirm_timeout_s:
+    # the task ended without it; still watched and stopped now and then) -> done
     state: str = Field(sa_column=Column(String(16), nullable=False))
     handle_json: str | None = Field(default=None, sa_column=Column(Text))
     created_at: float
@@ -170,6 +172,7 @@ class Job(SQLModel, table=True):
     provider_reason: str | None = Field(default=None, sa_column=Column(Text))
     # sha256 of the nonce of the runner that traded the bootstrap token for the attempt's secret.
     secret_claim: str | None = Field(default=None, sa_column=Column(String(64)))
+    abandoned_at: float | None = None  # when the control plane stopped waiting for it to confirm it stopped
 
 
 class Lease(SQLModel, table=True):

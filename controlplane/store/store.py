@@ -459,7 +459,7 @@ class Store:
                         JOBS.c.state.label("job_state"), T.c.attempt.label("task_attempt"),
                         T.c.state, T.c.timeout_at, T.c.tool_name, T.c.heartbeat_at, T.c.stop_reason, T.c.store_url)
                  .join(T, T.c.task_id == JOBS.c.task_id)
-                 .where(JOBS.c.state.in_(["active", "draining"])))
+                 .where(JOBS.c.state.in_(["active", "draining", "abandoned"])))
             return [dict(r) for r in c.execute(q).mappings()]
 
     def set_provider_status(self, updates: list[dict[str, Any]]) -> None:
@@ -478,8 +478,23 @@ class Store:
                 stop_sent_at=now, stop_requested_at=func.coalesce(JOBS.c.stop_requested_at, now)))
 
     def set_job_state(self, worker_id: str, state: str) -> None:
+        now = self.clock()
+        values: dict[str, Any] = {"state": state, "finished_at": now}
+        if state == "abandoned":
+            values["abandoned_at"] = now
         with self._tx() as c:
-            c.execute(update(JOBS).where(JOBS.c.worker_id == worker_id).values(state=state, finished_at=self.clock()))
+            c.execute(update(JOBS).where(JOBS.c.worker_id == worker_id).values(**values))
+
+    def jobs(self, states: list[str] | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        """Jobs for the operator, newest first (all states, or `states`)."""
+        with self.db.read() as c:
+            q = (select(JOBS.c.worker_id, JOBS.c.task_id, JOBS.c.attempt, JOBS.c.provider, JOBS.c.job_name,
+                        JOBS.c.state, JOBS.c.handle_json, JOBS.c.created_at, JOBS.c.finished_at, JOBS.c.abandoned_at,
+                        JOBS.c.stop_requested_at, JOBS.c.provider_status, JOBS.c.provider_reason)
+                 .order_by(JOBS.c.created_at.desc()).limit(limit))
+            if states:
+                q = q.where(JOBS.c.state.in_(states))
+            return [dict(r) for r in c.execute(q).mappings()]
 
     def claim_runner_secret(self, task_id: str, attempt: int, nonce_digest: str) -> bool | None:
         """Record the one runner allowed the attempt's secret: True for the first claim and for a
@@ -630,7 +645,10 @@ class Store:
     def _finish(self, c: Connection, task: dict[str, Any], job: Any, decision: Decision,
                 artifacts: list[dict[str, Any]], extra: dict[str, Any], now: float,
                 job_state: str = "done") -> dict[str, Any]:
-        c.execute(update(JOBS).where(JOBS.c.worker_id == job["worker_id"]).values(state=job_state, finished_at=now))
+        job_values: dict[str, Any] = {"state": job_state, "finished_at": now}
+        if job_state == "abandoned":
+            job_values["abandoned_at"] = now
+        c.execute(update(JOBS).where(JOBS.c.worker_id == job["worker_id"]).values(**job_values))
         if artifacts:
             c.execute(self.db.insert_ignore(ART), [
                 {"artifact_id": ids.new_artifact_id(), "task_id": task["task_id"], "attempt": task["attempt"],
@@ -640,6 +658,8 @@ class Store:
                 for a in artifacts])
         vals = dict(extra)
         detail: dict[str, Any] = {"worker_id": job["worker_id"]}
+        if job_state == "abandoned":
+            detail["job"] = "abandoned"  # the task ends without the job's confirmation that it stopped
         if decision.note:
             detail["note"] = decision.note
         if decision.error:
@@ -682,7 +702,7 @@ class Store:
             if task is None or task["attempt"] != attempt or task["state"] not in (S.CANCEL_REQUESTED.value, S.CANCELLING.value):
                 return
             c.execute(update(JOBS).where(JOBS.c.task_id == task_id, JOBS.c.attempt == attempt)
-                      .values(state="abandoned", finished_at=now))
+                      .values(state="dropped", finished_at=now))
             if task["state"] == S.CANCEL_REQUESTED.value:
                 task = self._transition(c, task, S.CANCELLING, kind="cancelling", now=now)
             self._transition(c, task, S.CANCELLED, kind="cancelled", detail={"note": "stopped before launch"},
