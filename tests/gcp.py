@@ -1,5 +1,5 @@
-"""Google Cloud Run Jobs and Cloud Logging offline: one local HTTP server (stdlib
-ThreadingHTTPServer, 127.0.0.1 only) that speaks the REST wire of Cloud Run Admin API v2 and of
+"""Google Cloud Run Jobs and Cloud Logging offline: one local HTTP server (tests/fakehttp.py,
+127.0.0.1 only) that speaks the REST wire of Cloud Run Admin API v2 and of
 Cloud Logging v2 `entries.list`, plus an executor thread that plays Cloud Run: it runs each
 execution's container command as a local process (the real in-job runner, for the provider
 tests) and forwards its output lines to the logging fake as Cloud Run's log agent does.
@@ -43,11 +43,9 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import random
 import re
 import signal
-import socket
 import string
 import subprocess
 import sys
@@ -56,12 +54,11 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, quote, urlsplit
+from urllib.parse import quote
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.fakehttp import Answer, Request, Server, forward_lines, killpg, reap, start_process
 
 EXECUTION_TYPE = "type.googleapis.com/google.cloud.run.v2.Execution"
 
@@ -434,14 +431,10 @@ class FakeCloudRun:
         self._synthetic = 0
         self._stop = threading.Event()
 
-        self._server = _Server(("127.0.0.1", 0), _Handler)
-        self._server.fake = self
-        self.port = self._server.server_address[1]
-        self.url = f"http://127.0.0.1:{self.port}"
+        self._server = Server(self._respond, name="fake-cloud-run-http")
+        self.port = self._server.port
+        self.url = self._server.url
         self.logging.url = self.url
-        self._serve_thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
-                                              name="fake-cloud-run-http", daemon=True)
-        self._serve_thread.start()
         self._executor = threading.Thread(target=self._loop, name="fake-cloud-run-executor", daemon=True)
         self._executor.start()
 
@@ -458,19 +451,10 @@ class FakeCloudRun:
         if self._stop.is_set():
             return
         self._stop.set()
-        self._server.shutdown()
-        self._server.close_connections()
-        self._server.server_close()
+        self._server.stop()
         self._executor.join(10)
-        self._serve_thread.join(10)
         for proc in list(self.processes.values()):
-            _killpg(proc, signal.SIGKILL)
-            try:
-                proc.wait(5)
-            except subprocess.TimeoutExpired:
-                pass
-            if proc.stdout is not None:
-                proc.stdout.close()
+            reap(proc)
 
     # -- setup and inspection (tests) -------------------------------------------------------------
 
@@ -511,7 +495,7 @@ class FakeCloudRun:
                 del self._operations[op]
             proc = e.proc
         if proc is not None:
-            _killpg(proc, signal.SIGKILL)
+            killpg(proc, signal.SIGKILL)
 
     def add_executions(self, project: str, region: str, job: str, n: int, state: str = "running") -> list[str]:
         """Insert n synthetic executions that run no process, with env CONTROLPLANE_JOB_NAME=synthetic-{i}
@@ -543,7 +527,7 @@ class FakeCloudRun:
                 return
             proc = e.proc
         if proc is not None:
-            _killpg(proc, signal.SIGKILL)
+            killpg(proc, signal.SIGKILL)
         with self._lock:
             if e.state in TERMINAL:
                 return
@@ -581,6 +565,13 @@ class FakeCloudRun:
         return self.logging.add_log(project, region, job, execution.rsplit("/", 1)[-1], text, ts, **kw)
 
     # -- HTTP dispatch -------------------------------------------------------------------------------
+
+    def _respond(self, r: Request) -> Answer:
+        if self._stop.is_set():
+            status, payload = _error(ApiError(503, "UNAVAILABLE", "The fake is shutting down."))
+        else:
+            status, payload = self.handle(r.method, r.path, r.query, r.body)
+        return status, payload, {}
 
     def handle(self, method: str, path: str, query: dict[str, list[str]], body: bytes) -> tuple[int, dict[str, Any]]:
         with self._lock:
@@ -830,16 +821,16 @@ class FakeCloudRun:
         if proc.poll() is None:
             if e.cancel_requested and e.sigterm_mono is None:
                 e.sigterm_mono = now
-                _killpg(proc, signal.SIGTERM)
+                killpg(proc, signal.SIGTERM)
             elif e.sigterm_mono is not None and now - e.sigterm_mono > self.cancel_grace_s:
-                _killpg(proc, signal.SIGKILL)
+                killpg(proc, signal.SIGKILL)
             if not e.timed_out and e.started_mono is not None and now - e.started_mono > e.timeout_s:
                 e.timed_out = True
-                _killpg(proc, signal.SIGKILL)
+                killpg(proc, signal.SIGKILL)
             return
         if e.exited_mono is None:
             e.exited_mono = now
-            _killpg(proc, signal.SIGKILL)  # the container ends with its main process
+            killpg(proc, signal.SIGKILL)  # the container ends with its main process
         if not e.output_done.is_set() and now - e.exited_mono < 2.0:
             return  # let the last lines reach the log first
         rc = proc.returncode
@@ -863,15 +854,12 @@ class FakeCloudRun:
 
     def _start(self, e: _Execution) -> None:
         cmd = [*e.command, *e.args]
-        if cmd and cmd[0] == "python":
-            cmd[0] = sys.executable
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "CLOUD_RUN_EXECUTION": e.short, "CLOUD_RUN_JOB": e.job.name,
+        env = {"CLOUD_RUN_EXECUTION": e.short, "CLOUD_RUN_JOB": e.job.name,
                "CLOUD_RUN_TASK_INDEX": "0", "CLOUD_RUN_TASK_ATTEMPT": "0", "CLOUD_RUN_TASK_COUNT": str(e.task_count),
                **e.env}
         e.start_time, e.started_mono, e.transition_time = time.time(), time.monotonic(), time.time()
         try:
-            proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            proc = start_process(cmd, env)
         except OSError as exc:
             e.exit_code = 127
             self._complete(e, "failed", f"Task {e.short}-task0 failed to start: {exc}", reason=0)
@@ -880,18 +868,8 @@ class FakeCloudRun:
         self.processes[e.name] = proc
         key = e.env.get("CONTROLPLANE_JOB_NAME", e.job.name)
         self.runs[key] = self.runs.get(key, 0) + 1
-        threading.Thread(target=self._forward_logs, args=(e, proc), name=f"logs-{e.short}", daemon=True).start()
-
-    def _forward_logs(self, e: _Execution, proc: subprocess.Popen[bytes]) -> None:
-        assert proc.stdout is not None
-        try:
-            for raw in iter(proc.stdout.readline, b""):
-                self.logging.add_log(e.job.project, e.job.region, e.job.name, e.short,
-                                     raw.decode(errors="replace").rstrip("\r\n"))
-        except (OSError, ValueError):
-            pass  # the pipe was closed by close()
-        finally:
-            e.output_done.set()
+        forward_lines(proc, lambda line: self.logging.add_log(e.job.project, e.job.region, e.job.name, e.short, line),
+                      e.output_done, name=f"logs-{e.short}")
 
     def _complete(self, e: _Execution, state: str, message: str | None = None, reason: int | None = None) -> None:
         e.state = state
@@ -915,73 +893,6 @@ def _container(image: str, command: list[str], args: list[str], env: dict[str, s
 
 def _error(e: ApiError) -> tuple[int, dict[str, Any]]:
     return e.code, {"error": {"code": e.code, "message": e.message, "status": e.status}}
-
-
-def _killpg(proc: subprocess.Popen[bytes], sig: int) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-# ---- HTTP -------------------------------------------------------------------------------------------
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    block_on_close = False
-    allow_reuse_address = True
-    fake: FakeCloudRun
-
-    def __init__(self, *args: Any, **kw: Any):
-        self.conns: set[socket.socket] = set()
-        self.conns_lock = threading.Lock()
-        super().__init__(*args, **kw)
-
-    def close_connections(self) -> None:
-        """Close the kept-alive client connections too (their handler threads would serve on)."""
-        with self.conns_lock:
-            for s in list(self.conns):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive: the SDKs reuse connections
-    server: _Server
-
-    def setup(self) -> None:
-        super().setup()
-        # headers and body go out in two writes: without this, Nagle + delayed ACK cost 40 ms a call
-        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        with self.server.conns_lock:
-            self.server.conns.add(self.connection)
-
-    def finish(self) -> None:
-        with self.server.conns_lock:
-            self.server.conns.discard(self.connection)
-        super().finish()
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet
-        pass
-
-    def _serve(self) -> None:
-        parts = urlsplit(self.path)
-        length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length) if length else b""
-        if self.server.fake._stop.is_set():
-            status, payload = _error(ApiError(503, "UNAVAILABLE", "The fake is shutting down."))
-        else:
-            status, payload = self.server.fake.handle(self.command, parts.path, parse_qs(parts.query), body)
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json; charset=UTF-8")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    do_GET = do_POST = do_DELETE = do_PATCH = _serve
 
 
 # ---- clients (the real SDKs pointed at the fake) ---------------------------------------------------

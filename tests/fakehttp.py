@@ -1,0 +1,227 @@
+"""Plumbing shared by the local cloud fakes (tests/gcp.py, tests/azure.py): a threaded HTTP or
+HTTPS server on 127.0.0.1 that hands every request to one callback and writes its JSON answer, a
+throwaway certificate authority for the HTTPS case, and how their executors start, watch and kill
+the local processes that play cloud jobs."""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from email.message import Message
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Request:
+    method: str
+    path: str  # without the query, not percent-decoded
+    query: dict[str, list[str]]  # parse_qs of the query (blank values dropped)
+    body: bytes
+    headers: Message
+
+
+# (status, JSON payload or None for an empty body, extra response headers)
+Answer = tuple[int, Any, dict[str, str]]
+
+
+class Server(ThreadingHTTPServer):
+    """Serves `respond(Request) -> Answer` on 127.0.0.1 (a free port) from a daemon thread, one
+    thread per connection, HTTP/1.1 keep-alive; HTTPS when given an SSL context (the handshake runs
+    in the connection's own thread). `url` is where it listens; `stop()` ends it and its connections."""
+
+    daemon_threads = True
+    block_on_close = False
+    allow_reuse_address = True
+
+    def __init__(self, respond: Callable[[Request], Answer], *, name: str, tls: ssl.SSLContext | None = None):
+        self.respond = respond
+        self.tls = tls
+        self.conns: set[socket.socket] = set()
+        self.conns_lock = threading.Lock()
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.port: int = self.server_address[1]
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
+        self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, name=name, daemon=True)
+        self._thread.start()
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        if self.tls is None:
+            super().finish_request(request, client_address)
+            return
+        request.settimeout(10)  # a client that never finishes the handshake does not hold the thread for ever
+        try:
+            conn = self.tls.wrap_socket(request, server_side=True)
+        except (OSError, ValueError):
+            return
+        conn.settimeout(None)
+        try:
+            super().finish_request(conn, client_address)
+        finally:
+            conn.close()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], (OSError, ValueError)):
+            return  # a client that went away, or a connection stop() cut
+        super().handle_error(request, client_address)
+
+    def stop(self) -> None:
+        """Stop serving, cut the kept-alive connections (their threads would serve on), close the port."""
+        self.shutdown()
+        with self.conns_lock:
+            for s in list(self.conns):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+        self.server_close()
+        self._thread.join(10)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive: the SDKs reuse connections
+    server: Server
+
+    def setup(self) -> None:
+        super().setup()
+        # headers and body go out in two writes: without this, Nagle + delayed ACK cost 40 ms a call
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with self.server.conns_lock:
+            self.server.conns.add(self.connection)
+
+    def finish(self) -> None:
+        with self.server.conns_lock:
+            self.server.conns.discard(self.connection)
+        super().finish()
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet
+        pass
+
+    def _serve(self) -> None:
+        parts = urlsplit(self.path)
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        status, payload, headers = self.server.respond(Request(self.command, parts.path, parse_qs(parts.query), body, self.headers))
+        data = b"" if payload is None else json.dumps(payload).encode()
+        self.send_response(status)
+        if payload is not None:
+            self.send_header("Content-Type", "application/json; charset=utf-8")
+        self.send_header("Content-Length", str(len(data)))
+        for key, value in headers.items():
+            self.send_header(key, value)
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _serve
+
+
+# ---- HTTPS ----------------------------------------------------------------------------------------
+
+def self_signed_tls(directory: Path) -> tuple[ssl.SSLContext, Path]:
+    """A throwaway certificate authority and a server certificate it signs for IP 127.0.0.1 and DNS
+    localhost, written into `directory`. Returns the server's SSL context and the path of the CA's PEM
+    (what clients pass as their CA bundle, e.g. azure-core's `connection_verify`)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    now = dt.datetime.now(dt.timezone.utc)
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fake cloud test CA")])
+    ca_ski = x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key())
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+          .serial_number(x509.random_serial_number())
+          .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=1))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+          .add_extension(x509.KeyUsage(digital_signature=False, content_commitment=False, key_encipherment=False,
+                                       data_encipherment=False, key_agreement=False, key_cert_sign=True, crl_sign=True,
+                                       encipher_only=False, decipher_only=False), critical=True)
+          .add_extension(ca_ski, critical=False)
+          .sign(ca_key, hashes.SHA256()))
+    leaf = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])).issuer_name(ca_name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                                                        x509.DNSName("localhost")]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    directory.mkdir(parents=True, exist_ok=True)
+    ca_file, cert_file, key_file = directory / "ca.pem", directory / "server.pem", directory / "server.key"
+    ca_file.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    cert_file.write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert_file, key_file)
+    return ctx, ca_file
+
+
+# ---- local processes that play cloud jobs ----------------------------------------------------------
+
+def start_process(cmd: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """Start a job's container command here: `python` is this interpreter, the working directory and
+    PYTHONPATH are the repository root, `env` goes over os.environ, stdout and stderr are merged into
+    one pipe, and the process leads its own process group (so that killpg reaches its children)."""
+    cmd = list(cmd)
+    if cmd and cmd[0] == "python":
+        cmd[0] = sys.executable
+    return subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(ROOT), **env}, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+
+
+def forward_lines(proc: subprocess.Popen[bytes], write: Callable[[str], Any], done: threading.Event, *,
+                  name: str) -> threading.Thread:
+    """A daemon thread that passes each output line of `proc` (decoded, without its line end) to
+    `write`, and sets `done` when the pipe ends (or is closed under it)."""
+    def run() -> None:
+        assert proc.stdout is not None
+        try:
+            for raw in iter(proc.stdout.readline, b""):
+                write(raw.decode(errors="replace").rstrip("\r\n"))
+        except (OSError, ValueError):
+            pass  # the pipe was closed by close()
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    return thread
+
+
+def killpg(proc: subprocess.Popen[bytes], sig: int) -> None:
+    """Signal the process group `proc` leads (start_process makes it lead one); gone is fine."""
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def reap(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the process group, wait for the process and close its pipe (the fakes' close())."""
+    killpg(proc, signal.SIGKILL)
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        pass
+    if proc.stdout is not None:
+        proc.stdout.close()
