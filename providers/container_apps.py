@@ -63,7 +63,7 @@ Settings (`CONTROLPLANE_CONTAINER_APPS_*`): `SUBSCRIPTION_ID`, `ENDPOINT` (ARM, 
 https://management.azure.com), `LOGS_ENDPOINT` (default https://api.loganalytics.io),
 `WORKSPACE_ID`, `CA_BUNDLE` (a PEM to trust: private endpoints, local fakes), `ANONYMOUS` (send a
 placeholder token: fakes only), `MAX_READS_PER_S`, `MAX_WRITES_PER_S`, `LOG_QUERIES_PER_MIN`,
-`LOG_SETTLE_S`, `POLL_INTERVAL_S`, `STUCK_AFTER_S`, `RETRY_TOTAL`.
+`LOG_SETTLE_S`, `POLL_INTERVAL_S`, `STUCK_AFTER_S`, `RETRY_TOTAL`, `RETRY_BACKOFF_S`.
 """
 
 from __future__ import annotations
@@ -150,6 +150,7 @@ class ContainerAppsSettings(ProviderSettings):
     poll_interval_s: float = Field(default=10.0, gt=0)
     stuck_after_s: float = Field(default=900.0, gt=0)
     retry_total: int = Field(default=8, ge=0)  # azure-core's retries of one call (429/5xx)
+    retry_backoff_s: float = Field(default=0.8, ge=0)  # its exponential backoff factor (when no Retry-After)
 
 
 class ContainerAppsOptions(WaitPolicy):
@@ -286,7 +287,10 @@ class ContainerAppsProvider(Provider):
 
                 client = self._clients[subscription] = ContainerAppsAPIClient(
                     self.credential, subscription, base_url=endpoint, polling_interval=0,
-                    retry_policy=_StartRetriedOnlyOn429(retry_total=self.settings.retry_total, retry_backoff_max=8),
+                    retry_policy=_StartRetriedOnlyOn429(retry_total=self.settings.retry_total,
+                                                        retry_status=self.settings.retry_total,
+                                                        retry_backoff_factor=self.settings.retry_backoff_s,
+                                                        retry_backoff_max=8),
                     per_retry_policies=[_LimiterPolicy(limiter("reads", self.settings.max_reads_per_s),
                                                        limiter("writes", self.settings.max_writes_per_s))],
                     connection_timeout=10, read_timeout=30, **self._tls)

@@ -1,0 +1,435 @@
+"""The Azure Container Apps Jobs provider against the fake ARM and Log Analytics server
+(`tests/azure.py`, HTTPS with a self-signed certificate on 127.0.0.1), driven by the real
+azure-mgmt-appcontainers and azure-monitor-query clients, with the fake running each execution's
+runner as a local process and results and artifacts in Azure Blob on azurite: the whole lifecycle
+through the MCP tools, stop (and an execution that ignores it), the status table, the catalog's
+cpu/memory check, a crash between intent and execution name, throttled APIs, the log quota, and
+the provider contract suite."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import psutil
+import pytest
+from fastmcp import Client
+
+from controlplane.app import ControlPlane
+from controlplane.mcp.server import build_server
+from controlplane.settings import Settings
+from providers import ratelimit
+from providers.base import JobPhase
+from providers.container_apps import ContainerAppsOptions, ContainerAppsProvider, kql
+from tests import azure
+from tests.cloud import CloudTarget, azure_target, azurite_server  # noqa: F401  (fixture)
+from tests.conftest import FAST, Agent
+from tests.provider_contract import Harness, ProviderContract
+
+pytestmark = pytest.mark.anyio
+RG, JOB, RUNNER = azure.RESOURCE_GROUP, azure.JOB, azure.RUNNER
+ENDED = ("Succeeded", "Failed", "Stopped")
+
+
+def settings_env(fake: azure.FakeAzure, **extra: str) -> dict[str, str]:
+    return {"SUBSCRIPTION_ID": azure.SUBSCRIPTION, "ENDPOINT": fake.url, "LOGS_ENDPOINT": fake.url,
+            "WORKSPACE_ID": azure.WORKSPACE, "CA_BUNDLE": fake.ca_file, "ANONYMOUS": "1", "POLL_INTERVAL_S": "0.2",
+            "MAX_READS_PER_S": "500", "MAX_WRITES_PER_S": "500", "LOG_SETTLE_S": "0", "RETRY_BACKOFF_S": "0.02",
+            **extra}
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[azure.FakeAzure]:
+    with azure.FakeAzure(seed=7) as fake:
+        fake.create_job(RG, JOB, command=RUNNER, image="cp-runner:1")
+        for k, v in settings_env(fake).items():
+            monkeypatch.setenv(f"CONTROLPLANE_CONTAINER_APPS_{k}", v)
+        ratelimit._registry.clear()  # fresh limiters for this fake's endpoint
+        yield fake
+
+
+@pytest.fixture
+def blob(azurite_server: str, monkeypatch: pytest.MonkeyPatch) -> CloudTarget:  # noqa: F811
+    target = azure_target(azurite_server)
+    for k, v in target.env.items():
+        monkeypatch.setenv(k, v)  # the runners (the fake's processes) inherit them, as a job its identity
+    return target
+
+
+def catalog(home: Path, *, job: str = JOB, retry: str = "{ max_attempts = 1 }", resources: str | None = None,
+            options: str = "") -> None:
+    """The default catalog with `exercise` on Container Apps (the fake's job) in its own class."""
+    from tests.cloud import exercise_catalog
+
+    exercise_catalog(home, provider="container_apps", resource_class="aca", retry=retry,
+                     options=f'resource_group = "{RG}", job = "{job}"{options}',
+                     resources=resources or "max_concurrency = 4\nmax_queue_length = 100\ncpu = 0.5\nmemory_mb = 1024")
+
+
+@dataclass
+class Run:
+    cp: ControlPlane
+    agent: Agent
+    fake: azure.FakeAzure
+
+
+@pytest.fixture
+async def run(fake: azure.FakeAzure, blob: CloudTarget, home: Path) -> AsyncIterator[Run]:
+    catalog(home, retry='{ max_attempts = 2, backoff_s = 0, retry_on = ["worker_lost"] }')
+    cp = ControlPlane(Settings(home=home, object_store_url=blob.url, stop_confirm_timeout_s=4, **FAST))
+    async with Client(build_server(cp)) as client:
+        yield Run(cp, Agent(client), fake)
+
+
+def execution_of(fake: azure.FakeAzure, tid: str, attempt: int = 1, *, final: bool = False) -> dict[str, Any]:
+    """The execution of a task attempt; with `final`, once it has ended (the task can end first:
+    the runner reports before its process exits)."""
+    name = f"cp-{tid.removeprefix('tsk_')}-a{attempt}"
+    deadline = time.monotonic() + 30
+    while True:
+        [ex] = [e for e in fake.executions() if e["env"].get("CONTROLPLANE_JOB_NAME") == name]
+        if not final or ex["status"] in ENDED or time.monotonic() > deadline:
+            return ex
+        time.sleep(0.05)
+
+
+# ---- the lifecycle through the MCP tools ----------------------------------------------------------
+async def test_lifecycle_through_the_mcp_tools(run: Run) -> None:
+    agent = run.agent
+    tid = await agent.submit(inputs={"progress_steps": 3, "sleep_s": 0.6, "log_lines": 30, "artifact_bytes": 50_000,
+                                     "result": {"on": "container apps"}})
+    st = await agent.wait(tid, timeout=60)
+    assert st["state"] == "succeeded", st
+    assert st["progress"]["percent"] == 100
+    ex = execution_of(run.fake, tid, final=True)
+    # The start carried the whole container: the job's image, the tool's command after the
+    # image's entrypoint, the runner's env, and the resource class's shape.
+    assert ex["status"] == "Succeeded" and ex["image"] == "cp-runner:1"
+    assert ex["args"] == ["python", "-m", "infra.tools.exercise"] and not ex["command"]
+    assert (ex["cpu"], ex["memory"]) == (0.5, "1Gi")
+    assert ex["env"]["CONTROLPLANE_TASK_ID"] == tid and ex["env"]["CONTROLPLANE_STORE_URL"].startswith("az://")
+    assert "CONTROLPLANE_CALLBACK_SECRET" not in ex["env"]
+    assert st["log_link"].startswith("https://portal.azure.com/") and ex["name"] in st["log_link"]
+    assert run.fake.tokens  # every ARM call carried a bearer token
+
+    relayed = await agent.all_logs(tid)
+    assert [ln["message"] for ln in relayed] == [f"line {i}" for i in range(30)]
+    # The execution's console log in Log Analytics, page by page.
+    seen = await agent.provider_log_messages(tid, limit=9)
+    assert [m for m in seen if m.startswith("line ")] == [f"line {i}" for i in range(30)]
+
+    res = await agent.call("get_task_result", task_id=tid)
+    assert res["result"]["on"] == "container apps"
+    [art] = res["artifacts"]
+    body = httpx.get(art["download_url"]).content  # a SAS URL that azurite checks
+    assert len(body) == art["size_bytes"] == 50_000 and hashlib.sha256(body).hexdigest() == art["sha256"]
+
+
+async def test_cancel_stops_the_execution(run: Run) -> None:
+    tid = await run.agent.submit(inputs={"sleep_s": 120, "spawn_children": 1})
+    await run.agent.wait(tid, {"running"}, timeout=60)
+    proc = run.fake.processes[execution_of(run.fake, tid)["name"]]
+    assert (await run.agent.call("cancel_task", task_id=tid, reason="enough"))["state"] == "cancel_requested"
+    st = await run.agent.wait(tid, timeout=60)
+    assert st["state"] == "cancelled" and st["error"]["code"] == "CANCELLED"
+    assert execution_of(run.fake, tid, final=True)["status"] == "Stopped" and proc.poll() is not None
+    assert run.cp.store.job(tid, 1)["state"] == "done" and run.cp.store.job(tid, 1)["abandoned_at"] is None
+
+
+async def test_an_execution_that_ignores_stop_is_abandoned_not_waited_on(run: Run) -> None:
+    run.fake.ignore_stop = True  # microsoft/azure-container-apps#1071: stop answers 202, nothing happens
+    tid = await run.agent.submit(inputs={"sleep_s": 120})
+    await run.agent.wait(tid, {"running"}, timeout=60)
+    # A hung container: its runner cannot hear the cancel through its heartbeat either.
+    tree = psutil.Process(run.fake.processes[execution_of(run.fake, tid)["name"]].pid)
+    tree = [tree, *tree.children(recursive=True)]
+    for p in tree:
+        p.suspend()
+    began = time.monotonic()
+    await run.agent.call("cancel_task", task_id=tid)
+    st = await run.agent.wait(tid, timeout=60)
+    assert st["state"] == "cancelled" and time.monotonic() - began >= 3.5  # after stop_confirm_timeout_s (4)
+    ex = execution_of(run.fake, tid)
+    assert ex["status"] == "Running"  # still running in the cloud, though asked to stop
+    assert any(m == "POST" and p.endswith(f"/executions/{ex['name']}/stop") for _, m, p in run.fake.requests)
+    job = run.cp.store.job(tid, 1)
+    assert job["state"] == "abandoned" and job["abandoned_at"] is not None
+    trail = [e for e in run.cp.store.events(tid) if e["kind"] == "cancelled"]
+    assert json.loads(trail[0]["detail_json"])["job"] == "abandoned"
+
+    # The operator sees it, with the cloud's own word for it.
+    shown = subprocess.run([sys.executable, "-m", "controlplane.cli", "jobs", "--state", "abandoned", "--json",
+                            "--home", str(run.cp.settings.home)], capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    [row] = json.loads(shown.stdout)
+    assert (row["task_id"], row["provider"], row["provider_status"]) == (tid, "container_apps", "Running")
+
+    # Still watched: once Azure says it ended, it is done, and the record of its abandonment stays.
+    run.fake.finish(ex["name"], exit_code=143)
+    for p in tree:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    deadline = time.monotonic() + 30
+    while run.cp.store.job(tid, 1)["state"] != "done" and time.monotonic() < deadline:
+        await anyio.sleep(0.1)
+    assert run.cp.store.job(tid, 1)["state"] == "done" and run.cp.store.job(tid, 1)["abandoned_at"] == job["abandoned_at"]
+
+
+async def test_timeout_stops_the_execution(run: Run) -> None:
+    tid = await run.agent.submit(inputs={"sleep_s": 120}, resources={"max_runtime_s": 1})
+    st = await run.agent.wait(tid, timeout=60)
+    assert st["state"] == "timed_out" and st["error"]["code"] == "TOOL_TIMEOUT"
+    assert execution_of(run.fake, tid, final=True)["status"] == "Stopped"
+
+
+async def test_failed_tool_and_vanished_execution(run: Run) -> None:
+    bad = await run.agent.submit(inputs={"exit_code": 3})
+    st = await run.agent.wait(bad, timeout=60)
+    assert st["state"] == "failed" and st["error"]["code"] == "TOOL_FAILED" and st["error"]["exit_code"] == 3
+
+    tid = await run.agent.submit(inputs={"sleep_s": 2})
+    await run.agent.wait(tid, {"running"}, timeout=60)
+    run.fake.forget(execution_of(run.fake, tid)["name"])  # out of the job's limited history, process killed
+    st = await run.agent.wait(tid, timeout=60)
+    assert st["state"] == "succeeded" and st["attempt"] == 2  # worker_lost, retried
+    retry = [e for e in run.cp.store.events(tid) if e["kind"] == "retry"]
+    assert json.loads(retry[0]["detail_json"])["error"] == "WORKER_LOST"
+
+
+async def test_a_smaller_task_gets_the_smallest_allowed_shape(run: Run) -> None:
+    tid = await run.agent.submit(inputs={}, resources={"cpu": 0.3, "memory_mb": 300})
+    assert (await run.agent.wait(tid, timeout=60))["state"] == "succeeded"
+    ex = execution_of(run.fake, tid)
+    assert (ex["cpu"], ex["memory"]) == (0.5, "1Gi")  # 0.3 vCPU rounds up to 0.5 with its 1 GiB
+
+
+async def test_a_wrong_job_name_fails_the_launch_clearly(fake: azure.FakeAzure, blob: CloudTarget, home: Path) -> None:
+    catalog(home, job="no-such-job")
+    cp = ControlPlane(Settings(home=home, object_store_url=blob.url, **FAST))
+    async with Client(build_server(cp)) as client:
+        agent = Agent(client)
+        st = await agent.wait(await agent.submit(inputs={}), timeout=30)
+    assert st["state"] == "failed" and st["error"]["code"] == "LAUNCH_FAILED"
+    assert "resourceGroups/cp-rg/providers/Microsoft.App/jobs/no-such-job does not exist" in st["error"]["message"]
+
+
+@pytest.mark.parametrize(("resources", "options", "message"), [
+    ("cpu = 1\nmemory_mb = 1024", "", "allows cpu 0.25 to 4 in steps of 0.25 with 2 GiB per vCPU (e.g. cpu 1 with "
+                                      "memory_mb 2048)"),
+    ("cpu = 0.3\nmemory_mb = 614", "", "asks cpu 0.3 with memory_mb 614"),
+    ("cpu = 8\nmemory_mb = 16384", "", "allows cpu 0.25 to 4"),
+    ("cpu = 1\nmemory_mb = 2048\ngpu = 1", "", "a GPU needs a GPU workload profile"),
+])
+def test_the_catalog_refuses_shapes_azure_does_not_offer(home: Path, resources: str, options: str, message: str) -> None:
+    from controlplane.catalog import Catalog, CatalogError
+
+    catalog(home, resources=f"max_concurrency = 4\n{resources}", options=options)
+    with pytest.raises(CatalogError) as err:
+        Catalog.parse((home / "catalog.toml").read_text(), source="catalog.toml")
+    assert str(err.value).startswith("catalog.toml: tools.exercise.provider_options.workload_profile: ")
+    assert message in str(err.value) and "(from resource_classes.aca.provider_options)" not in str(err.value)
+
+
+def test_the_catalog_takes_allowed_shapes_and_dedicated_profiles(home: Path) -> None:
+    from controlplane.catalog import Catalog, CatalogError
+
+    for resources, options in (("cpu = 2\nmemory_mb = 4096", ""), ("cpu = 0.25\nmemory_mb = 512", ""),
+                               ("cpu = 6\nmemory_mb = 30000\ngpu = 1", ', workload_profile = "gpu-a100"')):
+        catalog(home, resources=f"max_concurrency = 4\n{resources}", options=options)
+        Catalog.parse((home / "catalog.toml").read_text(), source="catalog.toml")
+    catalog(home)  # and a short job name needs its resource group
+    text = (home / "catalog.toml").read_text().replace(f'resource_group = "{RG}", ', "")
+    with pytest.raises(CatalogError, match="resource_group: .*required with a short job name"):
+        Catalog.parse(text, source="catalog.toml")
+
+
+# ---- restart between intent and execution name ----------------------------------------------------
+async def test_crash_after_start_before_the_handle_launches_exactly_one_execution(fake: azure.FakeAzure,
+                                                                               blob: CloudTarget, home: Path) -> None:
+    from controlplane import api
+
+    catalog(home)
+    settings = Settings(home=home, object_store_url=blob.url, **FAST)
+    first = ControlPlane(settings)
+    tid = first.service.submit("local", api.SubmitTask(tool_name="exercise", inputs={"log_lines": 3}))["task_id"]
+    [claimed] = first.store.claim_for_launch("aca", 4)  # the launch intent, committed
+    task, job = claimed["task"], claimed["job"]
+    first.scheduler._write_inputs(task)
+    first.providers["container_apps"].launch(first.build_spec(task, job))  # the start went through...
+    del first  # ...and the control plane died before recording the execution's name
+
+    second = ControlPlane(settings)
+    assert second.store.job(tid, 1)["state"] == "launching"
+    async with Client(build_server(second)) as client:
+        st = await Agent(client).wait(tid, timeout=60)
+    assert st["state"] == "succeeded"
+    assert fake.runs[job["job_name"]] == 1  # found by its marker, not started again
+    assert json.loads(second.store.job(tid, 1)["handle_json"])["execution"] == execution_of(fake, tid)["name"]
+
+
+# ---- throttling -----------------------------------------------------------------------------------
+async def test_throttled_apis_fail_no_task_and_run_nothing_twice(fake: azure.FakeAzure, blob: CloudTarget,
+                                                                 home: Path) -> None:
+    catalog(home)
+    cp = ControlPlane(Settings(home=home, object_store_url=blob.url, **FAST))
+    fake.fault_rate = 0.3  # 429 + Retry-After to a third of all ARM and Log Analytics requests
+    async with Client(build_server(cp)) as client:
+        agent = Agent(client)
+        tids = [await agent.submit(inputs={"sleep_s": 0.3, "log_lines": 3}) for _ in range(6)]
+        cancel_me = await agent.submit(inputs={"sleep_s": 60})
+        await agent.wait(cancel_me, {"running"}, timeout=120)
+        await agent.call("cancel_task", task_id=cancel_me)
+        states = [(await agent.wait(t, timeout=120))["state"] for t in tids]
+        assert (await agent.wait(cancel_me, timeout=120))["state"] == "cancelled"
+    assert states == ["succeeded"] * 6 and fake.faults > 5
+    assert sorted(fake.runs.values()) == [1] * 7  # no execution started twice for one attempt
+    # Every HTTP try, the retried ones too, held a place in the shared ARM limiters.
+    held = sum(lim.calls for name, lim in ratelimit._registry.items() if name.startswith("arm-"))
+    arm = [r for r in fake.requests if "/providers/Microsoft.App/" in r[2]]
+    assert held == len(arm)
+
+
+def test_arm_reads_and_writes_keep_to_their_rates(fake: azure.FakeAzure, tmp_path: Path) -> None:
+    provider = ContainerAppsProvider.configured(tmp_path, max_reads_per_s=5, max_writes_per_s=2)
+    opts = ContainerAppsOptions(resource_group=RG, job=JOB)
+    names = fake.add_executions(RG, JOB, 3, status="Running")
+    job_id = opts.job_id(azure.SUBSCRIPTION)
+    handles = [{"execution": n, "job": job_id, "created_at": time.time()} for n in names]
+    fake.reset_counts()
+    began = time.monotonic()
+    for _ in range(12):
+        provider.poll(handles)  # one list (a read) each
+    for h in handles * 2:
+        provider.cancel(h)  # a stop (a write) each
+    took = time.monotonic() - began
+    reads = [t for t, method, _ in fake.requests if method == "GET"]
+    writes = [t for t, method, _ in fake.requests if method == "POST"]
+    assert len(reads) == 12 and len(writes) == 6
+    for times, rate in ((reads, 5), (writes, 2)):  # no one-second window holds more than the rate
+        assert all(sum(1 for u in times if t <= u < t + 1.0) <= rate for t in times)
+    assert took >= 2.0  # 12 reads at 5/s need more than two seconds
+
+
+async def test_log_reads_keep_to_the_quota_and_share_pages(run: Run) -> None:
+    tid = await run.agent.submit(inputs={"log_lines": 5})
+    assert (await run.agent.wait(tid, timeout=60))["state"] == "succeeded"
+    provider: ContainerAppsProvider = run.cp.providers["container_apps"]
+    provider.settings = provider.settings.model_copy(update={"log_queries_per_min": 3})
+    ratelimit._registry.clear()
+    run.fake.reset_counts()
+
+    async def tail(limit: int = 50) -> dict[str, Any]:
+        return await run.agent.call("tail_task_logs", task_id=tid, source="provider", limit=limit)
+
+    pages: list[dict[str, Any]] = []
+
+    async def one() -> None:
+        pages.append(await tail())
+
+    async with anyio.create_task_group() as tg:  # four agents tail the same task at once
+        for _ in range(4):
+            tg.start_soon(one)
+    assert len(run.fake.queries) == 1  # one query served them all
+    assert all([ln["message"] for ln in p["lines"] if ln["message"].startswith("line ")] ==
+               [f"line {i}" for i in range(5)] for p in pages)
+    answers = [await tail(limit) for limit in (49, 48, 47)]  # other pages: each query takes a place
+    assert "limited to 3 a minute" in answers[-1]["reason"] and answers[-1]["lines"] == []
+    assert len(run.fake.queries) == 3  # quota of 3, never exceeded
+
+
+def test_log_rows_at_one_instant_are_each_read_once(fake: azure.FakeAzure, tmp_path: Path) -> None:
+    """Rows that share a TimeGenerated (to the 100 ns) straddle page ends: none lost, none twice."""
+    provider = ContainerAppsProvider.configured(tmp_path)
+    [name] = fake.add_executions(RG, JOB, 1, status="Running")
+    instant = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(time.time() - 30))
+    for i in range(7):
+        fake.add_log(RG, JOB, name, f"same {i}", ts=f"{instant}.1234567Z")
+    fake.add_log(RG, JOB, name, "after", ts=f"{instant}.1234568Z")  # one tick (100 ns) later
+    handle = {"execution": name, "job": ContainerAppsOptions(resource_group=RG, job=JOB).job_id(azure.SUBSCRIPTION),
+              "created_at": time.time() - 60, "workspace_id": azure.WORKSPACE}
+    seen, cursor = [], None
+    for _ in range(10):
+        page = provider._read_logs(handle, cursor, 3)
+        if not page.lines:
+            break
+        seen += [ln.message for ln in page.lines]
+        cursor = page.next_cursor
+    assert sorted(seen[:7]) == [f"same {i}" for i in range(7)] and seen[7:] == ["after"]
+    assert len(cursor.split("|")[0].rsplit(".", 1)[1]) == 8  # the service's 7 digits and Z, kept as text
+
+
+def test_the_query_is_the_documented_shape() -> None:
+    from datetime import UTC, datetime
+
+    q = kql("cp-exercise", "cp-exercise-ab12cde", "2026-11-23T10:00:00.1234567Z|itm'1", datetime(2026, 11, 23, 10, 5,
+                                                                                                 tzinfo=UTC), 60)
+    assert q.splitlines()[0] == "ContainerAppConsoleLogs_CL"
+    assert "ContainerGroupName_s startswith 'cp-exercise-ab12cde-'" in q  # the execution's replicas
+    assert "TimeGenerated >= datetime(2026-11-23T10:00:00.1234567Z)" in q
+    assert "TimeGenerated <= datetime(2026-11-23T10:05:00.0000000Z)" in q and "| take 60" in q
+
+
+# ---- the status table -------------------------------------------------------------------------------
+def test_every_execution_status_maps_onto_a_phase(fake: azure.FakeAzure, tmp_path: Path) -> None:
+    provider = ContainerAppsProvider.configured(tmp_path, stuck_after_s=60)
+    job_id = ContainerAppsOptions(resource_group=RG, job=JOB).job_id(azure.SUBSCRIPTION)
+    [processing] = fake.add_executions(RG, JOB, 1, status="Processing")
+    running, degraded, unknown, ok, failed, stopped = fake.add_executions(RG, JOB, 6, status="Running")
+    fake.set_status(degraded, "Degraded")
+    fake.set_status(unknown, "Unknown")
+    fake.finish(ok, exit_code=0)
+    fake.finish(failed, exit_code=3)
+    provider.cancel({"execution": stopped, "job": job_id})
+    deadline = time.monotonic() + 10
+    while fake.execution_json(stopped)["properties"]["status"] != "Stopped" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    names = [processing, running, degraded, unknown, ok, failed, stopped]
+    old = time.time() - 3600
+    statuses = provider.poll([{"execution": n, "job": job_id, "created_at": old, "on_stuck": "fail"} for n in names]
+                             + [{"execution": "cp-exercise-gone000", "job": job_id, "created_at": old}])
+    assert [(s.phase, s.raw_status) for s in statuses] == [
+        (JobPhase.PENDING, "Processing"), (JobPhase.RUNNING, "Running"), (JobPhase.RUNNING, "Degraded"),
+        (JobPhase.PENDING, "Unknown"), (JobPhase.SUCCEEDED, "Succeeded"), (JobPhase.FAILED, "Failed"),
+        (JobPhase.FAILED, "Stopped"), (JobPhase.GONE, "GONE")]
+    assert statuses[0].waiting_reason.startswith("Processing for 60 min") and statuses[0].give_up_reason
+    assert statuses[4].finished_at is not None and statuses[1].started_at is not None
+
+
+# ---- the provider contract suite --------------------------------------------------------------------
+class ContainerAppsHarness(Harness):
+    def __init__(self, home: Path, fake: azure.FakeAzure):
+        self.fake = self.capacity = self.faults = fake  # start_jobs, fault_rate
+        fake.create_job(RG, "contract", command=RUNNER)
+        fake.create_job(RG, "contract-b", command=RUNNER)
+        self.provider = ContainerAppsProvider.configured(home, poll_interval_s=0.1)
+        self.options = ContainerAppsOptions(resource_group=RG, job="contract")
+        self._n = 0
+
+    def spec(self, job_name: str, script: str, *, max_runtime_s: int = 120) -> Any:
+        # Alternate between two jobs so that one poll spans several poll groups.
+        self._n += 1
+        spec = super().spec(job_name, script, max_runtime_s=max_runtime_s)
+        job = "contract" if self._n % 2 else "contract-b"
+        return replace(spec, options=ContainerAppsOptions(resource_group=RG, job=job))
+
+    def count_jobs(self, job_name: str) -> int:
+        return sum(1 for e in self.fake.executions() if e["env"].get("CONTROLPLANE_JOB_NAME") == job_name)
+
+    def forget(self, handle: dict[str, Any]) -> None:
+        self.fake.forget(handle["execution"])
+
+
+class TestContainerAppsContract(ProviderContract):
+    @pytest.fixture
+    def harness(self, fake: azure.FakeAzure, tmp_path: Path) -> ContainerAppsHarness:
+        return ContainerAppsHarness(tmp_path, fake)
