@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+import psutil
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -209,11 +211,24 @@ def forward_lines(proc: subprocess.Popen[bytes], write: Callable[[str], Any], do
 
 
 def killpg(proc: subprocess.Popen[bytes], sig: int) -> None:
-    """Signal the process group `proc` leads (start_process makes it lead one); gone is fine."""
+    """Signal the process group `proc` leads (start_process makes it lead one); gone is fine.
+    SIGKILL plays a container's end: every process below `proc` dies too, also those in sessions
+    of their own (the runner starts the tool in one), as nothing outlives a container."""
+    below = []
+    if sig == signal.SIGKILL:
+        try:
+            below = psutil.Process(proc.pid).children(recursive=True)
+        except psutil.Error:
+            pass
     try:
         os.killpg(proc.pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+    for p in below:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
 
 
 def reap(proc: subprocess.Popen[bytes]) -> None:
