@@ -125,7 +125,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from tests.fakehttp import Answer, Request, Server, forward_lines, killpg, reap, self_signed_tls, start_process
+from tests.fakehttp import Answer, Request, Server, forward_lines, killpg, play, reap, self_signed_tls, start_process
 
 TERMINAL = {"Succeeded", "Failed", "Stopped"}
 STATUSES = {"Running", "Processing", "Stopped", "Degraded", "Failed", "Unknown", "Succeeded"}
@@ -1146,26 +1146,11 @@ class FakeAzure:
                 if self.start_jobs and now - e.created_mono >= self.pending_s:
                     self._launch(e)
                 return
-        proc = e.proc
-        if proc is None:
+        if e.proc is None:
             return
-        if proc.poll() is None:
-            if e.stop_requested and e.sigterm_mono is None:
-                e.sigterm_mono = now
-                killpg(proc, signal.SIGTERM)
-            elif e.sigterm_mono is not None and now - e.sigterm_mono > self.stop_grace_s:
-                killpg(proc, signal.SIGKILL)
-            if not e.timed_out and e.started_mono is not None and now - e.started_mono > e.timeout_s:
-                e.timed_out = True
-                killpg(proc, signal.SIGKILL)
+        code = play(e, stopping=e.stop_requested, grace_s=self.stop_grace_s, now=now)
+        if code is None:
             return
-        if e.exited_mono is None:
-            e.exited_mono = now
-            killpg(proc, signal.SIGKILL)  # the replica ends with its main process
-        if not e.output_done.is_set() and now - e.exited_mono < 2.0:
-            return  # let the last lines reach the table first
-        rc = proc.returncode
-        code = rc if rc >= 0 else 128 - rc
         with self._lock:
             if e.status in TERMINAL:
                 return

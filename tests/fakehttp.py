@@ -231,6 +231,33 @@ def killpg(proc: subprocess.Popen[bytes], sig: int) -> None:
             pass
 
 
+def play(e: Any, *, stopping: bool, grace_s: float, now: float) -> int | None:
+    """One step of a cloud playing a container's process: a stop sends SIGTERM, then SIGKILL after
+    `grace_s`; running past `e.timeout_s` is SIGKILLed (`e.timed_out`); once the process has exited
+    everything left in the container dies with it. Returns the exit code (128 + signal for a
+    signal) once the process has ended and its output has been forwarded (or 2 s have passed),
+    else None. `e` holds proc, sigterm_mono, started_mono, timeout_s, timed_out, exited_mono and
+    output_done (both fakes' executions do)."""
+    proc = e.proc
+    if proc.poll() is None:
+        if stopping and e.sigterm_mono is None:
+            e.sigterm_mono = now
+            killpg(proc, signal.SIGTERM)
+        elif e.sigterm_mono is not None and now - e.sigterm_mono > grace_s:
+            killpg(proc, signal.SIGKILL)
+        if not e.timed_out and e.started_mono is not None and now - e.started_mono > e.timeout_s:
+            e.timed_out = True
+            killpg(proc, signal.SIGKILL)
+        return None
+    if e.exited_mono is None:
+        e.exited_mono = now
+        killpg(proc, signal.SIGKILL)  # the container ends with its main process
+    if not e.output_done.is_set() and now - e.exited_mono < 2.0:
+        return None  # let the last lines reach the log first
+    rc = proc.returncode
+    return rc if rc >= 0 else 128 - rc
+
+
 def reap(proc: subprocess.Popen[bytes]) -> None:
     """SIGKILL the process group, wait for the process and close its pipe (the fakes' close())."""
     killpg(proc, signal.SIGKILL)

@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from tests.fakehttp import Answer, Request, Server, forward_lines, killpg, reap, start_process
+from tests.fakehttp import Answer, Request, Server, forward_lines, killpg, play, reap, start_process
 
 EXECUTION_TYPE = "type.googleapis.com/google.cloud.run.v2.Execution"
 
@@ -816,25 +816,10 @@ class FakeCloudRun:
                 if self.start_jobs and now - e.created_mono >= self.pending_s:
                     self._start(e)
                 return
-        proc = e.proc
-        assert proc is not None
-        if proc.poll() is None:
-            if e.cancel_requested and e.sigterm_mono is None:
-                e.sigterm_mono = now
-                killpg(proc, signal.SIGTERM)
-            elif e.sigterm_mono is not None and now - e.sigterm_mono > self.cancel_grace_s:
-                killpg(proc, signal.SIGKILL)
-            if not e.timed_out and e.started_mono is not None and now - e.started_mono > e.timeout_s:
-                e.timed_out = True
-                killpg(proc, signal.SIGKILL)
+        assert e.proc is not None
+        code = play(e, stopping=e.cancel_requested, grace_s=self.cancel_grace_s, now=now)
+        if code is None:
             return
-        if e.exited_mono is None:
-            e.exited_mono = now
-            killpg(proc, signal.SIGKILL)  # the container ends with its main process
-        if not e.output_done.is_set() and now - e.exited_mono < 2.0:
-            return  # let the last lines reach the log first
-        rc = proc.returncode
-        code = rc if rc >= 0 else 128 - rc
         with self._lock:
             if e.state in TERMINAL:
                 return
