@@ -478,12 +478,8 @@ class Store:
                 stop_sent_at=now, stop_requested_at=func.coalesce(JOBS.c.stop_requested_at, now)))
 
     def set_job_state(self, worker_id: str, state: str) -> None:
-        now = self.clock()
-        values: dict[str, Any] = {"state": state, "finished_at": now}
-        if state == "abandoned":
-            values["abandoned_at"] = now
         with self._tx() as c:
-            c.execute(update(JOBS).where(JOBS.c.worker_id == worker_id).values(**values))
+            c.execute(update(JOBS).where(JOBS.c.worker_id == worker_id).values(**_job_end(state, self.clock())))
 
     def jobs(self, states: list[str] | None = None, limit: int = 100) -> list[dict[str, Any]]:
         """Jobs for the operator, newest first (all states, or `states`)."""
@@ -635,7 +631,7 @@ class Store:
             job = c.execute(select(JOBS).where(JOBS.c.task_id == task_id, JOBS.c.attempt == attempt)).mappings().first()
             if task is None or job is None or task["attempt"] != attempt or TaskState(task["state"]) in states.FINAL:
                 if job is not None and job["state"] in ("active", "launching"):
-                    c.execute(update(JOBS).where(JOBS.c.worker_id == job["worker_id"]).values(state="done", finished_at=now))
+                    c.execute(update(JOBS).where(JOBS.c.worker_id == job["worker_id"]).values(**_job_end("done", now)))
                 return None
             if ran and task["state"] == S.SCHEDULED.value and not decision.is_retry:  # it ran, unseen
                 task = self._transition(c, task, S.RUNNING, kind="running", detail={"source": "outcome"},
@@ -645,10 +641,7 @@ class Store:
     def _finish(self, c: Connection, task: dict[str, Any], job: Any, decision: Decision,
                 artifacts: list[dict[str, Any]], extra: dict[str, Any], now: float,
                 job_state: str = "done") -> dict[str, Any]:
-        job_values: dict[str, Any] = {"state": job_state, "finished_at": now}
-        if job_state == "abandoned":
-            job_values["abandoned_at"] = now
-        c.execute(update(JOBS).where(JOBS.c.worker_id == job["worker_id"]).values(**job_values))
+        c.execute(update(JOBS).where(JOBS.c.worker_id == job["worker_id"]).values(**_job_end(job_state, now)))
         if artifacts:
             c.execute(self.db.insert_ignore(ART), [
                 {"artifact_id": ids.new_artifact_id(), "task_id": task["task_id"], "attempt": task["attempt"],
@@ -702,7 +695,7 @@ class Store:
             if task is None or task["attempt"] != attempt or task["state"] not in (S.CANCEL_REQUESTED.value, S.CANCELLING.value):
                 return
             c.execute(update(JOBS).where(JOBS.c.task_id == task_id, JOBS.c.attempt == attempt)
-                      .values(state="dropped", finished_at=now))
+                      .values(**_job_end("dropped", now)))
             if task["state"] == S.CANCEL_REQUESTED.value:
                 task = self._transition(c, task, S.CANCELLING, kind="cancelling", now=now)
             self._transition(c, task, S.CANCELLED, kind="cancelled", detail={"note": "stopped before launch"},
@@ -740,3 +733,12 @@ class Store:
     def release_lease(self, name: str, holder: str) -> None:
         with self._tx() as c:
             c.execute(delete(LEASES).where(LEASES.c.name == name, LEASES.c.holder == holder))
+
+
+def _job_end(state: str, now: float) -> dict[str, Any]:
+    """The values a job row takes when it leaves the watched states (or is abandoned: then also
+    when the control plane stopped waiting for it)."""
+    values: dict[str, Any] = {"state": state, "finished_at": now}
+    if state == "abandoned":
+        values["abandoned_at"] = now
+    return values
