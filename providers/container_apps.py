@@ -126,6 +126,7 @@ PHASES: dict[str, JobPhase] = {
     "Stopped": JobPhase.FAILED,
 }
 TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
+AZURE_ERRORS = (HttpResponseError, ServiceRequestError, ServiceResponseError)  # what azure-core raises for a call
 
 
 def consumption_shape(cpu: float, memory_mb: int) -> tuple[float, int]:
@@ -243,7 +244,7 @@ def _classify(e: Exception, what: str) -> Exception:
     if isinstance(e, ServiceRequestError | ServiceResponseError):
         return TransientProviderError(f"{what}: {type(e).__name__}")
     if isinstance(e, HttpResponseError):
-        code = getattr(e.error, "code", None) if e.error is not None else None
+        code = getattr(e.error, "code", None)
         if (e.status_code or 0) in TRANSIENT_STATUS:
             return TransientProviderError(f"{what}: HTTP {e.status_code} {code or ''}".rstrip())
         return PermanentProviderError(f"{what}: HTTP {e.status_code} {code or ''}: {e.message}")
@@ -299,7 +300,7 @@ class ContainerAppsProvider(Provider):
     def _call(self, job_id: str, what: str, fn: Callable[[ContainerAppsAPIClient], Any]) -> Any:
         try:
             return fn(self._client(job_id))
-        except (HttpResponseError, ServiceRequestError, ServiceResponseError) as e:
+        except AZURE_ERRORS as e:
             raise _classify(e, f"Container Apps {what}") from e
 
     # ---- launch / find --------------------------------------------------------------------------
@@ -431,7 +432,7 @@ class ContainerAppsProvider(Provider):
                        lambda c: c.jobs.begin_stop_execution(rg, job, handle["execution"], polling=False))
         except PermanentProviderError as e:
             # Gone (404) or already ended (409/400): nothing left to stop.
-            if not isinstance(e.__cause__, ResourceNotFoundError) and getattr(e.__cause__, "status_code", 0) not in (400, 409):
+            if getattr(e.__cause__, "status_code", 0) not in (400, 404, 409):
                 raise
 
     # ---- logs -----------------------------------------------------------------------------------
@@ -467,7 +468,7 @@ class ContainerAppsProvider(Provider):
         def read() -> LogPage:
             try:
                 result = self._logs().query_workspace(workspace, query, timespan=(start, now + timedelta(minutes=5)))
-            except (HttpResponseError, ServiceRequestError, ServiceResponseError) as e:
+            except AZURE_ERRORS as e:
                 raise _classify(e, "Log Analytics") from e
             tables = getattr(result, "tables", None) or getattr(result, "partial_data", None) or []
             rows = [dict(zip(tables[0].columns, row)) for row in tables[0].rows] if tables else []
