@@ -29,4 +29,7 @@ Environment the runner gives the tool (the job contract a tool is written agains
 Python tools can use `infra.runner.toolkit` instead of the raw variables. stdout and stderr
 become the task's log lines. The tool runs in its own process group; SIGTERM to the runner is
 forwarded to that group and escalated to SIGKILL after the grace period.
+
+What the runner reports to the control plane (its events and `result.json`) is written down in
+`infra.runner.events`, which both sides import.
 """

@@ -9,8 +9,9 @@ bootstrap token, which the reporter trades for the secret before its first deliv
 (a retry with the same nonce is answered again; any other claimant gets 403, after which this
 runner delivers through the object store only).
 
-Events get a sequence number when they leave the pending queue (progress is coalesced first:
-only the latest report in a batch is kept). Batches are POSTed in order to
+Events (their format is written down in `infra.runner.events`) get a sequence number when they
+leave the pending queue (progress is coalesced first: only the latest report in a batch is
+kept). Batches are POSTed in order to
 
     {callback}/tasks/{task_id}/attempts/{attempt}/events    Authorization: Bearer <secret>
 
@@ -37,6 +38,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from controlplane.objectstore.base import ObjectExists, ObjectStore, events_key
+from infra.runner import events
 
 MAX_BATCH = 2000  # events per POST
 MAX_UNACKED = 50_000  # events held in memory before spilling to the object store
@@ -88,7 +90,7 @@ class Reporter:
         self._thread.start()
 
     def emit(self, event: dict[str, Any]) -> None:
-        event.setdefault("ts", time.time())
+        """Queue an event made by one of the builders of `infra.runner.events`."""
         self._pending.put(event)
 
     def close(self, timeout: float = 30.0) -> None:
@@ -134,13 +136,12 @@ class Reporter:
         if not batch:
             return
         # Coalesce progress: only the latest report of this batch survives.
-        last_progress = max((i for i, e in enumerate(batch) if e.get("type") == "progress"), default=-1)
+        last_progress = max((i for i, e in enumerate(batch) if e.get("type") == events.PROGRESS), default=-1)
         for i, e in enumerate(batch):
-            if e.get("type") == "progress" and i != last_progress:
+            if e.get("type") == events.PROGRESS and i != last_progress:
                 continue
-            e["seq"] = self._next_seq
+            self._unacked.append(events.number(e, self._next_seq))
             self._next_seq += 1
-            self._unacked.append(e)
 
     def _claim(self) -> bool:
         """Trade the bootstrap token for the attempt's secret. False: not now (or never)."""
@@ -172,7 +173,7 @@ class Reporter:
             self._next_try = 0.0
             self._last_contact = time.monotonic()
             if body.get("cancel"):
-                self._stop("cancel")
+                self._stop(events.STOP_CANCEL)
             return
         if status == 409:
             self._stale()
@@ -183,7 +184,7 @@ class Reporter:
     def _stale(self) -> None:
         """This attempt is no longer the task's current one: drop its events and stop the tool."""
         self._unacked.clear()
-        self._stop("stale")
+        self._stop(events.STOP_STALE)
         self._last_contact = time.monotonic()
 
     def _back_off(self, status: int | None) -> None:
@@ -203,14 +204,14 @@ class Reporter:
         if self.store is None:
             print("runner: cannot deliver events: no callback and no object store", file=sys.stderr)
             return
-        events = self._unacked
-        data = "".join(json.dumps(e, separators=(",", ":")) + "\n" for e in events).encode()
+        chunk = self._unacked
+        data = "".join(json.dumps(e, separators=(",", ":")) + "\n" for e in chunk).encode()
         try:
-            self.store.put_bytes(events_key(self.task_id, self.attempt, events[0]["seq"]), data,
+            self.store.put_bytes(events_key(self.task_id, self.attempt, chunk[0]["seq"]), data,
                                  content_type="application/x-ndjson")
         except ObjectExists:
             pass  # the same events were spilled before (idempotent by seq)
-        self.spilled += len(events)
+        self.spilled += len(chunk)
         self._unacked = []
 
     # ---- HTTP ---------------------------------------------------------------------------------

@@ -2,8 +2,9 @@
 progress, stop it on request, collect its result and artifacts, and report the outcome.
 
 The outcome is written to the object store as `result.json` (the durable record) and sent as
-the last event through the callback (the fast path). The runner exits with the tool's exit code
-(128 + signal number when the tool was killed by a signal).
+the last event through the callback (the fast path). Every event, and the outcome document, is
+made by the builders of `infra.runner.events`, where the format is written down. The runner
+exits with the tool's exit code (128 + signal number when the tool was killed by a signal).
 """
 
 from __future__ import annotations
@@ -31,14 +32,12 @@ from controlplane.objectstore.base import (
     result_key,
     safe_artifact_name,
 )
-from infra.runner import proc
+from infra.runner import events, proc
 from infra.runner.reporter import Reporter
 
-PROGRESS_FIELDS = ("percent", "step", "step_total", "phase", "message", "eta_s")
-MAX_LINE = 16 * 1024
 LEVEL_PREFIXES = {
-    "debug": "debug", "info": "info", "warn": "warning", "warning": "warning",
-    "error": "error", "critical": "error", "fatal": "error",
+    "debug": events.DEBUG, "info": events.INFO, "warn": events.WARNING, "warning": events.WARNING,
+    "error": events.ERROR, "critical": events.ERROR, "fatal": events.ERROR,
 }
 
 
@@ -62,7 +61,7 @@ def level_of(line: str, stream: str) -> str:
     for prefix, level in LEVEL_PREFIXES.items():
         if head.startswith(prefix) and (len(head) == len(prefix) or not head[len(prefix)].isalpha()):
             return level
-    return "info"
+    return events.INFO
 
 
 class Runner:
@@ -138,11 +137,11 @@ class Runner:
                                 error=f"cannot start tool: {e.strerror}", result=None, artifacts=[])
         os.close(write_fd)
         pgid = child.pid
-        self.reporter.emit({"type": "started", "pid": child.pid, "job_name": self.args.job_name})
+        self.reporter.emit(events.started(pid=child.pid, job_name=self.args.job_name))
 
         readers = [
-            threading.Thread(target=self._relay_lines, args=(child.stdout, "stdout", sys.stdout), daemon=True),
-            threading.Thread(target=self._relay_lines, args=(child.stderr, "stderr", sys.stderr), daemon=True),
+            threading.Thread(target=self._relay_lines, args=(child.stdout, events.STDOUT, sys.stdout), daemon=True),
+            threading.Thread(target=self._relay_lines, args=(child.stderr, events.STDERR, sys.stderr), daemon=True),
             threading.Thread(target=self._relay_progress, args=(read_fd,), daemon=True),
         ]
         for t in readers:
@@ -198,11 +197,7 @@ class Runner:
             line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
             echo.write(line + "\n")  # the job's console shows the tool's output (cloud log sinks)
             echo.flush()
-            truncated = len(line) > MAX_LINE
-            self.reporter.emit({
-                "type": "log", "stream": stream, "level": level_of(line, stream),
-                "message": line[:MAX_LINE], **({"truncated": True} if truncated else {}),
-            })
+            self.reporter.emit(events.log(line, stream=stream, level=level_of(line, stream)))
         pipe.close()
 
     def _relay_progress(self, fd: int) -> None:
@@ -219,9 +214,9 @@ class Runner:
                     if isinstance(name, str):
                         self.artifact_decls[name] = {k: msg[k] for k in ("kind", "content_type") if isinstance(msg.get(k), str)}
                     continue
-                report = {k: msg[k] for k in PROGRESS_FIELDS if k in msg and _scalar(msg[k])}
+                report = {k: msg[k] for k in events.PROGRESS_FIELDS if k in msg and _scalar(msg[k])}
                 if report:
-                    self.reporter.emit({"type": "progress", **report})
+                    self.reporter.emit(events.progress(**report))
 
     def _read_result(self, path: Path) -> tuple[dict[str, Any] | None, str | None]:
         if not path.exists():
@@ -243,8 +238,8 @@ class Runner:
             try:
                 name = safe_artifact_name(rel)
             except UnsafeKey as e:
-                self.reporter.emit({"type": "log", "stream": "stderr", "level": "warning",
-                                    "message": f"runner: artifact {rel!r} skipped: {e}"})
+                self.reporter.emit(events.log(f"runner: artifact {rel!r} skipped: {e}",
+                                              stream=events.STDERR, level=events.WARNING))
                 continue
             decl = self.artifact_decls.get(name, {})
             ctype = decl.get("content_type") or guess_content_type(name)
@@ -252,28 +247,24 @@ class Runner:
             try:
                 info = self.store.put_file(key, str(path), content_type=ctype)
             except ObjectExists:
-                self.reporter.emit({"type": "log", "stream": "stderr", "level": "warning",
-                                    "message": f"runner: artifact {name!r} already uploaded; kept the first"})
+                self.reporter.emit(events.log(f"runner: artifact {name!r} already uploaded; kept the first",
+                                              stream=events.STDERR, level=events.WARNING))
                 continue
-            out.append({
-                "name": name, "kind": decl.get("kind") or _kind_of(name), "key": key,
-                "size_bytes": info.size_bytes, "sha256": info.sha256, "content_type": ctype,
-            })
+            out.append(events.artifact(name=name, kind=decl.get("kind") or _kind_of(name), key=key,
+                                       size_bytes=info.size_bytes, sha256=info.sha256, content_type=ctype))
         return out
 
     def _finish(self, started: float, *, exit_code: int | None, signal_name: str | None,
                 error: str | None, result: dict[str, Any] | None, artifacts: list[dict[str, Any]]) -> int:
         if self.stop_requested.is_set():
-            status = "cancelled"
+            status = events.CANCELLED
         elif exit_code == 0 and error is None:
-            status = "succeeded"
+            status = events.SUCCEEDED
         else:
-            status = "failed"
-        outcome = {
-            "status": status, "exit_code": exit_code, "signal": signal_name, "error": error,
-            "stop_reason": self.stop_reason, "result": result, "artifacts": artifacts,
-            "started_at": started, "finished_at": time.time(),
-        }
+            status = events.FAILED
+        outcome = events.outcome(status=status, exit_code=exit_code, signal=signal_name, error=error,
+                                 stop_reason=self.stop_reason, result=result, artifacts=artifacts,
+                                 started_at=started, finished_at=time.time())
         if self.store is not None:
             try:
                 self.store.put_bytes(result_key(self.task_id, self.attempt),
@@ -282,7 +273,7 @@ class Runner:
                 pass
             except Exception as e:  # noqa: BLE001 - the callback still carries the outcome
                 print(f"runner: could not write result.json: {e}", file=sys.stderr)
-        self.reporter.emit({"type": "finished", **outcome})
+        self.reporter.emit(events.finished(**outcome))
         self.reporter.close(timeout=45)
         if self.args.exit_file:
             tmp = self.args.exit_file + ".tmp"
@@ -291,7 +282,7 @@ class Runner:
             os.replace(tmp, self.args.exit_file)
         if exit_code is None:
             return 1
-        return exit_code if status != "cancelled" else (exit_code or 143)
+        return exit_code if status != events.CANCELLED else (exit_code or 143)
 
 
 def _scalar(v: Any) -> bool:
@@ -312,8 +303,8 @@ def _kind_of(name: str) -> str:
 def main(argv: list[str] | None = None, early_signals: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     runner = Runner(args, dict(os.environ))
-    signal.signal(signal.SIGTERM, lambda *_: runner.request_stop("signal"))
-    signal.signal(signal.SIGINT, lambda *_: runner.request_stop("signal"))
+    signal.signal(signal.SIGTERM, lambda *_: runner.request_stop(events.STOP_SIGNAL))
+    signal.signal(signal.SIGINT, lambda *_: runner.request_stop(events.STOP_SIGNAL))
     if early_signals:  # stopped while starting up
-        runner.request_stop("signal")
+        runner.request_stop(events.STOP_SIGNAL)
     return runner.run()
