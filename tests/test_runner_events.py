@@ -351,12 +351,13 @@ def test_the_runner_writes_only_events_the_parser_knows(tmp_path: Path) -> None:
     logs = [p for p in parsed if isinstance(p, events.Log)]
     by_text = {p.message[:20]: p for p in logs}
     assert by_text["hello"].level == "info" and by_text["WARN: careful"].level == "warning"
-    assert by_text["error: on stderr"] == events.Log(seq=by_text["error: on stderr"].seq, ts=by_text["error: on stderr"].ts,
-                                                     message="error: on stderr", stream="stderr", level="error")
+    err = by_text["error: on stderr"]
+    assert err == events.Log(seq=err.seq, ts=err.ts, message="error: on stderr", stream="stderr", level="error")
     long = by_text["x" * 20]
     assert long.truncated and long.message == "x" * events.MAX_MESSAGE
     assert by_text["bad \ufffd\ufffd bytes"].stream == "stdout"
-    assert any(p.stream == "stderr" and p.level == "warning" and ".hidden" in p.message for p in logs)  # the runner's own
+    # the runner's own note, on an artifact it would not upload
+    assert any(p.stream == "stderr" and p.level == "warning" and ".hidden" in p.message for p in logs)
     # Progress is coalesced (only a batch's latest report is sent); the last report held a null,
     # which the runner relays as a scalar and the parser reads as "not given".
     raw_progress = [e for e in spilled(store) if e["type"] == events.PROGRESS]

@@ -20,7 +20,8 @@ log       one line of the tool's stdout or stderr, or a note of the runner's own
     truncated  true   present only when the line was cut
 
 progress  the tool's latest report (the runner relays what the tool writes to its progress fd,
-          keeping the PROGRESS_FIELDS whose values are JSON scalars; each field is optional)
+          keeping the PROGRESS_FIELDS whose values are JSON scalars, null included; each field
+          is optional, and the parser reads null or a value of the wrong type as not given)
     percent     number   0 to 100
     step        int      steps done ...
     step_total  int      ... of this many
@@ -76,15 +77,17 @@ outcome document is written there too. The object-store layout (`controlplane.ob
 The runner's --exit-file (read by the local provider) holds the same outcome document.
 
 Parsing is lenient and never raises: a value of the wrong type is dropped (or its field takes
-its default), numbers must be finite, texts have lone surrogates replaced by U+FFFD, and the
-short texts are bounded (stream and level to 8 characters, like the store keeps them).
+its default); numbers must be finite (a number may also come as a string of one), integers
+within +-2**53 (seq: 1 to 2**63-1, else 0); texts have lone surrogates replaced by U+FFFD;
+stream and level are cut to 8 characters (as the store keeps them), other texts to MAX_TEXT,
+and a log message is not cut here (the store cuts it to its own limit). The contents of
+`result` and of each artifact entry are not checked.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
