@@ -27,7 +27,7 @@ from sqlalchemy import insert, update
 
 from controlplane import ids
 from controlplane.store.db import Database
-from controlplane.store.store import EV, JOBS, LOGS, TAGS, T
+from controlplane.store.queries import EV, JOBS, LOGS, TAGS, T
 
 DAY = 86_400.0
 TTL_S = 7 * 24 * 3600  # the default ttl (Settings.default_ttl_s)

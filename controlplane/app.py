@@ -1,8 +1,8 @@
 """The composition root: builds the control plane from settings and runs its loops.
 
 `ControlPlane(settings)` opens the database (applying migrations), loads the catalog, opens the
-object store and the providers the catalog names, and wires the task service, the ingestor,
-the scheduler and the reconciler. `async with cp.running():` starts:
+object store and the providers the catalog names, and wires the task service, the attempts
+(where runner events and job ends go), the scheduler and the reconciler. `async with cp.running():` starts:
 
 * the internal HTTP listener for runner callbacks and artifact downloads, unless the MCP HTTP
   app already serves those routes (`cp.public_url` set before entering);
@@ -28,10 +28,11 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
+from controlplane.attempts import Attempts
 from controlplane.catalog import Catalog, CatalogError, ensure_catalog
 from controlplane.estimates import Estimator
 from controlplane.http.listener import Listener
-from controlplane.ingest import Ingestor
+from controlplane.http.routes import RouteDeps, routes
 from controlplane.launch import build_launch_spec
 from controlplane.objectstore.registry import StoreRegistry
 from controlplane.progress import ProgressHub
@@ -40,7 +41,8 @@ from controlplane.scheduler import Scheduler
 from controlplane.service import TaskService
 from controlplane.settings import Settings
 from controlplane.store.db import Database
-from controlplane.store.store import Store
+from controlplane.store import Store
+from controlplane.store.rows import JobRow, TaskRow
 from providers import registry
 from providers.base import LaunchSpec, Provider, ProviderContext
 
@@ -75,13 +77,14 @@ class ControlPlane:
                     self.providers[name] = registry.create(name, context)
                 except registry.ProviderUnavailable as e:
                     raise CatalogError(f"{self.catalog.source}: {e}") from None
-        self.estimator = Estimator(self.store.runtimes)
-        self.ingestor = Ingestor(self.store, self.catalog, self.stores, self.settings)
+        self.estimator = Estimator(self.store.tasks.runtimes)
+        self.attempts = Attempts(self.store, self.catalog, self.stores, self.settings)
         self.service = TaskService(self.settings, self.store, self.catalog, self.stores, self.estimator, self.providers,
                                    wake=self.wake)
-        self.scheduler = Scheduler(self.store, self.catalog, self.providers, self.stores, self.build_spec)
-        self.reconciler = Reconciler(self.store, self.providers, self.stores, self.ingestor, self.settings)
-        self.hub = ProgressHub(self.store.get)  # pushes task changes to connected clients
+        self.scheduler = Scheduler(self.store, self.catalog, self.providers, self.stores, self.attempts,
+                                   self.build_spec)
+        self.reconciler = Reconciler(self.store, self.providers, self.stores, self.attempts, self.settings)
+        self.hub = ProgressHub(self.store.tasks.get)  # pushes task changes to connected clients
         self.store.on_change = self.hub.on_change
         self.public_url: str | None = self.settings.public_url
         self.serves_http_routes = False  # True when the MCP HTTP app carries the runner/download routes
@@ -97,10 +100,10 @@ class ControlPlane:
     def callback_url(self) -> str | None:
         return f"{self.public_url.rstrip('/')}/runner/v1" if self.public_url else None
 
-    def build_spec(self, task: dict[str, Any], job: dict[str, Any]) -> LaunchSpec:
+    def build_spec(self, task: TaskRow, job: JobRow) -> LaunchSpec:
         return build_launch_spec(task, job, self.catalog, self.settings, secret_key=self.secret_key,
-                                 callback_url=self.callback_url, store_url=self.stores.get(task["store_url"]).url,
-                                 python=self.providers[task["provider"]].python)
+                                 callback_url=self.callback_url, store_url=self.stores.get(task.store_url).url,
+                                 python=self.providers[task.provider].python)
 
     def wake(self) -> None:
         """Run the scheduler and reconciler soon (callable from any thread)."""
@@ -157,7 +160,7 @@ class ControlPlane:
                     except asyncio.CancelledError:
                         pass
                 if self.is_leader:
-                    await anyio.to_thread.run_sync(self.store.release_lease, LEADER_LEASE, self.holder)
+                    await anyio.to_thread.run_sync(self.store.leases.release, LEADER_LEASE, self.holder)
                     self.is_leader = False
             self.hub.attach(None)
             self._loop = None
@@ -172,13 +175,16 @@ class ControlPlane:
         """Bind the runner/download listener now (so its URL is known), serve it later."""
         from starlette.applications import Starlette
 
-        from controlplane.http.routes import routes
-
         listener = Listener(self.settings.internal_host, self.settings.internal_port)
         if self.public_url is None:
             self.public_url = listener.url
         self.stores.set_base_url(self.public_url)
-        return listener, Starlette(routes=routes(self))
+        return listener, Starlette(routes=routes(self.route_deps()))
+
+    def route_deps(self) -> RouteDeps:
+        """What the runner and download routes use."""
+        return RouteDeps(secret_key=self.secret_key, store=self.store, attempts=self.attempts, stores=self.stores,
+                         wake=self.wake)
 
     def set_public_url(self, url: str) -> None:
         """The MCP HTTP app serves the runner and download routes at `url`."""
@@ -200,7 +206,7 @@ class ControlPlane:
         while True:
             try:
                 was = self.is_leader
-                self.is_leader = await anyio.to_thread.run_sync(self.store.acquire_lease, LEADER_LEASE,
+                self.is_leader = await anyio.to_thread.run_sync(self.store.leases.acquire, LEADER_LEASE,
                                                                 self.holder, lease)
                 if self.is_leader and not was:
                     log.info("this process leads scheduling and reconciling (%s)", self.holder)
@@ -240,7 +246,7 @@ class ControlPlane:
                     if (stats.finished or stats.lost or stats.expired) and self._sched_wake is not None:
                         self._sched_wake.set()
                 else:
-                    await anyio.to_thread.run_sync(self.ingestor.flush_beats)
+                    await anyio.to_thread.run_sync(self.attempts.flush_beats)
             except Exception:  # noqa: BLE001
                 log.exception("reconcile cycle failed")
 

@@ -87,8 +87,12 @@ class _Strict(BaseModel):
 
 
 class RetryPolicy(_Strict):
+    # Two budgets, counted apart: attempts in all when the tool itself fails (tool_failed), and
+    # how many times a job lost, preempted or not launched runs again (worker_lost,
+    # launch_failed; default max_attempts - 1). Each only for the kinds `retry_on` names.
     max_attempts: int = Field(default=1, ge=1, le=20)
-    backoff_s: float = Field(default=10.0, ge=0, le=3600)
+    max_recoveries: int | None = Field(default=None, ge=0, le=100)
+    backoff_s: float = Field(default=10.0, ge=0, le=3600)  # the first retry's wait; doubles, with jitter
     # Failures that earn another attempt. Scientific tools rarely benefit from re-running a
     # failed computation, so by default only infrastructure failures are retried.
     retry_on: tuple[str, ...] = ("worker_lost",)

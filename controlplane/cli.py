@@ -113,14 +113,17 @@ def jobs_list(home: HomeOpt = None,
     from datetime import UTC, datetime
 
     from controlplane.store.db import Database
-    from controlplane.store.store import Store
+    from controlplane.store import Store
 
     settings = _settings(home)
     db = Database(settings.resolved_database_url)
     db.upgrade()
-    rows = Store(db).jobs(state, limit)
+    rows = Store(db).jobs.for_operator(state, limit)
     if as_json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps([{k: getattr(r, k) for k in ("worker_id", "task_id", "attempt", "provider", "job_name",
+                                                        "state", "handle_json", "created_at", "finished_at",
+                                                        "abandoned_at", "stop_requested_at", "provider_status",
+                                                        "provider_reason")} for r in rows], indent=2))
         return
 
     def when(t: float | None) -> str:
@@ -130,8 +133,8 @@ def jobs_list(home: HomeOpt = None,
     for name in ("job", "task_id", "provider", "state", "provider status", "created", "abandoned"):
         table.add_column(name, no_wrap=True, overflow="ignore")
     for r in rows:
-        table.add_row(r["job_name"], r["task_id"], r["provider"], r["state"], r["provider_status"] or "",
-                      when(r["created_at"]), when(r["abandoned_at"]))
+        table.add_row(r.job_name, r.task_id, r.provider, r.state, r.provider_status or "", when(r.created_at),
+                      when(r.abandoned_at))
     Console(width=max(200, Console().width)).print(table)
 
 

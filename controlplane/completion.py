@@ -146,7 +146,7 @@ class Completer:
         self.schemas = schemas
 
     def task_ids(self, owner: str, typed: str) -> Candidates:
-        ids = self.cp.store.task_ids(owner, typed, MAX_VALUES + 1)
+        ids = self.cp.service.task_ids(owner, typed, MAX_VALUES + 1)
         more = len(ids) > MAX_VALUES
         return Candidates(ids[:MAX_VALUES], None if more else len(ids), more)
 
@@ -185,6 +185,6 @@ class Completer:
         if typed.startswith("$."):
             return _finish([], typed, resolved=references(typed, argument, arguments))
         cands = schema_values(schema)
-        cands += _history(self.cp.store.recent_inputs(owner, spec.name, HISTORY_TASKS), argument)
+        cands += _history(self.cp.service.recent_inputs(owner, spec.name, HISTORY_TASKS), argument)
         cands += _suggested(schema)
         return _finish(cands, typed)

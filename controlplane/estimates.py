@@ -98,13 +98,13 @@ class Estimator:
     def eta(self, task: dict[str, Any], progress: dict[str, Any], now: float) -> float | None:
         if progress.get("eta_s") is not None:
             return progress["eta_s"]
-        started = task.get("started_at")
+        started = task.started_at
         if not started:
             return None
         elapsed = max(0.0, now - started)
         pct = progress.get("percent")
         if isinstance(pct, int | float) and 0 < pct < 100:
             return round(elapsed * (100 - pct) / pct, 1)
-        if task.get("estimate_s"):
-            return round(max(0.0, task["estimate_s"] - elapsed), 1)
+        if task.estimate_s:
+            return round(max(0.0, task.estimate_s - elapsed), 1)
         return None

@@ -18,10 +18,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-from typing import Any
-
 from controlplane.catalog import Catalog
 from controlplane.settings import Settings
+from controlplane.store.rows import JobRow, TaskRow
 from providers.base import LaunchSpec
 
 
@@ -38,29 +37,29 @@ def nonce_digest(nonce: str) -> str:
     return hashlib.sha256(nonce.encode()).hexdigest()
 
 
-def build_launch_spec(task: dict[str, Any], job: dict[str, Any], catalog: Catalog, settings: Settings, *,
+def build_launch_spec(task: TaskRow, job: JobRow, catalog: Catalog, settings: Settings, *,
                       secret_key: bytes, callback_url: str | None, store_url: str, python: str) -> LaunchSpec:
     """`python` is what `{python}` in the tool's command means on the provider that runs it."""
-    tool = catalog.tools[task["tool_name"]]
-    rc = catalog.resource_classes[task["resource_class"]]
-    res = json.loads(task["resources_json"] or "{}")
+    tool = catalog.tools[task.tool_name]
+    rc = catalog.resource_classes[task.resource_class]
+    res = json.loads(task.resources_json or "{}")
     env = dict(tool.env)
     env.update({
-        "CONTROLPLANE_TASK_ID": task["task_id"],
-        "CONTROLPLANE_ATTEMPT": str(task["attempt"]),
-        "CONTROLPLANE_JOB_NAME": job["job_name"],
+        "CONTROLPLANE_TASK_ID": task.task_id,
+        "CONTROLPLANE_ATTEMPT": str(task.attempt),
+        "CONTROLPLANE_JOB_NAME": job.job_name,
         "CONTROLPLANE_STORE_URL": store_url,
         "CONTROLPLANE_HEARTBEAT_S": str(settings.heartbeat_interval_s),
         "CONTROLPLANE_KILL_GRACE_S": str(settings.kill_grace_s),
     })
     if callback_url:
         env["CONTROLPLANE_CALLBACK_URL"] = callback_url
-        env["CONTROLPLANE_BOOTSTRAP_TOKEN"] = bootstrap_token(secret_key, task["task_id"], task["attempt"])
+        env["CONTROLPLANE_BOOTSTRAP_TOKEN"] = bootstrap_token(secret_key, task.task_id, task.attempt)
     return LaunchSpec(
-        task_id=task["task_id"], attempt=task["attempt"], job_name=job["job_name"], tool_name=tool.name,
-        owner=task["owner"], command=tuple(c.replace("{python}", python) for c in tool.command), image=tool.image,
+        task_id=task.task_id, attempt=task.attempt, job_name=job.job_name, tool_name=tool.name,
+        owner=task.owner, command=tuple(c.replace("{python}", python) for c in tool.command), image=tool.image,
         env=env, cpu=float(res.get("cpu") or rc.cpu), memory_mb=int(res.get("memory_mb") or rc.memory_mb),
         gpu=int(res.get("gpu") if res.get("gpu") is not None else rc.gpu),
         scratch_mb=int(res.get("scratch_mb") if res.get("scratch_mb") is not None else rc.scratch_mb),
-        max_runtime_s=int(task["max_runtime_s"]), resource_class=rc.name, options=catalog.options[tool.name],
+        max_runtime_s=int(task.max_runtime_s), resource_class=rc.name, options=catalog.options[tool.name],
     )

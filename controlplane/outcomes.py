@@ -3,10 +3,17 @@
 Pure functions, no I/O: given the task as stored and what the job reported (or what the provider
 says when the job could not report), decide the target state, the error, and whether the failure
 earns another attempt under the tool's retry policy.
+
+Two retry budgets, counted apart (SkyPilot's habit): a tool that failed (`tool_failed`) may run
+again while `failures + 1 < max_attempts`; a job that was lost, preempted or could not be
+launched (`worker_lost`, `launch_failed`: the infrastructure's fault, not the tool's) is
+recovered while `recoveries < max_recoveries`. Either only if the policy's `retry_on` names the
+kind. The wait before the next attempt is `backoff_delay`: exponential, capped, with jitter.
 """
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +22,11 @@ from controlplane.states import TaskState
 
 if TYPE_CHECKING:
     from controlplane.catalog import RetryPolicy
+    from controlplane.store.rows import TaskRow
+
+# Which budget each retryable failure draws on.
+BUDGET = {"tool_failed": "failure", "worker_lost": "recovery", "launch_failed": "recovery"}
+MAX_BACKOFF_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -24,33 +36,48 @@ class Decision:
     result: dict[str, Any] | None = None
     note: str | None = None  # recorded in the task event (e.g. "cancel lost the race")
     backoff_s: float = 0.0  # for a retry: how long the task waits before its next attempt
+    retry: str | None = None  # for a retry: the budget it draws on ("failure" or "recovery")
 
     @property
     def is_retry(self) -> bool:
         return self.state == TaskState.QUEUED
 
 
-def _retry_or(task: dict[str, Any], kind: str, policy: RetryPolicy, terminal: Decision) -> Decision:
-    if kind in policy.retry_on and task["attempt"] < task["max_attempts"]:
-        return Decision(TaskState.QUEUED, error=terminal.error, note=f"retry after {kind}",
-                        backoff_s=policy.backoff_s * (2 ** (task["attempt"] - 1)))
-    return terminal
+def backoff_delay(base_s: float, n: int, *, cap_s: float = MAX_BACKOFF_S, rng: random.Random | None = None) -> float:
+    """The wait before the `n`-th retry (1-based) of one budget: `base_s * 2**(n-1)`, at most
+    `cap_s`, with "equal jitter": half of it fixed, the other half uniformly random, so that the
+    tasks one outage failed together do not all come back in the same instant, and none comes
+    back sooner than half its delay. (Hand-written: tenacity's waits need a RetryCallState.)"""
+    delay = min(cap_s, base_s * 2 ** max(0, n - 1))
+    return delay / 2 + (rng or random).uniform(0, delay / 2)
 
 
-def timeout_error(task: dict[str, Any]) -> dict[str, Any]:
-    return task_error(TaskErrorCode.TOOL_TIMEOUT, f"the task exceeded its max runtime of {task['max_runtime_s']} s",
-                      timeoutMs=int(task["max_runtime_s"]) * 1000)
+def _retry_or(task: TaskRow, kind: str, policy: RetryPolicy, terminal: Decision) -> Decision:
+    budget = BUDGET[kind]
+    if kind not in policy.retry_on:
+        return terminal
+    if budget == "failure" and task.failures + 1 < task.max_attempts:
+        n = task.failures + 1
+    elif budget == "recovery" and task.recoveries < task.max_recoveries:
+        n = task.recoveries + 1
+    else:
+        return terminal
+    return Decision(TaskState.QUEUED, error=terminal.error, note=f"retry after {kind}",
+                    backoff_s=backoff_delay(policy.backoff_s, n), retry=budget)
 
 
-def cancelled_error(task: dict[str, Any]) -> dict[str, Any]:
-    reason = task.get("cancel_reason") or "cancelled by request"
-    return task_error(TaskErrorCode.CANCELLED, f"cancelled: {reason}")
+def timeout_error(task: TaskRow) -> dict[str, Any]:
+    return task_error(TaskErrorCode.TOOL_TIMEOUT, f"the task exceeded its max runtime of {task.max_runtime_s} s",
+                      timeoutMs=int(task.max_runtime_s) * 1000)
 
 
-def decide(task: dict[str, Any], outcome: dict[str, Any], policy: RetryPolicy) -> Decision:
+def cancelled_error(reason: str | None) -> dict[str, Any]:
+    return task_error(TaskErrorCode.CANCELLED, f"cancelled: {reason or 'cancelled by request'}")
+
+
+def decide(task: TaskRow, outcome: dict[str, Any], policy: RetryPolicy) -> Decision:
     """`outcome` is the runner's report: {status, exit_code, signal, error, result, stop_reason}."""
-    state = TaskState(task["state"])
-    stopping = state in (TaskState.CANCEL_REQUESTED, TaskState.CANCELLING)
+    stopping = task.state in (TaskState.CANCEL_REQUESTED, TaskState.CANCELLING)
     status = outcome.get("status")
     result = outcome.get("result") if isinstance(outcome.get("result"), dict) else None
 
@@ -58,10 +85,10 @@ def decide(task: dict[str, Any], outcome: dict[str, Any], policy: RetryPolicy) -
         note = "the job finished before the cancel reached it" if stopping else None
         return Decision(TaskState.SUCCEEDED, result=result, note=note)
 
-    if stopping or task.get("stop_reason"):
-        if task.get("stop_reason") == "timeout":
+    if stopping or task.stop_reason:
+        if task.stop_reason == "timeout":
             return Decision(TaskState.TIMED_OUT, error=timeout_error(task), result=result)
-        return Decision(TaskState.CANCELLED, error=cancelled_error(task), result=result)
+        return Decision(TaskState.CANCELLED, error=cancelled_error(task.cancel_reason), result=result)
 
     if status == "cancelled":
         # Stopped by someone other than us (node shutdown, spot reclaim, an operator): the work
@@ -83,30 +110,28 @@ def decide(task: dict[str, Any], outcome: dict[str, Any], policy: RetryPolicy) -
     return _retry_or(task, "tool_failed", policy, Decision(TaskState.FAILED, error=err, result=result))
 
 
-def decide_lost(task: dict[str, Any], reason: str, policy: RetryPolicy) -> Decision:
+def decide_lost(task: TaskRow, reason: str, policy: RetryPolicy) -> Decision:
     """The job is gone or silent and left no outcome behind."""
-    state = TaskState(task["state"])
-    if state in (TaskState.CANCEL_REQUESTED, TaskState.CANCELLING):
-        if task.get("stop_reason") == "timeout":
+    if task.state in (TaskState.CANCEL_REQUESTED, TaskState.CANCELLING):
+        if task.stop_reason == "timeout":
             return Decision(TaskState.TIMED_OUT, error=timeout_error(task))
-        return Decision(TaskState.CANCELLED, error=cancelled_error(task))
+        return Decision(TaskState.CANCELLED, error=cancelled_error(task.cancel_reason))
     err = task_error(TaskErrorCode.WORKER_LOST, f"the job was lost: {reason}")
     return _retry_or(task, "worker_lost", policy, Decision(TaskState.FAILED, error=err))
 
 
-def decide_launch_failure(task: dict[str, Any], message: str, policy: RetryPolicy) -> Decision:
+def decide_launch_failure(task: TaskRow, message: str, policy: RetryPolicy) -> Decision:
     """The job never ran: the provider refused it, or it waited for capacity past its limit."""
     err = task_error(TaskErrorCode.LAUNCH_FAILED, message)
     return _retry_or(task, "launch_failed", policy, Decision(TaskState.FAILED, error=err))
 
 
-def decide_provider_failure(task: dict[str, Any], reason: str | None, exit_code: int | None,
+def decide_provider_failure(task: TaskRow, reason: str | None, exit_code: int | None,
                             policy: RetryPolicy, *, started: bool = True) -> Decision:
     """The provider says the job failed and the runner left no outcome: the job never started
     (an image that cannot be pulled, a bad job definition: LAUNCH_FAILED), or its container was
     killed before the runner could report (WORKER_LOST), or the tool's exit code is all we have."""
-    state = TaskState(task["state"])
-    if state in (TaskState.CANCEL_REQUESTED, TaskState.CANCELLING):
+    if task.state in (TaskState.CANCEL_REQUESTED, TaskState.CANCELLING):
         return decide_lost(task, reason or "stopped", policy)
     if reason and "timeout" in reason.lower():
         return Decision(TaskState.TIMED_OUT, error=timeout_error(task))

@@ -129,15 +129,15 @@ def progress_details(p: dict[str, Any]) -> list[str]:
 
 def notification_of(task: dict[str, Any]) -> tuple[float | None, str]:
     """(percent, message) of a task row, for a progress notification: "running: step 2/4, ..."."""
-    p = json.loads(task["progress_json"]) if task.get("progress_json") else {}
+    p = json.loads(task.progress_json) if task.progress_json else {}
     details = progress_details(p)
     percent = p.get("percent")
     return (float(percent) if isinstance(percent, int | float) else None), \
-        task["state"] + (": " + ", ".join(details) if details else "")
+        task.state + (": " + ", ".join(details) if details else "")
 
 
 def is_final(task: dict[str, Any]) -> bool:
-    return TaskState(task["state"]) in FINAL
+    return TaskState(task.state) in FINAL
 
 
 class ProgressSender:

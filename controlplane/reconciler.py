@@ -4,24 +4,26 @@ One cycle:
 1. stops the jobs of tasks whose cancel was requested, and of running tasks past their
    `timeout_at` (max_runtime_s); repeats the stop until the provider confirms the job is gone;
 2. polls every watched job, in batches of the provider's `poll_batch_size` (one call per batch);
-3. ends attempts whose job finished or vanished: the outcome comes from the runner's events
-   (already ingested through the callback, or read now from the object store), else from the
-   provider's own status; a lost job is retried per the tool's policy or fails `WORKER_LOST`;
+3. ends attempts whose job finished or vanished (`controlplane.attempts`: the outcome comes
+   from the runner's events, already ingested through the callback or read now from the object
+   store, else from the provider's own status; a lost job is recovered per the tool's policy or
+   fails `WORKER_LOST`);
 4. stops a job whose runner has stopped heartbeating, and treats it as lost once the provider
    confirms it is gone (a retry never runs beside the job it replaces); jobs whose task has
    moved on ("draining") are stopped until the provider confirms it; a job that does not confirm
    it stopped within `stop_confirm_timeout_s` no longer holds its task: the task ends, the job is
    recorded as "abandoned" (`controlplane jobs --state abandoned`) and is still stopped every
    ABANDONED_RESEND_S until the provider says it ended (some runners ignore a stop);
-5. expires finished tasks past their ttl: their objects are deleted first, then their logs and
-   artifact rows; a failed deletion is retried next cycle, never skipped.
+5. expires finished tasks past their ttl: their objects are deleted and their provider's leftovers
+   released first (a local job's directory), then their logs and artifact rows; a failed
+   deletion is retried next cycle, never skipped; and purges the tombstones and the audit after
+   their retention periods.
 
 Provider API errors never fail a task: a poll that fails is retried with backoff (tenacity).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections import defaultdict
@@ -32,18 +34,20 @@ import anyio
 import anyio.to_thread
 from tenacity import Retrying, retry_if_not_exception_type, stop_after_attempt, wait_exponential
 
-from controlplane.ingest import Ingestor
+from controlplane.attempts import Attempts
 from controlplane.objectstore.base import task_prefix
 from controlplane.objectstore.registry import StoreRegistry
-from controlplane.outcomes import decide, decide_launch_failure, decide_lost, decide_provider_failure
 from controlplane.settings import Settings
-from controlplane.states import TaskState
-from controlplane.store.store import StaleAttempt, Store
+from controlplane.states import JobState, TaskState
+from controlplane.store import Store
+from controlplane.store.rows import WatchedJob
 from providers.base import JobPhase, JobStatus, PermanentProviderError, Provider
 
 log = logging.getLogger("controlplane.reconciler")
+S = TaskState
 STOP_RESEND_S = 5.0
 ABANDONED_RESEND_S = 60.0  # an abandoned job is still asked to stop, less often
+PURGE_EVERY_S = 600.0
 
 
 @dataclass
@@ -54,32 +58,36 @@ class CycleStats:
     lost: int = 0
     stops: int = 0
     expired: int = 0
+    purged: int = 0
 
 
 class Reconciler:
-    def __init__(self, store: Store, providers: dict[str, Provider], stores: StoreRegistry, ingestor: Ingestor,
+    def __init__(self, store: Store, providers: dict[str, Provider], stores: StoreRegistry, attempts: Attempts,
                  settings: Settings):
         self.store = store
         self.providers = providers
         self.stores = stores
-        self.ingestor = ingestor
+        self.attempts = attempts
         self.settings = settings
         self.started_at = time.time()
         self._last_poll: dict[str, float] = {}
+        self._stop_sent: dict[str, float] = {}  # this cycle's stops, by worker id
+        self._last_purge = 0.0
 
     async def cycle(self, force_poll: bool = False) -> CycleStats:
         return await anyio.to_thread.run_sync(self.cycle_sync, force_poll)
 
     def cycle_sync(self, force_poll: bool = False) -> CycleStats:
         stats = CycleStats()
-        self.ingestor.flush_beats()
+        self.attempts.flush_beats()
         now = time.time()
-        jobs = self.store.active_jobs()
+        jobs = self.store.jobs.watched()
         stats.jobs = len(jobs)
+        self._stop_sent = {}
         self._stops(jobs, now, stats)
-        by_provider: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        by_provider: dict[str, list[WatchedJob]] = defaultdict(list)
         for j in jobs:
-            by_provider[j["provider"]].append(j)
+            by_provider[j.provider].append(j)
         for name, group in by_provider.items():
             provider = self.providers.get(name)
             if provider is None:
@@ -89,49 +97,45 @@ class Reconciler:
                 continue
             self._last_poll[name] = now
             statuses = self._poll(provider, group, stats)
-            self._apply(provider, group, statuses, now, stats)
+            self._apply(group, statuses, now, stats)
         self._expire(now, stats)
         return stats
 
     # ---- stopping -----------------------------------------------------------------------------
-    @staticmethod
-    def _draining(j: dict[str, Any]) -> bool:
-        """The task has moved on (finished, or a later attempt) but this job may still run."""
-        return j["job_state"] in ("draining", "abandoned") or j["attempt"] != j["task_attempt"]
-
-    def _stops(self, jobs: list[dict[str, Any]], now: float, stats: CycleStats) -> None:
+    def _stops(self, jobs: list[WatchedJob], now: float, stats: CycleStats) -> None:
         for j in jobs:
-            if self._draining(j):
+            if j.draining:
                 continue
-            state = TaskState(j["state"])
-            if state == TaskState.CANCEL_REQUESTED:
+            if j.state == S.CANCEL_REQUESTED:
                 self._send_stop(j, "cancel", stats)
-                self.store.begin_stop(j["task_id"], "cancel")
-            elif state == TaskState.RUNNING and j["timeout_at"] is not None and j["timeout_at"] < now:
-                if self.store.begin_stop(j["task_id"], "timeout"):
+                self.store.tasks.begin_stop(j.task_id, "cancel")
+            elif j.state == S.RUNNING and j.timeout_at is not None and j.timeout_at < now:
+                if self.store.tasks.begin_stop(j.task_id, "timeout"):
                     self._send_stop(j, "timeout", stats)
-            elif state == TaskState.CANCELLING and now - (j["stop_sent_at"] or 0) >= STOP_RESEND_S:
-                self._send_stop(j, j["stop_reason"] or "cancel", stats)
+            elif j.state == S.CANCELLING and now - self._sent_at(j) >= STOP_RESEND_S:
+                self._send_stop(j, j.stop_reason or "cancel", stats)
 
-    def _send_stop(self, j: dict[str, Any], reason: str, stats: CycleStats) -> None:
-        provider = self.providers.get(j["provider"])
-        if provider is None or not j["handle_json"]:
+    def _sent_at(self, j: WatchedJob) -> float:
+        return self._stop_sent.get(j.worker_id, j.stop_sent_at or 0)
+
+    def _send_stop(self, j: WatchedJob, reason: str, stats: CycleStats) -> None:
+        provider = self.providers.get(j.provider)
+        if provider is None or not j.handle_json:
             return
         try:
-            self._call(provider.cancel, json.loads(j["handle_json"]), reason)
+            self._call(provider.cancel, j.handle, reason)
             stats.provider_calls[f"{provider.name}.cancel"] += 1
             stats.stops += 1
         except Exception as e:  # noqa: BLE001 - retried next cycle
-            log.warning("cancel of %s failed: %s", j["job_name"], e)
-        self.store.mark_stop_sent(j["worker_id"])
-        j["stop_sent_at"] = time.time()
+            log.warning("cancel of %s failed: %s", j.job_name, e)
+        self._stop_sent[j.worker_id] = self.store.jobs.mark_stop_sent(j.worker_id)
 
     # ---- polling ------------------------------------------------------------------------------
-    def _poll(self, provider: Provider, jobs: list[dict[str, Any]], stats: CycleStats) -> list[JobStatus | None]:
+    def _poll(self, provider: Provider, jobs: list[WatchedJob], stats: CycleStats) -> list[JobStatus | None]:
         """Statuses in the order of `jobs` (None: unknown this cycle). Handles are grouped by the
         provider's `poll_key` and handed over `poll_batch_size` at a time, so a provider that
         lists per job (Cloud Run) answers each job's executions with one paged list."""
-        handles = [json.loads(j["handle_json"]) for j in jobs]
+        handles = [j.handle for j in jobs]
         groups: dict[Any, list[int]] = defaultdict(list)
         for i, h in enumerate(handles):
             groups[provider.poll_key(h)].append(i)
@@ -152,141 +156,117 @@ class Reconciler:
 
     @staticmethod
     def _call(fn: Any, *args: Any) -> Any:
+        """A provider call, tried three times (a provider retries its own transient errors
+        inside; these tries cover a call that failed as a whole, e.g. a dropped connection)."""
         for attempt in Retrying(stop=stop_after_attempt(3), wait=wait_exponential(multiplier=0.2, max=2),
                                 retry=retry_if_not_exception_type(PermanentProviderError), reraise=True):
             with attempt:
                 return fn(*args)
         return None  # pragma: no cover
 
-    def _apply(self, provider: Provider, jobs: list[dict[str, Any]], statuses: list[JobStatus | None], now: float,
+    def _apply(self, jobs: list[WatchedJob], statuses: list[JobStatus | None], now: float,
                stats: CycleStats) -> None:
         changed = []
         for j, st in zip(jobs, statuses):
             if st is None:
                 continue
             reason = st.waiting_reason or st.reason
-            if st.raw_status != j["provider_status"] or reason != j["provider_reason"]:
-                changed.append({"worker_id": j["worker_id"], "status": st.raw_status or st.phase.value,
-                                "reason": reason})
+            if st.raw_status != j.provider_status or reason != j.provider_reason:
+                changed.append((j.worker_id, st.raw_status or st.phase.value, reason))
             alive = st.phase in (JobPhase.RUNNING, JobPhase.PENDING)
-            if self._draining(j):
+            if j.draining:
                 self._drain(j, alive, now, stats)
-                continue
-            if not alive:
-                self._finalize(j, st, stats)
-                continue
-            state = TaskState(j["state"])
-            if st.phase == JobPhase.RUNNING and state == TaskState.SCHEDULED:
-                self.store.mark_running(j["task_id"], j["attempt"], st.started_at)
-            if st.phase == JobPhase.PENDING and st.give_up_reason and state == TaskState.SCHEDULED:
+            elif not alive:
+                outcome = self.attempts.end_from_provider(j, st)
+                if outcome == "lost":
+                    stats.lost += 1
+                elif outcome == "finished":
+                    stats.finished += 1
+            elif st.phase == JobPhase.PENDING and st.give_up_reason and j.state == S.SCHEDULED:
                 self._give_up_waiting(j, st.give_up_reason, stats)
-            elif state == TaskState.CANCELLING:
-                self._stop_overdue(j, now, stats)
-            elif state == TaskState.RUNNING:
-                self._check_heartbeat(j, now, stats)
-        self.store.set_provider_status(changed)
+            else:
+                if st.phase == JobPhase.RUNNING and j.state == S.SCHEDULED:
+                    self.attempts.mark_running(j.task_id, j.attempt, st.started_at)
+                if j.state == S.CANCELLING:
+                    self._stop_overdue(j, now, stats)
+                elif j.state == S.RUNNING:
+                    self._check_heartbeat(j, now, stats)
+        self.store.jobs.set_provider_status(changed)
 
-    def _drain(self, j: dict[str, Any], alive: bool, now: float, stats: CycleStats) -> None:
+    def _drain(self, j: WatchedJob, alive: bool, now: float, stats: CycleStats) -> None:
         """A job whose task has moved on: done once it ended; stopped until then; abandoned if it
         has not confirmed it stopped within stop_confirm_timeout_s."""
         if not alive:
-            self.store.set_job_state(j["worker_id"], "done")
+            self.store.jobs.move(j.worker_id, JobState.DONE)
             return
-        abandoned = j["job_state"] == "abandoned"
-        if not abandoned and now - (j["stop_requested_at"] or now) >= self.settings.stop_confirm_timeout_s:
+        abandoned = j.job_state == JobState.ABANDONED
+        if not abandoned and now - (j.stop_requested_at or now) >= self.settings.stop_confirm_timeout_s:
             log.warning("job %s did not confirm it stopped within %.0f s: abandoned (still stopped now and then)",
-                        j["job_name"], self.settings.stop_confirm_timeout_s)
-            self.store.set_job_state(j["worker_id"], "abandoned")
+                        j.job_name, self.settings.stop_confirm_timeout_s)
+            self.store.jobs.move(j.worker_id, JobState.ABANDONED)
             abandoned = True
-        if now - (j["stop_sent_at"] or 0) >= (ABANDONED_RESEND_S if abandoned else STOP_RESEND_S):
+        if now - self._sent_at(j) >= (ABANDONED_RESEND_S if abandoned else STOP_RESEND_S):
             self._send_stop(j, "superseded", stats)
 
-    def _check_heartbeat(self, j: dict[str, Any], now: float, stats: CycleStats) -> None:
+    def _check_heartbeat(self, j: WatchedJob, now: float, stats: CycleStats) -> None:
         """A runner that reported before and then went silent is stopped and, once the provider
         confirms the job is gone, treated as lost (so a retry never runs beside it)."""
-        if j["stop_requested_at"] is not None:  # already stopping it
-            if now - j["stop_requested_at"] >= self.settings.stop_confirm_timeout_s:
+        if j.stop_requested_at is not None:  # already stopping it
+            if now - j.stop_requested_at >= self.settings.stop_confirm_timeout_s:
                 self._lost_unconfirmed(j, "the silent job did not confirm it stopped", stats)
-            elif now - (j["stop_sent_at"] or 0) >= STOP_RESEND_S:
+            elif now - self._sent_at(j) >= STOP_RESEND_S:
                 self._send_stop(j, "heartbeat lost", stats)
             return
-        if j["seen_at"] is None:
+        if j.seen_at is None:
             return  # a runner that never called back (store-only mode) is judged by the provider alone
-        last = max(j["seen_at"], self.started_at)  # a restart is not the runner's silence
+        last = max(j.seen_at, self.started_at)  # a restart is not the runner's silence
         if now - last > self.settings.heartbeat_timeout_s:
-            log.warning("job %s silent for %.0f s: stopping it, then treating it as lost", j["job_name"], now - last)
+            log.warning("job %s silent for %.0f s: stopping it, then treating it as lost", j.job_name, now - last)
             self._send_stop(j, "heartbeat lost", stats)
 
-    def _give_up_waiting(self, j: dict[str, Any], reason: str, stats: CycleStats) -> None:
+    def _give_up_waiting(self, j: WatchedJob, reason: str, stats: CycleStats) -> None:
         """The provider's policy gave up on a job that never started (no capacity): stop it and
         fail the attempt, or retry it if the tool retries launch failures. The job is drained:
         stopped until the provider confirms it is gone, and refused if it starts after all."""
-        log.warning("job %s: %s", j["job_name"], reason)
+        log.warning("job %s: %s", j.job_name, reason)
         self._send_stop(j, "gave up waiting", stats)
-        task = self.store.get(j["task_id"])
-        if task is None:
-            return
-        decision = decide_launch_failure(task, reason, self.ingestor.policy(task["tool_name"]))
-        self.store.finish_attempt(j["task_id"], j["attempt"], decision, ran=False, job_state="draining")
+        self.attempts.end_unlaunched(j.task_id, j.attempt, reason, job_state=JobState.DRAINING)
         stats.lost += 1
 
-    def _stop_overdue(self, j: dict[str, Any], now: float, stats: CycleStats) -> None:
+    def _stop_overdue(self, j: WatchedJob, now: float, stats: CycleStats) -> None:
         """A job that will not confirm it stopped must not hold its slot for ever."""
-        began = j["stop_requested_at"] or now
-        if now - began >= self.settings.stop_confirm_timeout_s:
+        if now - (j.stop_requested_at or now) >= self.settings.stop_confirm_timeout_s:
             self._lost_unconfirmed(j, "the job did not confirm it stopped", stats)
 
-    def _lost_unconfirmed(self, j: dict[str, Any], reason: str, stats: CycleStats) -> None:
+    def _lost_unconfirmed(self, j: WatchedJob, reason: str, stats: CycleStats) -> None:
         log.warning("job %s: %s within %.0f s; its task ends, the job is abandoned (and still stopped now and then)",
-                    j["job_name"], reason, self.settings.stop_confirm_timeout_s)
-        task = self.store.get(j["task_id"])
-        if task is None:
-            return
-        d = decide_lost(task, reason, self.ingestor.policy(task["tool_name"]))
-        self.store.finish_attempt(j["task_id"], j["attempt"], d, job_state="abandoned")
+                    j.job_name, reason, self.settings.stop_confirm_timeout_s)
+        self.attempts.end_lost(j.task_id, j.attempt, reason)
         stats.lost += 1
-
-    # ---- finishing ----------------------------------------------------------------------------
-    def _finalize(self, j: dict[str, Any], st: JobStatus, stats: CycleStats) -> None:
-        task_id, attempt = j["task_id"], j["attempt"]
-        # Events the runner could not deliver by callback are in the object store.
-        try:
-            spilled = self.ingestor.read_spilled(j["store_url"], task_id, attempt, j["event_seq"] + 1)
-            if spilled:
-                r = self.ingestor.apply(task_id, attempt, spilled)
-                if r.finished:
-                    stats.finished += 1
-                    return
-        except StaleAttempt:
-            self.store.set_job_state(j["worker_id"], "done")
-            return
-        task = self.store.get(task_id)
-        if task is None or task["attempt"] != attempt or TaskState(task["state"]) not in (
-            TaskState.SCHEDULED, TaskState.RUNNING, TaskState.CANCEL_REQUESTED, TaskState.CANCELLING
-        ):
-            self.store.set_job_state(j["worker_id"], "done")
-            return
-        policy = self.ingestor.policy(task["tool_name"])
-        outcome = self.ingestor.read_outcome(task["store_url"], task_id, attempt)
-        if outcome is not None:
-            arts = self.ingestor.artifact_checker(task_id, attempt)(outcome.get("artifacts") or [])
-            self.store.finish_attempt(task_id, attempt, decide(task, outcome, policy), arts)
-            stats.finished += 1
-        elif st.phase == JobPhase.GONE:
-            self.store.finish_attempt(task_id, attempt, decide_lost(task, st.reason or "the job vanished", policy))
-            stats.lost += 1
-        else:
-            d = decide_provider_failure(task, st.reason, st.exit_code, policy, started=st.started_at is not None)
-            self.store.finish_attempt(task_id, attempt, d)
-            stats.finished += 1
 
     # ---- retention ----------------------------------------------------------------------------
     def _expire(self, now: float, stats: CycleStats) -> None:
-        for t in self.store.due_for_expiry(now):
+        for t in self.store.retention.due_for_expiry(now):
             try:
-                self.stores.get(t["store_url"]).delete_prefix(task_prefix(t["task_id"]))
+                self.stores.get(t.store_url).delete_prefix(task_prefix(t.task_id))
+                self._release(t.task_id, t.provider)
             except Exception as e:  # noqa: BLE001 - retried next cycle; the task stays until it works
-                log.warning("deleting the objects of %s failed (will retry): %s", t["task_id"], e)
+                log.warning("deleting the objects of %s failed (will retry): %s", t.task_id, e)
                 continue
-            if self.store.expire(t["task_id"]):
+            if self.store.retention.expire(t.task_id):
                 stats.expired += 1
+        if now - self._last_purge >= PURGE_EVERY_S:
+            self._last_purge = now
+            purged = self.store.retention.purge(now, purge_after_s=self.settings.purge_after_s,
+                                                audit_retention_s=self.settings.audit_retention_s)
+            stats.purged = purged.tasks
+
+    def _release(self, task_id: str, provider_name: str) -> None:
+        """What the provider keeps of the task's jobs (a local job's directory) goes too."""
+        provider = self.providers.get(provider_name)
+        release = getattr(provider, "release", None)
+        if release is None:
+            return
+        for job in self.store.jobs.of_task(task_id):
+            if job.handle_json:
+                release(job.handle)

@@ -1,6 +1,6 @@
 """The scheduler: moves queued tasks into free slots and launches their jobs.
 
-Per resource class, `Store.claim_for_launch` takes the next queued tasks (priority first, FIFO
+Per resource class, `store.jobs.claim_for_launch` takes the next queued tasks (priority first, FIFO
 within a priority) into free slots and records a launch intent for each, all in one
 transaction. Only then is the provider called. An intent this process did not just create
 (a restart, or a launch attempt that failed in an unknown way) is first looked up with
@@ -12,17 +12,18 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
 import anyio
 import anyio.to_thread
 
-from controlplane.catalog import Catalog, RetryPolicy
+from controlplane.attempts import Attempts
+from controlplane.catalog import Catalog
 from controlplane.objectstore.base import inputs_key
 from controlplane.objectstore.registry import StoreRegistry
-from controlplane.outcomes import decide_launch_failure
-from controlplane.states import TaskState
-from controlplane.store.store import Store
+from controlplane.outcomes import cancelled_error
+from controlplane.states import JobState, TaskState
+from controlplane.store import Store
+from controlplane.store.rows import JobRow, TaskRow
 from providers.base import LaunchSpec, PermanentProviderError, Provider
 
 log = logging.getLogger("controlplane.scheduler")
@@ -32,9 +33,10 @@ LAUNCH_CONCURRENCY = 8
 
 class Scheduler:
     def __init__(self, store: Store, catalog: Catalog, providers: dict[str, Provider], stores: StoreRegistry,
-                 build_spec: Callable[[dict[str, Any], dict[str, Any]], LaunchSpec]):
+                 attempts: Attempts, build_spec: Callable[[TaskRow, JobRow], LaunchSpec]):
         self.store = store
         self.catalog = catalog
+        self.attempts = attempts
         self.providers = providers
         self.stores = stores
         self.build_spec = build_spec
@@ -47,74 +49,65 @@ class Scheduler:
     async def tick(self) -> int:
         """Fill free slots and launch pending intents. Returns the number of launches tried."""
         for rc in self.catalog.resource_classes.values():
-            claimed = await anyio.to_thread.run_sync(self.store.claim_for_launch, rc.name, rc.max_concurrency)
-            self._fresh.update(c["job"]["worker_id"] for c in claimed)
-        pending = await anyio.to_thread.run_sync(self.store.jobs_to_launch)
+            claimed = await anyio.to_thread.run_sync(self.store.jobs.claim_for_launch, rc.name, rc.max_concurrency)
+            self._fresh.update(job.worker_id for _task, job in claimed)
+        pending = await anyio.to_thread.run_sync(self.store.jobs.launch_intents)
         now = time.monotonic()
-        todo = [j for j in pending if j["worker_id"] not in self._inflight
-                and self._retry_at.get(j["worker_id"], 0) <= now]
+        todo = [j for j in pending if j.worker_id not in self._inflight and self._retry_at.get(j.worker_id, 0) <= now]
         if todo:
             async with anyio.create_task_group() as tg:
                 for job in todo:
-                    self._inflight.add(job["worker_id"])
+                    self._inflight.add(job.worker_id)
                     tg.start_soon(self._launch_guarded, job)
         return len(todo)
 
-    async def _launch_guarded(self, job: dict[str, Any]) -> None:
-        wid = job["worker_id"]
+    async def _launch_guarded(self, job: JobRow) -> None:
+        wid = job.worker_id
         try:
             async with self._limiter:
                 await self._launch(job)
             self._retry_at.pop(wid, None)
             self._failures.pop(wid, None)
         except PermanentProviderError as e:
-            log.warning("launch of %s refused: %s", job["job_name"], e)
-            await anyio.to_thread.run_sync(self._launch_refused, job, str(e))
+            log.warning("launch of %s refused: %s", job.job_name, e)
+            await anyio.to_thread.run_sync(self.attempts.end_unlaunched, job.task_id, job.attempt,
+                                           f"the provider refused to start the job: {e}")
         except Exception as e:  # noqa: BLE001 - transient or unknown: retry with backoff, find first
             n = self._failures.get(wid, 0) + 1
             self._failures[wid] = n
             delay = min(60.0, 0.5 * 2 ** (n - 1))
             self._retry_at[wid] = time.monotonic() + delay
-            log.warning("launch of %s failed (try %d, next in %.1fs): %s", job["job_name"], n, delay, e)
+            log.warning("launch of %s failed (try %d, next in %.1fs): %s", job.job_name, n, delay, e)
         finally:
             self._inflight.discard(wid)
 
-    async def _launch(self, job: dict[str, Any]) -> None:
-        wid = job["worker_id"]
-        task = await anyio.to_thread.run_sync(self.store.get, job["task_id"])
-        if task is None or task["attempt"] != job["attempt"] or task["state"] not in (
+    async def _launch(self, job: JobRow) -> None:
+        wid = job.worker_id
+        task = await anyio.to_thread.run_sync(self.store.tasks.get, job.task_id)
+        if task is None or task.attempt != job.attempt or task.state not in (
             TaskState.SCHEDULED, TaskState.CANCEL_REQUESTED, TaskState.CANCELLING
         ):
-            await anyio.to_thread.run_sync(self.store.set_job_state, wid, "dropped")
+            await anyio.to_thread.run_sync(self.store.jobs.move, wid, JobState.DROPPED)
             return
-        provider = self.providers[job["provider"]]
+        provider = self.providers[job.provider]
         spec = self.build_spec(task, job)
         handle = None
         fresh = wid in self._fresh
         self._fresh.discard(wid)
         if not fresh:  # a launch that may have happened is looked up before it is repeated
             handle = await anyio.to_thread.run_sync(provider.find, spec)
-        if task["state"] != TaskState.SCHEDULED:  # cancelled before its job started
+        if task.state != TaskState.SCHEDULED:  # cancelled before its job started
             if handle is not None:
-                await anyio.to_thread.run_sync(self.store.record_launch, wid, handle)  # the reconciler stops it
+                await anyio.to_thread.run_sync(self.store.jobs.record_launch, wid, handle)  # the reconciler stops it
             else:
-                await anyio.to_thread.run_sync(self.store.cancel_unlaunched, task["task_id"], task["attempt"])
+                await anyio.to_thread.run_sync(self.store.jobs.drop_unlaunched, task.task_id, task.attempt,
+                                               cancelled_error(task.cancel_reason))
             return
         if handle is None:
             await anyio.to_thread.run_sync(self._write_inputs, task)
             handle = await anyio.to_thread.run_sync(provider.launch, spec)
-        await anyio.to_thread.run_sync(self.store.record_launch, wid, handle)
+        await anyio.to_thread.run_sync(self.store.jobs.record_launch, wid, handle)
 
-    def _write_inputs(self, task: dict[str, Any]) -> None:
-        self.stores.get(task["store_url"]).put_bytes(
-            inputs_key(task["task_id"], task["attempt"]), task["inputs_json"].encode(),
-                               content_type="application/json", overwrite=True)
-
-    def _launch_refused(self, job: dict[str, Any], reason: str) -> None:
-        task = self.store.get(job["task_id"])
-        if task is None:
-            return
-        tool = self.catalog.tool(task["tool_name"])
-        decision = decide_launch_failure(task, f"the provider refused to start the job: {reason}",
-                                         tool.retry if tool else RetryPolicy())
-        self.store.finish_attempt(job["task_id"], job["attempt"], decision, ran=False)
+    def _write_inputs(self, task: TaskRow) -> None:
+        self.stores.get(task.store_url).put_bytes(inputs_key(task.task_id, task.attempt), task.inputs_json.encode(),
+                                                  content_type="application/json", overwrite=True)

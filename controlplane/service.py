@@ -27,7 +27,9 @@ from controlplane.estimates import Estimator
 from controlplane.objectstore.registry import StoreRegistry
 from controlplane.settings import Settings
 from controlplane.states import TERMINAL, TaskState
-from controlplane.store.store import NewTask, QueueFull, Store
+from controlplane.outcomes import cancelled_error
+from controlplane.store import NewTask, QueueFull, Store
+from controlplane.store.rows import TaskRow
 from providers.base import Capability, Provider, TransientProviderError
 
 LOG_CURSOR_PREFIX = "log_"
@@ -106,30 +108,32 @@ class TaskService:
             provider=tool.provider, resource_class=rc_name, priority=req.priority, ttl_s=ttl,
             idempotency_key=req.idempotency_key, tags=list(req.tags), resources_json=json.dumps(resources),
             max_runtime_s=max_runtime, max_attempts=tool.retry.max_attempts, estimate_s=estimate,
+            max_recoveries=tool.retry.max_recoveries,
             store_url=tool.object_store or rc.object_store or "",
         )
         try:
-            task, created = self.store.submit(new, queue_limit=rc.max_queue_length)
+            sub = self.store.tasks.submit(new, queue_limit=rc.max_queue_length)
         except QueueFull as e:
             raise ControlPlaneError(ErrorCode.QUEUE_OVERLOADED,
                                     f"queue '{e.queue}' is full ({e.length} tasks waiting)",
                                     hint="retry later, or lower the rate of submissions") from None
+        task, created = sub.task, sub.created
         if created:
             self.wake()
-        elif task["inputs_json"] != inputs_json and task["state"] != TaskState.EXPIRED:
-            raise invalid(f"idempotency_key '{req.idempotency_key}' was already used for task {task['task_id']} "
+        elif task.inputs_json != inputs_json and task.state != TaskState.EXPIRED:
+            raise invalid(f"idempotency_key '{req.idempotency_key}' was already used for task {task.task_id} "
                           "with different inputs", hint="use a new key for a different request")
-        position = task.get("position") if created else None
-        if not created and task["state"] == TaskState.QUEUED:
-            position = self.store.queue_position(task)
+        position = sub.position
+        if not created and task.state == TaskState.QUEUED:
+            position = self.store.tasks.queue_position(task)
         out = {
-            "task_id": task["task_id"],
-            "state": task["state"],
-            "queue": task["resource_class"],
+            "task_id": task.task_id,
+            "state": task.state,
+            "queue": task.resource_class,
             "position": position,
-            "submitted_at": iso(task["submitted_at"]),
+            "submitted_at": iso(task.submitted_at),
             "poll_after_ms": self.poll_after_ms(task),
-            "estimated_runtime_seconds": task["estimate_s"],
+            "estimated_runtime_seconds": task.estimate_s,
         }
         if not created:
             out["deduplicated"] = True
@@ -146,24 +150,36 @@ class TaskService:
             more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
             raise invalid(f"{field}: {e.message}{more}", hint=f"see the input schema of tool '{tool_name}'")
 
-    def poll_after_ms(self, task: dict[str, Any]) -> int:
+    def poll_after_ms(self, task: TaskRow) -> int:
         """When it is worth asking again: a tenth of the expected remaining time (the tool's own
         ETA while it runs, else the estimate), 0.5 s to 30 s; while the job is being placed, no
         sooner than its provider looks at it again."""
-        remaining = task.get("estimate_s") or 10.0
-        if task["state"] == TaskState.RUNNING and task.get("started_at"):
-            progress = _loads(task.get("progress_json")) or {}
+        remaining = task.estimate_s or 10.0
+        if task.state == TaskState.RUNNING and task.started_at:
+            progress = _loads(task.progress_json) or {}
             eta = self.estimator.eta(task, progress, time.time())
             remaining = eta if eta is not None else remaining
         interval = min(30.0, max(0.5, remaining / 10))
-        provider = self.providers.get(task["provider"])
-        if task["state"] == TaskState.SCHEDULED and provider is not None:
+        provider = self.providers.get(task.provider)
+        if task.state == TaskState.SCHEDULED and provider is not None:
             interval = max(interval, min(30.0, provider.poll_interval_s / 2))
         return int(interval * 1000)
 
     # ==== status ==============================================================================
-    def _owned(self, owner: str, task_id: str) -> dict[str, Any]:
-        task = self.store.get(task_id, owner)
+    def get(self, owner: str, task_id: str) -> TaskRow | None:
+        """The caller's task, or None (unknown and someone else's alike)."""
+        return self.store.tasks.get(task_id, owner)
+
+    def task_ids(self, owner: str, prefix: str, limit: int) -> list[str]:
+        """The caller's task ids starting with `prefix`, newest first (argument completion)."""
+        return self.store.tasks.task_ids(owner, prefix, limit)
+
+    def recent_inputs(self, owner: str, tool_name: str, limit: int) -> list[dict[str, Any]]:
+        """The inputs of the caller's latest tasks of a tool (argument completion)."""
+        return self.store.tasks.recent_inputs(owner, tool_name, limit)
+
+    def _owned(self, owner: str, task_id: str) -> TaskRow:
+        task = self.store.tasks.get(task_id, owner)
         if task is None:
             raise not_found()
         return task
@@ -171,47 +187,47 @@ class TaskService:
     def status(self, owner: str, req: api.GetTaskStatus) -> dict[str, Any]:
         return self.describe(self._owned(owner, req.task_id))
 
-    def describe(self, task: dict[str, Any]) -> dict[str, Any]:
-        state = task["state"]
-        progress = _loads(task.get("progress_json"))
+    def describe(self, task: TaskRow) -> dict[str, Any]:
+        state = task.state
+        progress = _loads(task.progress_json)
         if progress is not None:
             progress.pop("ts", None)
             eta = self.estimator.eta(task, progress, time.time())
             if eta is not None:
                 progress["eta_s"] = eta
         out: dict[str, Any] = {
-            "task_id": task["task_id"],
+            "task_id": task.task_id,
             "state": state,
-            "tool_name": task["tool_name"],
-            "attempt": task["attempt"],
-            "max_attempts": task["max_attempts"],
-            "priority": task["priority"],
-            "queue": task["resource_class"],
-            "position": self.store.queue_position(task) if state == TaskState.QUEUED else None,
-            "worker_id": task["worker_id"],
-            "submitted_at": iso(task["submitted_at"]),
-            "started_at": iso(task["started_at"]),
-            "updated_at": iso(task["updated_at"]),
-            "heartbeat_at": iso(task["heartbeat_at"]),
-            "completed_at": iso(task["completed_at"]),
-            "expires_at": iso(task["expires_at"]),
-            "timeout_at": iso(task["timeout_at"]),
+            "tool_name": task.tool_name,
+            "attempt": task.attempt,
+            "max_attempts": task.max_attempts,
+            "priority": task.priority,
+            "queue": task.resource_class,
+            "position": self.store.tasks.queue_position(task) if state == TaskState.QUEUED else None,
+            "worker_id": task.worker_id,
+            "submitted_at": iso(task.submitted_at),
+            "started_at": iso(task.started_at),
+            "updated_at": iso(task.updated_at),
+            "heartbeat_at": iso(task.heartbeat_at),
+            "completed_at": iso(task.completed_at),
+            "expires_at": iso(task.expires_at),
+            "timeout_at": iso(task.timeout_at),
             "progress": progress,
-            "cancel_requested": bool(task["cancel_requested"]),
-            "estimated_runtime_seconds": task["estimate_s"],
-            "tags": json.loads(task["tags_json"] or "[]"),
-            "error": _loads(task.get("error_json")),
+            "cancel_requested": bool(task.cancel_requested),
+            "estimated_runtime_seconds": task.estimate_s,
+            "tags": json.loads(task.tags_json or "[]"),
+            "error": _loads(task.error_json),
             "poll_after_ms": None if state in TERMINAL or state == TaskState.EXPIRED else self.poll_after_ms(task),
         }
-        provider = self.providers.get(task["provider"])
+        provider = self.providers.get(task.provider)
         links = provider is not None and provider.supports(Capability.LOG_LINK)
         if state == TaskState.SCHEDULED or links:
-            job = self.store.job(task["task_id"], task["attempt"])
+            job = self.store.jobs.get(task.task_id, task.attempt)
             if job is not None:
-                if state == TaskState.SCHEDULED and job["provider_reason"]:
-                    out["waiting_reason"] = job["provider_reason"]  # e.g. no compute capacity yet
-                if links and job["handle_json"]:
-                    out["log_link"] = provider.log_link(json.loads(job["handle_json"]))
+                if state == TaskState.SCHEDULED and job.provider_reason:
+                    out["waiting_reason"] = job.provider_reason  # e.g. no compute capacity yet
+                if links and job.handle_json:
+                    out["log_link"] = provider.log_link(json.loads(job.handle_json))
         return out
 
     # ==== logs ================================================================================
@@ -223,29 +239,29 @@ class TaskService:
         if req.source == "provider":
             return self._provider_tail(task, req, limit)
         if req.from_end:
-            lines = self.store.last_logs(task["task_id"], limit)
-            after = lines[0]["seq"] - 1 if lines else task["log_seq"]
+            lines = self.store.logs.last(task.task_id, limit)
+            after = lines[0].seq - 1 if lines else task.log_seq
         else:
             after = self._log_cursor(req.cursor)
-            lines = self.store.tail_logs(task["task_id"], after, limit)
-        last = lines[-1]["seq"] if lines else max(after, 0)
+            lines = self.store.logs.tail(task.task_id, after, limit)
+        last = lines[-1].seq if lines else max(after, 0)
         return {
-            "task_id": task["task_id"],
-            "state": task["state"],
-            "lines": [{"seq": ln["seq"], "ts": iso(ln["ts"]), "stream": ln["stream"], "level": ln["level"],
-                       "message": ln["message"], "attempt": ln["attempt"]} for ln in lines],
+            "task_id": task.task_id,
+            "state": task.state,
+            "lines": [{"seq": ln.seq, "ts": iso(ln.ts), "stream": ln.stream, "level": ln.level,
+                       "message": ln.message, "attempt": ln.attempt} for ln in lines],
             "next_cursor": f"{LOG_CURSOR_PREFIX}{last:09d}",
             # Older lines than the cursor asked for were dropped by the per-task log cap.
-            "truncated": after + 1 < task["log_first_seq"],
-            "has_more": last < task["log_seq"],
+            "truncated": after + 1 < task.log_first_seq,
+            "has_more": last < task.log_seq,
         }
 
-    def _provider_tail(self, task: dict[str, Any], req: api.TailTaskLogs, limit: int) -> dict[str, Any]:
+    def _provider_tail(self, task: TaskRow, req: api.TailTaskLogs, limit: int) -> dict[str, Any]:
         """A page of the job runner's own log (CloudWatch, the local console) for the current
         attempt; its cursor wraps the provider's (e.g. CloudWatch's forward token)."""
-        provider = self.providers.get(task["provider"])
+        provider = self.providers.get(task.provider)
         if provider is None or not provider.supports(Capability.LOGS):
-            raise ControlPlaneError(ErrorCode.CAPABILITY_MISSING, f"the {task['provider']} provider keeps no log "
+            raise ControlPlaneError(ErrorCode.CAPABILITY_MISSING, f"the {task.provider} provider keeps no log "
                                     "of its own", hint="use source='task'")
         if req.from_end:
             raise invalid("from_end is not available with source='provider'")
@@ -254,15 +270,15 @@ class TaskService:
             if not req.cursor.startswith(PROVIDER_CURSOR_PREFIX):
                 raise invalid("malformed cursor", hint="pass the next_cursor of a previous answer with the same source")
             cursor = req.cursor[len(PROVIDER_CURSOR_PREFIX):] or None
-        out: dict[str, Any] = {"task_id": task["task_id"], "state": task["state"], "source": "provider",
-                               "attempt": task["attempt"], "lines": [], "next_cursor": req.cursor or PROVIDER_CURSOR_PREFIX}
-        job = self.store.job(task["task_id"], task["attempt"])
-        if job is None or not job["handle_json"]:
+        out: dict[str, Any] = {"task_id": task.task_id, "state": task.state, "source": "provider",
+                               "attempt": task.attempt, "lines": [], "next_cursor": req.cursor or PROVIDER_CURSOR_PREFIX}
+        job = self.store.jobs.get(task.task_id, task.attempt)
+        if job is None or not job.handle_json:
             out["reason"] = "the job has not been launched yet"
             return out
         blocking.must_not_block()  # a cloud logging API
         try:
-            page = provider.logs(json.loads(job["handle_json"]), cursor, limit)
+            page = provider.logs(json.loads(job.handle_json), cursor, limit)
         except TransientProviderError:
             out["reason"] = "the provider's log service did not answer (throttled or unavailable); try again"
             return out
@@ -284,7 +300,7 @@ class TaskService:
     # ==== list ================================================================================
     def list(self, owner: str, req: api.ListTasks) -> dict[str, Any]:
         after = self._decode_list_cursor(req.cursor) if req.cursor else None
-        rows = self.store.list(
+        rows = self.store.tasks.list(
             owner, states_=[s.value for s in req.states] if req.states else None, tool_name=req.tool_name,
             tags_any=req.tags_any, submitted_after=_epoch(req.submitted_after, "submitted_after"),
             submitted_before=_epoch(req.submitted_before, "submitted_before"), after=after, limit=req.limit + 1)
@@ -292,16 +308,16 @@ class TaskService:
         rows = rows[: req.limit]
         tasks = []
         for r in rows:
-            progress = _loads(r["progress_json"])
+            progress = _loads(r.progress_json)
             tasks.append({
-                "task_id": r["task_id"], "state": r["state"], "tool_name": r["tool_name"],
-                "priority": r["priority"], "queue": r["resource_class"], "attempt": r["attempt"],
-                "submitted_at": iso(r["submitted_at"]), "started_at": iso(r["started_at"]),
-                "updated_at": iso(r["updated_at"]), "completed_at": iso(r["completed_at"]),
-                "tags": json.loads(r["tags_json"] or "[]"),
+                "task_id": r.task_id, "state": r.state, "tool_name": r.tool_name,
+                "priority": r.priority, "queue": r.resource_class, "attempt": r.attempt,
+                "submitted_at": iso(r.submitted_at), "started_at": iso(r.started_at),
+                "updated_at": iso(r.updated_at), "completed_at": iso(r.completed_at),
+                "tags": json.loads(r.tags_json or "[]"),
                 "percent": progress.get("percent") if progress else None,
             })
-        cursor = self._encode_list_cursor(rows[-1]["submitted_at"], rows[-1]["pk"]) if more and rows else None
+        cursor = self._encode_list_cursor(rows[-1].submitted_at, rows[-1].pk) if more and rows else None
         return {"tasks": tasks, "next_cursor": cursor}
 
     @staticmethod
@@ -326,43 +342,44 @@ class TaskService:
 
     # ==== cancel ==============================================================================
     def cancel(self, owner: str, req: api.CancelTask) -> dict[str, Any]:
-        task, acknowledged = self.store.request_cancel(req.task_id, owner, req.reason)
+        task, acknowledged = self.store.tasks.request_cancel(req.task_id, owner, req.reason,
+                                                             cancelled_error(req.reason))
         if task is None:
             raise not_found()
         if acknowledged:
             self.wake()
-        out = {"task_id": task["task_id"], "state": task["state"], "acknowledged": acknowledged}
+        out = {"task_id": task.task_id, "state": task.state, "acknowledged": acknowledged}
         if not acknowledged:
-            out["message"] = f"the task is already {task['state']}; nothing to cancel"
+            out["message"] = f"the task is already {task.state}; nothing to cancel"
         return out
 
     # ==== result ==============================================================================
     def result(self, owner: str, req: api.GetTaskResult) -> dict[str, Any]:
         task = self._owned(owner, req.task_id)
-        state = task["state"]
+        state = task.state
         done = state in TERMINAL
         ttl = min(req.url_ttl_s or self.settings.artifact_url_ttl_s, self.settings.max_artifact_url_ttl_s)
         artifacts = []
         if done:
             now = time.time()
-            for a in self.store.artifacts(task["task_id"], task["attempt"]):
-                store = self.stores.get(a["store_url"])
+            for a in self.store.artifacts.of(task.task_id, task.attempt):
+                store = self.stores.get(a.store_url)
                 lifetime = min(ttl, store.max_url_ttl_s)
                 artifacts.append({
-                    "artifact_id": a["artifact_id"], "name": a["name"], "kind": a["kind"],
-                    "size_bytes": a["size_bytes"], "sha256": a["sha256"], "content_type": a["content_type"],
-                    "download_url": store.signed_url(a["storage_key"], expires_in=lifetime,
-                                                     filename=PurePosixPath(a["name"]).name),
+                    "artifact_id": a.artifact_id, "name": a.name, "kind": a.kind,
+                    "size_bytes": a.size_bytes, "sha256": a.sha256, "content_type": a.content_type,
+                    "download_url": store.signed_url(a.storage_key, expires_in=lifetime,
+                                                     filename=PurePosixPath(a.name).name),
                     "expires_at": iso(math.floor(now) + lifetime),
                 })
         out = {
-            "task_id": task["task_id"],
+            "task_id": task.task_id,
             "state": state,
-            "result": _loads(task["result_json"]) if done else None,
+            "result": _loads(task.result_json) if done else None,
             "artifacts": artifacts,
-            "error": _loads(task["error_json"]) if done else None,
-            "completed_at": iso(task["completed_at"]),
-            "attempt": task["attempt"],
+            "error": _loads(task.error_json) if done else None,
+            "completed_at": iso(task.completed_at),
+            "attempt": task.attempt,
         }
         if not done:
             out["message"] = ("the task expired; its result and artifacts were removed" if state == TaskState.EXPIRED

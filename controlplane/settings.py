@@ -79,6 +79,11 @@ class Settings(BaseSettings):
     max_list_page: int = 200
     default_ttl_s: int = 7 * 24 * 3600
     max_ttl_s: int = 90 * 24 * 3600
+    # Retention after expiry: an expired task's row (its tombstone: "expired", not "not found")
+    # and its ended job rows are purged this long after it expired; the audit (task_events) is
+    # kept this long from each event, so by default for a year, beyond any task's ttl.
+    purge_after_s: float = Field(default=30 * 24 * 3600, ge=0)
+    audit_retention_s: float = Field(default=365 * 24 * 3600, ge=0)
     # Log lines longer than this are cut (and flagged truncated).
     max_log_line_bytes: int = 16 * 1024
     # Per-task log cap: older lines beyond this many are dropped and the page says so.

@@ -1,4 +1,5 @@
-"""The task state machine: the ten states of seed 001 and the only table of legal transitions.
+"""The state machines: a task's ten states (seed 001) and a job's six, each with the only table
+of its legal transitions.
 
 The store refuses any transition not listed here (`IllegalTransition`); nothing else in the
 code base decides whether a state change is allowed.
@@ -67,7 +68,8 @@ class IllegalTransition(Exception):
     """A transition the table above does not allow; the store never applies it."""
 
     def __init__(self, task_id: str, current: str, target: str):
-        super().__init__(f"task {task_id}: {current} -> {target} is not a legal transition")
+        what = task_id if task_id.startswith("job ") else f"task {task_id}"
+        super().__init__(f"{what}: {current} -> {target} is not a legal transition")
         self.task_id = task_id
         self.current = current
         self.target = target
@@ -80,3 +82,47 @@ def is_legal(current: TaskState | str, target: TaskState | str) -> bool:
 def check(task_id: str, current: TaskState | str, target: TaskState | str) -> None:
     if not is_legal(current, target):
         raise IllegalTransition(task_id, str(current), str(target))
+
+
+# ==== jobs =====================================================================================
+class JobState(StrEnum):
+    """One attempt's job at its provider.
+
+        launching ──► active ──► done
+            │            │  ╲
+            │            │   ╲─► draining ──► done        (the task moved on; stop it until it ends)
+            ▼            ▼          │
+         dropped     abandoned ◄────╯ ──► done            (it did not confirm it stopped in time)
+
+    * `launching`: the launch intent, written before the provider is called.
+    * `dropped`: the intent was given up before anything was launched (or the launch was refused).
+    * `active` / `draining` / `abandoned` are watched by the reconciler; `done` and `dropped` are not.
+    """
+
+    LAUNCHING = "launching"
+    ACTIVE = "active"
+    DRAINING = "draining"
+    ABANDONED = "abandoned"
+    DONE = "done"
+    DROPPED = "dropped"
+
+
+J = JobState
+
+JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    J.LAUNCHING: frozenset({J.ACTIVE, J.DROPPED, J.DONE, J.DRAINING}),
+    J.ACTIVE: frozenset({J.DONE, J.DRAINING, J.ABANDONED}),
+    J.DRAINING: frozenset({J.DONE, J.ABANDONED}),
+    J.ABANDONED: frozenset({J.DONE}),
+    J.DONE: frozenset(),
+    J.DROPPED: frozenset(),
+}
+# Jobs the reconciler polls (their job may still run at the provider).
+WATCHED: frozenset[JobState] = frozenset({J.ACTIVE, J.DRAINING, J.ABANDONED})
+# Jobs whose runner may still report for its attempt.
+REPORTING: frozenset[JobState] = frozenset({J.LAUNCHING, J.ACTIVE})
+
+
+def check_job(worker_id: str, current: JobState | str, target: JobState | str) -> None:
+    if JobState(target) not in JOB_TRANSITIONS[JobState(current)]:
+        raise IllegalTransition(f"job {worker_id}", str(current), str(target))

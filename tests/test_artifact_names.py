@@ -34,7 +34,7 @@ async def test_forged_artifact_reports_are_not_registered(agent: Agent, cp) -> N
     assert (await agent.wait(victim))["state"] == "succeeded"
     tid = await agent.submit(inputs={"sleep_s": 30})
     await agent.wait(tid, {"running"})
-    job = cp.store.job(tid, 1)
+    job = cp.store.jobs.get(tid, 1)
     good = {"name": "fine.bin", "key": f"tasks/{tid}/attempts/1/artifacts/fine.bin", "size_bytes": 1,
             "sha256": "0" * 64}
     forged = [
@@ -44,15 +44,15 @@ async def test_forged_artifact_reports_are_not_registered(agent: Agent, cp) -> N
         {**good, "name": "ctl\x07.bin", "key": f"tasks/{tid}/attempts/1/artifacts/ctl\x07.bin"},
         {**good, "sha256": "not-a-hash"},
     ]
-    event = {"seq": job["event_seq"] + 1, "type": "finished", "status": "succeeded", "exit_code": 0,
+    event = {"seq": job.event_seq + 1, "type": "finished", "status": "succeeded", "exit_code": 0,
              "result": {}, "artifacts": forged + [good]}
     url = f"{cp.public_url}/runner/v1/tasks/{tid}/attempts/1/events"
     secret = runner_secret(cp.secret_key, tid, 1)
     async with httpx.AsyncClient() as http:
         r = await http.post(url, json={"events": [event]}, headers={"Authorization": f"Bearer {secret}"})
     assert r.status_code == 200, r.text
-    assert [a["name"] for a in cp.store.artifacts(tid)] == ["fine.bin"]
-    assert [a["name"] for a in cp.store.artifacts(victim)] == ["data.bin"]  # untouched
+    assert [a.name for a in cp.store.artifacts.of(tid)] == ["fine.bin"]
+    assert [a.name for a in cp.store.artifacts.of(victim)] == ["data.bin"]  # untouched
 
 
 async def test_a_runner_secret_is_good_for_its_own_task_and_attempt_only(agent: Agent, cp) -> None:

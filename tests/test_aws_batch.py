@@ -109,7 +109,7 @@ async def test_lifecycle_through_the_mcp_tools(batch: Batch) -> None:
 
     assert "CONTROLPLANE_CALLBACK_SECRET" not in env
     assert runner_secret(batch.cp.secret_key, tid, 1) not in env.values()
-    assert batch.cp.store.job(tid, 1)["secret_claim"] is not None
+    assert batch.cp.store.jobs.get(tid, 1).secret_claim is not None
     assert job["container"]["command"] == ["python", "-m", "infra.tools.exercise"]
 
     relayed = await agent.all_logs(tid)
@@ -137,7 +137,7 @@ async def test_cancel_reaches_the_batch_job(batch: Batch) -> None:
     job = batch_job(tid)
     assert job["status"] == "FAILED" and job["statusReason"] == "controlplane: cancel"
     assert proc.poll() is not None and not psutil.pid_exists(proc.pid) or psutil.Process(proc.pid).status() == "zombie"
-    path = [e["to_state"] for e in batch.cp.store.events(tid) if e["to_state"]]
+    path = [e.to_state for e in batch.cp.store.logs.events(tid) if e.to_state]
     assert path[-3:] == ["cancel_requested", "cancelling", "cancelled"]
 
 
@@ -260,8 +260,8 @@ async def test_vanished_job_is_worker_lost_and_retried(batch: Batch) -> None:
     proc.kill()
     st = await batch.agent.wait(tid, timeout=60)
     assert st["state"] == "succeeded" and st["attempt"] == 2
-    retry = [e for e in batch.cp.store.events(tid) if e["kind"] == "retry"]
-    assert json.loads(retry[0]["detail_json"])["error"] == "WORKER_LOST"
+    retry = [e for e in batch.cp.store.logs.events(tid) if e.kind == "retry"]
+    assert retry[0].detail["error"] == "WORKER_LOST"
 
 
 # ---- crash between the launch intent and the job id -------------------------------------------
@@ -273,21 +273,21 @@ async def test_crash_after_submit_before_the_handle_launches_exactly_one_job(mot
     from controlplane import api
 
     tid = first.service.submit("local", api.SubmitTask(tool_name="exercise", inputs={"log_lines": 3}))["task_id"]
-    [claimed] = first.store.claim_for_launch("batch", 4)  # the launch intent, committed
-    task, job = claimed["task"], claimed["job"]
+    [claimed] = first.store.jobs.claim_for_launch("batch", 4)  # the launch intent, committed
+    task, job = claimed
     first.scheduler._write_inputs(task)
     first.providers["aws_batch"].launch(first.build_spec(task, job))  # SubmitJob went through...
     del first  # ...and the control plane died before recording the job id
 
     second = ControlPlane(settings)  # the restart
-    assert second.store.job(tid, 1)["state"] == "launching"
+    assert second.store.jobs.get(tid, 1).state == "launching"
     with aws.BatchExecutor(moto):
         async with Client(build_server(second)) as client:
             st = await Agent(client).wait(tid, timeout=60)
     named = [j for j in aws.backend()._jobs.values() if j.job_name == job["job_name"]]
     assert len(named) == 1  # found by name, not submitted again
     assert st["state"] == "succeeded"
-    assert json.loads(second.store.job(tid, 1)["handle_json"])["job_id"] == named[0].job_id
+    assert json.loads(second.store.jobs.get(tid, 1).handle_json)["job_id"] == named[0].job_id
 
 
 # ---- throttling ---------------------------------------------------------------------------------

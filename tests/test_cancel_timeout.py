@@ -25,7 +25,7 @@ async def test_cancel_running_task_kills_grandchildren(agent: Agent, cp) -> None
     assert st["error"]["code"] == "CANCELLED" and "no longer needed" in st["error"]["message"]
     assert await all_dead(pids), [p for p in pids if pid_alive(p)]
 
-    path = [e["to_state"] for e in cp.store.events(tid) if e["to_state"]]
+    path = [e.to_state for e in cp.store.logs.events(tid) if e.to_state]
     assert path[-3:] == ["cancel_requested", "cancelling", "cancelled"]
     # the slot is free again: a new task runs
     assert (await agent.wait(await agent.submit(inputs={}), timeout=30))["state"] == "succeeded"
@@ -50,7 +50,7 @@ async def test_timeout_kills_tree_and_reports_tool_timeout(agent: Agent, cp) -> 
     assert st["state"] == "timed_out"
     assert st["error"]["code"] == "TOOL_TIMEOUT" and st["error"]["timeoutMs"] == 1000
     assert await all_dead(pids)
-    path = [e["to_state"] for e in cp.store.events(tid) if e["to_state"]]
+    path = [e.to_state for e in cp.store.logs.events(tid) if e.to_state]
     assert path == ["queued", "scheduled", "running", "cancelling", "timed_out"]
     res = await agent.call("get_task_result", task_id=tid)
     assert res["state"] == "timed_out" and res["error"]["timeoutMs"] == 1000 and res["result"] is None
@@ -67,7 +67,7 @@ async def test_cancel_queued_task_is_immediate(agent: Agent, cp) -> None:
     assert ack["state"] == "cancelled" and ack["acknowledged"] is True
     st = await agent.call("get_task_status", task_id=queued["task_id"])
     assert st["state"] == "cancelled" and st["started_at"] is None
-    assert cp.store.job(queued["task_id"], 1) is None  # no job was ever launched for it
+    assert cp.store.jobs.get(queued["task_id"], 1) is None  # no job was ever launched for it
     for h in holders:
         await agent.call("cancel_task", task_id=h)
     for h in holders:
@@ -77,10 +77,10 @@ async def test_cancel_queued_task_is_immediate(agent: Agent, cp) -> None:
 async def test_cancel_finished_task_changes_nothing(agent: Agent, cp) -> None:
     tid = await agent.submit(inputs={"result": {"x": 1}})
     assert (await agent.wait(tid))["state"] == "succeeded"
-    before = cp.store.events(tid)
+    before = cp.store.logs.events(tid)
     ack = await agent.call("cancel_task", task_id=tid)
     assert ack["state"] == "succeeded" and ack["acknowledged"] is False
-    assert cp.store.events(tid) == before
+    assert cp.store.logs.events(tid) == before
     assert (await agent.call("get_task_result", task_id=tid))["result"]["x"] == 1
 
 

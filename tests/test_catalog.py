@@ -198,7 +198,7 @@ async def test_catalog_tool_call_with_bad_inputs_names_the_field(agent: Agent, c
     assert unknown["code"] == "INVALID_REQUEST" and "'colour'" in unknown["message"]
     via_submit = await agent.error("submit_task", tool_name="lj_relax", inputs={"fmax": -1})
     assert via_submit["code"] == "INVALID_REQUEST" and via_submit["message"].startswith("inputs.fmax: ")
-    assert cp.store.count_by_state() == {}  # nothing was submitted
+    assert cp.store.tasks.count_by_state() == {}  # nothing was submitted
 
 
 def test_tool_ttl_above_the_server_max_is_refused_at_start(tmp_path: Path) -> None:

@@ -134,8 +134,8 @@ async def test_failed_tool_and_vanished_execution(run: Run) -> None:
     run.fake.forget(execution_of(run.fake, tid)["name"])  # pruned from the job's history, process killed
     st = await run.agent.wait(tid, timeout=60)
     assert st["state"] == "succeeded" and st["attempt"] == 2  # worker_lost, retried
-    retry = [e for e in run.cp.store.events(tid) if e["kind"] == "retry"]
-    assert json.loads(retry[0]["detail_json"])["error"] == "WORKER_LOST"
+    retry = [e for e in run.cp.store.logs.events(tid) if e.kind == "retry"]
+    assert retry[0].detail["error"] == "WORKER_LOST"
 
 
 async def test_a_wrong_job_name_fails_the_launch_clearly(fake: gcp.FakeCloudRun, gcs: CloudTarget, home: Path) -> None:
@@ -170,19 +170,19 @@ async def test_crash_after_run_before_the_handle_launches_exactly_one_execution(
     settings = Settings(home=home, object_store_url=gcs.url, **FAST)
     first = ControlPlane(settings)
     tid = first.service.submit("local", api.SubmitTask(tool_name="exercise", inputs={"log_lines": 3}))["task_id"]
-    [claimed] = first.store.claim_for_launch("cloudrun", 4)  # the launch intent, committed
-    task, job = claimed["task"], claimed["job"]
+    [claimed] = first.store.jobs.claim_for_launch("cloudrun", 4)  # the launch intent, committed
+    task, job = claimed
     first.scheduler._write_inputs(task)
     first.providers["cloud_run"].launch(first.build_spec(task, job))  # RunJob went through...
     del first  # ...and the control plane died before recording the execution
 
     second = ControlPlane(settings)
-    assert second.store.job(tid, 1)["state"] == "launching"
+    assert second.store.jobs.get(tid, 1).state == "launching"
     async with Client(build_server(second)) as client:
         st = await Agent(client).wait(tid, timeout=60)
     assert st["state"] == "succeeded"
     assert fake.runs[job["job_name"]] == 1  # found by its marker, not run again
-    assert json.loads(second.store.job(tid, 1)["handle_json"])["execution"] == execution_of(fake, tid)["name"]
+    assert json.loads(second.store.jobs.get(tid, 1).handle_json)["execution"] == execution_of(fake, tid)["name"]
 
 
 # ---- throttling -----------------------------------------------------------------------------------

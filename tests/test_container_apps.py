@@ -143,7 +143,7 @@ async def test_cancel_stops_the_execution(run: Run) -> None:
     st = await run.agent.wait(tid, timeout=60)
     assert st["state"] == "cancelled" and st["error"]["code"] == "CANCELLED"
     assert execution_of(run.fake, tid, final=True)["status"] == "Stopped" and proc.poll() is not None
-    assert run.cp.store.job(tid, 1)["state"] == "done" and run.cp.store.job(tid, 1)["abandoned_at"] is None
+    assert run.cp.store.jobs.get(tid, 1).state == "done" and run.cp.store.jobs.get(tid, 1).abandoned_at is None
 
 
 async def test_an_execution_that_ignores_stop_is_abandoned_not_waited_on(run: Run) -> None:
@@ -162,9 +162,9 @@ async def test_an_execution_that_ignores_stop_is_abandoned_not_waited_on(run: Ru
     ex = execution_of(run.fake, tid)
     assert ex["status"] == "Running"  # still running in the cloud, though asked to stop
     assert any(m == "POST" and p.endswith(f"/executions/{ex['name']}/stop") for _, m, p in run.fake.requests)
-    job = run.cp.store.job(tid, 1)
+    job = run.cp.store.jobs.get(tid, 1)
     assert job["state"] == "abandoned" and job["abandoned_at"] is not None
-    trail = [e for e in run.cp.store.events(tid) if e["kind"] == "cancelled"]
+    trail = [e for e in run.cp.store.logs.events(tid) if e.kind == "cancelled"]
     assert json.loads(trail[0]["detail_json"])["job"] == "abandoned"
 
     # The operator sees it, with the cloud's own word for it.
@@ -180,9 +180,9 @@ async def test_an_execution_that_ignores_stop_is_abandoned_not_waited_on(run: Ru
         with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
     deadline = time.monotonic() + 30
-    while run.cp.store.job(tid, 1)["state"] != "done" and time.monotonic() < deadline:
+    while run.cp.store.jobs.get(tid, 1).state != "done" and time.monotonic() < deadline:
         await anyio.sleep(0.1)
-    assert run.cp.store.job(tid, 1)["state"] == "done" and run.cp.store.job(tid, 1)["abandoned_at"] == job["abandoned_at"]
+    assert run.cp.store.jobs.get(tid, 1).state == "done" and run.cp.store.jobs.get(tid, 1).abandoned_at == job["abandoned_at"]
 
 
 async def test_timeout_stops_the_execution(run: Run) -> None:
@@ -202,8 +202,8 @@ async def test_failed_tool_and_vanished_execution(run: Run) -> None:
     run.fake.forget(execution_of(run.fake, tid)["name"])  # out of the job's limited history, process killed
     st = await run.agent.wait(tid, timeout=60)
     assert st["state"] == "succeeded" and st["attempt"] == 2  # worker_lost, retried
-    retry = [e for e in run.cp.store.events(tid) if e["kind"] == "retry"]
-    assert json.loads(retry[0]["detail_json"])["error"] == "WORKER_LOST"
+    retry = [e for e in run.cp.store.logs.events(tid) if e.kind == "retry"]
+    assert retry[0].detail["error"] == "WORKER_LOST"
 
 
 async def test_a_smaller_task_gets_the_smallest_allowed_shape(run: Run) -> None:
@@ -262,19 +262,19 @@ async def test_crash_after_start_before_the_handle_launches_exactly_one_executio
     settings = Settings(home=home, object_store_url=blob.url, **FAST)
     first = ControlPlane(settings)
     tid = first.service.submit("local", api.SubmitTask(tool_name="exercise", inputs={"log_lines": 3}))["task_id"]
-    [claimed] = first.store.claim_for_launch("aca", 4)  # the launch intent, committed
-    task, job = claimed["task"], claimed["job"]
+    [claimed] = first.store.jobs.claim_for_launch("aca", 4)  # the launch intent, committed
+    task, job = claimed
     first.scheduler._write_inputs(task)
     first.providers["container_apps"].launch(first.build_spec(task, job))  # the start went through...
     del first  # ...and the control plane died before recording the execution's name
 
     second = ControlPlane(settings)
-    assert second.store.job(tid, 1)["state"] == "launching"
+    assert second.store.jobs.get(tid, 1).state == "launching"
     async with Client(build_server(second)) as client:
         st = await Agent(client).wait(tid, timeout=60)
     assert st["state"] == "succeeded"
     assert fake.runs[job["job_name"]] == 1  # found by its marker, not started again
-    assert json.loads(second.store.job(tid, 1)["handle_json"])["execution"] == execution_of(fake, tid)["name"]
+    assert json.loads(second.store.jobs.get(tid, 1).handle_json)["execution"] == execution_of(fake, tid)["name"]
 
 
 # ---- throttling -----------------------------------------------------------------------------------

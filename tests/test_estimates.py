@@ -5,13 +5,14 @@ figure; without history the catalog's figure is the answer."""
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 
 import pytest
 
 from controlplane import api
 from controlplane.app import ControlPlane
 from controlplane.estimates import fit
-from controlplane.store.store import NewTask
+from controlplane.store import NewTask
 
 
 def true_runtime(n_atoms: float) -> float:
@@ -19,13 +20,13 @@ def true_runtime(n_atoms: float) -> float:
 
 
 def add_run(cp: ControlPlane, n_atoms: int, runtime: float, t0: float) -> None:
-    task, _ = cp.store.submit(NewTask(
+    task = cp.store.tasks.submit(NewTask(
         owner="hist", tool_name="lj_relax", inputs_json=f'{{"n_atoms":{n_atoms}}}', input_size=float(n_atoms),
         provider="local", resource_class="cpu_small", priority=0, ttl_s=3600, idempotency_key=None, tags=[],
-        resources_json="{}", max_runtime_s=3600, max_attempts=1, estimate_s=8.0), queue_limit=10**6)
+        resources_json="{}", max_runtime_s=3600, max_attempts=1, estimate_s=8.0), queue_limit=10**6).task
     with cp.db.write() as c:
         c.exec_driver_sql("update tasks set state='succeeded', started_at=?, completed_at=? where task_id=?",
-                          (t0, t0 + runtime, task["task_id"]))
+                          (t0, t0 + runtime, task.task_id))
 
 
 def estimate_for(cp: ControlPlane, n_atoms: int) -> float:
@@ -42,7 +43,7 @@ def test_the_estimate_improves_as_history_accumulates(cp: ControlPlane) -> None:
     errors = []
     t0 = 1_000_000.0
     for batch in (3, 10, 40):
-        while len(cp.store.runtimes("lj_relax", 1000)) < batch:
+        while len(cp.store.tasks.runtimes("lj_relax", 1000)) < batch:
             n = rng.choice([13, 38, 55, 75, 100])
             add_run(cp, n, true_runtime(n) * rng.uniform(0.9, 1.1), t0)
             t0 += 100
@@ -58,7 +59,7 @@ def test_without_a_size_feature_the_median_runtime_is_learnt() -> None:
 
 
 def test_eta_comes_from_the_tool_then_from_progress(cp: ControlPlane) -> None:
-    task = {"started_at": 100.0, "estimate_s": 50.0}
+    task = SimpleNamespace(started_at=100.0, estimate_s=50.0)
     assert cp.estimator.eta(task, {"eta_s": 7}, 110.0) == 7
     assert cp.estimator.eta(task, {"percent": 25}, 110.0) == 30.0  # 10 s for a quarter
     assert cp.estimator.eta(task, {}, 110.0) == 40.0

@@ -43,7 +43,7 @@ async def test_submit_run_and_collect(agent: Agent, cp) -> None:
     listed = await agent.call("list_tasks", tags_any=["project:demo"])
     assert [t["task_id"] for t in listed["tasks"]] == [sub["task_id"]]
 
-    kinds = [(e["kind"], e["from_state"], e["to_state"]) for e in cp.store.events(sub["task_id"])]
+    kinds = [(e.kind, e.from_state, e.to_state) for e in cp.store.logs.events(sub["task_id"])]
     assert kinds == [
         ("submitted", None, "queued"),
         ("scheduled", "queued", "scheduled"),

@@ -11,7 +11,7 @@ import pytest
 
 from controlplane import api
 from controlplane.app import ControlPlane
-from controlplane.store.store import NewTask
+from controlplane.store import NewTask
 
 STATES = ["queued", "succeeded", "failed", "cancelled"]
 TAGS = ["a", "b", "c"]
@@ -24,16 +24,16 @@ def populated(cp: ControlPlane) -> list[dict[str, Any]]:
     for i in range(80):
         tags = rng.sample(TAGS, rng.randrange(0, 3))
         owner = "me" if i % 7 else "someone-else"
-        task, _ = cp.store.submit(NewTask(
+        task = cp.store.tasks.submit(NewTask(
             owner=owner, tool_name=rng.choice(["exercise", "lj_relax"]), inputs_json="{}", input_size=None,
             provider="local", resource_class="cpu_small", priority=0, ttl_s=3600, idempotency_key=None, tags=tags,
-            resources_json="{}", max_runtime_s=60, max_attempts=1, estimate_s=1.0), queue_limit=10_000)
+            resources_json="{}", max_runtime_s=60, max_attempts=1, estimate_s=1.0), queue_limit=10_000).task
         state = rng.choice(STATES)
         ts = 1_000_000 + rng.choice([i, i, 5])  # duplicate submission times: the pk breaks ties
         with cp.db.write() as c:
-            c.exec_driver_sql("update tasks set state=?, submitted_at=? where task_id=?", (state, ts, task["task_id"]))
-            c.exec_driver_sql("update task_tags set submitted_at=? where task_pk=?", (ts, task["pk"]))
-        made.append({**task, "state": state, "submitted_at": ts, "tags": tags, "owner": owner})
+            c.exec_driver_sql("update tasks set state=?, submitted_at=? where task_id=?", (state, ts, task.task_id))
+            c.exec_driver_sql("update task_tags set submitted_at=? where task_pk=?", (ts, task.pk))
+        made.append({"task_id": task.task_id, "pk": task.pk, "tool_name": task.tool_name, "state": state, "submitted_at": ts, "tags": tags, "owner": owner})
     return made
 
 

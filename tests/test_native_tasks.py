@@ -177,8 +177,8 @@ async def test_poll_interval_follows_the_estimate_and_ttl_the_setting(home: Path
         done = await poll_until(client, short.task_id, {"completed"})
         # ended: kept for the ttl from its end, and that is what ttlMs says
         assert done.ttl_ms >= 3600 * 1000
-        task = cp.store.get(short.task_id)
-        assert done.ttl_ms == int((task["expires_at"] - task["submitted_at"]) * 1000)
+        task = cp.store.tasks.get(short.task_id)
+        assert done.ttl_ms == int((task.expires_at - task.submitted_at) * 1000)
         await poll_until(client, long.task_id, {"completed", "failed"})
 
 

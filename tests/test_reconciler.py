@@ -57,8 +57,8 @@ async def test_lost_job_is_retried_per_policy(home: Path) -> None:
         st = await agent.wait(tid, timeout=60)
         assert st["state"] == "succeeded" and st["attempt"] == 2
         assert not any(pid_alive(p) for p in killed)
-        retry = [e for e in cp.store.events(tid) if e["kind"] == "retry"]
-        assert len(retry) == 1 and json.loads(retry[0]["detail_json"])["error"] == "WORKER_LOST"
+        retry = [e for e in cp.store.logs.events(tid) if e.kind == "retry"]
+        assert len(retry) == 1 and retry[0].detail["error"] == "WORKER_LOST"
 
 
 async def test_lost_job_without_retries_fails_worker_lost(agent: Agent, home: Path) -> None:
@@ -84,10 +84,10 @@ async def test_silent_runner_is_stopped_before_its_retry(home: Path) -> None:
         st = await agent.wait(tid, timeout=60)
         assert st["state"] == "succeeded" and st["attempt"] == 2
         assert not any(pid_alive(v.pid) for v in victims)
-        first, second = cp.store.job(tid, 1), cp.store.job(tid, 2)
-        assert first["stop_requested_at"] is not None
+        first, second = cp.store.jobs.get(tid, 1), cp.store.jobs.get(tid, 2)
+        assert first.stop_requested_at is not None
         # the second attempt was only scheduled once the first job was confirmed gone
-        assert first["finished_at"] <= second["created_at"]
+        assert first.finished_at <= second.created_at
 
 
 class FlakyLocal(LocalProvider):
@@ -147,9 +147,9 @@ async def test_runner_without_callback_delivers_through_the_store(home: Path) ->
         assert st["state"] == "succeeded", st
         lines = await agent.all_logs(tid)
         assert [ln["message"] for ln in lines] == [f"line {i}" for i in range(500)]
-        task = cp.store.get(tid)
-        assert json.loads(task["result_json"])["via"] == "store"
-        assert [a["name"] for a in cp.store.artifacts(tid)] == ["data.bin"]
+        task = cp.store.tasks.get(tid)
+        assert task.result["via"] == "store"
+        assert [a.name for a in cp.store.artifacts.of(tid)] == ["data.bin"]
         spilled = list(cp.stores.default.list(f"{task_prefix(tid)}attempts/1/events/"))
         assert spilled, "the events should have come through the object store"
 
@@ -175,19 +175,19 @@ async def test_expiry_removes_logs_artifacts_and_objects(agent: Agent, cp: Contr
     tid = await agent.submit(inputs={"log_lines": 10, "artifact_bytes": 100}, ttl_s=60)
     assert (await agent.wait(tid))["state"] == "succeeded"
     store = cp.stores.default
-    assert list(store.list(task_prefix(tid))) and cp.store.artifacts(tid)
+    assert list(store.list(task_prefix(tid))) and cp.store.artifacts.of(tid)
     with cp.db.write() as c:  # the ttl has passed
         c.exec_driver_sql("update tasks set expires_at = 0 where task_id = ?", (tid,))
     failing = FailingDeletes(store)
     cp.stores._stores[cp.stores.default_url] = failing  # type: ignore[assignment]
     await cp.reconciler.cycle()
-    assert cp.store.get(tid)["state"] == "succeeded"  # deletion failed: nothing removed, retried later
+    assert cp.store.tasks.get(tid).state == "succeeded"  # deletion failed: nothing removed, retried later
     await cp.reconciler.cycle()
     assert failing.calls == 2
     st = await agent.call("get_task_status", task_id=tid)
     assert st["state"] == "expired"
     assert list(store.list(task_prefix(tid))) == []
-    assert cp.store.artifacts(tid) == [] and cp.store.tail_logs(tid, 0, 10) == []
+    assert cp.store.artifacts.of(tid) == [] and cp.store.logs.tail(tid, 0, 10) == []
     res = await agent.call("get_task_result", task_id=tid)
     assert res["result"] is None and res["artifacts"] == [] and "expired" in res["message"]
     assert (await agent.call("tail_task_logs", task_id=tid))["lines"] == []

@@ -24,7 +24,7 @@ def runner_env(cp, tid: str) -> dict[str, str]:  # noqa: ANN001
     """What anyone able to read the job's spec sees: the runner process's environment."""
     import json
 
-    pid = json.loads((Path(cp.settings.home) / "jobs" / cp.store.job(tid, 1)["job_name"] / "runner.pid").read_text())["pid"]
+    pid = json.loads((Path(cp.settings.home) / "jobs" / cp.store.jobs.get(tid, 1).job_name / "runner.pid").read_text())["pid"]
     return psutil.Process(pid).environ()
 
 

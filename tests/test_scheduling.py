@@ -31,12 +31,12 @@ async def test_full_queue_answers_queue_overloaded_and_changes_nothing(one_slot)
     holder = await agent.submit(inputs={"sleep_s": 60})
     await agent.wait(holder, {"running"})
     waiting = [await agent.submit(inputs={}) for _ in range(2)]
-    before = cp.store.count_by_state()
+    before = cp.store.tasks.count_by_state()
     err = await agent.error("submit_task", tool_name="exercise", inputs={})
     assert err["code"] == "QUEUE_OVERLOADED" and "cpu_small" in err["message"] and err["hint"]
     err2 = await agent.error("exercise")  # the catalog tool itself is admitted the same way
     assert err2["code"] == "QUEUE_OVERLOADED"
-    assert cp.store.count_by_state() == before
+    assert cp.store.tasks.count_by_state() == before
     await agent.call("cancel_task", task_id=waiting[0])
     assert await agent.submit(inputs={})  # room again
     await agent.call("cancel_task", task_id=holder)
@@ -59,7 +59,7 @@ async def test_priority_first_then_fifo(home: Path) -> None:
         await agent.call("cancel_task", task_id=holder)
         for tid in ids.values():
             assert (await agent.wait(tid))["state"] == "succeeded"
-        started = sorted(ids, key=lambda n: cp.store.get(ids[n])["started_at"])
+        started = sorted(ids, key=lambda n: cp.store.tasks.get(ids[n]).started_at)
         assert started == ["high-1", "high-2", "mid", "low-1", "low-2"]
 
 
@@ -67,7 +67,7 @@ async def test_running_task_holds_exactly_one_slot(agent: Agent, cp: ControlPlan
     tids = [await agent.submit(inputs={"sleep_s": 0.6}) for _ in range(6)]
     peak = 0
     while True:
-        counts = cp.store.count_by_state("cpu_small")
+        counts = cp.store.tasks.count_by_state("cpu_small")
         holding = sum(counts.get(s, 0) for s in ("scheduled", "running", "cancel_requested", "cancelling"))
         peak = max(peak, holding)
         assert holding <= 2, counts
@@ -131,4 +131,4 @@ async def test_submit_waits_for_a_held_write_lock_without_blocking_other_calls(a
         holder.execute("COMMIT")
     holder.close()
     assert result["state"] == "queued"
-    assert cp.store.get(result["task_id"]) is not None
+    assert cp.store.tasks.get(result["task_id"]) is not None

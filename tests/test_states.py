@@ -13,7 +13,7 @@ from sqlalchemy.exc import DBAPIError
 from controlplane import states
 from controlplane.app import ControlPlane
 from controlplane.states import TRANSITIONS, IllegalTransition, TaskState
-from controlplane.store.store import NewTask
+from controlplane.store import NewTask
 
 ALL_PAIRS = [(src, dst) for src in TaskState for dst in TaskState]
 LEGAL = [(src, dst) for src, dst in ALL_PAIRS if dst in TRANSITIONS[src]]
@@ -45,12 +45,12 @@ def new_task(owner: str = "alice") -> NewTask:
 
 def task_in(cp: ControlPlane, state: TaskState) -> str:
     """Submit a task and walk it along legal transitions until it is in `state`."""
-    task, created = cp.store.submit(new_task(), queue_limit=1000)
-    assert created and task["state"] == "queued"
+    sub = cp.store.tasks.submit(new_task(), queue_limit=1000)
+    assert sub.created and sub.task.state == "queued"
     for step in path_to(state):
-        cp.store.transition(task["task_id"], step)
-    assert cp.store.get(task["task_id"])["state"] == state.value
-    return task["task_id"]
+        cp.store.tasks.transition(sub.task.task_id, step)
+    assert cp.store.tasks.get(sub.task.task_id).state == state.value
+    return sub.task.task_id
 
 
 def test_the_ten_states_of_the_design() -> None:
@@ -70,7 +70,7 @@ def test_the_ten_states_of_the_design() -> None:
 @pytest.mark.parametrize("state", list(TaskState), ids=lambda s: s.value)
 def test_every_state_is_reachable_from_queued(cp: ControlPlane, state: TaskState) -> None:
     task_id = task_in(cp, state)
-    trail = [(e["from_state"], e["to_state"]) for e in cp.store.events(task_id)]
+    trail = [(e.from_state, e.to_state) for e in cp.store.logs.events(task_id)]
     walked = [TaskState.QUEUED, *path_to(state)]
     assert trail == [(None, "queued")] + [(a.value, b.value) for a, b in zip(walked, walked[1:])]
 
@@ -79,23 +79,23 @@ def test_every_state_is_reachable_from_queued(cp: ControlPlane, state: TaskState
 def test_legal_transition_applies_with_exactly_one_event(cp: ControlPlane, pair: tuple[TaskState, TaskState]) -> None:
     src, dst = pair
     task_id = task_in(cp, src)
-    before = cp.store.get(task_id)
-    events_before = cp.store.events(task_id)
+    before = cp.store.tasks.get(task_id)
+    events_before = cp.store.logs.events(task_id)
 
-    out = cp.store.transition(task_id, dst)
+    out = cp.store.tasks.transition(task_id, dst)
 
-    after = cp.store.get(task_id)
-    assert out is not None and out["state"] == after["state"] == dst.value
-    assert after["version"] == before["version"] + 1
-    events = cp.store.events(task_id)
+    after = cp.store.tasks.get(task_id)
+    assert out is not None and out.state == after.state == dst.value
+    assert after.version == before.version + 1
+    events = cp.store.logs.events(task_id)
     assert events[: len(events_before)] == events_before
     [new] = events[len(events_before):]
-    assert (new["kind"], new["from_state"], new["to_state"]) == (dst.value, src.value, dst.value)
-    assert new["attempt"] == after["attempt"]
-    assert new["ts"] == after["updated_at"]
+    assert (new.kind, new.from_state, new.to_state) == (dst.value, src.value, dst.value)
+    assert new.attempt == after.attempt
+    assert new.ts == after.updated_at
     if dst in states.TERMINAL:
-        assert after["completed_at"] == after["updated_at"]
-        assert after["expires_at"] == after["completed_at"] + after["ttl_s"]
+        assert after.completed_at == after.updated_at
+        assert after.expires_at == after.completed_at + after.ttl_s
 
 
 @pytest.mark.parametrize("pair", LEGAL, ids=_pair_id)
@@ -103,36 +103,36 @@ def test_transition_and_its_event_commit_together(cp: ControlPlane, pair: tuple[
     """If the event cannot be written, the state change is rolled back with it."""
     src, dst = pair
     task_id = task_in(cp, src)
-    before = cp.store.get(task_id)
-    events_before = cp.store.events(task_id)
+    before = cp.store.tasks.get(task_id)
+    events_before = cp.store.logs.events(task_id)
     with cp.db.engine.begin() as c:
         c.execute(text("CREATE TRIGGER refuse_events BEFORE INSERT ON task_events "
                        "BEGIN SELECT RAISE(ABORT, 'task_events refused'); END"))
 
     with pytest.raises(DBAPIError, match="task_events refused"):
-        cp.store.transition(task_id, dst)
+        cp.store.tasks.transition(task_id, dst)
 
-    assert cp.store.get(task_id) == before
-    assert cp.store.events(task_id) == events_before
+    assert cp.store.tasks.get(task_id) == before
+    assert cp.store.logs.events(task_id) == events_before
 
 
 @pytest.mark.parametrize("pair", ILLEGAL, ids=_pair_id)
 def test_illegal_transition_is_refused_and_changes_nothing(cp: ControlPlane, pair: tuple[TaskState, TaskState]) -> None:
     src, dst = pair
     task_id = task_in(cp, src)
-    before = cp.store.get(task_id)
-    events_before = cp.store.events(task_id)
+    before = cp.store.tasks.get(task_id)
+    events_before = cp.store.logs.events(task_id)
 
     with pytest.raises(IllegalTransition) as refused:
-        cp.store.transition(task_id, dst)
+        cp.store.tasks.transition(task_id, dst)
 
     assert (refused.value.task_id, refused.value.current, refused.value.target) == (task_id, src.value, dst.value)
-    assert cp.store.get(task_id) == before
-    assert cp.store.events(task_id) == events_before
+    assert cp.store.tasks.get(task_id) == before
+    assert cp.store.logs.events(task_id) == events_before
 
 
 def test_only_from_guard_leaves_a_moved_task_alone(cp: ControlPlane) -> None:
     task_id = task_in(cp, TaskState.RUNNING)
-    before = cp.store.get(task_id)
-    assert cp.store.transition(task_id, TaskState.QUEUED, only_from=[TaskState.SCHEDULED]) is None
-    assert cp.store.get(task_id) == before
+    before = cp.store.tasks.get(task_id)
+    assert cp.store.tasks.transition(task_id, TaskState.QUEUED, only_from=[TaskState.SCHEDULED]) is None
+    assert cp.store.tasks.get(task_id) == before

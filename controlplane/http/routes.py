@@ -18,6 +18,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import anyio.to_thread
@@ -27,11 +28,13 @@ from starlette.routing import Route
 
 from controlplane.launch import bootstrap_token, nonce_digest, runner_secret
 from controlplane.objectstore.base import UnsafeKey, guess_content_type
-from controlplane.states import FINAL, TaskState
-from controlplane.store.store import StaleAttempt
+from controlplane.states import FINAL
+from controlplane.store import StaleAttempt
 
 if TYPE_CHECKING:
-    from controlplane.app import ControlPlane
+    from controlplane.attempts import Attempts
+    from controlplane.objectstore.registry import StoreRegistry
+    from controlplane.store import Store
 
 log = logging.getLogger("controlplane.http")
 MAX_EVENTS_BODY = 16 * 1024 * 1024
@@ -41,7 +44,18 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
 
-def routes(cp: ControlPlane) -> list[Route]:
+@dataclass(frozen=True)
+class RouteDeps:
+    """What the routes use, and nothing more."""
+
+    secret_key: bytes  # derives the runners' bootstrap tokens and secrets
+    store: Store  # tasks, jobs (the runner's secret claim)
+    attempts: Attempts  # where a runner's events and heartbeats go
+    stores: StoreRegistry  # local object stores, for signed downloads
+    wake: Callable[[], None]  # nudges the loops after a finished or cancelled attempt
+
+
+def routes(cp: RouteDeps) -> list[Route]:
     def authenticate(request: Request, credential: Callable[[bytes, str, int], str]) -> tuple[str, int] | Response:
         """The (task id, attempt) a runner route names, if its bearer is that attempt's `credential`."""
         task_id = request.path_params["task_id"]
@@ -67,7 +81,7 @@ def routes(cp: ControlPlane) -> list[Route]:
             nonce = None
         if not isinstance(nonce, str) or not 32 <= len(nonce) <= 256:
             return _error(400, "body must be {\"nonce\": a random string of 32 to 256 characters}")
-        claimed = await anyio.to_thread.run_sync(cp.store.claim_runner_secret, task_id, attempt, nonce_digest(nonce))
+        claimed = await anyio.to_thread.run_sync(cp.store.jobs.claim_runner_secret, task_id, attempt, nonce_digest(nonce))
         if claimed is None:
             return _error(409, "this attempt is no longer current")
         if not claimed:
@@ -95,14 +109,14 @@ def routes(cp: ControlPlane) -> list[Route]:
             return _error(400, "body must be {\"events\": [objects]}")
 
         if not events:  # a heartbeat: cheap, buffered, written in batches
-            task = await anyio.to_thread.run_sync(cp.store.get, task_id)
-            if task is None or task["attempt"] != attempt or TaskState(task["state"]) in FINAL:
+            task = await anyio.to_thread.run_sync(cp.store.tasks.get, task_id)
+            if task is None or task.attempt != attempt or task.state in FINAL:
                 return _error(409, "this attempt is no longer current")
-            cp.ingestor.beat(task_id, attempt, time.time())
-            job = await anyio.to_thread.run_sync(cp.store.job, task_id, attempt)
-            return JSONResponse({"ack_seq": job["event_seq"] if job else 0, "cancel": bool(task["cancel_requested"])})
+            cp.attempts.beat(task_id, attempt, time.time())
+            job = await anyio.to_thread.run_sync(cp.store.jobs.get, task_id, attempt)
+            return JSONResponse({"ack_seq": job.event_seq if job else 0, "cancel": bool(task.cancel_requested)})
         try:
-            result = await anyio.to_thread.run_sync(cp.ingestor.apply, task_id, attempt, events)
+            result = await anyio.to_thread.run_sync(cp.attempts.apply, task_id, attempt, events)
         except StaleAttempt:
             return _error(409, "this attempt is no longer current")
         except Exception:  # noqa: BLE001

@@ -110,6 +110,6 @@ def build_server(cp: ControlPlane, *, with_auth: bool = True) -> FastMCP:
     install_completion(mcp, cp, schemas)  # task:// and tool:// resources, prompts, completion
     subscriptions.install(mcp)  # task:// subscriptions, in both eras
 
-    for route in routes(cp):
+    for route in routes(cp.route_deps()):
         mcp.custom_route(route.path, methods=sorted(route.methods or []))(route.endpoint)
     return mcp

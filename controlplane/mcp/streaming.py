@@ -49,7 +49,7 @@ async def follow(cp: ControlPlane, task_id: str, sender: ProgressSender, until: 
     returns the task as last seen. Never cancels the task."""
     keepalive_s = cp.settings.keepalive_s
     with cp.hub.subscribe(task_id) as sub:
-        task = await blocking.call(cp.store.get, task_id)  # read after subscribing: nothing slips between
+        task = await blocking.call(cp.store.tasks.get, task_id)  # read after subscribing: nothing slips between
         if task is None:
             raise not_found()
         last_sent = time.monotonic()
@@ -62,7 +62,7 @@ async def follow(cp: ControlPlane, task_id: str, sender: ProgressSender, until: 
             if update is None:
                 # A quiet spell: read the task once more, so that an update the hub failed to
                 # deliver (a failed read) costs one spell, not the rest of the wait.
-                fresh = await blocking.call(cp.store.get, task_id)
+                fresh = await blocking.call(cp.store.tasks.get, task_id)
                 if fresh is None or _shown(fresh) == _shown(task):
                     if time.monotonic() - last_sent >= keepalive_s:
                         await sender.keepalive(notification_of(task)[1])
@@ -78,7 +78,7 @@ async def follow(cp: ControlPlane, task_id: str, sender: ProgressSender, until: 
 
 def _shown(task: dict[str, Any]) -> tuple[str, str | None]:
     """What a follower shows of a task: its state and its progress."""
-    return task["state"], task.get("progress_json")
+    return task.state, task.progress_json
 
 
 def progress_sender_for_request() -> ProgressSender | None:
@@ -111,7 +111,7 @@ class WaitTool(Tool):
             return error(describe_validation_error(e), started)
         svc = self.cp.service
         try:
-            if await blocking.call(self.cp.store.get, req.task_id, owner) is None:
+            if await blocking.call(self.cp.service.get, owner, req.task_id) is None:
                 raise not_found()
             sender = progress_sender_for_request()
             if sender is None:  # nobody to stream to: wait quietly
@@ -123,7 +123,7 @@ class WaitTool(Tool):
             if is_final(task):
                 out = {"done": True, **svc.result(owner, api.GetTaskResult(task_id=req.task_id))}
             else:
-                out = {"done": False, "message": f"the task is still {task['state']} after {req.timeout_s:g} s; "
+                out = {"done": False, "message": f"the task is still {task.state} after {req.timeout_s:g} s; "
                        "call wait_task again or poll get_task_status", "status": svc.describe(task)}
         except ControlPlaneError as e:
             return error(e, started)
@@ -193,7 +193,7 @@ class Followers:
             await session.send_notification(ToolResultNotification(params={
                 "job_id": task_id, "task_id": task_id, "result": result,
                 "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "state": task["state"]}))
+                "state": task.state}))
         except Exception as e:  # noqa: BLE001 - the session ended: the task goes on, by id
             log.debug("stopped following %s: %r", task_id, e)
         finally:

@@ -80,7 +80,7 @@ class TaskSubscriptions:
         if task_id is None:
             return None
         owner = caller(self.cp.settings.default_owner)
-        task = await blocking.call(self.cp.store.get, task_id, owner)
+        task = await blocking.call(self.cp.service.get, owner, task_id)
         return task_id if task is not None else None
 
     async def _watch(self, task_id: str, notify: Callable[[], Awaitable[bool]],

@@ -41,6 +41,7 @@ from controlplane.errors import ControlPlaneError
 from controlplane.mcp.tools import caller, error
 from controlplane.progress import progress_details
 from controlplane.states import TaskState
+from controlplane.store.rows import TaskRow
 
 if TYPE_CHECKING:
     from fastmcp.server.context import Context
@@ -117,21 +118,21 @@ class ControlPlaneTasks(ServerExtension):
             sub = await blocking.call(self.cp.service.submit, owner, req)
         except ControlPlaneError as e:
             return error(e, started)  # refused before any task existed: an ordinary tool error
-        task = await blocking.call(self.cp.store.get, sub["task_id"], owner)
+        task = await blocking.call(self.cp.service.get, owner, sub["task_id"])
         assert task is not None  # committed before we answer (the spec's durability rule)
         return {"resultType": "task", **self._task_fields(task)}
 
     # ---- the task object ------------------------------------------------------------------------
-    def _task_fields(self, task: dict[str, Any], *, legacy: bool = False) -> dict[str, Any]:
-        state = TaskState(task["state"])
+    def _task_fields(self, task: TaskRow, *, legacy: bool = False) -> dict[str, Any]:
+        state = TaskState(task.state)
         svc = self.cp.service
-        if task.get("expires_at"):
-            ttl_ms = int((task["expires_at"] - task["submitted_at"]) * 1000)  # as applied
+        if task.expires_at:
+            ttl_ms = int((task.expires_at - task.submitted_at) * 1000)  # as applied
         else:
-            ttl_ms = int(task["ttl_s"]) * 1000  # kept at least this long from creation
+            ttl_ms = int(task.ttl_s) * 1000  # kept at least this long from creation
         poll_ms = svc.poll_after_ms(task)
-        out: dict[str, Any] = {"taskId": task["task_id"], "status": STATUS[state],
-                               "createdAt": iso(task["submitted_at"]), "lastUpdatedAt": iso(task["updated_at"])}
+        out: dict[str, Any] = {"taskId": task.task_id, "status": STATUS[state],
+                               "createdAt": iso(task.submitted_at), "lastUpdatedAt": iso(task.updated_at)}
         if legacy:
             out.update(ttl=ttl_ms, pollInterval=poll_ms)
         else:
@@ -141,33 +142,32 @@ class ControlPlaneTasks(ServerExtension):
             out["statusMessage"] = message
         return out
 
-    def _status_message(self, task: dict[str, Any]) -> str | None:
-        err = json.loads(task["error_json"]) if task.get("error_json") else None
-        if err and TaskState(task["state"]) in (S.FAILED, S.TIMED_OUT, S.CANCELLED):
+    def _status_message(self, task: TaskRow) -> str | None:
+        err = json.loads(task.error_json) if task.error_json else None
+        if err and TaskState(task.state) in (S.FAILED, S.TIMED_OUT, S.CANCELLED):
             return err.get("message")
-        if task["state"] == S.EXPIRED:
+        if task.state == S.EXPIRED:
             return "the task expired; its result was removed"
-        p = json.loads(task["progress_json"]) if task.get("progress_json") else None
+        p = json.loads(task.progress_json) if task.progress_json else None
         if not p:
             return None
         percent = [f"{p['percent']:g}%"] if isinstance(p.get("percent"), int | float) else []
         return " ".join(percent + progress_details(p)) or None
 
-    def _tool_result(self, owner: str, task: dict[str, Any]) -> dict[str, Any]:
+    def _tool_result(self, owner: str, task: TaskRow) -> dict[str, Any]:
         """The CallToolResult a synchronous call of the tool would have returned."""
-        out = self.cp.service.result(owner, api.GetTaskResult(task_id=task["task_id"]))
+        out = self.cp.service.result(owner, api.GetTaskResult(task_id=task.task_id))
         text = json.dumps(out, separators=(",", ":"))
         # seed 002's duration (ms): for a task, how long its tool ran
-        ran = (task["completed_at"] - task["started_at"]) * 1000 if task.get("started_at") and task.get(
-            "completed_at") else 0.0
+        ran = (task.completed_at - task.started_at) * 1000 if task.started_at and task.completed_at else 0.0
         return {"content": [{"type": "text", "text": text}], "structuredContent": out, "isError": False,
                 "_meta": {"duration": round(ran, 3)}}
 
-    def _error(self, task: dict[str, Any]) -> dict[str, Any]:
-        err = json.loads(task["error_json"]) if task.get("error_json") else None
-        if task["state"] == S.EXPIRED:
+    def _error(self, task: TaskRow) -> dict[str, Any]:
+        err = json.loads(task.error_json) if task.error_json else None
+        if task.state == S.EXPIRED:
             err = {"code": "NOT_FOUND", "message": "the task expired; its result was removed"}
-        err = err or {"code": "INTERNAL", "message": f"the task ended {task['state']}"}
+        err = err or {"code": "INTERNAL", "message": f"the task ended {task.state}"}
         return {"code": INTERNAL_ERROR, "message": err.get("message", "the task failed"), "data": err}
 
     # ---- methods --------------------------------------------------------------------------------
@@ -179,7 +179,7 @@ class ControlPlaneTasks(ServerExtension):
                                    "the client did not declare it",
                            data={"requiredCapabilities": {"extensions": {TASKS_EXTENSION_ID: {}}}})
         owner = caller(self.cp.settings.default_owner)
-        task = await blocking.call(self.cp.store.get, task_id, owner)
+        task = await blocking.call(self.cp.service.get, owner, task_id)
         if task is None:  # unknown and someone else's answer alike
             raise MCPError(code=INVALID_PARAMS, message=f"task {task_id} not found")
         return owner, task
@@ -200,20 +200,20 @@ class ControlPlaneTasks(ServerExtension):
     async def _result(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> dict[str, Any]:
         """2025-11-25 `tasks/result`: waits for the task to end, then returns its tool result."""
         owner, task = await self._owned(ctx, params.task_id)
-        with self.cp.hub.subscribe(task["task_id"]) as sub:
-            task = await blocking.call(self.cp.store.get, task["task_id"], owner) or task
-            while STATUS[TaskState(task["state"])] == "working":
+        with self.cp.hub.subscribe(task.task_id) as sub:
+            task = await blocking.call(self.cp.service.get, owner, task.task_id) or task
+            while STATUS[TaskState(task.state)] == "working":
                 task = (await sub.next(timeout=15.0)
-                        or await blocking.call(self.cp.store.get, task["task_id"], owner) or task)
-        if STATUS[TaskState(task["state"])] == "completed":
+                        or await blocking.call(self.cp.service.get, owner, task.task_id) or task)
+        if STATUS[TaskState(task.state)] == "completed":
             return await anyio.to_thread.run_sync(self._tool_result, owner, task)
         raise MCPError(**self._error(task))
 
     async def _cancel(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> dict[str, Any]:
         owner, task = await self._owned(ctx, params.task_id)
         await anyio.to_thread.run_sync(self.cp.service.cancel, owner,
-                                       api.CancelTask(task_id=task["task_id"], reason="tasks/cancel"))
-        task = await blocking.call(self.cp.store.get, task["task_id"], owner) or task
+                                       api.CancelTask(task_id=task.task_id, reason="tasks/cancel"))
+        task = await blocking.call(self.cp.service.get, owner, task.task_id) or task
         legacy = ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS
         return self._task_fields(task, legacy=True) if legacy else {"resultType": "complete"}
 
@@ -231,7 +231,7 @@ class ControlPlaneTasks(ServerExtension):
 
         def page_of_rows() -> tuple[list[dict[str, Any] | None], str | None]:
             page = self.cp.service.list(owner, api.ListTasks(cursor=params.cursor, limit=50))
-            return [self.cp.store.get(t["task_id"], owner) for t in page["tasks"]], page["next_cursor"]
+            return [self.cp.service.get(owner, t["task_id"]) for t in page["tasks"]], page["next_cursor"]
 
         try:
             rows, next_cursor = await anyio.to_thread.run_sync(page_of_rows)

@@ -1,0 +1,54 @@
+"""The task store: every read and write of task metadata, as named, transactional operations,
+split by aggregate. Persistence without policy: it enforces the state machines
+(`controlplane.states`) on every write and writes each transition's task_event in the same
+transaction; it never decides an outcome and never touches providers, object stores or the
+network.
+
+    store.tasks      submit, reads, pages, cancel requests, stops     (tasks.py)
+    store.jobs       launch intents, handles, watched jobs, secrets   (jobs.py)
+    store.attempts   an attempt's logs, progress, start and end        (attempts.py)
+    store.logs       log lines and the audit of events                 (logs.py)
+    store.artifacts  artifact metadata                                 (artifacts.py)
+    store.leases     leader leases                                     (leases.py)
+    store.retention  expiry and purging                                (retention.py)
+
+Statements live in `queries.py`, rows come back as the frozen types of `rows.py`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from controlplane.store.artifacts import ArtifactStore
+from controlplane.store.attempts import AttemptStore, AttemptTx, StaleAttempt
+from controlplane.store.db import Database
+from controlplane.store.jobs import JobStore
+from controlplane.store.leases import LeaseStore
+from controlplane.store.logs import LogStore
+from controlplane.store.retention import RetentionStore
+from controlplane.store.tasks import NewTask, QueueFull, Submitted, TaskStore
+from controlplane.store.writer import Writer, _now
+
+__all__ = ["AttemptTx", "NewTask", "QueueFull", "StaleAttempt", "Store", "Submitted"]
+
+
+class Store:
+    def __init__(self, db: Database, clock: Callable[[], float] = _now):
+        self.db = db
+        self.writer = Writer(db, clock)
+        self.tasks = TaskStore(self.writer)
+        self.jobs = JobStore(self.writer)
+        self.attempts = AttemptStore(self.writer)
+        self.logs = LogStore(db)
+        self.artifacts = ArtifactStore(db)
+        self.leases = LeaseStore(self.writer)
+        self.retention = RetentionStore(self.writer)
+
+    @property
+    def on_change(self) -> Callable[[str], None] | None:
+        """Called with a task id after each committed change to the task (the progress hub)."""
+        return self.writer.on_change
+
+    @on_change.setter
+    def on_change(self, fn: Callable[[str], None] | None) -> None:
+        self.writer.on_change = fn

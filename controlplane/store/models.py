@@ -68,6 +68,11 @@ class Task(SQLModel, table=True):
     log_seq: int = 0  # highest log seq assigned
     log_first_seq: int = 1  # lowest log seq still stored (older lines were dropped by the cap)
     version: int = 1  # bumped on every write to the row
+    # Retry budgets, counted apart: attempts the tool itself failed (against max_attempts) and
+    # attempts lost, preempted or never launched (against max_recoveries).
+    failures: int = Field(default=0, sa_column=Column(Integer, nullable=False, server_default="0"))
+    recoveries: int = Field(default=0, sa_column=Column(Integer, nullable=False, server_default="0"))
+    max_recoveries: int = Field(default=0, sa_column=Column(Integer, nullable=False, server_default="0"))
 
 
 class TaskTag(SQLModel, table=True):
@@ -87,7 +92,7 @@ class TaskEvent(SQLModel, table=True):
     """Append-only audit: every transition, retry, cancellation and worker assignment."""
 
     __tablename__ = "task_events"
-    __table_args__ = (Index("ix_task_events_task", "task_id", "pk"),)
+    __table_args__ = (Index("ix_task_events_task", "task_id", "pk"), Index("ix_task_events_ts", "ts"))
 
     pk: int | None = Field(default=None, primary_key=True)
     task_id: str = Field(sa_column=Column(String(40), nullable=False))
@@ -155,10 +160,7 @@ class Job(SQLModel, table=True):
     provider: str = Field(sa_column=Column(String(64), nullable=False))
     resource_class: str = Field(sa_column=Column(String(64), nullable=False))
     job_name: str = Field(sa_column=Column(String(128), nullable=False, unique=True))
-    # launching -> active -> done; launching -> dropped (never launched); active -> draining
-    # (the task moved on but the job is not confirmed stopped: keep stopping it) -> done;
-    # active/draining -> abandoned (it did not confirm it stopped within stop_confirm_timeout_s:
-    # the task ended without it; still watched and stopped now and then) -> done
+    # controlplane.states.JobState: launching -> active -> done, and the moves its table allows
     state: str = Field(sa_column=Column(String(16), nullable=False))
     handle_json: str | None = Field(default=None, sa_column=Column(Text))
     created_at: float

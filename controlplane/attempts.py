@@ -1,0 +1,217 @@
+"""One attempt, from the runner's first event to its end: the one home for ending an attempt.
+
+Whoever learns something about an attempt calls here, and everything an attempt's end involves
+happens here, in one transaction (`Store.attempts.open`):
+
+* `apply(task_id, attempt, events)`: the runner's events (by HTTP callback, or read from the
+  object store where it spilled them), idempotent by sequence number: log lines, progress, the
+  start, and `finished`, which ends the attempt with the runner's own outcome;
+* `end_from_provider(job, status)`: the provider says the job ended (or vanished): the runner's
+  events and `result.json` are read from the object store first; without them, the provider's
+  word decides;
+* `end_lost`, `end_unlaunched`: the reconciler gave up on a silent or unstoppable job, or on a
+  job that waited too long for capacity; the scheduler's launch was refused.
+
+Each end reads the outcome (`controlplane.outcomes`: the target state, the error, and which
+retry budget a retry draws on), keeps the artifacts that belong to this attempt, and moves the
+task and its job (`AttemptTx.end`). The HTTP callback route and the reconciler both call here.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from controlplane.catalog import Catalog, RetryPolicy
+from controlplane.objectstore.base import UnsafeKey, artifact_key, events_prefix, result_key, safe_artifact_name
+from controlplane.objectstore.registry import StoreRegistry
+from controlplane.outcomes import Decision, decide, decide_launch_failure, decide_lost, decide_provider_failure
+from controlplane.settings import Settings
+from controlplane.states import JobState, TaskState
+from controlplane.store import AttemptTx, StaleAttempt, Store
+from controlplane.store.rows import TaskRow, WatchedJob
+from infra.runner import events as ev
+from providers.base import JobPhase, JobStatus
+
+S = TaskState
+
+
+@dataclass(frozen=True)
+class Applied:
+    ack_seq: int
+    cancel: bool
+    finished: bool = False
+
+
+class Attempts:
+    def __init__(self, store: Store, catalog: Catalog, stores: StoreRegistry, settings: Settings):
+        self.store = store
+        self.catalog = catalog
+        self.stores = stores
+        self.settings = settings
+        self._beats: dict[tuple[str, int], float] = {}
+        self._lock = threading.Lock()
+
+    def policy(self, tool_name: str) -> RetryPolicy:
+        tool = self.catalog.tool(tool_name)
+        return tool.retry if tool else RetryPolicy()
+
+    # ---- the runner's events ------------------------------------------------------------------
+    def apply(self, task_id: str, attempt: int, events: list[dict[str, Any]]) -> Applied:
+        """Apply a batch; if earlier events are missing (a batch starting past the job's last
+        seq + 1), they are read from the object store first. Raises StaleAttempt for an
+        attempt that is no longer current."""
+        with self.store.attempts.open(task_id, attempt, reporting=True) as a:
+            assert a.task is not None and a.job is not None
+            fresh = _fresh(events, a.job.event_seq)
+            if not fresh or ev.seq_of(fresh[0]) == a.job.event_seq + 1:
+                return self._apply(a, fresh)
+            store_url, from_seq = a.task.store_url, a.job.event_seq + 1
+        missing = self.read_spilled(store_url, task_id, attempt, from_seq)
+        with self.store.attempts.open(task_id, attempt, reporting=True) as a:
+            assert a.job is not None
+            return self._apply(a, _fresh(missing + events, a.job.event_seq))
+
+    def _apply(self, a: AttemptTx, fresh: list[dict[str, Any]]) -> Applied:
+        assert a.task is not None and a.job is not None
+        seq = before = a.job.event_seq
+        lines: list[tuple[float | None, str, str, str]] = []
+        outcome: ev.Finished | None = None
+        for raw in fresh:  # contiguous from the job's last seq; a gap waits for its events
+            if ev.seq_of(raw) != seq + 1:
+                break
+            seq += 1
+            e = ev.parse(raw)
+            if isinstance(e, ev.Log):
+                lines.append((e.ts, e.stream, e.level, e.message[: self.settings.max_log_line_bytes]))
+            elif isinstance(e, ev.Progress):
+                a.set_progress({**e.as_dict(), "ts": e.ts if e.ts is not None else a.now})
+            elif isinstance(e, ev.Finished):
+                outcome = e
+        a.append_logs(lines, self.settings.max_log_lines_per_task)
+        a.acknowledge(seq)
+        if seq > before:
+            a.start({"worker_id": a.job.worker_id})
+        cancel = a.task.cancel_requested
+        if outcome is not None:
+            self._end(a, decide(a.task, outcome.as_outcome(), self.policy(a.task.tool_name)),
+                      self._artifacts(a.task, outcome.artifacts))
+        return Applied(ack_seq=seq, cancel=cancel, finished=outcome is not None)
+
+    def read_spilled(self, store_url: str, task_id: str, attempt: int, from_seq: int) -> list[dict[str, Any]]:
+        """Events a runner wrote to the object store (no callback, or callback unreachable)."""
+        objects = self.stores.get(store_url)
+        out: list[dict[str, Any]] = []
+        for key in objects.list(events_prefix(task_id, attempt)):
+            for line in objects.get_bytes(key).splitlines():
+                try:
+                    e = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(e, dict) and ev.seq_of(e) >= from_seq:
+                    out.append(e)
+        return out
+
+    def read_outcome(self, store_url: str, task_id: str, attempt: int) -> ev.Finished | None:
+        try:
+            data = json.loads(self.stores.get(store_url).get_bytes(result_key(task_id, attempt)))
+        except (FileNotFoundError, ValueError):
+            return None
+        return ev.parse_outcome(data)
+
+    # ---- ends the runner did not report -------------------------------------------------------
+    def end_from_provider(self, job: WatchedJob, status: JobStatus) -> str:
+        """The provider says the job ended or vanished. Returns "finished", "lost" or "stale"."""
+        task_id, attempt = job.task_id, job.attempt
+        try:  # events the runner could not deliver by callback are in the object store
+            spilled = self.read_spilled(job.store_url, task_id, attempt, job.event_seq + 1)
+            if spilled and self.apply(task_id, attempt, spilled).finished:
+                return "finished"
+            outcome = self.read_outcome(job.store_url, task_id, attempt)
+        except StaleAttempt:
+            outcome = None
+        with self.store.attempts.open(task_id, attempt) as a:
+            if not a.current or a.task is None:
+                a.retire_job()  # the task moved on: the job ended, nothing more to decide
+                return "stale"
+            policy = self.policy(a.task.tool_name)
+            if outcome is not None:
+                self._end(a, decide(a.task, outcome.as_outcome(), policy), self._artifacts(a.task, outcome.artifacts))
+                return "finished"
+            if status.phase == JobPhase.GONE:
+                self._end(a, decide_lost(a.task, status.reason or "the job vanished", policy))
+                return "lost"
+            self._end(a, decide_provider_failure(a.task, status.reason, status.exit_code, policy,
+                                                 started=status.started_at is not None))
+            return "finished"
+
+    def end_lost(self, task_id: str, attempt: int, reason: str, *, job_state: JobState = JobState.ABANDONED) -> None:
+        """A job that went silent or will not confirm it stopped: the task no longer waits for it."""
+        with self.store.attempts.open(task_id, attempt) as a:
+            if a.current and a.task is not None:
+                self._end(a, decide_lost(a.task, reason, self.policy(a.task.tool_name)), job_state=job_state)
+
+    def end_unlaunched(self, task_id: str, attempt: int, reason: str, *,
+                       job_state: JobState = JobState.DONE) -> None:
+        """The job never ran: the provider refused it, or it waited for capacity past its limit
+        (then it is `draining`: stopped until the provider confirms it is gone)."""
+        with self.store.attempts.open(task_id, attempt) as a:
+            if a.current and a.task is not None:
+                self._end(a, decide_launch_failure(a.task, reason, self.policy(a.task.tool_name)),
+                          ran=False, job_state=job_state)
+
+    def mark_running(self, task_id: str, attempt: int, started_at: float | None) -> None:
+        """The provider says the job runs although the runner has not reported yet."""
+        with self.store.attempts.open(task_id, attempt) as a:
+            if a.current:
+                a.start({"source": "provider"}, started_at)
+
+    # ---- the end itself -----------------------------------------------------------------------
+    def _end(self, a: AttemptTx, d: Decision, artifacts: Sequence[dict[str, Any]] = (), *, ran: bool = True,
+             job_state: JobState = JobState.DONE) -> TaskRow:
+        assert a.task is not None
+        if ran and a.task.state == S.SCHEDULED and not d.is_retry:  # it ran, unseen
+            a.start({"source": "outcome"})
+        return a.end(d.state, error=d.error, result=d.result, note=d.note, retry=d.retry,
+                     not_before=a.now + d.backoff_s, artifacts=artifacts, job_state=job_state)
+
+    @staticmethod
+    def _artifacts(task: TaskRow, reported: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The reported artifacts that belong to this attempt (a key outside its prefix, a bad
+        name, size or digest is never registered)."""
+        good = []
+        for a in reported:
+            try:
+                name = safe_artifact_name(a.get("name"))
+                if a.get("key") != artifact_key(task.task_id, task.attempt, name):
+                    continue
+                int(a["size_bytes"])
+                if not isinstance(a.get("sha256"), str) or len(a["sha256"]) != 64:
+                    continue
+            except (UnsafeKey, KeyError, TypeError, ValueError, AttributeError):
+                continue
+            good.append(a)
+        return good
+
+    # ---- heartbeats: kept in memory, written in batches ---------------------------------------
+    def beat(self, task_id: str, attempt: int, ts: float) -> None:
+        with self._lock:
+            self._beats[(task_id, attempt)] = ts
+
+    def flush_beats(self) -> None:
+        with self._lock:
+            beats, self._beats = self._beats, {}
+        self.store.attempts.touch(beats)
+
+
+def _fresh(events: list[dict[str, Any]], seq: int) -> list[dict[str, Any]]:
+    """The events past `seq`, one per seq number, in order."""
+    by_seq: dict[int, dict[str, Any]] = {}
+    for e in events:
+        n = ev.seq_of(e)
+        if n > seq:
+            by_seq.setdefault(n, e)
+    return [by_seq[n] for n in sorted(by_seq)]

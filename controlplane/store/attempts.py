@@ -1,0 +1,172 @@
+"""One attempt's writes, in one transaction: its log lines, progress and heartbeat, its start,
+and its end (a terminal state, or a retry as a new attempt), its artifacts and its job's end.
+
+`AttemptStore.open` locks the task and reads the attempt's job; the `AttemptTx` it yields
+holds the primitives that `controlplane.attempts` (which decides what they should be) calls.
+Nothing here reads runner events or decides an outcome.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy.engine import Connection
+
+from controlplane import ids
+from controlplane.states import FINAL, REPORTING, JobState, TaskState
+from controlplane.store import queries as q
+from controlplane.store.models import Artifact
+from controlplane.store.rows import JobRow, TaskRow
+from controlplane.store.writer import Writer
+
+S = TaskState
+_RESET_ON_RETRY = dict(worker_id=None, started_at=None, timeout_at=None, scheduled_at=None, heartbeat_at=None,
+                       progress_json=None, stop_reason=None)
+
+
+class StaleAttempt(Exception):
+    """A runner reported for an attempt that is no longer the task's current one."""
+
+
+class AttemptTx:
+    """The attempt's task and job, locked for one transaction. `current` is False when the task
+    has moved on (another attempt, or it ended): then only `retire_job` makes sense."""
+
+    def __init__(self, w: Writer, c: Connection, task: TaskRow | None, job: JobRow | None, attempt: int):
+        self.w, self.c = w, c
+        self.task, self.job = task, job
+        self.now = w.clock()
+        self.current = (task is not None and job is not None and task.attempt == attempt
+                        and task.state not in FINAL)
+        self._pending: dict[str, Any] = {}  # task columns to write with the next transition, or at the end
+
+    # ---- while it runs ------------------------------------------------------------------------
+    def append_logs(self, lines: Sequence[tuple[float | None, str, str, str]], cap: int) -> None:
+        """(ts, stream, level, message) lines, numbered after the task's last; the oldest lines
+        beyond `cap` (plus a tenth, so trimming is rare) are dropped."""
+        assert self.task is not None
+        seq = self._pending.get("log_seq", self.task.log_seq)
+        rows = []
+        for ts, stream, level, message in lines:
+            seq += 1
+            rows.append({"task_id": self.task.task_id, "seq": seq, "attempt": self.task.attempt,
+                         "ts": ts if ts is not None else self.now, "stream": stream, "level": level,
+                         "message": message})
+        if not rows:
+            return
+        self.c.execute(q.INSERT_LOGS, rows)
+        self._pending["log_seq"] = seq
+        first = self._pending.get("log_first_seq", self.task.log_first_seq)
+        if seq - first + 1 > cap * 1.1:
+            self.w.db.run(self.c, q.TRIM_LOGS, {"task_id": self.task.task_id, "first": seq - cap + 1})
+            self._pending["log_first_seq"] = seq - cap + 1
+
+    def set_progress(self, progress: dict[str, Any]) -> None:
+        assert self.task is not None
+        self._pending["progress_json"] = json.dumps(progress)
+        self.w.changed(self.task.task_id)
+
+    def acknowledge(self, seq: int) -> None:
+        """The runner's events up to `seq` are applied; it was alive just now."""
+        assert self.job is not None
+        self.w.db.run(self.c, q.UPDATE_JOB, {"_wid": self.job.worker_id, "event_seq": seq, "seen_at": self.now})
+        self.job = self.job.but(event_seq=seq, seen_at=self.now)
+        self._pending["heartbeat_at"] = self.now
+
+    def start(self, detail: dict[str, Any], started_at: float | None = None) -> None:
+        """scheduled -> running (the runner or the provider says it runs)."""
+        assert self.task is not None
+        if self.task.state != S.SCHEDULED:
+            return
+        start = max(started_at or self.now, self.task.scheduled_at or 0.0) if started_at else self.now
+        self._move(S.RUNNING, kind="running", detail=detail,
+                   values={"started_at": start, "timeout_at": start + self.task.max_runtime_s})
+
+    # ---- its end ------------------------------------------------------------------------------
+    def end(self, to: TaskState, *, error: dict[str, Any] | None = None, result: Any = None,
+            note: str | None = None, retry: str | None = None, not_before: float = 0.0,
+            artifacts: Sequence[dict[str, Any]] = (), job_state: JobState = JobState.DONE) -> TaskRow:
+        """End the attempt: its job leaves the watched states, its artifacts are registered, and
+        the task moves to `to` (a terminal state), or with `retry` ("failure": the tool failed;
+        "recovery": the job was lost, preempted or not launched) back to queued as the next
+        attempt, counted against that budget."""
+        assert self.task is not None and self.job is not None
+        task, job = self.task, self.job
+        if job.state in REPORTING or job_state == JobState.ABANDONED:
+            self.job = self.w.move_job(self.c, job, job_state, self.now)
+        if artifacts:
+            self.c.execute(self.w.db.insert_ignore(Artifact.__table__), [
+                {"artifact_id": ids.new_artifact_id(), "task_id": task.task_id, "attempt": task.attempt,
+                 "name": a["name"], "kind": a.get("kind") or "file", "size_bytes": int(a["size_bytes"]),
+                 "sha256": a["sha256"], "content_type": a.get("content_type") or "application/octet-stream",
+                 "store_url": task.store_url, "storage_key": a["key"], "created_at": self.now}
+                for a in artifacts])
+        detail: dict[str, Any] = {"worker_id": job.worker_id}
+        if job_state == JobState.ABANDONED:
+            detail["job"] = "abandoned"  # the task ends without the job's confirmation that it stopped
+        if note:
+            detail["note"] = note
+        vals: dict[str, Any] = {}
+        if error:
+            vals["error_json"] = json.dumps(error)
+            detail["error"] = error.get("code")
+        if retry is not None:
+            counter = "failures" if retry == "failure" else "recoveries"
+            detail["retry"] = retry
+            vals.update(_RESET_ON_RETRY, attempt=task.attempt + 1, not_before=not_before,
+                        **{counter: getattr(task, counter) + 1})
+            self._pending.pop("progress_json", None)
+            return self._move(S.QUEUED, kind="retry", detail=detail, values=vals)
+        if result is not None:
+            vals["result_json"] = json.dumps(result)
+        return self._move(to, detail=detail, values=vals)
+
+    def retire_job(self, to: JobState = JobState.DONE) -> None:
+        """The task moved on: a job still marked as reporting leaves that state."""
+        if self.job is not None and self.job.state in REPORTING:
+            self.job = self.w.move_job(self.c, self.job, to, self.now)
+
+    def _move(self, to: TaskState, *, kind: str | None = None, detail: dict[str, Any] | None = None,
+              values: dict[str, Any]) -> TaskRow:
+        assert self.task is not None
+        values = {**self._pending, **values}
+        self._pending = {}
+        self.task = self.w.transition(self.c, self.task, to, kind=kind, detail=detail, values=values, now=self.now)
+        return self.task
+
+    def _flush(self) -> None:
+        if self._pending and self.task is not None:
+            self.task = self.w.update_task(self.c, self.task, self._pending)
+            self._pending = {}
+
+
+class AttemptStore:
+    def __init__(self, writer: Writer):
+        self.w = writer
+        self.db = writer.db
+
+    @contextmanager
+    def open(self, task_id: str, attempt: int, *, reporting: bool = False) -> Iterator[AttemptTx]:
+        """The attempt, locked. With `reporting` (a runner's events) an attempt that is not the
+        task's current one, or whose job no longer reports, raises StaleAttempt."""
+        with self.w.tx() as c:
+            task = self.w.lock_task(c, task_id)
+            job = self.w.job(c, task_id, attempt) if task is not None else None
+            a = AttemptTx(self.w, c, task, job, attempt)
+            if reporting and (not a.current or job is None or job.state not in REPORTING):
+                raise StaleAttempt(task_id)
+            yield a
+            a._flush()
+
+    def touch(self, beats: dict[tuple[str, int], float]) -> None:
+        """Record heartbeats (runner calls without events), many at once."""
+        if not beats:
+            return
+        with self.w.tx() as c:
+            for (task_id, attempt), ts in beats.items():
+                params = {"_tid": task_id, "_att": attempt, "_ts": ts}
+                self.db.run(c, q.JOB_HEARTBEAT, params)
+                self.db.run(c, q.HEARTBEAT, params)

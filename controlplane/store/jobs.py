@@ -1,0 +1,141 @@
+"""Jobs: one row per attempt's job at its provider, from the launch intent to its end.
+
+Owns the `jobs` rows: claiming queued tasks into free slots (the launch intent, written before
+any provider call), recording the provider's handle, what the reconciler watches and writes
+(provider status, stop requests), the runner's one-time secret claim, and the operator's list.
+Every state change goes through `Writer.move_job` (the table of `states.JobState`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from controlplane import ids
+from controlplane.states import FINAL, JobState, TaskState
+from controlplane.store import queries as q
+from controlplane.store.rows import JobRow, TaskRow, WatchedJob
+from controlplane.store.writer import Writer
+
+S = TaskState
+J = JobState
+
+
+class JobStore:
+    def __init__(self, writer: Writer):
+        self.w = writer
+        self.db = writer.db
+
+    # ---- launching ----------------------------------------------------------------------------
+    def claim_for_launch(self, resource_class: str, capacity: int,
+                         limit: int | None = None) -> list[tuple[TaskRow, JobRow]]:
+        """Move the next queued tasks of a class into free slots: each gets a job row in state
+        `launching` (the launch intent, recorded before any provider call) and becomes
+        `scheduled`, in one transaction."""
+        now = self.w.clock()
+        with self.w.tx() as c:
+            free = capacity - c.execute(q.SLOTS_BUSY, {"rc": resource_class}).scalar_one()
+            if limit is not None:
+                free = min(free, limit)
+            if free <= 0:
+                return []
+            claimed = []
+            for r in self.db.run(c, q.NEXT_QUEUED, {"rc": resource_class, "now": now, "lim": free}):
+                task = TaskRow.from_row(r)
+                job = JobRow(worker_id=ids.new_worker_id(), task_id=task.task_id, attempt=task.attempt,
+                             provider=task.provider, resource_class=resource_class,
+                             job_name=ids.job_name(task.task_id, task.attempt), state=J.LAUNCHING,
+                             created_at=now, event_seq=0)
+                self.db.run(c, q.INSERT_JOB, {"worker_id": job.worker_id, "task_id": job.task_id,
+                                              "attempt": job.attempt, "provider": job.provider,
+                                              "resource_class": resource_class, "job_name": job.job_name,
+                                              "state": job.state.value, "created_at": now, "event_seq": 0})
+                task = self.w.transition(c, task, S.SCHEDULED, kind="scheduled",
+                                         detail={"worker_id": job.worker_id, "job_name": job.job_name},
+                                         values={"scheduled_at": now, "worker_id": job.worker_id}, now=now)
+                claimed.append((task, job))
+            return claimed
+
+    def launch_intents(self) -> list[JobRow]:
+        """Launch intents without a handle yet (new, or left behind by a crash)."""
+        with self.db.read() as c:
+            return [JobRow.from_row(r) for r in c.execute(q.LAUNCH_INTENTS).mappings()]
+
+    def record_launch(self, worker_id: str, handle: dict[str, Any]) -> bool:
+        now = self.w.clock()
+        with self.w.tx() as c:
+            rows = self.db.run(c, q.GET_JOB_BY_WORKER, {"worker_id": worker_id})
+            job = JobRow.from_row(rows[0]) if rows else None
+            if job is None or job.state != J.LAUNCHING:
+                return False
+            self.w.move_job(c, job, J.ACTIVE, now, handle_json=json.dumps(handle), launched_at=now)
+            self.w.event(c, job.task_id, "launched", None, None, job.attempt,
+                         {"worker_id": worker_id, "job_name": job.job_name}, now)
+            return True
+
+    def drop_unlaunched(self, task_id: str, attempt: int, error: dict[str, Any]) -> None:
+        """A cancel arrived before the job was launched (or the launch found nothing): the task
+        is cancelled with `error` and the launch intent is dropped, in one transaction."""
+        now = self.w.clock()
+        with self.w.tx() as c:
+            task = self.w.lock_task(c, task_id)
+            if task is None or task.attempt != attempt or task.state not in (S.CANCEL_REQUESTED, S.CANCELLING):
+                return
+            job = self.w.job(c, task_id, attempt)
+            if job is not None and job.state == J.LAUNCHING:
+                self.w.move_job(c, job, J.DROPPED, now)
+            if task.state == S.CANCEL_REQUESTED:
+                task = self.w.transition(c, task, S.CANCELLING, kind="cancelling", now=now)
+            self.w.transition(c, task, S.CANCELLED, kind="cancelled", detail={"note": "stopped before launch"},
+                              values={"error_json": json.dumps(error)}, now=now)
+
+    # ---- watching -----------------------------------------------------------------------------
+    def get(self, task_id: str, attempt: int) -> JobRow | None:
+        rows = self.db.fetch(q.GET_JOB, {"task_id": task_id, "attempt": attempt})
+        return JobRow.from_row(rows[0]) if rows else None
+
+    def of_task(self, task_id: str) -> list[JobRow]:
+        """Every attempt's job of a task."""
+        return [JobRow.from_row(r) for r in self.db.fetch(q.JOBS_OF_TASK, {"task_id": task_id})]
+
+    def watched(self) -> list[WatchedJob]:
+        """Jobs the reconciler watches, with the fields of their task it needs."""
+        with self.db.read() as c:
+            return [WatchedJob.from_row(r) for r in c.execute(q.WATCHED_JOBS).mappings()]
+
+    def set_provider_status(self, updates: list[tuple[str, str, str | None]]) -> None:
+        """Record what the provider said, (worker id, status word, reason), many in one statement."""
+        if updates:
+            with self.w.tx() as c:
+                c.execute(q.SET_PROVIDER_STATUS, [{"wid": w, "st": st, "rs": rs} for w, st, rs in updates])
+
+    def mark_stop_sent(self, worker_id: str) -> float:
+        now = self.w.clock()
+        with self.w.tx() as c:
+            self.db.run(c, q.MARK_STOP_SENT, {"wid": worker_id, "now": now})
+        return now
+
+    def move(self, worker_id: str, to: JobState) -> None:
+        """A watched job's state (draining -> done, ... -> abandoned), if the move is legal now."""
+        now = self.w.clock()
+        with self.w.tx() as c:
+            rows = self.db.run(c, q.GET_JOB_BY_WORKER, {"worker_id": worker_id})
+            job = JobRow.from_row(rows[0]) if rows else None
+            if job is not None and job.state != to:
+                self.w.move_job(c, job, to, now)
+
+    def for_operator(self, job_states: Sequence[str] | None = None, limit: int = 100) -> list[JobRow]:
+        """Jobs for the operator, newest first (all states, or `job_states`)."""
+        with self.db.read() as c:
+            return [JobRow.from_row(r) for r in c.execute(q.operator_jobs(job_states, limit)).mappings()]
+
+    # ---- the runner's credentials -------------------------------------------------------------
+    def claim_runner_secret(self, task_id: str, attempt: int, nonce_digest: str) -> bool | None:
+        """Record the one runner allowed the attempt's secret: True for the first claim and for a
+        repeat with the same nonce, False for any other nonce, None if the attempt is not current."""
+        with self.w.tx() as c:
+            rows = self.db.run(c, q.TASK_ATTEMPT, {"task_id": task_id})
+            if not rows or rows[0]["attempt"] != attempt or TaskState(rows[0]["state"]) in FINAL:
+                return None
+            return self.db.run(c, q.CLAIM_SECRET, {"_tid": task_id, "_att": attempt, "_digest": nonce_digest}) == 1

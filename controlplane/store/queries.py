@@ -1,0 +1,194 @@
+"""Every SQL statement of the store, named, in one place (procrastinate's habit).
+
+Statements are SQLAlchemy Core over the tables of `models`, portable across SQLite and
+PostgreSQL. Most are built once at import with bind parameters, so that at run time the store
+only binds values (building a statement per call costs more than the query itself on SQLite;
+see `Database.fetch`/`run`, which take no IN lists: statements with one run through
+SQLAlchemy's `Connection.execute`). The few whose shape depends on the call (a page of list_tasks) are
+built by the functions at the end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import and_, bindparam, case, delete, func, insert, or_, select, tuple_, update
+
+from controlplane import states
+from controlplane.states import JobState, TaskState
+from controlplane.store.models import Artifact, Job, Lease, Task, TaskEvent, TaskLog, TaskTag
+
+T = Task.__table__
+TAGS = TaskTag.__table__
+EV = TaskEvent.__table__
+LOGS = TaskLog.__table__
+ART = Artifact.__table__
+JOBS = Job.__table__
+LEASES = Lease.__table__
+
+S = TaskState
+_bp = bindparam
+SLOT_HOLDING = [s.value for s in states.SLOT_HOLDING]
+TERMINAL = [s.value for s in states.TERMINAL]
+WATCHED = [s.value for s in states.WATCHED]
+
+# ==== tasks ====================================================================================
+GET_TASK = select(T).where(T.c.task_id == _bp("task_id"))
+GET_OWNED_TASK = select(T).where(T.c.task_id == _bp("task_id"), T.c.owner == _bp("owner"))
+GET_IDEMPOTENT = select(T).where(T.c.owner == _bp("owner"), T.c.tool_name == _bp("tool_name"),
+                                 T.c.idempotency_key == _bp("key"))
+TASK_ATTEMPT = select(T.c.attempt, T.c.state).where(T.c.task_id == _bp("task_id"))
+INSERT_TASK = insert(T).returning(T.c.pk)
+INSERT_TAGS = insert(TAGS)
+UPDATE_TASK_VERSIONED = update(T).where(T.c.pk == _bp("_pk"), T.c.version == _bp("_version"))
+# A write outside a transition (progress, heartbeat, log counters): bumps the version.
+UPDATE_TASK = update(T).where(T.c.pk == _bp("_pk")).values(version=T.c.version + 1)
+
+# Admission into a queue: its length, and how many waiting tasks a new one would queue behind.
+QUEUE_ADMISSION = (select(func.count().label("waiting"),
+                          func.sum(case((T.c.priority >= _bp("prio"), 1), else_=0)).label("ahead"))
+                   .select_from(T).where(T.c.resource_class == _bp("rc"), T.c.state == S.QUEUED.value))
+# Tasks ahead of one in its queue: one index range (the queued tasks of the class at or above its
+# priority), counting those of higher priority and those of its own priority submitted earlier.
+QUEUE_POSITION = (select(func.count().label("ahead")).select_from(T)
+                  .where(T.c.resource_class == _bp("rc"), T.c.state == S.QUEUED.value,
+                         T.c.priority >= _bp("prio"),
+                         or_(T.c.priority > _bp("prio"), T.c.pk < _bp("pk"))))
+SLOTS_BUSY = (select(func.count().label("busy")).select_from(T)
+              .where(T.c.resource_class == _bp("rc"), T.c.state.in_(SLOT_HOLDING)))
+NEXT_QUEUED = (select(T).where(T.c.resource_class == _bp("rc"), T.c.state == S.QUEUED.value,
+                               T.c.not_before <= _bp("now"))
+               .order_by(T.c.priority.desc(), T.c.pk).limit(_bp("lim")))
+RECENT_RUNS = (select(T.c.input_size, T.c.started_at, T.c.completed_at)
+               .where(T.c.tool_name == _bp("tool"), T.c.state == S.SUCCEEDED.value, T.c.started_at.is_not(None))
+               .order_by(T.c.pk.desc()).limit(_bp("lim")))
+RECENT_INPUTS = (select(T.c.inputs_json).where(T.c.owner == _bp("owner"), T.c.tool_name == _bp("tool"))
+                 .order_by(T.c.submitted_at.desc(), T.c.pk.desc()).limit(_bp("lim")))
+COUNT_BY_STATE = select(T.c.state, func.count().label("n")).group_by(T.c.state)
+# (An UPDATE's bind names must not be column names: hence _tid, _att.)
+HEARTBEAT = update(T).where(T.c.task_id == _bp("_tid"), T.c.attempt == _bp("_att")).values(
+    heartbeat_at=_bp("_ts"), version=T.c.version + 1)
+
+# ==== retention ================================================================================
+DUE_FOR_EXPIRY = (select(T.c.task_id, T.c.state, T.c.store_url, T.c.provider)
+                  .where(T.c.state.in_(TERMINAL), T.c.expires_at <= _bp("now")).limit(_bp("lim")))
+# Tombstones of tasks that expired long enough ago (expires_at is when they expired).
+DUE_FOR_PURGE = (select(T.c.pk, T.c.task_id).where(T.c.state == S.EXPIRED.value, T.c.expires_at <= _bp("before"))
+                 .limit(_bp("lim")))
+DELETE_TASK_LOGS = delete(LOGS).where(LOGS.c.task_id == _bp("task_id"))
+DELETE_TASK_ARTIFACTS = delete(ART).where(ART.c.task_id == _bp("task_id"))
+DELETE_TASK = delete(T).where(T.c.pk == _bp("pk"))
+DELETE_TASK_TAGS = delete(TAGS).where(TAGS.c.task_pk == _bp("pk"))
+DELETE_TASK_JOBS = delete(JOBS).where(JOBS.c.task_id == _bp("task_id"),
+                                      JOBS.c.state.in_([JobState.DONE.value, JobState.DROPPED.value]))
+# The audit outlives the tasks it describes, for its own period.
+DELETE_OLD_EVENTS = delete(EV).where(EV.c.ts < _bp("before"))
+
+# ==== events and logs ==========================================================================
+INSERT_EVENT = insert(EV)
+EVENTS = select(EV).where(EV.c.task_id == _bp("task_id")).order_by(EV.c.pk)
+INSERT_LOGS = insert(LOGS)
+_LOG_COLS = (LOGS.c.seq, LOGS.c.ts, LOGS.c.stream, LOGS.c.level, LOGS.c.message, LOGS.c.attempt)
+TAIL_LOGS = (select(*_LOG_COLS).where(LOGS.c.task_id == _bp("task_id"), LOGS.c.seq > _bp("after"))
+             .order_by(LOGS.c.seq).limit(_bp("lim")))
+LAST_LOGS = (select(*_LOG_COLS).where(LOGS.c.task_id == _bp("task_id"))
+             .order_by(LOGS.c.seq.desc()).limit(_bp("lim")))
+TRIM_LOGS = delete(LOGS).where(LOGS.c.task_id == _bp("task_id"), LOGS.c.seq < _bp("first"))
+
+# ==== artifacts ================================================================================
+ARTIFACTS = select(ART).where(ART.c.task_id == _bp("task_id")).order_by(ART.c.name)
+ATTEMPT_ARTIFACTS = (select(ART).where(ART.c.task_id == _bp("task_id"), ART.c.attempt == _bp("attempt"))
+                     .order_by(ART.c.name))
+
+# ==== jobs =====================================================================================
+GET_JOB = select(JOBS).where(JOBS.c.task_id == _bp("task_id"), JOBS.c.attempt == _bp("attempt"))
+JOBS_OF_TASK = select(JOBS).where(JOBS.c.task_id == _bp("task_id")).order_by(JOBS.c.attempt)
+GET_JOB_BY_WORKER = select(JOBS).where(JOBS.c.worker_id == _bp("worker_id"))
+INSERT_JOB = insert(JOBS)
+UPDATE_JOB = update(JOBS).where(JOBS.c.worker_id == _bp("_wid"))
+LAUNCH_INTENTS = (select(JOBS, T.c.state.label("task_state"))
+                  .join(T, and_(T.c.task_id == JOBS.c.task_id, T.c.attempt == JOBS.c.attempt))
+                  .where(JOBS.c.state == JobState.LAUNCHING.value))
+WATCHED_JOBS = (select(JOBS.c.worker_id, JOBS.c.task_id, JOBS.c.attempt, JOBS.c.provider, JOBS.c.handle_json,
+                       JOBS.c.launched_at, JOBS.c.seen_at, JOBS.c.stop_requested_at, JOBS.c.stop_sent_at,
+                       JOBS.c.provider_status, JOBS.c.provider_reason, JOBS.c.event_seq, JOBS.c.job_name,
+                       JOBS.c.state.label("job_state"), T.c.attempt.label("task_attempt"),
+                       T.c.state, T.c.timeout_at, T.c.tool_name, T.c.heartbeat_at, T.c.stop_reason, T.c.store_url)
+                .join(T, T.c.task_id == JOBS.c.task_id)
+                .where(JOBS.c.state.in_(WATCHED)))
+SET_PROVIDER_STATUS = (update(JOBS).where(JOBS.c.worker_id == _bp("wid"))
+                       .values(provider_status=_bp("st"), provider_reason=_bp("rs")))
+MARK_STOP_SENT = update(JOBS).where(JOBS.c.worker_id == _bp("wid")).values(
+    stop_sent_at=_bp("now"), stop_requested_at=func.coalesce(JOBS.c.stop_requested_at, _bp("now")))
+CLAIM_SECRET = (update(JOBS).where(JOBS.c.task_id == _bp("_tid"), JOBS.c.attempt == _bp("_att"),
+                                   or_(JOBS.c.secret_claim.is_(None), JOBS.c.secret_claim == _bp("_digest")))
+                .values(secret_claim=_bp("_digest")))
+JOB_HEARTBEAT = update(JOBS).where(JOBS.c.task_id == _bp("_tid"), JOBS.c.attempt == _bp("_att"),
+                                   JOBS.c.state == JobState.ACTIVE.value).values(seen_at=_bp("_ts"))
+
+# ==== leases ===================================================================================
+LEASE_HOLDER = select(LEASES.c.holder).where(LEASES.c.name == _bp("name"))
+RELEASE_LEASE = delete(LEASES).where(LEASES.c.name == _bp("name"), LEASES.c.holder == _bp("holder"))
+
+
+# ==== statements shaped by the call ============================================================
+def list_page(owner: str, *, states_: Sequence[str] | None, tool_name: str | None,
+              tags_any: Sequence[str] | None, submitted_after: float | None, submitted_before: float | None,
+              after: tuple[float, int] | None, limit: int) -> list[Any]:
+    """The statements of one page of list_tasks, newest first, each walking one index in order
+    and stopping after `limit` rows: a filter with several values (tags, states) runs one walk
+    per value, and the caller merges them, so that nothing sorts everything that matches."""
+    if tags_any:
+        drivers: list[tuple[Any, Any]] = [(TAGS, TAGS.c.tag == t) for t in dict.fromkeys(tags_any)]
+    elif states_ and len(states_) > 1:
+        drivers = [(T, T.c.state == st) for st in dict.fromkeys(states_)]
+    else:
+        drivers = [(T, None)]
+    cols = [T.c.pk, T.c.task_id, T.c.tool_name, T.c.state, T.c.priority, T.c.resource_class, T.c.attempt,
+            T.c.submitted_at, T.c.started_at, T.c.updated_at, T.c.completed_at, T.c.tags_json, T.c.progress_json]
+    out = []
+    for table, cond in drivers:
+        if table is TAGS:  # the tag index carries owner and submission time
+            ts, pk = TAGS.c.submitted_at, TAGS.c.task_pk
+            q = select(*cols).select_from(TAGS.join(T, T.c.pk == TAGS.c.task_pk)).where(TAGS.c.owner == owner, cond)
+            if states_:
+                q = q.where(T.c.state.in_(list(states_)))
+        else:
+            ts, pk = T.c.submitted_at, T.c.pk
+            q = select(*cols).where(T.c.owner == owner)
+            if cond is not None:
+                q = q.where(cond)
+            elif states_:
+                q = q.where(T.c.state == states_[0])
+        if tool_name:
+            q = q.where(T.c.tool_name == tool_name)
+        if submitted_after is not None:
+            q = q.where(ts >= submitted_after)
+        if submitted_before is not None:
+            q = q.where(ts < submitted_before)
+        if after is not None:
+            q = q.where(tuple_(ts, pk) < tuple_(after[0], after[1]))
+        out.append(q.order_by(ts.desc(), pk.desc()).limit(limit))
+    return out
+
+
+def task_ids_by_prefix(owner: str, prefix: str, limit: int) -> tuple[Any, bool]:
+    """(statement, filtered): a short prefix matches many tasks, so walk the owner's newest and
+    stop after `limit`; a longer one matches few among all (ids are random), so range-scan the
+    id index (`filtered`: the caller keeps the owner's and sorts those few)."""
+    if len(prefix) <= 6:  # "tsk_" and up to two random characters
+        return (select(T.c.task_id).where(T.c.owner == owner, T.c.task_id.startswith(prefix, autoescape=True))
+                .order_by(T.c.submitted_at.desc(), T.c.pk.desc()).limit(limit)), False
+    upper = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+    return (select(T.c.task_id, T.c.submitted_at, T.c.owner)
+            .where(T.c.task_id >= prefix, T.c.task_id < upper).limit(10_000)), True
+
+
+def operator_jobs(job_states: Sequence[str] | None, limit: int) -> Any:
+    q = select(JOBS).order_by(JOBS.c.created_at.desc()).limit(limit)
+    return q.where(JOBS.c.state.in_(list(job_states))) if job_states else q
+
+
+def count_by_state(resource_class: str | None) -> Any:
+    return COUNT_BY_STATE.where(T.c.resource_class == resource_class) if resource_class else COUNT_BY_STATE

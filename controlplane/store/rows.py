@@ -1,0 +1,242 @@
+"""Typed, frozen rows: what the store hands out instead of dicts.
+
+Each class mirrors the columns a query selects (`from_row` takes the driver's mapping), so a
+misspelt field is an AttributeError at once rather than a KeyError somewhere later, and nothing
+that reads a row can change it behind the store's back (a write returns a new row).
+JSON columns stay text here; the properties decode them for the readers that want them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any, Self
+
+from controlplane.states import JobState, TaskState
+
+
+def _loads(text: str | None) -> Any:
+    return json.loads(text) if text else None
+
+
+class _Row:
+    __slots__ = ()
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Self:
+        names = cls._names()  # type: ignore[attr-defined]
+        return cls(**{k: row[k] for k in names if k in row})
+
+    @classmethod
+    def _names(cls) -> tuple[str, ...]:
+        cached = cls.__dict__.get("_NAMES")
+        if cached is None:
+            cached = tuple(f.name for f in fields(cls))  # type: ignore[arg-type]
+            type.__setattr__(cls, "_NAMES", cached)
+        return cached
+
+    def but(self, **changes: Any) -> Self:
+        """A copy with `changes` (the row as a write left it)."""
+        return replace(self, **changes)  # type: ignore[type-var]
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRow(_Row):
+    pk: int
+    task_id: str
+    owner: str
+    tool_name: str
+    inputs_json: str
+    input_size: float | None
+    provider: str
+    resource_class: str
+    store_url: str
+    priority: int
+    ttl_s: int
+    idempotency_key: str | None
+    tags_json: str
+    resources_json: str
+    max_runtime_s: int
+    state: TaskState
+    attempt: int
+    max_attempts: int
+    not_before: float
+    submitted_at: float
+    updated_at: float
+    version: int
+    scheduled_at: float | None = None
+    started_at: float | None = None
+    heartbeat_at: float | None = None
+    completed_at: float | None = None
+    expires_at: float | None = None
+    timeout_at: float | None = None
+    worker_id: str | None = None
+    cancel_requested: bool = False
+    cancel_reason: str | None = None
+    stop_reason: str | None = None
+    progress_json: str | None = None
+    result_json: str | None = None
+    error_json: str | None = None
+    metrics_json: str | None = None
+    estimate_s: float | None = None
+    log_seq: int = 0
+    log_first_seq: int = 1
+    failures: int = 0  # attempts the tool itself failed, retried (the tool's budget: max_attempts)
+    recoveries: int = 0  # attempts lost, preempted or not launched, retried (max_recoveries)
+    max_recoveries: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "state", TaskState(self.state))
+        object.__setattr__(self, "cancel_requested", bool(self.cancel_requested))
+
+    @property
+    def progress(self) -> dict[str, Any] | None:
+        return _loads(self.progress_json)
+
+    @property
+    def error(self) -> dict[str, Any] | None:
+        return _loads(self.error_json)
+
+    @property
+    def result(self) -> Any:
+        return _loads(self.result_json)
+
+    @property
+    def tags(self) -> list[str]:
+        return json.loads(self.tags_json or "[]")
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSummary(_Row):
+    """A task as a page of list_tasks shows it (not its inputs or result)."""
+
+    pk: int
+    task_id: str
+    tool_name: str
+    state: TaskState
+    priority: int
+    resource_class: str
+    attempt: int
+    submitted_at: float
+    updated_at: float
+    tags_json: str
+    started_at: float | None = None
+    completed_at: float | None = None
+    progress_json: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "state", TaskState(self.state))
+
+
+@dataclass(frozen=True, slots=True)
+class JobRow(_Row):
+    worker_id: str
+    task_id: str
+    attempt: int
+    provider: str
+    resource_class: str
+    job_name: str
+    state: JobState
+    created_at: float
+    handle_json: str | None = None
+    launched_at: float | None = None
+    seen_at: float | None = None
+    finished_at: float | None = None
+    stop_requested_at: float | None = None
+    stop_sent_at: float | None = None
+    event_seq: int = 0
+    provider_status: str | None = None
+    provider_reason: str | None = None
+    secret_claim: str | None = None
+    abandoned_at: float | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "state", JobState(self.state))
+
+    @property
+    def handle(self) -> dict[str, Any] | None:
+        return _loads(self.handle_json)
+
+
+@dataclass(frozen=True, slots=True)
+class WatchedJob(_Row):
+    """A job the reconciler watches, with the fields of its task that it needs."""
+
+    worker_id: str
+    task_id: str
+    attempt: int
+    provider: str
+    job_name: str
+    job_state: JobState
+    task_attempt: int
+    state: TaskState  # the task's
+    store_url: str
+    tool_name: str
+    event_seq: int
+    handle_json: str | None = None
+    launched_at: float | None = None
+    seen_at: float | None = None
+    stop_requested_at: float | None = None
+    stop_sent_at: float | None = None
+    provider_status: str | None = None
+    provider_reason: str | None = None
+    timeout_at: float | None = None
+    heartbeat_at: float | None = None
+    stop_reason: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "job_state", JobState(self.job_state))
+        object.__setattr__(self, "state", TaskState(self.state))
+
+    @property
+    def handle(self) -> dict[str, Any] | None:
+        return _loads(self.handle_json)
+
+    @property
+    def draining(self) -> bool:
+        """The task has moved on (finished, or a later attempt) but this job may still run."""
+        return self.job_state in (JobState.DRAINING, JobState.ABANDONED) or self.attempt != self.task_attempt
+
+
+@dataclass(frozen=True, slots=True)
+class LogLine(_Row):
+    seq: int
+    ts: float
+    stream: str
+    level: str
+    message: str
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class EventRow(_Row):
+    """One line of a task's audit: a transition, a retry, a launch, ..."""
+
+    pk: int
+    task_id: str
+    ts: float
+    kind: str
+    attempt: int
+    from_state: str | None = None
+    to_state: str | None = None
+    detail_json: str | None = None
+
+    @property
+    def detail(self) -> dict[str, Any] | None:
+        return _loads(self.detail_json)
+
+
+@dataclass(frozen=True, slots=True)
+class ArtifactRow(_Row):
+    artifact_id: str
+    task_id: str
+    attempt: int
+    name: str
+    kind: str
+    size_bytes: int
+    sha256: str
+    content_type: str
+    store_url: str
+    storage_key: str
+    created_at: float

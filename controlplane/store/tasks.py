@@ -1,0 +1,220 @@
+"""Tasks: submission (with idempotency and queue admission), reads, pages, cancel requests and
+the stops the reconciler begins. Owns the `tasks` and `task_tags` rows; every state change goes
+through `Writer.transition`. Knows no policy: errors and reasons come from the caller.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.exc import IntegrityError
+
+from controlplane import ids
+from controlplane.states import TaskState
+from controlplane.store import queries as q
+from controlplane.store.rows import TaskRow, TaskSummary
+from controlplane.store.writer import Writer
+
+S = TaskState
+
+
+class QueueFull(Exception):
+    def __init__(self, queue: str, length: int):
+        super().__init__(f"queue {queue} is full ({length} tasks waiting)")
+        self.queue = queue
+        self.length = length
+
+
+@dataclass(frozen=True)
+class NewTask:
+    owner: str
+    tool_name: str
+    inputs_json: str
+    input_size: float | None
+    provider: str
+    resource_class: str
+    priority: int
+    ttl_s: int
+    idempotency_key: str | None
+    tags: list[str]
+    resources_json: str
+    max_runtime_s: int
+    max_attempts: int
+    estimate_s: float | None
+    store_url: str = ""  # '' = the default store
+    max_recoveries: int | None = None  # None: max_attempts - 1 (as before the budgets were apart)
+
+
+@dataclass(frozen=True)
+class Submitted:
+    task: TaskRow
+    created: bool  # False: an earlier task with the same idempotency key
+    position: int | None  # in its queue, for a new task
+
+
+class TaskStore:
+    def __init__(self, writer: Writer):
+        self.w = writer
+        self.db = writer.db
+
+    # ---- submit -------------------------------------------------------------------------------
+    def submit(self, new: NewTask, *, queue_limit: int) -> Submitted:
+        """Insert a queued task, or return the existing one for a repeated idempotency key.
+        Raises QueueFull when the resource class already has `queue_limit` tasks waiting."""
+        for _ in range(3):
+            try:
+                return self._submit(new, queue_limit)
+            except IntegrityError:
+                # Lost an idempotency race on an engine that does not serialise writers; the
+                # winner's row is committed now.
+                existing = self.find_idempotent(new.owner, new.tool_name, new.idempotency_key)
+                if existing is not None:
+                    return Submitted(existing, False, None)
+        raise RuntimeError("could not submit the task")  # pragma: no cover
+
+    def _submit(self, new: NewTask, queue_limit: int) -> Submitted:
+        now = self.w.clock()
+        with self.w.tx() as c:
+            if new.idempotency_key is not None:
+                rows = self.db.run(c, q.GET_IDEMPOTENT, {"owner": new.owner, "tool_name": new.tool_name,
+                                                         "key": new.idempotency_key})
+                if rows:
+                    return Submitted(TaskRow.from_row(rows[0]), False, None)
+            self.db.lock_queue(c, new.resource_class)
+            [adm] = self.db.run(c, q.QUEUE_ADMISSION, {"rc": new.resource_class, "prio": new.priority})
+            waiting, ahead = adm["waiting"], adm["ahead"] or 0
+            if waiting >= queue_limit:
+                raise QueueFull(new.resource_class, waiting)
+            recoveries = new.max_recoveries if new.max_recoveries is not None else new.max_attempts - 1
+            values = dict(
+                task_id=ids.new_task_id(), owner=new.owner, tool_name=new.tool_name, inputs_json=new.inputs_json,
+                input_size=new.input_size, provider=new.provider, resource_class=new.resource_class,
+                priority=new.priority, ttl_s=new.ttl_s, idempotency_key=new.idempotency_key,
+                tags_json=json.dumps(new.tags), resources_json=new.resources_json, max_runtime_s=new.max_runtime_s,
+                state=S.QUEUED.value, attempt=1, max_attempts=new.max_attempts, not_before=0.0,
+                submitted_at=now, updated_at=now, cancel_requested=False, estimate_s=new.estimate_s,
+                log_seq=0, log_first_seq=1, version=1, store_url=new.store_url, failures=0, recoveries=0,
+                max_recoveries=recoveries,
+            )
+            pk = self.db.run(c, q.INSERT_TASK, values)[0]["pk"]
+            if new.tags:
+                c.execute(q.INSERT_TAGS, [{"task_pk": pk, "tag": t, "owner": new.owner, "submitted_at": now}
+                                          for t in dict.fromkeys(new.tags)])
+            self.w.event(c, values["task_id"], "submitted", None, S.QUEUED.value, 1,
+                         {"priority": new.priority, "queue": new.resource_class}, now)
+            return Submitted(TaskRow.from_row({**values, "pk": pk}), True, ahead + 1)
+
+    def find_idempotent(self, owner: str, tool_name: str, key: str | None) -> TaskRow | None:
+        if key is None:
+            return None
+        rows = self.db.fetch(q.GET_IDEMPOTENT, {"owner": owner, "tool_name": tool_name, "key": key})
+        return TaskRow.from_row(rows[0]) if rows else None
+
+    # ---- reads --------------------------------------------------------------------------------
+    def get(self, task_id: str, owner: str | None = None) -> TaskRow | None:
+        """The task, or None when unknown or (with `owner`) someone else's."""
+        if owner is None:
+            rows = self.db.fetch(q.GET_TASK, {"task_id": task_id})
+        else:
+            rows = self.db.fetch(q.GET_OWNED_TASK, {"task_id": task_id, "owner": owner})
+        return TaskRow.from_row(rows[0]) if rows else None
+
+    def queue_position(self, task: TaskRow) -> int:
+        """1-based position among the queued tasks of its class (priority first, then FIFO)."""
+        [row] = self.db.fetch(q.QUEUE_POSITION, {"rc": task.resource_class, "prio": task.priority, "pk": task.pk})
+        return int(row["ahead"] or 0) + 1
+
+    def list(self, owner: str, *, states_: Sequence[str] | None = None, tool_name: str | None = None,
+             tags_any: Sequence[str] | None = None, submitted_after: float | None = None,
+             submitted_before: float | None = None, after: tuple[float, int] | None = None,
+             limit: int = 50) -> list[TaskSummary]:
+        """Newest first by submission time; `after` = (submitted_at, pk) of the last row of the
+        previous page (keyset pagination: a page costs the same wherever it starts)."""
+        rows: dict[int, TaskSummary] = {}
+        with self.db.read() as c:
+            for stmt in q.list_page(owner, states_=states_, tool_name=tool_name, tags_any=tags_any,
+                                    submitted_after=submitted_after, submitted_before=submitted_before,
+                                    after=after, limit=limit):
+                for r in c.execute(stmt).mappings():
+                    rows.setdefault(r["pk"], TaskSummary.from_row(r))
+        return sorted(rows.values(), key=lambda r: (r.submitted_at, r.pk), reverse=True)[:limit]
+
+    def task_ids(self, owner: str, prefix: str, limit: int) -> list[str]:
+        """The owner's task ids that start with `prefix`, newest first (for completion)."""
+        if not prefix.isascii():
+            return []  # task ids are ASCII
+        stmt, filtered = q.task_ids_by_prefix(owner, prefix, limit)
+        with self.db.read() as c:
+            rows = list(c.execute(stmt))
+        if filtered:
+            rows = sorted((r for r in rows if r[2] == owner), key=lambda r: r[1], reverse=True)
+        return [r[0] for r in rows[:limit]]
+
+    def recent_inputs(self, owner: str, tool_name: str, limit: int) -> list[dict[str, Any]]:
+        """The inputs of the owner's most recent tasks of a tool, newest first (for completion)."""
+        rows = self.db.fetch(q.RECENT_INPUTS, {"owner": owner, "tool": tool_name, "lim": limit})
+        return [json.loads(r["inputs_json"]) for r in rows]
+
+    def runtimes(self, tool_name: str, limit: int) -> list[tuple[float | None, float]]:
+        """(input size, runtime in s) of the tool's most recent successful runs."""
+        rows = self.db.fetch(q.RECENT_RUNS, {"tool": tool_name, "lim": limit})
+        return [(r["input_size"], r["completed_at"] - r["started_at"]) for r in rows]
+
+    def count_by_state(self, resource_class: str | None = None) -> dict[str, int]:
+        with self.db.read() as c:
+            return {s: n for s, n in c.execute(q.count_by_state(resource_class))}
+
+    # ---- writes -------------------------------------------------------------------------------
+    def transition(self, task_id: str, to: TaskState, *, only_from: Iterable[TaskState] | None = None,
+                   kind: str | None = None, detail: dict[str, Any] | None = None,
+                   values: dict[str, Any] | None = None) -> TaskRow | None:
+        """Move one task to `to`. Returns the new row, or None if `only_from` no longer holds.
+        Raises states.IllegalTransition for a transition the state machine forbids."""
+        now = self.w.clock()
+        with self.w.tx() as c:
+            task = self.w.lock_task(c, task_id)
+            if task is None:
+                raise KeyError(task_id)
+            if only_from is not None and task.state not in set(only_from):
+                return None
+            return self.w.transition(c, task, to, kind=kind, detail=detail, values=values, now=now)
+
+    def request_cancel(self, task_id: str, owner: str, reason: str,
+                       error: dict[str, Any]) -> tuple[TaskRow | None, bool]:
+        """Returns (task, acknowledged). A queued task is cancelled at once (with `error`); a
+        scheduled or running one goes to cancel_requested for the reconciler to stop its job; a
+        finished one is left as it is (acknowledged=False)."""
+        now = self.w.clock()
+        with self.w.tx() as c:
+            task = self.w.lock_task(c, task_id)
+            if task is None or task.owner != owner:
+                return None, False
+            vals: dict[str, Any] = {"cancel_requested": True, "cancel_reason": reason}
+            if task.state == S.QUEUED:
+                vals["error_json"] = json.dumps(error)
+                return self.w.transition(c, task, S.CANCELLED, kind="cancelled", detail={"reason": reason},
+                                         values=vals, now=now), True
+            if task.state in (S.SCHEDULED, S.RUNNING):
+                vals["stop_reason"] = "cancel"
+                return self.w.transition(c, task, S.CANCEL_REQUESTED, kind="cancel_requested",
+                                         detail={"reason": reason}, values=vals, now=now), True
+            return task, task.state in (S.CANCEL_REQUESTED, S.CANCELLING)
+
+    def begin_stop(self, task_id: str, reason: str) -> TaskRow | None:
+        """cancel_requested -> cancelling (reason "cancel"), or running -> cancelling (reason
+        "timeout"): the job is being stopped; the task ends once the job is confirmed gone."""
+        now = self.w.clock()
+        with self.w.tx() as c:
+            task = self.w.lock_task(c, task_id)
+            if task is None:
+                return None
+            if reason == "timeout" and task.state == S.RUNNING:
+                return self.w.transition(c, task, S.CANCELLING, kind="timeout",
+                                         detail={"timeout_s": task.max_runtime_s},
+                                         values={"stop_reason": "timeout"}, now=now)
+            if task.state == S.CANCEL_REQUESTED:
+                return self.w.transition(c, task, S.CANCELLING, kind="cancelling", now=now)
+            return None

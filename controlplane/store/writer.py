@@ -1,0 +1,106 @@
+"""Write transactions and the one function that changes a task's state.
+
+Every aggregate of the store writes through a `Writer`: `tx()` opens a write transaction and,
+after it commits, tells `on_change` (the progress hub) of every task it changed; `transition`
+checks the move against the state machine (`controlplane.states`), bumps the row's version and
+writes its task_event in the same transaction; `move_job` does the same for a job.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy.engine import Connection
+
+from controlplane import states
+from controlplane.states import JobState, TaskState
+from controlplane.store import queries as q
+from controlplane.store.db import Database
+from controlplane.store.rows import JobRow, TaskRow
+
+
+def _now() -> float:
+    return time.time()
+
+
+class Writer:
+    def __init__(self, db: Database, clock: Callable[[], float] = _now):
+        self.db = db
+        self.clock = clock
+        self.lock_stmt = db.for_update(q.GET_TASK)
+        # Called with a task id after each committed change to the task (state or progress).
+        self.on_change: Callable[[str], None] | None = None
+        self._local = threading.local()
+
+    @contextmanager
+    def tx(self) -> Iterator[Connection]:
+        """A write transaction; after it commits, `on_change` hears of every task it changed."""
+        changed: list[str] = []
+        outer = getattr(self._local, "changed", None)
+        self._local.changed = changed
+        try:
+            with self.db.write() as c:
+                yield c
+        finally:
+            self._local.changed = outer
+        if self.on_change is not None:
+            for task_id in dict.fromkeys(changed):
+                self.on_change(task_id)
+
+    def changed(self, task_id: str) -> None:
+        changed = getattr(self._local, "changed", None)
+        if changed is not None:
+            changed.append(task_id)
+
+    def lock_task(self, c: Connection, task_id: str) -> TaskRow | None:
+        rows = self.db.run(c, self.lock_stmt, {"task_id": task_id})
+        return TaskRow.from_row(rows[0]) if rows else None
+
+    def job(self, c: Connection, task_id: str, attempt: int) -> JobRow | None:
+        rows = self.db.run(c, q.GET_JOB, {"task_id": task_id, "attempt": attempt})
+        return JobRow.from_row(rows[0]) if rows else None
+
+    def event(self, c: Connection, task_id: str, kind: str, frm: str | None, to: str | None, attempt: int,
+              detail: dict[str, Any] | None, now: float) -> None:
+        self.db.run(c, q.INSERT_EVENT, {"task_id": task_id, "ts": now, "kind": kind, "from_state": frm,
+                                        "to_state": to, "attempt": attempt,
+                                        "detail_json": json.dumps(detail) if detail else None})
+
+    def transition(self, c: Connection, task: TaskRow, to: TaskState, *, kind: str | None = None,
+                   detail: dict[str, Any] | None = None, values: dict[str, Any] | None = None,
+                   now: float) -> TaskRow:
+        """The only code that changes tasks.state."""
+        states.check(task.task_id, task.state, to)
+        vals = dict(values or {})
+        vals.update(state=to.value, updated_at=now, version=task.version + 1)
+        if to in states.TERMINAL:
+            vals.setdefault("completed_at", now)
+            vals.setdefault("expires_at", now + task.ttl_s)
+        changed = self.db.run(c, q.UPDATE_TASK_VERSIONED, {"_pk": task.pk, "_version": task.version, **vals})
+        if changed != 1:  # pragma: no cover - write transactions are serialised
+            raise RuntimeError(f"task {task.task_id} changed under a write transaction")
+        self.event(c, task.task_id, kind or to.value, task.state.value, to.value, vals.get("attempt", task.attempt),
+                   detail, now)
+        self.changed(task.task_id)
+        return task.but(**vals)
+
+    def update_task(self, c: Connection, task: TaskRow, values: dict[str, Any]) -> TaskRow:
+        """A write that is not a transition (progress, counters): the version still goes up."""
+        self.db.run(c, q.UPDATE_TASK, {"_pk": task.pk, **values})
+        return task.but(version=task.version + 1, **values)
+
+    def move_job(self, c: Connection, job: JobRow, to: JobState, now: float, **values: Any) -> JobRow:
+        """The only code that changes jobs.state (the transition table of `states.JobState`)."""
+        states.check_job(job.worker_id, job.state, to)
+        vals: dict[str, Any] = {"state": to.value, **values}
+        if to != JobState.ACTIVE:  # the attempt ended (for a drained or abandoned job: as far as we care)
+            vals["finished_at"] = now
+        if to == JobState.ABANDONED:
+            vals["abandoned_at"] = now
+        self.db.run(c, q.UPDATE_JOB, {"_wid": job.worker_id, **vals})
+        return job.but(**vals)
