@@ -284,7 +284,7 @@ async def test_crash_after_submit_before_the_handle_launches_exactly_one_job(mot
     with aws.BatchExecutor(moto):
         async with Client(build_server(second)) as client:
             st = await Agent(client).wait(tid, timeout=60)
-    named = [j for j in aws.backend()._jobs.values() if j.job_name == job["job_name"]]
+    named = [j for j in aws.backend()._jobs.values() if j.job_name == job.job_name]
     assert len(named) == 1  # found by name, not submitted again
     assert st["state"] == "succeeded"
     assert json.loads(second.store.jobs.get(tid, 1).handle_json)["job_id"] == named[0].job_id

@@ -181,7 +181,7 @@ async def test_crash_after_run_before_the_handle_launches_exactly_one_execution(
     async with Client(build_server(second)) as client:
         st = await Agent(client).wait(tid, timeout=60)
     assert st["state"] == "succeeded"
-    assert fake.runs[job["job_name"]] == 1  # found by its marker, not run again
+    assert fake.runs[job.job_name] == 1  # found by its marker, not run again
     assert json.loads(second.store.jobs.get(tid, 1).handle_json)["execution"] == execution_of(fake, tid)["name"]
 
 

@@ -133,9 +133,9 @@ async def test_more_than_a_hundred_task_ids_page_as_has_more(cp: ControlPlane) -
         async with Client(build_server(cp, with_auth=False)) as client:
             assert cp.settings.default_owner != "alice"
             assert (await client.complete(TASK, {"name": "task_id", "value": ""})).values == []
-        from controlplane.completion import Completer
+        from controlplane.mcp.candidates import Completer
 
-        got = Completer(cp, {}).task_ids("alice", "tsk_")
+        got = Completer(cp.service, cp.catalog, {}).task_ids("alice", "tsk_")
         assert got.values == ids[::-1][:100] and got.has_more and got.total is None
 
 

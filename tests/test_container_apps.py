@@ -163,9 +163,9 @@ async def test_an_execution_that_ignores_stop_is_abandoned_not_waited_on(run: Ru
     assert ex["status"] == "Running"  # still running in the cloud, though asked to stop
     assert any(m == "POST" and p.endswith(f"/executions/{ex['name']}/stop") for _, m, p in run.fake.requests)
     job = run.cp.store.jobs.get(tid, 1)
-    assert job["state"] == "abandoned" and job["abandoned_at"] is not None
+    assert job.state == "abandoned" and job.abandoned_at is not None
     trail = [e for e in run.cp.store.logs.events(tid) if e.kind == "cancelled"]
-    assert json.loads(trail[0]["detail_json"])["job"] == "abandoned"
+    assert trail[0].detail["job"] == "abandoned"
 
     # The operator sees it, with the cloud's own word for it.
     shown = subprocess.run([sys.executable, "-m", "controlplane.cli", "jobs", "--state", "abandoned", "--json",
@@ -182,7 +182,7 @@ async def test_an_execution_that_ignores_stop_is_abandoned_not_waited_on(run: Ru
     deadline = time.monotonic() + 30
     while run.cp.store.jobs.get(tid, 1).state != "done" and time.monotonic() < deadline:
         await anyio.sleep(0.1)
-    assert run.cp.store.jobs.get(tid, 1).state == "done" and run.cp.store.jobs.get(tid, 1).abandoned_at == job["abandoned_at"]
+    assert run.cp.store.jobs.get(tid, 1).state == "done" and run.cp.store.jobs.get(tid, 1).abandoned_at == job.abandoned_at
 
 
 async def test_timeout_stops_the_execution(run: Run) -> None:
@@ -273,7 +273,7 @@ async def test_crash_after_start_before_the_handle_launches_exactly_one_executio
     async with Client(build_server(second)) as client:
         st = await Agent(client).wait(tid, timeout=60)
     assert st["state"] == "succeeded"
-    assert fake.runs[job["job_name"]] == 1  # found by its marker, not started again
+    assert fake.runs[job.job_name] == 1  # found by its marker, not started again
     assert json.loads(second.store.jobs.get(tid, 1).handle_json)["execution"] == execution_of(fake, tid)["name"]
 
 

@@ -11,13 +11,25 @@ from sqlalchemy import inspect
 from sqlmodel import SQLModel
 
 from controlplane.store import models  # noqa: F401  (registers the tables)
-from controlplane.store.db import Database
+from controlplane.store.db import MIGRATIONS_DIR, Database
+
+
+def _head() -> str:
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    return ScriptDirectory.from_config(cfg).get_current_head()
+
+
+HEAD = _head()  # the newest migration
 
 
 def test_migrations_create_exactly_the_model_schema(tmp_path: Path) -> None:
     db = Database(f"sqlite:///{tmp_path / 'cp.db'}")
     db.upgrade()
-    assert db.current_revision() == "0005"
+    assert db.current_revision() == HEAD
     with db.engine.connect() as c, warnings.catch_warnings():
         warnings.simplefilter("ignore")  # SQLite cannot reflect the one expression index (priority DESC)
         diff = compare_metadata(MigrationContext.configure(c), SQLModel.metadata)
@@ -35,7 +47,7 @@ def test_upgrade_is_idempotent_and_downgrade_clean(tmp_path: Path) -> None:
     db = Database(f"sqlite:///{tmp_path / 'cp.db'}")
     db.upgrade()
     db.upgrade()  # a second start changes nothing
-    assert db.current_revision() == "0005"
+    assert db.current_revision() == HEAD
     from alembic import command
     from alembic.config import Config
 
@@ -47,7 +59,7 @@ def test_upgrade_is_idempotent_and_downgrade_clean(tmp_path: Path) -> None:
     command.downgrade(cfg, "base")
     assert set(inspect(db.engine).get_table_names()) <= {"alembic_version"}
     db.upgrade()
-    assert db.current_revision() == "0005"
+    assert db.current_revision() == HEAD
 
 
 def test_upgrade_from_0001_keeps_tasks_and_gives_them_the_default_store(tmp_path: Path) -> None:
@@ -62,7 +74,7 @@ def test_upgrade_from_0001_keeps_tasks_and_gives_them_the_default_store(tmp_path
             " VALUES ('tsk_old', 'me', 'exercise', '{}', 'local', 'cpu_small', 0, 60, '[]', '{}', 60, 'succeeded',"
             " 1, 1, 0, 1.0, 1.0, 0, 0, 1, 3)")
     db.upgrade()
-    assert db.current_revision() == "0005"
+    assert db.current_revision() == HEAD
     with db.engine.connect() as c:
         row = c.exec_driver_sql("SELECT task_id, state, store_url FROM tasks").one()
     assert tuple(row) == ("tsk_old", "succeeded", "")

@@ -24,7 +24,7 @@ from controlplane.objectstore.base import task_prefix
 from controlplane.settings import Settings
 from providers.base import TransientProviderError
 from providers.local import LocalProvider
-from tests.conftest import FAST, Agent, pid_alive, write_catalog
+from tests.conftest import FAST, Agent, ToolCallError, pid_alive, write_catalog
 
 pytestmark = pytest.mark.anyio
 
@@ -192,3 +192,24 @@ async def test_expiry_removes_logs_artifacts_and_objects(agent: Agent, cp: Contr
     assert res["result"] is None and res["artifacts"] == [] and "expired" in res["message"]
     assert (await agent.call("tail_task_logs", task_id=tid))["lines"] == []
     assert not os.path.exists(store.path_of(task_prefix(tid).rstrip("/")))
+
+
+async def test_expired_tasks_are_purged_after_retention_and_the_audit_outlives_them(agent: Agent,
+                                                                                     cp: ControlPlane) -> None:
+    tid = await agent.submit(inputs={"log_lines": 2}, ttl_s=60)
+    assert (await agent.wait(tid))["state"] == "succeeded"
+    with cp.db.write() as c:  # the ttl has passed
+        c.exec_driver_sql("update tasks set expires_at = 1000 where task_id = ?", (tid,))
+    await cp.reconciler.cycle()
+    assert (await agent.call("get_task_status", task_id=tid))["state"] == "expired"  # the tombstone answers
+    now = time.time()
+    kept = cp.store.retention.purge(now, purge_after_s=now, audit_retention_s=10 * now)  # not old enough
+    assert kept.tasks == 0 and cp.store.tasks.get(tid) is not None
+    gone = cp.store.retention.purge(now, purge_after_s=60, audit_retention_s=10 * now)
+    assert gone.tasks == 1 and cp.store.tasks.get(tid) is None and cp.store.jobs.get(tid, 1) is None
+    with pytest.raises(ToolCallError) as e:
+        await agent.call("get_task_status", task_id=tid)
+    assert e.value.code == "NOT_FOUND"
+    assert [ev.kind for ev in cp.store.logs.events(tid)][-1] == "expired"  # the audit is kept
+    cp.store.retention.purge(now + 1, purge_after_s=60, audit_retention_s=0)  # ...for its own period
+    assert cp.store.logs.events(tid) == []

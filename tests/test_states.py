@@ -136,3 +136,42 @@ def test_only_from_guard_leaves_a_moved_task_alone(cp: ControlPlane) -> None:
     before = cp.store.tasks.get(task_id)
     assert cp.store.tasks.transition(task_id, TaskState.QUEUED, only_from=[TaskState.SCHEDULED]) is None
     assert cp.store.tasks.get(task_id) == before
+
+
+# ---- jobs ---------------------------------------------------------------------------------------
+from controlplane.states import JOB_TRANSITIONS, JobState  # noqa: E402
+
+
+def job_in(cp: ControlPlane, state: JobState):
+    """A job row in `state` (its task claimed into a slot, then the row set directly)."""
+    cp.store.tasks.submit(new_task(), queue_limit=1000)
+    [(_task, job)] = cp.store.jobs.claim_for_launch("cpu_small", 1000, limit=1)
+    with cp.db.write() as c:
+        c.exec_driver_sql("update jobs set state=? where worker_id=?", (state.value, job.worker_id))
+    return cp.store.jobs.get(job.task_id, job.attempt)
+
+
+@pytest.mark.parametrize("src", list(JobState), ids=lambda s: s.value)
+def test_job_moves_follow_their_table(cp: ControlPlane, src: JobState) -> None:
+    for dst in JobState:
+        job = job_in(cp, src)
+        w = cp.store.writer
+        if dst in JOB_TRANSITIONS[src]:
+            with w.tx() as c:
+                w.move_job(c, job, dst, now=123.0)
+            after = cp.store.jobs.get(job.task_id, job.attempt)
+            assert after.state == dst
+            assert (after.abandoned_at == 123.0) == (dst == JobState.ABANDONED)
+        else:
+            with pytest.raises(IllegalTransition):
+                with w.tx() as c:
+                    w.move_job(c, job, dst, now=123.0)
+            assert cp.store.jobs.get(job.task_id, job.attempt) == job  # nothing written
+
+
+def test_ended_jobs_are_not_watched_and_only_launching_and_active_report() -> None:
+    from controlplane.states import REPORTING, WATCHED
+
+    assert WATCHED == {JobState.ACTIVE, JobState.DRAINING, JobState.ABANDONED}
+    assert REPORTING == {JobState.LAUNCHING, JobState.ACTIVE}
+    assert not JOB_TRANSITIONS[JobState.DONE] and not JOB_TRANSITIONS[JobState.DROPPED]

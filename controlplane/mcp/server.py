@@ -21,7 +21,7 @@ from controlplane import api
 from controlplane.http.routes import routes
 from controlplane.mcp.auth import build_auth
 from controlplane.errors import invalid
-from controlplane.mcp.completion import install as install_completion
+from controlplane.mcp import completion, prompts, resources
 from controlplane.mcp.streaming import Followers, wait_tool
 from controlplane.mcp.subscriptions import TaskSubscriptions
 from controlplane.mcp.tasks import ControlPlaneTasks
@@ -107,7 +107,9 @@ def build_server(cp: ControlPlane, *, with_auth: bool = True) -> FastMCP:
     mcp._mcp_server.get_tool_input_schema = schemas.get
     mcp.add_middleware(UnknownToolAsError())
     mcp.add_extension(ControlPlaneTasks(cp))  # native tasks, from our own store
-    install_completion(mcp, cp, schemas)  # task:// and tool:// resources, prompts, completion
+    resources.install(mcp, cp)  # task:// and tool://
+    prompts.install(mcp, cp)  # one prompt per catalog tool
+    completion.install(mcp, cp, schemas)  # completion/complete and the tool-argument extension
     subscriptions.install(mcp)  # task:// subscriptions, in both eras
 
     for route in routes(cp.route_deps()):

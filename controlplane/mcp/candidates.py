@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from controlplane.app import ControlPlane
+    from controlplane.catalog import Catalog
+    from controlplane.service import TaskService
 
 MAX_VALUES = 100  # the MCP completion limit
 HISTORY_TASKS = 200  # earlier tasks of the tool looked at for previously used values
@@ -141,23 +142,24 @@ class Completer:
     """`schemas`: the input schemas of the served tools, by name (as served, $refs inlined); a
     catalog tool is completed from its catalog entry (and its history) first."""
 
-    def __init__(self, cp: ControlPlane, schemas: dict[str, dict[str, Any]]):
-        self.cp = cp
+    def __init__(self, service: TaskService, catalog: Catalog, schemas: dict[str, dict[str, Any]]):
+        self.service = service
+        self.catalog = catalog
         self.schemas = schemas
 
     def task_ids(self, owner: str, typed: str) -> Candidates:
-        ids = self.cp.service.task_ids(owner, typed, MAX_VALUES + 1)
+        ids = self.service.task_ids(owner, typed, MAX_VALUES + 1)
         more = len(ids) > MAX_VALUES
         return Candidates(ids[:MAX_VALUES], None if more else len(ids), more)
 
     def tool_names(self, typed: str) -> Candidates:
-        return _finish(sorted(self.cp.catalog.tools), typed)
+        return _finish(sorted(self.catalog.tools), typed)
 
     def argument(self, owner: str, tool: str, argument: str, typed: str,
                  arguments: dict[str, Any] | None = None) -> Candidates | None:
         """Candidates for one argument of a tool (catalog or canonical); None for an unknown tool."""
         arguments = arguments or {}
-        spec = self.cp.catalog.tool(tool)
+        spec = self.catalog.tool(tool)
         if spec is not None:
             return self._catalog_argument(owner, spec, argument, typed, arguments)
         if tool not in self.schemas:
@@ -168,7 +170,7 @@ class Completer:
             return self.tool_names(typed)
         if tool == "submit_task" and argument.startswith("inputs."):
             inner = arguments.get("inputs") if isinstance(arguments.get("inputs"), dict) else {}
-            target = self.cp.catalog.tool(str(arguments.get("tool_name", "")))
+            target = self.catalog.tool(str(arguments.get("tool_name", "")))
             if target is None:
                 return Candidates([], 0, False)
             return self._catalog_argument(owner, target, argument.removeprefix("inputs."), typed, inner)
@@ -185,6 +187,6 @@ class Completer:
         if typed.startswith("$."):
             return _finish([], typed, resolved=references(typed, argument, arguments))
         cands = schema_values(schema)
-        cands += _history(self.cp.service.recent_inputs(owner, spec.name, HISTORY_TASKS), argument)
+        cands += _history(self.service.recent_inputs(owner, spec.name, HISTORY_TASKS), argument)
         cands += _suggested(schema)
         return _finish(cands, typed)
