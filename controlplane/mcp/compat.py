@@ -1,8 +1,9 @@
 """Every place where we reach past the public API of fastmcp and the `mcp` SDK, in one module.
 
-The rest of the code calls the functions below and never names a private attribute or module of
-fastmcp, mcp or mcp_types (`tests/test_compat.py` scans for that, and has one test per internal
-that fails with a clear message when an SDK release changes it under us).
+The rest of the code (controlplane/, bench/) calls the functions below and never names a private
+attribute or module of fastmcp, mcp, mcp_types, starlette or uvicorn: `tests/test_compat.py` scans
+for that, and has one test per internal that fails with a clear message when an SDK release
+changes it under us. A new internal goes here, with its entry below and its test there.
 
 Checked against (`CHECKED_AGAINST`): fastmcp 4.1.2, mcp 2.3.0, mcp-types 2.3.0, starlette 1.10.0,
 uvicorn 0.54.0.
