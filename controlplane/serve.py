@@ -18,11 +18,11 @@ from urllib.parse import urlsplit
 
 from fastmcp.server.event_store import EventStore
 from key_value.aio.stores.memory import MemoryStore
-from starlette.routing import Route
 
 from controlplane.app import ControlPlane
 from controlplane.http.listener import Listener
 from controlplane.http.quiet_json import QuietJsonRouter
+from controlplane.mcp import compat
 from controlplane.mcp.auth import load_tokens
 from controlplane.mcp.server import build_server
 
@@ -63,11 +63,7 @@ def http_app(cp: ControlPlane, listener: Listener, host: str) -> Any:
 
 def route_quiet_calls_as_json(app: Any) -> QuietJsonRouter:
     """Put the JSON router where the SDK's app is mounted at /mcp (inside the token check)."""
-    [route] = [r for r in app.routes if isinstance(r, Route) and r.path == "/mcp"]
-    holder = route.app if hasattr(route.app, "app") else route  # RequireAuthMiddleware, or the bare route
-    router = QuietJsonRouter(holder.app, frozenset({"wait_task"}))
-    holder.app = router
-    return router
+    return compat.wrap_mcp_endpoint(app, "/mcp", lambda sdk_app: QuietJsonRouter(sdk_app, frozenset({"wait_task"})))
 
 
 class HttpServer:

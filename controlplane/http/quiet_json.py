@@ -16,9 +16,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from mcp.server._streamable_http_modern import handle_modern_request
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from controlplane.mcp import compat
 
 VERSION_HEADER = b"mcp-protocol-version"
 STREAMING_META = ("progressToken", "io.modelcontextprotocol/logLevel")
@@ -49,7 +50,7 @@ class QuietJsonRouter:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         version = next((v for k, v in scope.get("headers", ()) if k == VERSION_HEADER), None)
-        manager = getattr(self.inner, "session_manager", None)
+        manager = compat.session_manager_of(self.inner)
         if (scope["type"] != "http" or scope["method"] != "POST" or version is None or manager is None
                 or version.decode("latin-1") in HANDSHAKE_PROTOCOL_VERSIONS):
             await self.inner(scope, receive, send)
@@ -76,8 +77,7 @@ class QuietJsonRouter:
             return
         self.json_answers += 1
         # The manager's own arguments, with JSON answers on: the same handler, without the stream.
-        await handle_modern_request(manager.app, manager.security_settings, True, manager._lifespan_state,
-                                    scope, replay, send)
+        await compat.answer_modern_as_json(manager, scope, replay, send)
 
 
 def _replay(bodies: list[bytes], pending: Message | None, receive: Receive) -> Receive:

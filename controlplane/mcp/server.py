@@ -19,6 +19,7 @@ from fastmcp.tools.base import ToolResult
 
 from controlplane import api
 from controlplane.http.routes import routes
+from controlplane.mcp import compat
 from controlplane.mcp.auth import build_auth
 from controlplane.errors import invalid
 from controlplane.mcp import completion, prompts, resources
@@ -104,7 +105,7 @@ def build_server(cp: ControlPlane, *, with_auth: bool = True) -> FastMCP:
     # through the server unless the low-level server can look the schema up itself: that listing
     # was half the cost of a get_task_status call. Our tools are the same for every caller.
     schemas = {t.name: t.parameters for t in tools}
-    mcp._mcp_server.get_tool_input_schema = schemas.get
+    compat.set_input_schema_lookup(mcp, schemas.get)
     mcp.add_middleware(UnknownToolAsError())
     mcp.add_extension(ControlPlaneTasks(cp))  # native tasks, from our own store
     resources.install(mcp, cp)  # task:// and tool://

@@ -28,6 +28,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 
 from controlplane import blocking
+from controlplane.mcp import compat
 from controlplane.mcp.tools import caller
 from controlplane.progress import MIN_INTERVAL_S
 
@@ -60,7 +61,7 @@ class TaskSubscriptions:
         self._watches: weakref.WeakKeyDictionary[Any, dict[str, asyncio.Task[None]]] = weakref.WeakKeyDictionary()
 
     def install(self, mcp: FastMCP) -> None:
-        low = mcp._mcp_server  # spec methods are not extension methods: registered on the SDK server
+        low = compat.low_level_server(mcp)  # spec methods are not extension methods: registered on the SDK server
         low.add_request_handler("subscriptions/listen", mcp_types.SubscriptionsListenRequestParams, self.listen)
         low.add_request_handler("resources/subscribe", mcp_types.SubscribeRequestParams, self.subscribe)
         low.add_request_handler("resources/unsubscribe", mcp_types.UnsubscribeRequestParams, self.unsubscribe)
@@ -130,7 +131,7 @@ class TaskSubscriptions:
     async def subscribe(self, ctx: ServerRequestContext[Any, Any],
                         params: mcp_types.SubscribeRequestParams) -> mcp_types.EmptyResult:
         uri = str(params.uri)
-        connection = ctx.session._connection  # the client's connection: where its notifications go
+        connection = compat.connection_of(ctx.session)  # the client's connection: where its notifications go
         watches = self._watches.setdefault(connection, {})
         if uri in watches:
             return mcp_types.EmptyResult()  # subscribing twice is subscribing once
@@ -162,7 +163,7 @@ class TaskSubscriptions:
 
     async def unsubscribe(self, ctx: ServerRequestContext[Any, Any],
                           params: mcp_types.UnsubscribeRequestParams) -> mcp_types.EmptyResult:
-        watch = self._watches.get(ctx.session._connection, {}).get(str(params.uri))
+        watch = self._watches.get(compat.connection_of(ctx.session), {}).get(str(params.uri))
         if watch is not None:
             watch.cancel()
         return mcp_types.EmptyResult()
