@@ -1,5 +1,6 @@
 """The progress hub reads a changed task where the database allows it: inline on SQLite, in a
-worker thread for a database reached over the network, once per burst of changes, in order."""
+worker thread for a database reached over the network, once per burst of changes, in order.
+The progress sender's values rise with every notification, whatever the task's percent does."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import time
 from typing import Any
 
 from controlplane import blocking
-from controlplane.progress import ProgressHub
+from controlplane.progress import NUDGE, ProgressHub, ProgressSender
 
 
 class Rows:
@@ -87,3 +88,60 @@ def test_no_reads_for_a_task_nobody_follows() -> None:
     rows = Rows(networked=True)
     asyncio.run(_after_unsubscribe(rows))
     assert rows.reads == []
+
+
+# ---- the sender's values ------------------------------------------------------------------------
+def test_the_value_rises_with_every_notification_whatever_the_percent_does() -> None:
+    sent: list[tuple[float, float | None, str | None]] = []
+
+    async def send(value: float, total: float | None, message: str | None) -> None:
+        sent.append((value, total, message))
+
+    async def run() -> None:
+        sender = ProgressSender(send, min_interval_s=0)
+        await sender.update(None, "queued")  # no percent yet
+        await sender.update(None, "running")  # the state changed, the percent did not
+        await sender.keepalive("running")
+        for word in ("reading", "parsing", "parsing"):  # one percent, several messages
+            await sender.update(20, word)
+        await sender.update(60, "attempt 1")
+        await sender.update(10, "attempt 2")  # a retry starts again from zero
+        await sender.update(59.9999999, "attempt 2")  # below the value already sent
+        await sender.keepalive("attempt 2")
+        await sender.update(100, "done")
+        await sender.update(250, "overshoot")  # a tool's nonsense is capped at 100
+        await sender.keepalive("done")
+        sender.close()
+        await sender.update(100, "after the answer")
+
+    asyncio.run(run())
+    values = [v for v, _, _ in sent]
+    assert all(b > a for a, b in zip(values, values[1:])), values
+    assert [round(v, 3) for v in values] == [0, 0, 0, 20, 20, 20, 60, 60, 60, 60, 100, 100, 100]
+    assert values[1] - values[0] == NUDGE and max(values) < 100 + 1e-5
+    assert {t for _, t, _ in sent} == {100.0} and sent[-1][2] == "done"
+
+
+def test_values_reach_the_client_in_order_when_a_send_is_slow() -> None:
+    """A slow send (a client reading slowly) and the throttle's trailing notification overlap:
+    the value is chosen when it is sent and sends take turns, so the client sees them in order."""
+    arrived: list[float] = []
+    calls = 0
+
+    async def send(value: float, total: float | None, message: str | None) -> None:
+        nonlocal calls
+        calls += 1
+        await asyncio.sleep(0.05 if calls == 1 else 0)  # the first send is slow
+        arrived.append(value)
+
+    async def run() -> None:
+        sender = ProgressSender(send, min_interval_s=0.01)
+        first = asyncio.create_task(sender.update(30, "a"))
+        await asyncio.sleep(0.001)
+        await sender.update(30, "b")  # within the interval: the trailing notification
+        await first
+        await asyncio.sleep(0.1)
+        sender.close()
+
+    asyncio.run(run())
+    assert len(arrived) == 2 and arrived[1] > arrived[0], arrived

@@ -1,11 +1,16 @@
 """Pushed progress and streaming waits (seeds 000, 002, 003 section 9, 004): wait_task streams a
-task's progress and returns its result; notifications are monotonic, at most 4 a second and never
-after the answer; a wait that times out says so; leaving a wait never cancels the task; 2025-11-25
-streams resume with Last-Event-ID; seed 000's follow-up notifications reach clients that ask."""
+task's progress and returns its result; a token's progress values strictly increase (MCP), on
+every wire, whatever the task does; notifications come at most 4 a second and never after the
+answer; a wait that times out says so; leaving a wait never cancels the task; 2025-11-25 streams
+resume with Last-Event-ID; seed 000's follow-up notifications reach clients that ask."""
 
 from __future__ import annotations
 
+import sys
 import time
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +20,14 @@ import mcp
 import pytest
 from fastmcp import Client
 from fastmcp.client.messages import MessageHandler
+from fastmcp.client.transports import StdioTransport
 
 from controlplane.app import ControlPlane
 from controlplane.mcp.server import build_server
 from controlplane.mcp.streaming import NOTIFY_META
 from controlplane.settings import Settings
-from tests.conftest import FAST, Agent, ServerProcess
+from tests import steady_tool
+from tests.conftest import FAST, ROOT, Agent, ServerProcess, catalog_text, fast_env, serving
 from tests.wire import Legacy, sse_events
 
 pytestmark = pytest.mark.anyio
@@ -38,6 +45,10 @@ class Recorder(MessageHandler):
 
     async def handler(self, progress: float, total: float | None, message: str | None) -> None:
         self.progress.append((time.monotonic(), progress, message))
+
+
+def strictly_increasing(values: list[float]) -> bool:
+    return all(b > a for a, b in zip(values, values[1:]))
 
 
 def assert_throttled(times: list[float]) -> None:
@@ -62,7 +73,7 @@ async def test_wait_task_streams_progress_then_returns_the_result(cp: ControlPla
         await anyio.sleep(1.0)  # anything still in flight would arrive now
     values = [p for _, p, _ in rec.progress]
     assert len(values) >= 5, rec.progress  # 40 steps over 3 s, coalesced
-    assert values == sorted(values) and values[-1] <= 100
+    assert strictly_increasing(values) and values[-1] <= 100
     assert any("step" in (m or "") for _, _, m in rec.progress)
     assert_throttled([t for t, _, _ in rec.progress])
     assert all(t <= answered for t, _, _ in rec.progress)
@@ -181,7 +192,7 @@ async def test_a_legacy_stream_resumes_with_last_event_id(http_server: Any) -> N
         assert answer["result"]["structuredContent"]["state"] == "succeeded"
         assert after, "nothing was replayed or streamed after the reconnect"
         values = [p["progress"] for p in before + after]
-        assert values == sorted(values) and all(p["progressToken"] == "w1" for p in before + after)
+        assert strictly_increasing(values) and all(p["progressToken"] == "w1" for p in before + after)
 
 
 async def test_seed_000_follow_up_notifications(http_server: Any) -> None:
@@ -221,7 +232,7 @@ async def test_seed_000_follow_up_notifications(http_server: Any) -> None:
         assert final["result"]["result"]["z"] == 26
         assert progress and all(p["progressToken"] == "t1" for _, p in progress)
         values = [p["progress"] for _, p in progress]
-        assert values == sorted(values)
+        assert strictly_increasing(values), values
         assert_throttled([t for t, _ in progress])
         assert all(t <= t_final for t, _ in progress)  # nothing after the final notification
 
@@ -249,3 +260,77 @@ async def test_without_the_flag_there_is_no_follow_up(http_server: Any) -> None:
             tg.cancel_scope.cancel()
         assert messages == []
 
+
+
+# ---- strictly increasing values, on every wire --------------------------------------------------
+SERVE_STDIO = ["-m", "controlplane.cli", "serve", "--transport", "stdio"]
+
+
+class TokenRecorder(MessageHandler):
+    """Every progress notification the client gets, by progressToken, as (value, total, message)."""
+
+    def __init__(self) -> None:
+        self.by_token: dict[Any, list[tuple[float, float | None, str | None]]] = defaultdict(list)
+
+    async def on_progress(self, message: Any) -> None:
+        p = message.params
+        self.by_token[p.progress_token].append((p.progress, p.total, p.message))
+
+
+async def _ignore(progress: float, total: float | None, message: str | None) -> None:
+    return None
+
+
+@asynccontextmanager
+async def client_over(transport: str, mode: str, home: Path, rec: MessageHandler) -> AsyncIterator[Client]:
+    """A fastmcp client of a server with the `steady` tool and 0.3 s keep-alives: the server a
+    subprocess on stdio, or this process's HTTP server."""
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "catalog.toml").write_text(catalog_text() + steady_tool.CATALOG_ENTRY)
+    if transport == "stdio":
+        stdio = StdioTransport(command=sys.executable, args=SERVE_STDIO, env=fast_env(home, keepalive_s=0.3),
+                               cwd=str(ROOT))
+        async with Client(stdio, mode=mode, message_handler=rec) as client:
+            yield client
+        return
+    async with serving(ControlPlane(Settings(home=home, keepalive_s=0.3, **FAST))) as server:
+        async with Client(server.url, mode=mode, message_handler=rec) as client:
+            yield client
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_progress_values_strictly_increase_on_every_wire(home: Path, transport: str, mode: str) -> None:
+    """A task whose first attempt fails at 60 %, whose retry starts again at 10 %, reports 50 % four
+    times with new messages, goes quiet (keep-alives), steps back to 30 % and sits at 100 %: every
+    token's values still rise with every notification, and `progress/total` stays its percent.
+    On the 2025-11-25 era the seed-000 follower of a catalog call is checked too."""
+    rec = TokenRecorder()
+    async with client_over(transport, mode, home, rec) as client:
+        agent = Agent(client)
+        tid = await agent.submit("steady", inputs={"fail_attempts": 1, "gap_s": 0.3, "quiet_s": 1.5})
+        res = await client.call_tool("wait_task", {"task_id": tid, "timeout_s": 60}, progress_handler=_ignore)
+        out = res.structured_content
+        assert out["state"] == "succeeded" and out["result"]["attempt"] == 2, out
+        followed = None
+        if mode == "legacy":  # seed 000: the catalog call answers at once, a follower streams on
+            res = await client.call_tool("steady", {"gap_s": 0.3, "quiet_s": 0.9}, progress_handler=_ignore,
+                                         meta={NOTIFY_META: True})
+            followed = res.structured_content["task_id"]
+            assert (await agent.call("wait_task", task_id=followed, timeout_s=60))["state"] == "succeeded"
+        await anyio.sleep(0.6)  # the follower's last notification, if any, arrives now
+    # the first wait, then (legacy) the follower and the second wait (the client gives every call a token)
+    waits = [seen for seen in rec.by_token.values() if any("reading" in (m or "") for _, _, m in seen)]
+    assert len(waits) == (3 if followed else 1), dict(rec.by_token)
+    for seen in rec.by_token.values():
+        values = [v for v, _, _ in seen]
+        assert strictly_increasing(values), values
+        assert all(total == 100 for _, total, _ in seen) and 0 <= values[0] and values[-1] < 100.001
+    wait = waits[0]
+    shown = [round(v, 3) for v, _, _ in wait]  # what a client that prints the percent shows
+    assert shown == sorted(shown)
+    # the retry started again at 10 % and repeated 50 %: the value held at 60 (a millionth above
+    # at each step) through the second attempt's reports and the quiet spell after "indexing"
+    assert shown.count(60.0) >= 6, wait
+    assert sum("indexing" in (m or "") for _, _, m in wait) >= 3, wait  # the report and keep-alives
+    assert 100.0 in shown
