@@ -419,3 +419,18 @@ def test_no_module_but_compat_names_a_private_sdk_name() -> None:
     assert not found, ("private names of fastmcp/mcp/starlette/uvicorn outside controlplane/mcp/compat.py; "
                        "add a named function to compat.py (and a test here) instead:\n  " + "\n  ".join(found))
     assert private_sdk_names_in(compat_module, sdk, own), "the scan no longer sees compat.py's own internals"
+
+
+def test_a_cancelled_request_can_still_be_answered() -> None:
+    """Internal 5: what `CancelledWaitAnswer` reaches for. Its behaviour (exactly one CANCELLED
+    answer to a cancelled wait_task, on stdio in both eras and on 2025-11-25 HTTP) is pinned by
+    tests/test_cancel_timeout.py; this names the SDK pieces so a version bump points here."""
+    import inspect
+
+    from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
+
+    assert callable(getattr(JSONRPCDispatcher, "_write_result", None)), (
+        f"mcp {installed().get('mcp')}: JSONRPCDispatcher._write_result is gone (checked against "
+        f"{compat.CHECKED_AGAINST['mcp']}); see controlplane/mcp/compat.py internal 5")
+    params = list(inspect.signature(JSONRPCDispatcher._write_result).parameters)
+    assert params[:3] == ["self", "request_id", "result"], params

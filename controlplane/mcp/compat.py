@@ -65,6 +65,14 @@ The internals
    If it goes away: `wrap_mcp_endpoint()` raises at startup with what it found; turn the
    router off (`CONTROLPLANE_JSON_RESPONSES=false`) until it is adapted.
 
+5. Answering a cancelled request (`CancelledWaitAnswer`, seed 003 section 7: a cancelled
+   wait_task gets exactly one answer, CANCELLED): `ServerSession._request_outbound`, the dispatch
+   context's `_inner` (a 2026-07-28 stdio connection wraps it) and `_dispatcher`, and
+   `JSONRPCDispatcher._write_result`. mcp drops whatever a cancelled handler returns.
+   Public alternative: none (MCP only says a server SHOULD NOT answer a cancelled request).
+   If it goes away: `for_request()` returns None and the SDK's behaviour stands (no answer on
+   stdio, -32800 on 2025-11-25 HTTP); `tests/test_cancel_timeout.py` fails on each wire.
+
 Not here, because they are public names (if undocumented): uvicorn `Server.started` and
 `Server.should_exit` (`controlplane.http.listener`, `bench/servers.py`).
 """
@@ -74,7 +82,18 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import logging
+
+import anyio
+from fastmcp.server.dependencies import get_context
+from fastmcp.tools.base import ToolResult
 from mcp.server._streamable_http_modern import handle_modern_request
+from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
+from mcp.shared.message import ServerMessageMetadata
+from mcp_types import SERVER_INFO_META_KEY
+from mcp_types import methods as mcp_methods
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import BaseModel
 from mcp.server.auth.middleware.bearer_auth import RequireAuthMiddleware
 from starlette.routing import Route
 
@@ -90,6 +109,7 @@ CHECKED_AGAINST = {"fastmcp": "4.1.2", "mcp": "2.3.0", "mcp-types": "2.3.0", "st
                    "uvicorn": "0.54.0"}
 
 W = TypeVar("W")
+log = logging.getLogger("controlplane.mcp.compat")
 
 
 # ---- 1. the SDK low-level server under FastMCP ----------------------------------------------------
@@ -140,3 +160,74 @@ def wrap_mcp_endpoint(app: Any, path: str, wrap: Callable[[ASGIApp], W]) -> W:
     wrapper = wrap(holder.app)
     holder.app = wrapper
     return wrapper
+
+
+# ---- answering a cancelled wait_task (seed 003 section 7) -----------------------------------------
+class CancelledWaitAnswer:
+    """The one answer to a wait_task its client cancelled: CANCELLED (seed 003 section 7).
+
+    mcp 2.3 answers nothing for a request its client cancelled with `notifications/cancelled`:
+    the dispatcher cancels the handler's scope (mcp/shared/jsonrpc_dispatcher.py:640-645) and
+    drops whatever the handler returns or raises once `cancel_requested` is set (:749, :763,
+    :781). On stdio the client then hears nothing at all; on the 2025-11-25 HTTP wire the
+    transport ends the request's stream with a bare JSON-RPC error -32800 "Request cancelled"
+    (mcp/server/streamable_http.py:446-458), not our {code: "CANCELLED"} result. MCP only says a
+    server SHOULD NOT answer a cancelled request and that a client SHOULD ignore a late answer;
+    seed 003 says the answer MUST be exactly one CANCELLED result. So the wait writes that
+    answer itself, on the dispatcher's write stream (the one its progress notifications took, so
+    the answer comes after them), shaped as the server shapes every tools/call result for the
+    request's era, and clears the transport's `on_request_unanswered` hook so that no -32800
+    follows it. The SDK has no public way to answer a request outside its handler's return:
+    this reads `ServerSession._request_outbound`, the dispatch context's `_dispatcher` (and
+    `_inner` for a 2026-07-28 connection on stdio) and calls `JSONRPCDispatcher._write_result`.
+    Where those are not found it does nothing and the SDK's behaviour stands (the tests notice).
+
+    The 2026-07-28 HTTP wire has no answer to give: a POSTed `notifications/cancelled` is
+    acknowledged and dropped before any handler sees it (mcp/server/_streamable_http_modern.py:
+    223-254, by design: one caller must not cancel another's request by guessing its id), and
+    the cancellation the protocol defines there is closing the response stream, after which
+    nothing can reach the client (:488-495). There the wait simply ends, and the task goes on.
+    """
+
+    def __init__(self, dctx: Any, dispatcher: JSONRPCDispatcher[Any], version: str, server: Any):
+        self._dctx = dctx
+        self._dispatcher = dispatcher
+        self._version = version
+        self._server = server  # the low-level server, whose identity 2026-07-28 results carry
+
+    @classmethod
+    def for_request(cls) -> CancelledWaitAnswer | None:
+        """The current request's, or None where the wire cannot carry one (see the class) or the
+        SDK's insides are not what this expects (then the SDK's own behaviour stands)."""
+        try:
+            ctx = get_context()
+            rc = ctx.request_context
+            outbound = getattr(rc.session, "_request_outbound", None) if rc is not None else None
+            dctx = getattr(outbound, "_inner", outbound)  # a 2026-07-28 stdio connection wraps it
+            dispatcher = getattr(dctx, "_dispatcher", None)
+            if (rc is None or not isinstance(dispatcher, JSONRPCDispatcher)
+                    or not hasattr(dispatcher, "_write_result")
+                    or not isinstance(getattr(dctx, "cancel_requested", None), anyio.Event)):
+                return None
+            return cls(dctx, dispatcher, rc.protocol_version, low_level_server(ctx.fastmcp))
+        except (AttributeError, RuntimeError) as e:
+            log.warning("wait_task: a cancelled wait cannot be answered here: %r", e)
+            return None
+
+    @property
+    def requested(self) -> bool:
+        """Whether the client cancelled this request (rather than the server shutting down)."""
+        return self._dctx.cancel_requested.is_set()
+
+    async def send(self, result: ToolResult) -> None:
+        """Write `result` as the request's answer; call it shielded, from the cancelled handler."""
+        mcp_result = result.to_mcp_result()
+        assert isinstance(mcp_result, BaseModel)  # an error result is always a CallToolResult
+        dumped = mcp_methods.serialize_server_result(
+            "tools/call", self._version, mcp_result.model_dump(by_alias=True, mode="json", exclude_none=True))
+        if self._version in MODERN_PROTOCOL_VERSIONS:  # as the server stamps every 2026-07-28 result
+            dumped["_meta"] = {**(dumped.get("_meta") or {}), SERVER_INFO_META_KEY: self._server.server_info_stamp}
+        metadata = self._dctx.message_metadata
+        if isinstance(metadata, ServerMessageMetadata):
+            metadata.on_request_unanswered = None  # answered: the transport must not add a -32800
+        await self._dispatcher._write_result(self._dctx.request_id, dumped)

@@ -29,16 +29,14 @@ from typing import TYPE_CHECKING, Any, Literal
 import anyio
 from fastmcp.server.dependencies import get_context
 from fastmcp.tools.base import Tool, ToolResult
-from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
-from mcp.shared.message import ServerMessageMetadata
-from mcp_types import SERVER_INFO_META_KEY, ToolAnnotations
-from mcp_types import methods as mcp_methods
+from mcp_types import ToolAnnotations
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, ValidationError
 from pydantic.json_schema import SkipJsonSchema
 
 from controlplane import api, blocking
 from controlplane.errors import ControlPlaneError, ErrorCode, not_found
+from controlplane.mcp.compat import CancelledWaitAnswer
 from controlplane.mcp.tools import TOOLING_VERSION, caller, describe_validation_error, error, inline_schema, ok
 from controlplane.progress import ProgressSender, is_final, notification_of
 
@@ -99,76 +97,6 @@ def progress_sender_for_request() -> ProgressSender | None:
         await session.send_progress_notification(progress_token=token, progress=progress, total=total,
                                                  message=message, related_request_id=request_id)
     return ProgressSender(send)
-
-
-class CancelledWaitAnswer:
-    """The one answer to a wait_task its client cancelled: CANCELLED (seed 003 section 7).
-
-    mcp 2.3 answers nothing for a request its client cancelled with `notifications/cancelled`:
-    the dispatcher cancels the handler's scope (mcp/shared/jsonrpc_dispatcher.py:640-645) and
-    drops whatever the handler returns or raises once `cancel_requested` is set (:749, :763,
-    :781). On stdio the client then hears nothing at all; on the 2025-11-25 HTTP wire the
-    transport ends the request's stream with a bare JSON-RPC error -32800 "Request cancelled"
-    (mcp/server/streamable_http.py:446-458), not our {code: "CANCELLED"} result. MCP only says a
-    server SHOULD NOT answer a cancelled request and that a client SHOULD ignore a late answer;
-    seed 003 says the answer MUST be exactly one CANCELLED result. So the wait writes that
-    answer itself, on the dispatcher's write stream (the one its progress notifications took, so
-    the answer comes after them), shaped as the server shapes every tools/call result for the
-    request's era, and clears the transport's `on_request_unanswered` hook so that no -32800
-    follows it. The SDK has no public way to answer a request outside its handler's return:
-    this reads `ServerSession._request_outbound`, the dispatch context's `_dispatcher` (and
-    `_inner` for a 2026-07-28 connection on stdio) and calls `JSONRPCDispatcher._write_result`.
-    Where those are not found it does nothing and the SDK's behaviour stands (the tests notice).
-
-    The 2026-07-28 HTTP wire has no answer to give: a POSTed `notifications/cancelled` is
-    acknowledged and dropped before any handler sees it (mcp/server/_streamable_http_modern.py:
-    223-254, by design: one caller must not cancel another's request by guessing its id), and
-    the cancellation the protocol defines there is closing the response stream, after which
-    nothing can reach the client (:488-495). There the wait simply ends, and the task goes on.
-    """
-
-    def __init__(self, dctx: Any, dispatcher: JSONRPCDispatcher[Any], version: str, server: Any):
-        self._dctx = dctx
-        self._dispatcher = dispatcher
-        self._version = version
-        self._server = server  # the low-level server, whose identity 2026-07-28 results carry
-
-    @classmethod
-    def for_request(cls) -> CancelledWaitAnswer | None:
-        """The current request's, or None where the wire cannot carry one (see the class) or the
-        SDK's insides are not what this expects (then the SDK's own behaviour stands)."""
-        try:
-            ctx = get_context()
-            rc = ctx.request_context
-            outbound = getattr(rc.session, "_request_outbound", None) if rc is not None else None
-            dctx = getattr(outbound, "_inner", outbound)  # a 2026-07-28 stdio connection wraps it
-            dispatcher = getattr(dctx, "_dispatcher", None)
-            if (rc is None or not isinstance(dispatcher, JSONRPCDispatcher)
-                    or not hasattr(dispatcher, "_write_result")
-                    or not isinstance(getattr(dctx, "cancel_requested", None), anyio.Event)):
-                return None
-            return cls(dctx, dispatcher, rc.protocol_version, ctx.fastmcp._mcp_server)
-        except (AttributeError, RuntimeError) as e:
-            log.warning("wait_task: a cancelled wait cannot be answered here: %r", e)
-            return None
-
-    @property
-    def requested(self) -> bool:
-        """Whether the client cancelled this request (rather than the server shutting down)."""
-        return self._dctx.cancel_requested.is_set()
-
-    async def send(self, result: ToolResult) -> None:
-        """Write `result` as the request's answer; call it shielded, from the cancelled handler."""
-        mcp_result = result.to_mcp_result()
-        assert isinstance(mcp_result, BaseModel)  # an error result is always a CallToolResult
-        dumped = mcp_methods.serialize_server_result(
-            "tools/call", self._version, mcp_result.model_dump(by_alias=True, mode="json", exclude_none=True))
-        if self._version in MODERN_PROTOCOL_VERSIONS:  # as the server stamps every 2026-07-28 result
-            dumped["_meta"] = {**(dumped.get("_meta") or {}), SERVER_INFO_META_KEY: self._server.server_info_stamp}
-        metadata = self._dctx.message_metadata
-        if isinstance(metadata, ServerMessageMetadata):
-            metadata.on_request_unanswered = None  # answered: the transport must not add a -32800
-        await self._dispatcher._write_result(self._dctx.request_id, dumped)
 
 
 class WaitTool(Tool):
