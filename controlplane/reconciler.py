@@ -118,7 +118,7 @@ class Reconciler:
         if provider is None or not j["handle_json"]:
             return
         try:
-            self._call(provider.cancel, json.loads(j["handle_json"]), reason)
+            self._call(provider.cancel, provider.handle(json.loads(j["handle_json"])), reason)
             stats.provider_calls[f"{provider.name}.cancel"] += 1
             stats.stops += 1
         except Exception as e:  # noqa: BLE001 - retried next cycle
@@ -131,7 +131,7 @@ class Reconciler:
         """Statuses in the order of `jobs` (None: unknown this cycle). Handles are grouped by the
         provider's `poll_key` and handed over `poll_batch_size` at a time, so a provider that
         lists per job (Cloud Run) answers each job's executions with one paged list."""
-        handles = [json.loads(j["handle_json"]) for j in jobs]
+        handles = [provider.handle(json.loads(j["handle_json"])) for j in jobs]
         groups: dict[Any, list[int]] = defaultdict(list)
         for i, h in enumerate(handles):
             groups[provider.poll_key(h)].append(i)
