@@ -11,14 +11,25 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 
-from providers.base import Handle, JobPhase, JobStatus, LaunchSpec, Provider
+from providers.base import Handle, JobPhase, JobStatus, LaunchSpec, Provider, omitted_if_none
 
 
-class CountingProvider(Provider):
+@dataclass(frozen=True)
+class CountingHandle(Handle):
+    """What `bench/seed.py` stores for the double's jobs."""
+
+    job: str
+    double: bool = True
+    arn: str | None = omitted_if_none()
+
+
+class CountingProvider(Provider[CountingHandle]):
     """Every job it knows is RUNNING, forever; `calls` counts API calls by method."""
 
     capabilities = frozenset()
+    handle_type = CountingHandle
 
     def __init__(self, name: str = "local", *, poll_batch_size: int = 100, poll_interval_s: float = 1.0):
         self.name = name
@@ -37,19 +48,19 @@ class CountingProvider(Provider):
             self.handles_polled = 0
             self.largest_batch = 0
 
-    def launch(self, spec: LaunchSpec) -> Handle:
+    def launch(self, spec: LaunchSpec) -> CountingHandle:
         with self._lock:
             self.calls["launch"] += 1
             self._launched.add(spec.job_name)
-        return {"job": spec.job_name, "double": True}
+        return CountingHandle(job=spec.job_name)
 
-    def find(self, spec: LaunchSpec) -> Handle | None:
+    def find(self, spec: LaunchSpec) -> CountingHandle | None:
         with self._lock:
             self.calls["find"] += 1
             launched = spec.job_name in self._launched
-        return {"job": spec.job_name, "double": True} if launched else None
+        return CountingHandle(job=spec.job_name) if launched else None
 
-    def poll(self, handles: list[Handle]) -> list[JobStatus]:
+    def poll(self, handles: list[CountingHandle]) -> list[JobStatus]:
         with self._lock:
             self.calls["poll"] += 1
             self.handles_polled += len(handles)
@@ -57,6 +68,6 @@ class CountingProvider(Provider):
         status = JobStatus(JobPhase.RUNNING, started_at=self._started, raw_status="running")
         return [status] * len(handles)
 
-    def cancel(self, handle: Handle, reason: str = "cancelled") -> None:
+    def cancel(self, handle: CountingHandle, reason: str = "cancelled") -> None:
         with self._lock:
             self.calls["cancel"] += 1

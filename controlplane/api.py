@@ -30,7 +30,9 @@ class Resources(_Input):
     cpu: float | None = Field(default=None, gt=0, description="vCPUs (at most the resource class's)")
     memory_mb: int | None = Field(default=None, gt=0, description="Memory in MiB (at most the resource class's)")
     gpu: int | None = Field(default=None, ge=0, description="GPUs (at most the resource class's)")
-    scratch_mb: int | None = Field(default=None, ge=0, description="Scratch disk in MiB (at most the class's)")
+    scratch_mb: int | None = Field(default=None, ge=0, description="Scratch disk in MiB the job must have: "
+                                   "refused unless the tool's provider can guarantee it (and at most the class's "
+                                   "scratch_mb)")
 
 
 class SubmitTask(_Input):

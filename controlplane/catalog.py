@@ -28,6 +28,13 @@ A catalog is a TOML or YAML file with two tables:
 Loading validates everything and reports errors as `<file>: tools.<name>.<field>: <problem>`,
 including each tool's `provider` (a registered runner) and its `provider_options` (the resource
 class's merged with the tool's), which are checked against that provider's `Options` model.
+
+A resource class's `scratch_mb` reserves nothing by itself: it caps what a task of the class may
+ask for with `resources.scratch_mb`, and a task gets scratch disk only by asking, from a provider
+that can guarantee it (`Capability.SCRATCH`; the submit is checked against what the provider
+guarantees for the class's shape). A class that sets it for a tool whose provider can never
+guarantee scratch disk (local, Cloud Run) is refused at load, rather than promising what no job
+would get. Unset (the default), the provider's guarantee is the only limit.
 """
 
 from __future__ import annotations
@@ -44,7 +51,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from controlplane.objectstore.base import split_store_url
 from providers import registry
-from providers.base import ProviderOptions
+from providers.base import Capability, ProviderOptions
 
 TOOL_NAME_PATTERN = r"^[a-zA-Z][a-zA-Z0-9_\-]{0,63}$"
 # Names of the canonical tools; a catalog tool may not shadow them.
@@ -113,7 +120,8 @@ class ResourceClass(_Strict):
     cpu: float = Field(default=1, gt=0)
     memory_mb: int = Field(default=2048, gt=0)
     gpu: int = Field(default=0, ge=0)
-    scratch_mb: int = Field(default=10240, ge=0)
+    # The most scratch disk (MiB) a task may ask for (resources.scratch_mb); reserves nothing itself.
+    scratch_mb: int | None = Field(default=None, ge=0)
     # Object store for the tasks of this class (s3://, gs://, az://, file://); default: the server's.
     object_store: str | None = None
     # Provider-specific settings (job queue, job definition, ...), read only by providers.
@@ -270,6 +278,9 @@ def _provider_options(tool: ToolSpec, rc: ResourceClass, source: str) -> Provide
         model = registry.options_model(tool.provider)
     except registry.ProviderUnavailable as e:
         raise CatalogError(f"{source}: {where}.provider: {e}") from None
+    if rc.scratch_mb is not None and Capability.SCRATCH not in registry.provider_class(tool.provider).capabilities:
+        raise CatalogError(f"{source}: resource_classes.{rc.name}.scratch_mb: tool '{tool.name}' runs on the "
+                           f"{tool.provider} provider, which cannot reserve scratch disk for a job; remove scratch_mb")
     merged = {**rc.provider_options, **tool.provider_options}
     context = {"cpu": rc.cpu, "memory_mb": rc.memory_mb, "gpu": rc.gpu, "scratch_mb": rc.scratch_mb,
                "resource_class": rc.name}

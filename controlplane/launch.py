@@ -1,4 +1,6 @@
-"""From a scheduled task to a `LaunchSpec`: the job contract the runner is started with.
+"""From a scheduled task to a `LaunchSpec`: the job contract the runner is started with, and the
+submit-time check that a provider can give the job what the task asks for beyond cpu, memory and
+GPUs (`check_scratch`).
 
 Also derives the per-attempt runner credentials, HMACs of (task id, attempt) under the server
 key, so nothing secret is stored and a restarted control plane (or another replica) still
@@ -18,10 +20,14 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+from typing import Any
+
+from controlplane import blocking
 from controlplane.catalog import Catalog
+from controlplane.errors import ControlPlaneError, ErrorCode, invalid
 from controlplane.settings import Settings
 from controlplane.store.rows import JobRow, TaskRow
-from providers.base import LaunchSpec
+from providers.base import LaunchSpec, Provider, Shape, TransientProviderError
 
 
 def runner_secret(key: bytes, task_id: str, attempt: int) -> str:
@@ -60,6 +66,38 @@ def build_launch_spec(task: TaskRow, job: JobRow, catalog: Catalog, settings: Se
         owner=task.owner, command=tuple(c.replace("{python}", python) for c in tool.command), image=tool.image,
         env=env, cpu=float(res.get("cpu") or rc.cpu), memory_mb=int(res.get("memory_mb") or rc.memory_mb),
         gpu=int(res.get("gpu") if res.get("gpu") is not None else rc.gpu),
-        scratch_mb=int(res.get("scratch_mb") if res.get("scratch_mb") is not None else rc.scratch_mb),
+        scratch_mb=int(res.get("scratch_mb") or 0),  # what the task asked for: a class reserves nothing by itself
         max_runtime_s=int(task.max_runtime_s), resource_class=rc.name, options=catalog.options[tool.name],
     )
+
+
+def check_scratch(provider: Provider[Any] | None, catalog: Catalog, tool_name: str, rc_name: str,
+                  asked: int | None) -> None:
+    """INVALID_REQUEST naming `resources.scratch_mb`, with the provider's reason, unless the task's
+    job will really have `asked` MiB of scratch disk: at most the resource class's `scratch_mb`
+    (when it sets one) and what the provider guarantees for the class's shape. 0 or None asks
+    for nothing. The provider may have to ask its cloud (a job definition), so this may block."""
+    if not asked:
+        return
+    rc = catalog.resource_classes[rc_name]
+    if rc.scratch_mb is not None and asked > rc.scratch_mb:
+        raise invalid(f"resources.scratch_mb={asked} exceeds resource class '{rc_name}' limit of {rc.scratch_mb}")
+    if provider is None:
+        raise invalid(f"resources.scratch_mb: the {catalog.tools[tool_name].provider} provider is not available to "
+                      "confirm scratch disk")
+    shape = Shape(rc.name, rc.cpu, rc.memory_mb, rc.gpu, catalog.options[tool_name])
+    blocking.must_not_block()
+    try:
+        limit = provider.scratch_limit_mb(shape)
+        if limit is not None and asked <= limit:
+            return
+        note = provider.scratch_note(shape)
+    except TransientProviderError:
+        raise ControlPlaneError(ErrorCode.QUEUE_OVERLOADED, f"resources.scratch_mb: the {provider.name} provider "
+                                "could not be asked what scratch disk it can guarantee (throttled or unavailable)",
+                                hint="retry later") from None
+    if limit is None:
+        raise invalid(f"resources.scratch_mb: the {provider.name} provider cannot reserve scratch disk for this task: "
+                      f"{note}", hint="omit resources.scratch_mb, or use a tool whose provider can guarantee disk")
+    raise invalid(f"resources.scratch_mb={asked} exceeds the {limit} MiB of scratch disk the {provider.name} provider "
+                  f"guarantees for resource class '{rc_name}': {note}")

@@ -24,6 +24,7 @@ Provider API errors never fail a task: a poll that fails is retried with backoff
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections import defaultdict
@@ -123,7 +124,7 @@ class Reconciler:
         if provider is None or not j.handle_json:
             return
         try:
-            self._call(provider.cancel, j.handle, reason)
+            self._call(provider.cancel, provider.handle(j.handle), reason)
             stats.provider_calls[f"{provider.name}.cancel"] += 1
             stats.stops += 1
         except Exception as e:  # noqa: BLE001 - retried next cycle
@@ -135,7 +136,7 @@ class Reconciler:
         """Statuses in the order of `jobs` (None: unknown this cycle). Handles are grouped by the
         provider's `poll_key` and handed over `poll_batch_size` at a time, so a provider that
         lists per job (Cloud Run) answers each job's executions with one paged list."""
-        handles = [j.handle for j in jobs]
+        handles = [provider.handle(j.handle) for j in jobs]
         groups: dict[Any, list[int]] = defaultdict(list)
         for i, h in enumerate(handles):
             groups[provider.poll_key(h)].append(i)
@@ -249,7 +250,8 @@ class Reconciler:
         for t in self.store.retention.due_for_expiry(now):
             try:
                 self.stores.get(t.store_url).delete_prefix(task_prefix(t.task_id))
-                self._release(t.task_id, t.provider)
+                if not self._release(t.task_id, t.provider):
+                    continue  # a job of the task still runs and keeps its things: ask again next cycle
             except Exception as e:  # noqa: BLE001 - retried next cycle; the task stays until it works
                 log.warning("deleting the objects of %s failed (will retry): %s", t.task_id, e)
                 continue
@@ -261,12 +263,12 @@ class Reconciler:
                                                 audit_retention_s=self.settings.audit_retention_s)
             stats.purged = purged.tasks
 
-    def _release(self, task_id: str, provider_name: str) -> None:
-        """What the provider keeps of the task's jobs (a local job's directory) goes too."""
+    def _release(self, task_id: str, provider_name: str) -> bool:
+        """What the provider keeps of the task's jobs (a local job's directory) goes too. False:
+        a job still runs (and keeps what it has)."""
         provider = self.providers.get(provider_name)
-        release = getattr(provider, "release", None)
-        if release is None:
-            return
-        for job in self.store.jobs.of_task(task_id):
-            if job.handle_json:
-                release(job.handle)
+        if provider is None:
+            return True
+        released = [provider.release(provider.handle(json.loads(job.handle_json)))
+                    for job in self.store.jobs.of_task(task_id) if job.handle_json]
+        return all(released)

@@ -98,7 +98,7 @@ class Scheduler:
             handle = await anyio.to_thread.run_sync(provider.find, spec)
         if task.state != TaskState.SCHEDULED:  # cancelled before its job started
             if handle is not None:
-                await anyio.to_thread.run_sync(self.store.jobs.record_launch, wid, handle)  # the reconciler stops it
+                await anyio.to_thread.run_sync(self.store.jobs.record_launch, wid, handle.encode())  # the reconciler stops it
             else:
                 await anyio.to_thread.run_sync(self.store.jobs.drop_unlaunched, task.task_id, task.attempt,
                                                cancelled_error(task.cancel_reason))
@@ -106,7 +106,7 @@ class Scheduler:
         if handle is None:
             await anyio.to_thread.run_sync(self._write_inputs, task)
             handle = await anyio.to_thread.run_sync(provider.launch, spec)
-        await anyio.to_thread.run_sync(self.store.jobs.record_launch, wid, handle)
+        await anyio.to_thread.run_sync(self.store.jobs.record_launch, wid, handle.encode())
 
     def _write_inputs(self, task: TaskRow) -> None:
         self.stores.get(task.store_url).put_bytes(inputs_key(task.task_id, task.attempt), task.inputs_json.encode(),

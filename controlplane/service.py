@@ -24,6 +24,7 @@ from controlplane import api, blocking
 from controlplane.catalog import Catalog
 from controlplane.errors import ControlPlaneError, ErrorCode, invalid, not_found
 from controlplane.estimates import Estimator
+from controlplane.launch import check_scratch
 from controlplane.objectstore.registry import StoreRegistry
 from controlplane.settings import Settings
 from controlplane.states import TERMINAL, TaskState
@@ -91,9 +92,10 @@ class TaskService:
             raise invalid(f"unknown resource class '{rc_name}'",
                           hint=f"available: {', '.join(sorted(self.catalog.resource_classes))}")
         for field, asked, limit in (("cpu", res.cpu, rc.cpu), ("memory_mb", res.memory_mb, rc.memory_mb),
-                                    ("gpu", res.gpu, rc.gpu), ("scratch_mb", res.scratch_mb, rc.scratch_mb)):
+                                    ("gpu", res.gpu, rc.gpu)):
             if asked is not None and asked > limit:
                 raise invalid(f"resources.{field}={asked} exceeds resource class '{rc_name}' limit of {limit}")
+        check_scratch(self.providers.get(tool.provider), self.catalog, tool.name, rc_name, res.scratch_mb)
         max_runtime = res.max_runtime_s or tool.default_runtime_s
         if max_runtime > tool.max_runtime_s:
             raise invalid(f"resources.max_runtime_s={max_runtime} exceeds the tool's max of {tool.max_runtime_s}")
@@ -227,7 +229,7 @@ class TaskService:
                 if state == TaskState.SCHEDULED and job.provider_reason:
                     out["waiting_reason"] = job.provider_reason  # e.g. no compute capacity yet
                 if links and job.handle_json:
-                    out["log_link"] = provider.log_link(json.loads(job.handle_json))
+                    out["log_link"] = provider.log_link(provider.handle(json.loads(job.handle_json)))
         return out
 
     # ==== logs ================================================================================
@@ -278,7 +280,7 @@ class TaskService:
             return out
         blocking.must_not_block()  # a cloud logging API
         try:
-            page = provider.logs(json.loads(job.handle_json), cursor, limit)
+            page = provider.logs(provider.handle(json.loads(job.handle_json)), cursor, limit)
         except TransientProviderError:
             out["reason"] = "the provider's log service did not answer (throttled or unavailable); try again"
             return out

@@ -25,6 +25,18 @@ How it maps the core's contract onto Batch:
 * logs = GetLogEvents on the job's stream (`container.logStreamName`, or the last attempt's
   for finished jobs); the cursor is CloudWatch's forward token. A stream that does not exist
   (yet) is an empty page with a reason.
+* The handle (`BatchHandle`) is the job id with its name, queue, log group and waiting policy.
+
+Scratch disk is the job definition's, never the submit's: SubmitJob's containerOverrides carry
+only command, environment, instanceType and resourceRequirements (GPU, MEMORY, VCPU), so a job
+gets what its job definition gives. A Fargate job definition gives the job its task's ephemeral
+storage: `ephemeralStorage.sizeInGiB` (21 to 200 GiB), 20 GiB when unset. On EC2 resources Batch
+reserves no disk for a job (ephemeralStorage is Fargate's only; jobs share the instance's
+storage). So `scratch_limit_mb` reads the job definition (DescribeJobDefinitions: the latest
+ACTIVE revision of a bare name, cached a minute): its ephemeral storage on Fargate, None on EC2,
+and `launch` checks it again, refusing (LAUNCH_FAILED) a task whose job definition no longer
+gives what it asked for. A task that needs more scratch needs a resource class (or tool) whose
+job definition has more.
 
 Settings (`CONTROLPLANE_AWS_BATCH_*`): `REGION` (else boto3's chain), `ENDPOINT_URL` (an emulator
 or a private endpoint; boto3's own `AWS_ENDPOINT_URL_BATCH` works too), `LOGS_ENDPOINT_URL`,
@@ -42,7 +54,9 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
@@ -65,6 +79,7 @@ from providers.base import (
     Provider,
     ProviderContext,
     ProviderSettings,
+    Shape,
     TransientProviderError,
     WaitPolicy,
     waiting_verdict,
@@ -73,6 +88,8 @@ from providers.base import (
 log = logging.getLogger("controlplane.providers.aws_batch")
 
 DEFAULT_LOG_GROUP = "/aws/batch/job"
+FARGATE_DEFAULT_STORAGE_GIB = 20  # a Fargate job's ephemeral storage when its job definition sets none
+DEFINITION_TTL_S = 60.0  # how long a job definition's facts are trusted before they are read again
 # Batch status -> the core's job phase: the one table.
 PHASES: dict[str, JobPhase] = {
     "SUBMITTED": JobPhase.PENDING,
@@ -123,12 +140,33 @@ class AwsBatchOptions(WaitPolicy):
     log_group: str = DEFAULT_LOG_GROUP
 
 
-class AwsBatchProvider(Provider):
+@dataclass(frozen=True)
+class BatchHandle(Handle):
+    """A Batch job: its id, and what polls and log reads need without asking Batch again."""
+
+    job_id: str
+    job_name: str
+    job_queue: str
+    log_group: str = DEFAULT_LOG_GROUP
+    stuck_after_s: float | None = None  # None: the provider's setting
+    on_stuck: str = "wait"
+
+
+@dataclass(frozen=True)
+class _Storage:
+    """What a job definition guarantees a job of scratch disk (None: nothing), and why."""
+
+    limit_mb: int | None
+    note: str
+
+
+class AwsBatchProvider(Provider[BatchHandle]):
     name = "aws_batch"
     Settings = AwsBatchSettings
     Options = AwsBatchOptions
+    handle_type = BatchHandle
     poll_batch_size = 100  # DescribeJobs takes at most 100 job ids
-    capabilities = frozenset({Capability.LOGS, Capability.LOG_LINK})
+    capabilities = frozenset({Capability.LOGS, Capability.LOG_LINK, Capability.SCRATCH})
 
     def __init__(self, settings: AwsBatchSettings, context: ProviderContext, *, session: Any = None):
         session = session or boto3.session.Session(region_name=settings.region)
@@ -144,6 +182,8 @@ class AwsBatchProvider(Provider):
                                         settings.max_tps)
         ratelimit.BotocoreHook(self.limiter).install(self.batch, "batch")  # every request, retries too
         self._streams: dict[str, str] = {}  # job id -> log stream, learnt from DescribeJobs
+        self._storage: dict[str, tuple[float, _Storage]] = {}  # job definition -> (read at, its storage)
+        self._storage_lock = threading.Lock()
 
     def _call(self, fn: Any, **kwargs: Any) -> Any:
         try:
@@ -152,8 +192,12 @@ class AwsBatchProvider(Provider):
             raise classify(e) from e
 
     # ---- launch / find ------------------------------------------------------------------------
-    def launch(self, spec: LaunchSpec) -> Handle:
+    def launch(self, spec: LaunchSpec) -> BatchHandle:
         opts: AwsBatchOptions = spec.options
+        if spec.scratch_mb:
+            storage = self._job_storage(opts.job_definition)
+            if storage.limit_mb is None or spec.scratch_mb > storage.limit_mb:
+                raise PermanentProviderError(f"the task asks for scratch_mb={spec.scratch_mb}; {storage.note}")
         requirements = [{"type": "VCPU", "value": f"{spec.cpu:g}"}, {"type": "MEMORY", "value": str(spec.memory_mb)}]
         if spec.gpu:
             requirements.append({"type": "GPU", "value": str(spec.gpu)})
@@ -176,12 +220,12 @@ class AwsBatchProvider(Provider):
         )
         return self._handle(resp["jobId"], spec)
 
-    def _handle(self, job_id: str, spec: LaunchSpec) -> Handle:
+    def _handle(self, job_id: str, spec: LaunchSpec) -> BatchHandle:
         opts: AwsBatchOptions = spec.options
-        return {"job_id": job_id, "job_name": spec.job_name, "job_queue": opts.job_queue, "log_group": opts.log_group,
-                "stuck_after_s": float(opts.stuck_after_s or self.stuck_after_s), "on_stuck": opts.on_stuck}
+        return BatchHandle(job_id=job_id, job_name=spec.job_name, job_queue=opts.job_queue, log_group=opts.log_group,
+                           stuck_after_s=float(opts.stuck_after_s or self.stuck_after_s), on_stuck=opts.on_stuck)
 
-    def find(self, spec: LaunchSpec) -> Handle | None:
+    def find(self, spec: LaunchSpec) -> BatchHandle | None:
         # A filter, never a bare listing: without a status or a filter ListJobs returns only
         # RUNNING jobs, and a job submitted just before a crash is SUBMITTED or RUNNABLE.
         found: list[dict[str, Any]] = []
@@ -204,35 +248,35 @@ class AwsBatchProvider(Provider):
         return self._handle(newest["jobId"], spec)
 
     # ---- poll ---------------------------------------------------------------------------------
-    def poll(self, handles: list[Handle]) -> list[JobStatus]:
+    def poll(self, handles: list[BatchHandle]) -> list[JobStatus]:
         if not handles:
             return []
-        ids = [h["job_id"] for h in handles]
+        ids = [h.job_id for h in handles]
         jobs: dict[str, dict[str, Any]] = {}
         for i in range(0, len(ids), self.poll_batch_size):
             resp = self._call(self.batch.describe_jobs, jobs=ids[i : i + self.poll_batch_size])
             for job in resp.get("jobs", []):
                 jobs[job["jobId"]] = job
         now = time.time()
-        return [self._status(h, jobs.get(h["job_id"]), now) for h in handles]
+        return [self._status(h, jobs.get(h.job_id), now) for h in handles]
 
-    def _status(self, h: Handle, job: dict[str, Any] | None, now: float) -> JobStatus:
+    def _status(self, h: BatchHandle, job: dict[str, Any] | None, now: float) -> JobStatus:
         if job is None:
-            self._streams.pop(h["job_id"], None)
+            self._streams.pop(h.job_id, None)
             return JobStatus(JobPhase.GONE, reason="AWS Batch no longer knows this job", raw_status="GONE")
         status = job["status"]
         container = job.get("container") or {}
         last = (job.get("attempts") or [{}])[-1].get("container") or {}
         stream = container.get("logStreamName") or last.get("logStreamName")
         if stream:
-            self._streams[h["job_id"]] = stream
+            self._streams[h.job_id] = stream
         exit_code = container.get("exitCode", last.get("exitCode"))
         phase = PHASES.get(status, JobPhase.PENDING)
         waiting = give_up = None
         if status in WAITING:
             waiting, give_up = waiting_verdict(
                 status, now - job.get("createdAt", now * 1000) / 1000, job.get("statusReason") or WAITING[status],
-                stuck_after_s=h.get("stuck_after_s", self.stuck_after_s), on_stuck=h.get("on_stuck", "wait"))
+                stuck_after_s=h.stuck_after_s or self.stuck_after_s, on_stuck=h.on_stuck)
         return JobStatus(
             phase,
             reason=job.get("statusReason"),
@@ -245,23 +289,23 @@ class AwsBatchProvider(Provider):
         )
 
     # ---- cancel -------------------------------------------------------------------------------
-    def cancel(self, handle: Handle, reason: str = "cancelled") -> None:
+    def cancel(self, handle: BatchHandle, reason: str = "cancelled") -> None:
         # TerminateJob stops a job in any state (CancelJob only before it starts).
-        self._call(self.batch.terminate_job, jobId=handle["job_id"], reason=f"controlplane: {reason}"[:1000])
+        self._call(self.batch.terminate_job, jobId=handle.job_id, reason=f"controlplane: {reason}"[:1000])
 
     # ---- logs ---------------------------------------------------------------------------------
-    def _stream(self, handle: Handle) -> str | None:
-        stream = self._streams.get(handle["job_id"])
+    def _stream(self, handle: BatchHandle) -> str | None:
+        stream = self._streams.get(handle.job_id)
         if stream is None:
             self.poll([handle])
-            stream = self._streams.get(handle["job_id"])
+            stream = self._streams.get(handle.job_id)
         return stream
 
-    def logs(self, handle: Handle, cursor: str | None, limit: int) -> LogPage:
+    def logs(self, handle: BatchHandle, cursor: str | None, limit: int) -> LogPage:
         stream = self._stream(handle)
         if not stream:
             return LogPage([], cursor, reason="the job has no log stream yet (it has not started)")
-        kwargs: dict[str, Any] = {"logGroupName": handle.get("log_group", DEFAULT_LOG_GROUP),
+        kwargs: dict[str, Any] = {"logGroupName": handle.log_group,
                                   "logStreamName": stream, "startFromHead": True, "limit": max(1, min(limit, 10000))}
         if cursor:
             kwargs["nextToken"] = cursor
@@ -276,9 +320,9 @@ class AwsBatchProvider(Provider):
         lines = [LogLine(ts=ev["timestamp"] / 1000, message=ev["message"]) for ev in resp.get("events", [])]
         return LogPage(lines, resp.get("nextForwardToken") or cursor)
 
-    def log_link(self, handle: Handle) -> str | None:
-        stream = self._streams.get(handle["job_id"])
-        group = handle.get("log_group", DEFAULT_LOG_GROUP)
+    def log_link(self, handle: BatchHandle) -> str | None:
+        stream = self._streams.get(handle.job_id)
+        group = handle.log_group
 
         def enc(s: str) -> str:  # the console's double encoding of path parts
             return quote(quote(s, safe=""), safe="").replace("%", "$")
@@ -287,3 +331,66 @@ class AwsBatchProvider(Provider):
         if stream:
             return f"{base}#logsV2:log-groups/log-group/{enc(group)}/log-events/{enc(stream)}"
         return f"{base}#logsV2:log-groups/log-group/{enc(group)}"
+
+    # ---- scratch disk: the job definition's ------------------------------------------------------
+    def scratch_limit_mb(self, shape: Shape) -> int | None:
+        return self._job_storage(shape.options.job_definition).limit_mb
+
+    def scratch_note(self, shape: Shape) -> str:
+        return self._job_storage(shape.options.job_definition).note
+
+    def _job_storage(self, ref: str) -> _Storage:
+        """The scratch disk job definition `ref` gives a job, read at most once a minute (a stale
+        answer is used while Batch is throttled or unavailable)."""
+        now = time.monotonic()
+        with self._storage_lock:
+            known = self._storage.get(ref)
+        if known is not None and now - known[0] < DEFINITION_TTL_S:
+            return known[1]
+        try:
+            storage = _storage_of(ref, self._definition(ref))
+        except TransientProviderError:
+            if known is not None:
+                return known[1]
+            raise
+        with self._storage_lock:
+            self._storage[ref] = (now, storage)
+        return storage
+
+    def _definition(self, ref: str) -> dict[str, Any] | None:
+        """The job definition SubmitJob would use for `ref`: an ARN, name:revision, or a name
+        (its latest ACTIVE revision)."""
+        if ref.startswith("arn:"):
+            found = self._call(self.batch.describe_job_definitions, jobDefinitions=[ref]).get("jobDefinitions", [])
+        else:
+            name, _, revision = ref.partition(":")
+            found, token = [], None
+            while True:
+                kwargs: dict[str, Any] = {"jobDefinitionName": name, "status": "ACTIVE"}
+                if token:
+                    kwargs["nextToken"] = token
+                resp = self._call(self.batch.describe_job_definitions, **kwargs)
+                found += resp.get("jobDefinitions", [])
+                token = resp.get("nextToken")
+                if not token:
+                    break
+            if revision:
+                found = [d for d in found if str(d.get("revision")) == revision]
+        return max(found, key=lambda d: int(d.get("revision") or 0)) if found else None
+
+
+def _storage_of(ref: str, definition: dict[str, Any] | None) -> _Storage:
+    if definition is None:
+        return _Storage(None, f"AWS Batch has no active job definition {ref}")
+    named = f"job definition {definition.get('jobDefinitionName', ref)}:{definition.get('revision', '?')}"
+    if "FARGATE" not in (definition.get("platformCapabilities") or []):
+        return _Storage(None, f"{named} runs on EC2 resources, where AWS Batch reserves no disk for a job (jobs share "
+                              "the instance's storage; only a Fargate job definition's ephemeralStorage is reserved)")
+    props = definition.get("containerProperties") or next(
+        iter((definition.get("ecsProperties") or {}).get("taskProperties") or []), {})
+    size = (props.get("ephemeralStorage") or {}).get("sizeInGiB")
+    gib = int(size or FARGATE_DEFAULT_STORAGE_GIB)
+    how = "its ephemeralStorage" if size else "Fargate's default, as it sets no ephemeralStorage"
+    return _Storage(gib * 1024, f"{named} runs on Fargate with {gib} GiB ({gib * 1024} MiB) of ephemeral storage "
+                                f"({how}); a job gets its job definition's storage (SubmitJob cannot change it), so "
+                                "more needs a job definition with a larger ephemeralStorage (up to 200 GiB)")

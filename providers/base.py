@@ -13,9 +13,14 @@ core never names one. Each provider class brings
 
 The contract:
 
-* `launch(spec) -> handle`. The handle is a small JSON-serialisable dict that the control plane
-  stores in its database; every later call receives it back. A provider keeps no state in
-  memory that it cannot rebuild from handles: the control plane restarts, handles survive.
+* `launch(spec) -> handle`. The handle is the provider's own frozen dataclass (`handle_type`, a
+  `Handle` subclass: `LocalHandle`, `BatchHandle`, ...). The control plane stores
+  `handle.encode()` (a JSON-ready dict) in its database (`jobs.handle_json`) and gives every
+  later call `provider.handle(stored)`, the same handle decoded again, so a provider reads typed
+  fields, never dict keys. The encoded form is the stored format: a field is never renamed, and
+  a new one has a default, so that rows written by an earlier version still decode. A provider
+  keeps no state in memory that it cannot rebuild from handles: the control plane restarts,
+  handles survive.
 * Launching is assumed NOT idempotent (Batch SubmitJob, Cloud Run RunJob are not). The control
   plane records its intent before calling `launch`, and after a crash it calls
   `find(spec)` to look the job up by `spec.job_name` (deterministic per task and attempt)
@@ -31,6 +36,16 @@ The contract:
 * `logs(handle, cursor, limit)` reads the runner's native log (CloudWatch, Cloud Logging, a
   local file) page by page; a log that does not exist (yet) is an empty page with a reason.
   `log_link(handle)` is a console URL for humans.
+* `release(handle) -> bool` gives back what a job left on the runner once its task has expired
+  (the local provider's job directory). Optional (the default has nothing to release),
+  idempotent, and it never stops a job: a job still running keeps what it has and the answer is
+  False (ask again later); True means nothing is left to release.
+* `scratch_limit_mb(shape)`: the scratch disk (MiB) the runner guarantees a job of that shape,
+  or None when it cannot reserve any; `scratch_note(shape)` says why, in one sentence. A task
+  that asks for `resources.scratch_mb` is refused at submit unless the guarantee covers it, and
+  `launch` makes sure the job really gets it (a bigger shape, the job definition that has it) or
+  refuses (PermanentProviderError). A provider that can guarantee scratch for some shapes
+  declares `Capability.SCRATCH`.
 * Optional capabilities are declared in `capabilities`, never guessed by trying.
 * `python`: what `{python}` in a tool's command stands for inside this runner's jobs (the local
   interpreter locally, `python` in a container image).
@@ -44,22 +59,72 @@ Cloud SDKs are imported only inside their provider module, never by the core.
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from collections.abc import Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Generic, Literal, Self, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
-
-Handle = dict[str, Any]
 
 
 class Capability(StrEnum):
     LOGS = "logs"  # logs(handle, cursor, limit) reads the native log
     LOG_LINK = "log_link"  # log_link(handle) returns a console URL
+    SCRATCH = "scratch"  # scratch_limit_mb(shape) can guarantee scratch disk for some shapes
+
+
+# ---- handles ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Handle:
+    """A launched job, as its provider finds it again: a frozen dataclass of JSON values.
+
+    `encode()` is what the control plane stores; `decode(stored)` rebuilds the handle, checking
+    every field's type (pydantic), ignoring keys it does not know and giving absent fields their
+    defaults, so rows written by earlier versions still decode. A field declared with
+    `omitted_if_none()` is left out of the encoding while it is None (the stored form of earlier
+    versions did not have the key)."""
+
+    def encode(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None and f.metadata.get("omitted_if_none"):
+                continue
+            out[f.name] = value
+        return out
+
+    @classmethod
+    def decode(cls, data: dict[str, Any]) -> Self:
+        if not isinstance(data, dict):
+            raise MalformedHandle(f"a {cls.__name__} is a JSON object, not {type(data).__name__}")
+        try:
+            return _adapter(cls).validate_python(data)  # type: ignore[no-any-return]
+        except ValidationError as e:
+            problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or '(handle)'}: {err['msg']}"
+                                 for err in e.errors())
+            raise MalformedHandle(f"malformed {cls.__name__} {_clip(data)}: {problems}") from None
+
+
+def omitted_if_none(default: Any = None) -> Any:
+    """A handle field that stays out of `encode()` while it is None."""
+    return field(default=default, metadata={"omitted_if_none": True})
+
+
+@functools.cache
+def _adapter(cls: type[Handle]) -> TypeAdapter[Any]:
+    return TypeAdapter(cls)
+
+
+def _clip(data: Any, n: int = 200) -> str:
+    text = repr(data)
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+H = TypeVar("H", bound=Handle)
 
 
 class ProviderSettings(BaseSettings):
@@ -113,6 +178,19 @@ class JobPhase(StrEnum):
 
 
 @dataclass(frozen=True)
+class Shape:
+    """What a job may be given: cpu, memory, GPUs and the provider's options. For a submit's
+    check it is the resource class's (the most a task of the class may have); in `launch` it is
+    the task's own (`LaunchSpec.shape`)."""
+
+    resource_class: str
+    cpu: float
+    memory_mb: int
+    gpu: int
+    options: Any = field(default_factory=ProviderOptions)
+
+
+@dataclass(frozen=True)
 class LaunchSpec:
     task_id: str
     attempt: int
@@ -125,11 +203,15 @@ class LaunchSpec:
     cpu: float
     memory_mb: int
     gpu: int
-    scratch_mb: int
+    scratch_mb: int  # scratch disk the task asked for (resources.scratch_mb); 0: none asked
     max_runtime_s: int
     resource_class: str
     # The provider's `Options`: resource class + tool provider_options, validated at catalog load.
     options: Any = field(default_factory=ProviderOptions)
+
+    @property
+    def shape(self) -> Shape:
+        return Shape(self.resource_class, self.cpu, self.memory_mb, self.gpu, self.options)
 
 
 @dataclass(frozen=True)
@@ -174,10 +256,16 @@ class PermanentProviderError(ProviderError):
     """The request is wrong and will stay wrong (e.g. an unknown job queue)."""
 
 
-class Provider(ABC):
+class MalformedHandle(ProviderError, ValueError):
+    """A stored handle that is not one of this provider's (a missing or mistyped field)."""
+
+
+class Provider(ABC, Generic[H]):
     name: ClassVar[str] = "base"
     Settings: ClassVar[type[ProviderSettings]] = ProviderSettings
     Options: ClassVar[type[ProviderOptions]] = ProviderOptions
+    # The provider's own Handle subclass: what launch/find return and every other call takes.
+    handle_type: ClassVar[type[Handle]] = Handle
     poll_batch_size: int = 100
     capabilities: frozenset[Capability] = frozenset()
     # How often the control plane should poll this provider (seconds); cloud APIs have quotas.
@@ -196,29 +284,56 @@ class Provider(ABC):
     def supports(self, cap: Capability) -> bool:
         return cap in self.capabilities
 
-    def poll_key(self, handle: Handle) -> Hashable:
+    def handle(self, data: dict[str, Any]) -> H:
+        """A stored handle (`handle.encode()`, read back from JSON) as this provider's handle;
+        MalformedHandle, naming the provider and the field, when it is not one."""
+        if self.handle_type is Handle:
+            raise TypeError(f"{type(self).__name__} declares no handle_type")
+        try:
+            return self.handle_type.decode(data)  # type: ignore[return-value]
+        except MalformedHandle as e:
+            raise MalformedHandle(f"provider {self.name}: {e}") from None
+
+    def poll_key(self, handle: H) -> Hashable:
         """Handles with one key are polled together (one call per `poll_batch_size` of them)."""
         return None
 
     @abstractmethod
-    def launch(self, spec: LaunchSpec) -> Handle: ...
+    def launch(self, spec: LaunchSpec) -> H: ...
 
     @abstractmethod
-    def find(self, spec: LaunchSpec) -> Handle | None:
+    def find(self, spec: LaunchSpec) -> H | None:
         """The handle of a job already launched for `spec.job_name`, or None. Called before any
         launch that may already have happened (a restart, a launch that failed in an unknown way)."""
 
     @abstractmethod
-    def poll(self, handles: list[Handle]) -> list[JobStatus]: ...
+    def poll(self, handles: list[H]) -> list[JobStatus]: ...
 
     @abstractmethod
-    def cancel(self, handle: Handle, reason: str = "cancelled") -> None: ...
+    def cancel(self, handle: H, reason: str = "cancelled") -> None: ...
 
-    def logs(self, handle: Handle, cursor: str | None, limit: int) -> LogPage:
+    def logs(self, handle: H, cursor: str | None, limit: int) -> LogPage:
         raise NotImplementedError
 
-    def log_link(self, handle: Handle) -> str | None:
+    def log_link(self, handle: H) -> str | None:
         return None
+
+    def release(self, handle: H) -> bool:
+        """Give back what the job left on the runner, once its task has expired. Idempotent; never
+        stops a job. True: nothing is left to release (now or already); False: the job still
+        runs and keeps what it has (ask again later). Default: nothing to release."""
+        return True
+
+    def scratch_limit_mb(self, shape: Shape) -> int | None:
+        """The scratch disk (MiB) a job of `shape` is guaranteed, or None: this runner cannot
+        reserve scratch disk for it. May ask the runner's API (cached); may raise
+        TransientProviderError."""
+        return None
+
+    def scratch_note(self, shape: Shape) -> str:
+        """One sentence on the scratch disk the runner gives a job of `shape` (why none, or what
+        the limit comes from), for the error a submit gets when it asks for more."""
+        return f"the {self.name} provider cannot reserve scratch disk for a job"
 
     def close(self) -> None:
         pass

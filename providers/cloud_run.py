@@ -44,6 +44,18 @@ How it maps the core's contract onto Cloud Run:
   those of a container that died before its log agent flushed. log_link = the execution's
   `log_uri`.
 
+The handle (`CloudRunHandle`) is the execution's name with its job's, the start time, the
+execution's log_uri and the waiting policy.
+
+Scratch disk: refused. A RunJob override carries only the containers' args and env, the task
+count and the timeout (no resources, no volumes), so an execution cannot be given disk. The
+container's own writable filesystem is in memory (it counts against the job's memory), an
+in-memory volume's size limit allocates nothing beyond that memory, and an ephemeral disk is a
+setting of the job that the Admin API client this provider uses (run_v2) does not show. A task
+that asks for `resources.scratch_mb` is refused at submit (and a launch that asks anyway is
+refused); a tool that needs disk belongs on a job the operator gave an ephemeral disk, with the
+need stated in the catalog's documentation rather than promised per task.
+
 Settings (`CONTROLPLANE_CLOUD_RUN_*`), each endpoint and credential replaceable for emulators,
 fakes and private endpoints: `ENDPOINT` (Admin API, e.g. `http://127.0.0.1:8080`),
 `LOGGING_ENDPOINT`, `CREDENTIALS_FILE` (a service-account key; default Application Default
@@ -63,6 +75,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -89,12 +102,15 @@ from providers.base import (
     Provider,
     ProviderContext,
     ProviderSettings,
+    Shape,
     TransientProviderError,
     WaitPolicy,
     waiting_verdict,
 )
 
 log = logging.getLogger("controlplane.providers.cloud_run")
+NO_SCRATCH = ("a Cloud Run execution cannot be given disk: RunJob overrides carry only args, env, the task count "
+              "and the timeout, and the container's own filesystem is in memory (it counts against the job's memory)")
 
 MARKER = "CONTROLPLANE_JOB_NAME"  # the env var that names an execution's task attempt
 _COND = run_v2.Condition.State
@@ -196,10 +212,25 @@ def execution_status(ex: Any, now: float, stuck_after_s: float, on_stuck: str) -
                      raw_status="PENDING")
 
 
-class CloudRunProvider(Provider):
+@dataclass(frozen=True)
+class CloudRunHandle(Handle):
+    """An execution: its full name and its job's (the poll key), and what polls, log reads and
+    links need without asking Cloud Run again."""
+
+    execution: str
+    job: str  # projects/P/locations/R/jobs/J
+    job_name: str
+    created_at: float | None = None
+    log_uri: str | None = None
+    stuck_after_s: float | None = None  # None: the provider's setting
+    on_stuck: str = "wait"
+
+
+class CloudRunProvider(Provider[CloudRunHandle]):
     name = "cloud_run"
     Settings = CloudRunSettings
     Options = CloudRunOptions
+    handle_type = CloudRunHandle
     poll_batch_size = 1_000_000  # a whole job's watched executions in one call (one paged list)
     capabilities = frozenset({Capability.LOGS, Capability.LOG_LINK})
 
@@ -260,8 +291,10 @@ class CloudRunProvider(Provider):
         return None  # pragma: no cover
 
     # ---- launch / find --------------------------------------------------------------------------
-    def launch(self, spec: LaunchSpec) -> Handle:
+    def launch(self, spec: LaunchSpec) -> CloudRunHandle:
         opts: CloudRunOptions = spec.options
+        if spec.scratch_mb:
+            raise PermanentProviderError(f"scratch_mb={spec.scratch_mb}: {NO_SCRATCH}")
         override = run_v2.RunJobRequest.Overrides.ContainerOverride(
             name=opts.container or "", args=list(spec.command),
             env=[run_v2.EnvVar(name=k, value=v) for k, v in sorted(spec.env.items())])
@@ -287,13 +320,14 @@ class CloudRunProvider(Provider):
             return found
         return self._handle(execution, spec)
 
-    def _handle(self, execution: Any, spec: LaunchSpec) -> Handle:
+    def _handle(self, execution: Any, spec: LaunchSpec) -> CloudRunHandle:
         opts: CloudRunOptions = spec.options
-        return {"execution": execution.name, "job": opts.job_path, "job_name": spec.job_name,
-                "created_at": _ts(execution.create_time) or time.time(), "log_uri": execution.log_uri or None,
-                "stuck_after_s": float(opts.stuck_after_s or self.settings.stuck_after_s), "on_stuck": opts.on_stuck}
+        return CloudRunHandle(execution=execution.name, job=opts.job_path, job_name=spec.job_name,
+                              created_at=_ts(execution.create_time) or time.time(), log_uri=execution.log_uri or None,
+                              stuck_after_s=float(opts.stuck_after_s or self.settings.stuck_after_s),
+                              on_stuck=opts.on_stuck)
 
-    def find(self, spec: LaunchSpec) -> Handle | None:
+    def find(self, spec: LaunchSpec) -> CloudRunHandle | None:
         opts: CloudRunOptions = spec.options
         found = [ex for ex in self._list(opts.job_path) if _marker(ex) == spec.job_name]
         if not found:
@@ -316,19 +350,19 @@ class CloudRunProvider(Provider):
                 return out
 
     # ---- poll -----------------------------------------------------------------------------------
-    def poll_key(self, handle: Handle) -> Hashable:
-        return handle["job"]
+    def poll_key(self, handle: CloudRunHandle) -> Hashable:
+        return handle.job
 
-    def poll(self, handles: list[Handle]) -> list[JobStatus]:
+    def poll(self, handles: list[CloudRunHandle]) -> list[JobStatus]:
         if not handles:
             return []
         now = time.time()
-        by_job: dict[str, list[Handle]] = {}
+        by_job: dict[str, list[CloudRunHandle]] = {}
         for h in handles:
-            by_job.setdefault(h["job"], []).append(h)
+            by_job.setdefault(h.job, []).append(h)
         seen: dict[str, Any] = {}
         for job_path, group in by_job.items():
-            wanted = {h["execution"] for h in group}
+            wanted = {h.execution for h in group}
             listed = self._list(job_path, until=lambda out, w=wanted: w <= {ex.name for ex in out})
             seen.update((ex.name, ex) for ex in listed if ex.name in wanted)
             for name in wanted - seen.keys():  # not listed: confirm before calling it gone
@@ -339,22 +373,21 @@ class CloudRunProvider(Provider):
                         raise
         out = []
         for h in handles:
-            ex = seen.get(h["execution"])
+            ex = seen.get(h.execution)
             if ex is None:
-                self._log_uris.pop(h["execution"], None)
+                self._log_uris.pop(h.execution, None)
                 out.append(JobStatus(JobPhase.GONE, reason="Cloud Run no longer knows this execution",
                                      raw_status="GONE"))
                 continue
             if ex.log_uri:
                 self._log_uris[ex.name] = ex.log_uri
-            out.append(execution_status(ex, now, h.get("stuck_after_s", self.settings.stuck_after_s),
-                                        h.get("on_stuck", "wait")))
+            out.append(execution_status(ex, now, h.stuck_after_s or self.settings.stuck_after_s, h.on_stuck))
         return out
 
     # ---- cancel ---------------------------------------------------------------------------------
-    def cancel(self, handle: Handle, reason: str = "cancelled") -> None:
+    def cancel(self, handle: CloudRunHandle, reason: str = "cancelled") -> None:
         try:
-            self._call(handle["job"], self.executions.cancel_execution, name=handle["execution"])
+            self._call(handle.job, self.executions.cancel_execution, name=handle.execution)
         except PermanentProviderError as e:
             # Already ended (FAILED_PRECONDITION) or gone (NOT_FOUND): nothing left to stop.
             if not isinstance(e.__cause__, gexc.NotFound | gexc.FailedPrecondition):
@@ -371,15 +404,15 @@ class CloudRunProvider(Provider):
                                            client_options=options)
             return self._logging
 
-    def logs(self, handle: Handle, cursor: str | None, limit: int) -> LogPage:
-        return self._pages.get((handle["execution"], cursor, limit), lambda: self._read_logs(handle, cursor, limit))
+    def logs(self, handle: CloudRunHandle, cursor: str | None, limit: int) -> LogPage:
+        return self._pages.get((handle.execution, cursor, limit), lambda: self._read_logs(handle, cursor, limit))
 
-    def _read_logs(self, handle: Handle, cursor: str | None, limit: int) -> LogPage:
-        project, region, job = _parts(handle["job"])
-        execution = handle["execution"].rsplit("/", 1)[-1]
+    def _read_logs(self, handle: CloudRunHandle, cursor: str | None, limit: int) -> LogPage:
+        project, region, job = _parts(handle.job)
+        execution = handle.execution.rsplit("/", 1)[-1]
         after_ts, _ = logtail.split_cursor(cursor)
         # Always bound by time: without a timestamp term Cloud Logging searches the last 24 h only.
-        since = after_ts or _rfc3339(float(handle.get("created_at") or time.time()) - 60)
+        since = after_ts or _rfc3339((handle.created_at or time.time()) - 60)
         query = "\n".join([
             'resource.type = "cloud_run_job"',
             f'resource.labels.job_name = "{job}"',
@@ -410,14 +443,17 @@ class CloudRunProvider(Provider):
         return logtail.within_quota(limiter, cursor, f"Cloud Logging allows {self.settings.log_reads_per_min} reads a "
                                     "minute per project", read)
 
-    def log_link(self, handle: Handle) -> str | None:
-        uri = handle.get("log_uri") or self._log_uris.get(handle["execution"])
+    def log_link(self, handle: CloudRunHandle) -> str | None:
+        uri = handle.log_uri or self._log_uris.get(handle.execution)
         if uri:
             return uri
-        project, region, _ = _parts(handle["job"])
-        execution = handle["execution"].rsplit("/", 1)[-1]
+        project, region, _ = _parts(handle.job)
+        execution = handle.execution.rsplit("/", 1)[-1]
         return (f"https://console.cloud.google.com/run/jobs/executions/details/{region}/{execution}/logs"
                 f"?project={project}")
+
+    def scratch_note(self, shape: Shape) -> str:
+        return NO_SCRATCH
 
 
 def _marker(execution: Any) -> str | None:

@@ -24,6 +24,15 @@ memory per vCPU: the catalog is checked against that when it loads, and a task a
 than its class gets the smallest allowed shape that covers what it asked. A GPU needs a GPU
 workload profile.
 
+Scratch disk comes with the shape: Azure gives a replica ephemeral storage (its containers' file
+systems and EmptyDir volumes together) by its vCPUs: 0.25 or less 1 GiB, 0.5 or less 2 GiB, 1 or
+less 4 GiB, more 8 GiB (learn.microsoft.com/azure/container-apps/storage-mounts). The storage is
+not set per execution (ContainerResources.ephemeralStorage is read-only), so on the Consumption
+profile a task's `resources.scratch_mb` is applied by choosing a shape big enough for it (a task
+asking 0.25 vCPU and 3000 MiB of scratch runs on 0.75 vCPU with 1.5 GiB, which has 4 GiB), and the
+most a task of a class may ask is what the class's own shape has. On a dedicated workload
+profile this provider sends the class's cpu and memory as they are and guarantees no scratch.
+
 How it maps the core's contract onto Azure:
 
 * launch = `jobs.begin_start(rg, job, template=...)`. The execution's name is in the first answer
@@ -44,6 +53,8 @@ How it maps the core's contract onto Azure:
   Some executions ignore stop (microsoft/azure-container-apps#1071): past the control plane's
   stop_confirm_timeout_s the task ends anyway and the job is recorded as abandoned (kept in view
   and still stopped now and then until Azure says it ended).
+* The handle (`ContainerAppsHandle`) is the execution's name with its job's ARM id, the start
+  time, the Log Analytics workspace and the waiting policy.
 * logs = Log Analytics, table `ContainerAppConsoleLogs_CL` of the environment's workspace, rows of
   the job whose replica (ContainerGroupName_s) belongs to the execution, oldest first; cursor =
   TimeGenerated (the service's 7-digit text) + `_ItemId`. Rows reach Log Analytics 30 s to a few
@@ -73,6 +84,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -103,6 +115,7 @@ from providers.base import (
     Provider,
     ProviderContext,
     ProviderSettings,
+    Shape,
     TransientProviderError,
     WaitPolicy,
     waiting_verdict,
@@ -129,9 +142,25 @@ TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
 AZURE_ERRORS = (HttpResponseError, ServiceRequestError, ServiceResponseError)  # what azure-core raises for a call
 
 
-def consumption_shape(cpu: float, memory_mb: int) -> tuple[float, int]:
-    """The smallest Consumption shape (cpu in 0.25 steps, 2 GiB per vCPU) covering cpu and memory."""
+# A replica's ephemeral storage (GiB) by its vCPUs: (at most this many vCPUs, storage).
+EPHEMERAL_STORAGE_GIB = ((0.25, 1), (0.5, 2), (1.0, 4), (math.inf, 8))
+STORAGE_TABLE = "0.25 vCPU or less: 1 GiB, 0.5: 2 GiB, 1: 4 GiB, more: 8 GiB"
+
+
+def ephemeral_storage_mb(cpu: float) -> int:
+    """The ephemeral storage Azure gives a replica of `cpu` vCPUs."""
+    return next(gib for most, gib in EPHEMERAL_STORAGE_GIB if cpu <= most + 1e-9) * 1024
+
+
+def consumption_shape(cpu: float, memory_mb: int, scratch_mb: int = 0) -> tuple[float, int]:
+    """The smallest Consumption shape (cpu in 0.25 steps, 2 GiB per vCPU) covering cpu, memory and
+    scratch disk (ValueError past the 8 GiB a replica can have)."""
     quarters = max(1, math.ceil(round(cpu * 4, 6)), math.ceil(round(memory_mb / 512, 6)))
+    while ephemeral_storage_mb(quarters / 4) < scratch_mb:
+        if quarters >= 16:
+            raise ValueError(f"scratch_mb={scratch_mb} exceeds the {ephemeral_storage_mb(4)} MiB of ephemeral storage "
+                             "a Container Apps replica can have")
+        quarters += 1
     return quarters / 4, quarters * 512
 
 
@@ -251,12 +280,27 @@ def _classify(e: Exception, what: str) -> Exception:
     return e
 
 
-class ContainerAppsProvider(Provider):
+@dataclass(frozen=True)
+class ContainerAppsHandle(Handle):
+    """An execution: its name and its job's ARM id (the poll key), and what polls and log reads
+    need without asking Azure again."""
+
+    execution: str
+    job: str  # /subscriptions/S/resourceGroups/RG/providers/Microsoft.App/jobs/J
+    job_name: str
+    created_at: float | None = None
+    workspace_id: str | None = None  # None: the WORKSPACE_ID setting
+    stuck_after_s: float | None = None  # None: the provider's setting
+    on_stuck: str = "wait"
+
+
+class ContainerAppsProvider(Provider[ContainerAppsHandle]):
     name = "container_apps"
     Settings = ContainerAppsSettings
     Options = ContainerAppsOptions
+    handle_type = ContainerAppsHandle
     poll_batch_size = 1_000_000  # a whole job's watched executions in one call (one paged list)
-    capabilities = frozenset({Capability.LOGS, Capability.LOG_LINK})
+    capabilities = frozenset({Capability.LOGS, Capability.LOG_LINK, Capability.SCRATCH})
 
     def __init__(self, settings: ContainerAppsSettings, context: ProviderContext):
         self.settings = settings
@@ -324,16 +368,21 @@ class ContainerAppsProvider(Provider):
                                                 first.image if first else None)
         return (opts.container or known[0], known[1])
 
-    def launch(self, spec: LaunchSpec) -> Handle:
+    def launch(self, spec: LaunchSpec) -> ContainerAppsHandle:
         opts: ContainerAppsOptions = spec.options
+        cpu, memory_mb = (spec.cpu, spec.memory_mb)
+        if opts.workload_profile == CONSUMPTION:
+            try:
+                cpu, memory_mb = consumption_shape(cpu, memory_mb, spec.scratch_mb)
+            except ValueError as e:
+                raise PermanentProviderError(str(e)) from None
+        elif spec.scratch_mb:
+            raise PermanentProviderError(f"scratch_mb={spec.scratch_mb}: {self.scratch_note(spec.shape)}")
         job_id = opts.job_id(self.settings.subscription_id)
         name, job_image = self._container(job_id, opts)
         image = spec.image or job_image
         if not image:
             raise PermanentProviderError(f"the Container Apps job {job_id} has no image and the tool names none")
-        cpu, memory_mb = (spec.cpu, spec.memory_mb)
-        if opts.workload_profile == CONSUMPTION:
-            cpu, memory_mb = consumption_shape(cpu, memory_mb)
         template = aca.JobExecutionTemplate(containers=[aca.JobExecutionContainer(
             name=name, image=image, args=list(spec.command),
             env=[aca.EnvironmentVar(name=k, value=v) for k, v in sorted(spec.env.items())],
@@ -348,13 +397,14 @@ class ContainerAppsProvider(Provider):
             return found
         return self._handle(started.name, job_id, spec, time.time())
 
-    def _handle(self, execution: str, job_id: str, spec: LaunchSpec, created_at: float) -> Handle:
+    def _handle(self, execution: str, job_id: str, spec: LaunchSpec, created_at: float) -> ContainerAppsHandle:
         opts: ContainerAppsOptions = spec.options
-        return {"execution": execution, "job": job_id, "job_name": spec.job_name, "created_at": created_at,
-                "workspace_id": opts.workspace_id or self.settings.workspace_id,
-                "stuck_after_s": float(opts.stuck_after_s or self.settings.stuck_after_s), "on_stuck": opts.on_stuck}
+        return ContainerAppsHandle(execution=execution, job=job_id, job_name=spec.job_name, created_at=created_at,
+                                   workspace_id=opts.workspace_id or self.settings.workspace_id,
+                                   stuck_after_s=float(opts.stuck_after_s or self.settings.stuck_after_s),
+                                   on_stuck=opts.on_stuck)
 
-    def find(self, spec: LaunchSpec) -> Handle | None:
+    def find(self, spec: LaunchSpec) -> ContainerAppsHandle | None:
         opts: ContainerAppsOptions = spec.options
         job_id = opts.job_id(self.settings.subscription_id)
         found = [ex for ex in self._list(job_id) if _marker(ex) == spec.job_name]
@@ -381,16 +431,16 @@ class ContainerAppsProvider(Provider):
         return self._call(job_id, "list executions", pages)
 
     # ---- poll -----------------------------------------------------------------------------------
-    def poll_key(self, handle: Handle) -> Hashable:
-        return handle["job"]
+    def poll_key(self, handle: ContainerAppsHandle) -> Hashable:
+        return handle.job
 
-    def poll(self, handles: list[Handle]) -> list[JobStatus]:
+    def poll(self, handles: list[ContainerAppsHandle]) -> list[JobStatus]:
         if not handles:
             return []
         now = time.time()
         by_job: dict[str, set[str]] = {}
         for h in handles:
-            by_job.setdefault(h["job"], set()).add(h["execution"])
+            by_job.setdefault(h.job, set()).add(h.execution)
         seen: dict[str, Any] = {}
         for job_id, wanted in by_job.items():
             listed = self._list(job_id, until=lambda names, w=wanted: w <= names)
@@ -402,9 +452,9 @@ class ContainerAppsProvider(Provider):
                 except PermanentProviderError as e:
                     if not isinstance(e.__cause__, ResourceNotFoundError):
                         raise
-        return [self._status(h, seen.get(h["execution"]), now) for h in handles]
+        return [self._status(h, seen.get(h.execution), now) for h in handles]
 
-    def _status(self, h: Handle, ex: Any, now: float) -> JobStatus:
+    def _status(self, h: ContainerAppsHandle, ex: Any, now: float) -> JobStatus:
         if ex is None:
             return JobStatus(JobPhase.GONE, reason="Azure no longer lists this execution (its history is limited)",
                              raw_status="GONE")
@@ -415,21 +465,21 @@ class ContainerAppsProvider(Provider):
         started, finished = _started(ex), _ts(props.end_time)
         waiting = give_up = None
         if phase == JobPhase.PENDING:
-            waiting, give_up = waiting_verdict(status, now - float(h.get("created_at") or now),
+            waiting, give_up = waiting_verdict(status, now - (h.created_at or now),
                                                reason or "waiting for the execution to start",
-                                               stuck_after_s=h.get("stuck_after_s", self.settings.stuck_after_s),
-                                               on_stuck=h.get("on_stuck", "wait"), noun="execution")
+                                               stuck_after_s=h.stuck_after_s or self.settings.stuck_after_s,
+                                               on_stuck=h.on_stuck, noun="execution")
         elif phase == JobPhase.RUNNING:
             started = started or now
         return JobStatus(phase, reason=reason, started_at=started, finished_at=finished, waiting_reason=waiting,
                          give_up_reason=give_up, raw_status=status)
 
     # ---- cancel ---------------------------------------------------------------------------------
-    def cancel(self, handle: Handle, reason: str = "cancelled") -> None:
-        _, rg, job = _parts(handle["job"])
+    def cancel(self, handle: ContainerAppsHandle, reason: str = "cancelled") -> None:
+        _, rg, job = _parts(handle.job)
         try:
-            self._call(handle["job"], "stop execution",
-                       lambda c: c.jobs.begin_stop_execution(rg, job, handle["execution"], polling=False))
+            self._call(handle.job, "stop execution",
+                       lambda c: c.jobs.begin_stop_execution(rg, job, handle.execution, polling=False))
         except PermanentProviderError as e:
             # Gone (404) or already ended (409/400): nothing left to stop.
             if getattr(e.__cause__, "status_code", 0) not in (400, 404, 409):
@@ -446,22 +496,22 @@ class ContainerAppsProvider(Provider):
                                                     retry_total=2, **self._tls)
             return self._logs_client
 
-    def logs(self, handle: Handle, cursor: str | None, limit: int) -> LogPage:
-        return self._pages.get((handle["execution"], cursor, limit), lambda: self._read_logs(handle, cursor, limit))
+    def logs(self, handle: ContainerAppsHandle, cursor: str | None, limit: int) -> LogPage:
+        return self._pages.get((handle.execution, cursor, limit), lambda: self._read_logs(handle, cursor, limit))
 
-    def _read_logs(self, handle: Handle, cursor: str | None, limit: int) -> LogPage:
-        workspace = handle.get("workspace_id") or self.settings.workspace_id
+    def _read_logs(self, handle: ContainerAppsHandle, cursor: str | None, limit: int) -> LogPage:
+        workspace = handle.workspace_id or self.settings.workspace_id
         if not workspace:
             return LogPage([], cursor, reason="no Log Analytics workspace is configured for this job (provider_options."
                                               "workspace_id or CONTROLPLANE_CONTAINER_APPS_WORKSPACE_ID)")
-        _, _, job = _parts(handle["job"])
+        _, _, job = _parts(handle.job)
         now = datetime.now(UTC)
-        start = datetime.fromtimestamp(float(handle.get("created_at") or time.time()) - 60, UTC)
+        start = datetime.fromtimestamp((handle.created_at or time.time()) - 60, UTC)
         until = now - timedelta(seconds=self.settings.log_settle_s)
         if until <= start:
             return LogPage([], cursor, reason=f"Log Analytics rows are read once {self.settings.log_settle_s:g} s old "
                                               "(ingestion delay)")
-        query = kql(job, handle["execution"], cursor, until, limit + 50)
+        query = kql(job, handle.execution, cursor, until, limit + 50)
         limiter = ratelimit.shared(ratelimit.key("loganalytics", account=workspace, endpoint=self.settings.logs_endpoint),
                                    self.settings.log_queries_per_min, window_s=60.0)
 
@@ -480,8 +530,22 @@ class ContainerAppsProvider(Provider):
         return logtail.within_quota(limiter, cursor, f"Log Analytics queries are limited to "
                                     f"{self.settings.log_queries_per_min} a minute per workspace here", read)
 
-    def log_link(self, handle: Handle) -> str | None:
-        return f"https://portal.azure.com/#resource{handle['job']}/executions/{handle['execution']}"
+    def log_link(self, handle: ContainerAppsHandle) -> str | None:
+        return f"https://portal.azure.com/#resource{handle.job}/executions/{handle.execution}"
+
+    # ---- scratch disk: the shape's ephemeral storage ----------------------------------------------
+    def scratch_limit_mb(self, shape: Shape) -> int | None:
+        if shape.options.workload_profile != CONSUMPTION:
+            return None
+        return ephemeral_storage_mb(shape.cpu)
+
+    def scratch_note(self, shape: Shape) -> str:
+        if shape.options.workload_profile != CONSUMPTION:
+            return (f"on the dedicated workload profile {shape.options.workload_profile!r} this provider sends the "
+                    "resource class's cpu and memory as they are and guarantees no scratch disk")
+        return (f"Azure Container Apps gives a replica ephemeral storage by its vCPUs ({STORAGE_TABLE}), and resource "
+                f"class '{shape.resource_class}' allows {shape.cpu:g} vCPU: at most "
+                f"{ephemeral_storage_mb(shape.cpu)} MiB")
 
 
 def kql(job: str, execution: str, cursor: str | None, until: datetime, take: int) -> str:

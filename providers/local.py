@@ -14,6 +14,18 @@ by the `--job-name` on their command line). Cancel sends SIGTERM to the runner, 
 tool's process group; if the runner has not exited after the grace period, a repeated cancel
 SIGKILLs the runner and every process below it.
 
+The handle (`LocalHandle`) is the runner's pid and process start time (a pid alone may be reused)
+and the job directory; `runner.pid` holds the same JSON.
+
+`release(handle)` (when the task has expired) deletes the job directory, console log included.
+It never stops a job: while the runner process lives it deletes nothing and answers False (the
+control plane asks again later), because the runner still writes its console and `exit.json`
+there and the tool works in `work/`. Releasing twice, or a directory already gone, is fine.
+
+Scratch disk: refused. A local job writes to `work/` on this host's disk, which it shares with
+everything else on the host; nothing reserves space for one job, so a task that asks for
+`resources.scratch_mb` is refused at submit (and a launch that asks anyway is refused).
+
 Settings (`CONTROLPLANE_LOCAL_*`): `PYTHON` (the interpreter runners and `{python}` tools run
 with; default this one), `JOBS_DIR`, `POLL_INTERVAL_S`. No catalog options.
 """
@@ -21,12 +33,14 @@ with; default this one), `JOBS_DIR`, `POLL_INTERVAL_S`. No catalog options.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -42,12 +56,32 @@ from providers.base import (
     LaunchSpec,
     LogLine,
     LogPage,
+    MalformedHandle,
+    PermanentProviderError,
     Provider,
     ProviderContext,
     ProviderSettings,
+    Shape,
+    omitted_if_none,
 )
 
+log = logging.getLogger("controlplane.providers.local")
+
 PROJECT_ROOT = str(Path(infra.__file__).resolve().parent.parent)
+NO_SCRATCH = ("local jobs write to this host's disk (the job directory's work/), shared with everything else on "
+              "the host: nothing reserves scratch space for one job")
+
+
+@dataclass(frozen=True)
+class LocalHandle(Handle):
+    """The runner process (pid and its start time: a pid alone may be reused) and its job directory.
+    `pid` 0 is a job that ended before a restart found it (only `exit.json` was left)."""
+
+    pid: int
+    create_time: float
+    job_dir: str
+    # The wall clock at launch; absent from a handle that `find` rebuilt.
+    launched_at: float | None = omitted_if_none()
 
 
 class LocalSettings(ProviderSettings):
@@ -58,9 +92,10 @@ class LocalSettings(ProviderSettings):
     poll_interval_s: float = 1.0
 
 
-class LocalProvider(Provider):
+class LocalProvider(Provider[LocalHandle]):
     name = "local"
     Settings = LocalSettings
+    handle_type = LocalHandle
     poll_batch_size = 1000
     capabilities = frozenset({Capability.LOGS})
 
@@ -74,7 +109,9 @@ class LocalProvider(Provider):
         self._children: dict[int, subprocess.Popen[bytes]] = {}
 
     # ---- launch / find --------------------------------------------------------------------
-    def launch(self, spec: LaunchSpec) -> Handle:
+    def launch(self, spec: LaunchSpec) -> LocalHandle:
+        if spec.scratch_mb:
+            raise PermanentProviderError(f"scratch_mb={spec.scratch_mb}: {NO_SCRATCH}")
         job_dir = self.jobs_dir / spec.job_name
         if job_dir.exists():
             found = self.find(spec)
@@ -99,41 +136,43 @@ class LocalProvider(Provider):
             child = subprocess.Popen(argv, cwd=job_dir, env=env, stdin=subprocess.DEVNULL, stdout=console,
                                      stderr=subprocess.STDOUT, start_new_session=True)
         self._children[child.pid] = child
-        handle = {"pid": child.pid, "create_time": _create_time(child.pid), "job_dir": str(job_dir),
-                  "launched_at": time.time()}
-        _write_json(job_dir / "runner.pid", handle)
+        handle = LocalHandle(pid=child.pid, create_time=_create_time(child.pid), job_dir=str(job_dir),
+                             launched_at=time.time())
+        _write_json(job_dir / "runner.pid", handle.encode())
         return handle
 
-    def find(self, spec: LaunchSpec) -> Handle | None:
+    def find(self, spec: LaunchSpec) -> LocalHandle | None:
         job_dir = self.jobs_dir / spec.job_name
         if not job_dir.exists():
             return None
-        try:
-            return json.loads((job_dir / "runner.pid").read_text())
-        except (OSError, ValueError):
-            pass
+        recorded = _read_json(job_dir / "runner.pid")
+        if recorded is not None:
+            try:
+                return LocalHandle.decode(recorded)
+            except MalformedHandle:
+                pass  # look for the runner by its command line
         marker = ["--job-name", spec.job_name]
         for p in psutil.process_iter(["pid", "cmdline", "create_time"]):
             cmd = p.info.get("cmdline") or []
             if any(cmd[i : i + 2] == marker for i in range(len(cmd) - 1)):
-                handle = {"pid": p.info["pid"], "create_time": p.info["create_time"], "job_dir": str(job_dir)}
-                _write_json(job_dir / "runner.pid", handle)
+                handle = LocalHandle(pid=p.info["pid"], create_time=p.info["create_time"], job_dir=str(job_dir))
+                _write_json(job_dir / "runner.pid", handle.encode())
                 return handle
         if (job_dir / "exit.json").exists():
-            return {"pid": 0, "create_time": 0.0, "job_dir": str(job_dir)}
+            return LocalHandle(pid=0, create_time=0.0, job_dir=str(job_dir))
         return None
 
     # ---- poll -----------------------------------------------------------------------------
-    def poll(self, handles: list[Handle]) -> list[JobStatus]:
+    def poll(self, handles: list[LocalHandle]) -> list[JobStatus]:
         return [self._status(h) for h in handles]
 
-    def _status(self, h: Handle) -> JobStatus:
-        job_dir = Path(h["job_dir"])
+    def _status(self, h: LocalHandle) -> JobStatus:
+        job_dir = Path(h.job_dir)
         outcome = _read_json(job_dir / "exit.json")
         if outcome is None and self._alive(h):
             # psutil's create_time is derived from boot time and can be off by a second: the
             # wall clock at launch is the better start time.
-            return JobStatus(JobPhase.RUNNING, started_at=h.get("launched_at"), raw_status="running")
+            return JobStatus(JobPhase.RUNNING, started_at=h.launched_at, raw_status="running")
         if outcome is None:  # it may have finished between the two looks
             outcome = _read_json(job_dir / "exit.json")
         if outcome is None:
@@ -150,8 +189,8 @@ class LocalProvider(Provider):
             raw_status=str(outcome.get("status")),
         )
 
-    def _alive(self, h: Handle) -> bool:
-        pid = int(h.get("pid") or 0)
+    def _alive(self, h: LocalHandle) -> bool:
+        pid = h.pid
         if pid <= 0:
             return False
         child = self._children.get(pid)
@@ -160,24 +199,24 @@ class LocalProvider(Provider):
             return False
         try:
             p = psutil.Process(pid)
-            if abs(p.create_time() - float(h.get("create_time") or 0)) > 0.05:
+            if abs(p.create_time() - h.create_time) > 0.05:
                 return False  # the pid was reused by another process
             return p.status() != psutil.STATUS_ZOMBIE
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             return False
 
     # ---- cancel ---------------------------------------------------------------------------
-    def cancel(self, handle: Handle, reason: str = "cancelled") -> None:
+    def cancel(self, handle: LocalHandle, reason: str = "cancelled") -> None:
         if not self._alive(handle):
             return
-        job_dir = Path(handle["job_dir"])
+        job_dir = Path(handle.job_dir)
         marker = job_dir / "cancel_requested_at"
         try:
             first = float(marker.read_text())
         except (OSError, ValueError):
             first = time.time()
             marker.write_text(str(first))
-        pid = int(handle["pid"])
+        pid = handle.pid
         if time.time() - first < self.kill_grace_s + 5:
             _signal_group(pid, signal.SIGTERM)  # the runner forwards it to the tool's group
             return
@@ -201,8 +240,8 @@ class LocalProvider(Provider):
                 pass
 
     # ---- logs -----------------------------------------------------------------------------
-    def logs(self, handle: Handle, cursor: str | None, limit: int) -> LogPage:
-        path = Path(handle["job_dir"]) / "console.log"
+    def logs(self, handle: LocalHandle, cursor: str | None, limit: int) -> LogPage:
+        path = Path(handle.job_dir) / "console.log"
         try:
             offset = int(cursor or 0)
         except ValueError:
@@ -219,6 +258,29 @@ class LocalProvider(Provider):
                 offset += len(raw)
                 lines.append(LogLine(ts=time.time(), message=raw.decode("utf-8", "replace").rstrip("\n")))
         return LogPage(lines, str(offset))
+
+    # ---- release / scratch ----------------------------------------------------------------
+    def release(self, handle: LocalHandle) -> bool:
+        """Delete the job's directory, unless its runner still runs (then keep it: False)."""
+        if self._alive(handle):
+            return False
+        job_dir = Path(handle.job_dir)
+        if not job_dir.is_dir():
+            return True
+        if not _is_job_dir(job_dir, self.jobs_dir):
+            log.warning("not releasing %s: not a job directory of this provider", job_dir)
+            return True
+        shutil.rmtree(job_dir, ignore_errors=True)
+        return not job_dir.exists()
+
+    def scratch_note(self, shape: Shape) -> str:
+        return NO_SCRATCH
+
+
+def _is_job_dir(path: Path, jobs_dir: Path) -> bool:
+    """A directory this provider made: in its jobs directory, or (another JOBS_DIR setting before a
+    restart) one that holds what `launch` writes first."""
+    return path.resolve().parent == jobs_dir.resolve() or (path / "launch.json").is_file()
 
 
 def _create_time(pid: int) -> float:

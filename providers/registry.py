@@ -9,8 +9,9 @@ without touching this repository:
 
 The core asks this module for a provider by the name a catalog entry gives, never imports a
 provider module itself, and never names one. A class is checked when it is loaded: it must be a
-`Provider` with its own `Settings` and `Options` models and a `find` (a launch that may have
-happened is looked up before it is repeated, so a runner that cannot find its jobs is refused).
+`Provider` with its own `Settings` and `Options` models, its own `handle_type` (a frozen `Handle`
+dataclass: what the database stores for each job) and a `find` (a launch that may have happened
+is looked up before it is repeated, so a runner that cannot find its jobs is refused).
 Tests and embedders can `register(name, cls)` a class directly; a name is never registered twice.
 """
 
@@ -22,7 +23,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from providers.base import Provider, ProviderContext, ProviderOptions, ProviderSettings
+from providers.base import Handle, Provider, ProviderContext, ProviderOptions, ProviderSettings
 
 GROUP = "controlplane.providers"
 
@@ -55,6 +56,11 @@ def check_class(name: str, cls: Any) -> type[Provider]:
         raise ProviderUnavailable(f"provider {name}: {cls.__name__}.Settings must be its own ProviderSettings model")
     if not issubclass(cls.Options, ProviderOptions):
         raise ProviderUnavailable(f"provider {name}: {cls.__name__}.Options must be a ProviderOptions model")
+    handle = cls.handle_type
+    if (not (isinstance(handle, type) and issubclass(handle, Handle)) or handle is Handle
+            or "__dataclass_params__" not in vars(handle)  # a dataclass of its own, not one inherited
+            or not handle.__dataclass_params__.frozen):  # type: ignore[attr-defined]
+        raise ProviderUnavailable(f"provider {name}: {cls.__name__}.handle_type must be its own frozen Handle dataclass")
     return cls
 
 

@@ -63,6 +63,20 @@ def create_batch(moto_url: str) -> None:
     client("logs", moto_url).create_log_group(logGroupName=LOG_GROUP)
 
 
+def register_fargate_definition(moto_url: str, name: str, storage_gib: int | None = None) -> str:
+    """A Fargate job definition for the runner, with `storage_gib` of ephemeral storage (None:
+    Fargate's default); its ARN."""
+    props: dict[str, Any] = {"image": "controlplane-runner:latest",
+                             "resourceRequirements": [{"type": "VCPU", "value": "1"}, {"type": "MEMORY", "value": "2048"}],
+                             "executionRoleArn": f"arn:aws:iam::{ACCOUNT}:role/batch",
+                             "networkConfiguration": {"assignPublicIp": "ENABLED"}}
+    if storage_gib is not None:
+        props["ephemeralStorage"] = {"sizeInGiB": storage_gib}
+    return client("batch", moto_url).register_job_definition(
+        jobDefinitionName=name, type="container", platformCapabilities=["FARGATE"],
+        containerProperties=props)["jobDefinitionArn"]
+
+
 def backend() -> Any:
     from moto.batch.models import batch_backends
 
@@ -176,8 +190,10 @@ class BatchExecutor:
         job._mark_stopped(success=returncode == 0 and not job.stop)
 
 
-def batch_catalog(home: Path, *, retry: str = "{ max_attempts = 1 }", provider_options: str = "") -> None:
-    """The default catalog with `exercise` on AWS Batch (queue cp-queue) and a Batch resource class."""
-    options = f'job_queue = "{QUEUE}", job_definition = "{JOB_DEFINITION}"' + (f", {provider_options}" if provider_options else "")
+def batch_catalog(home: Path, *, retry: str = "{ max_attempts = 1 }", provider_options: str = "",
+                  job_definition: str = JOB_DEFINITION, resources: str = "") -> None:
+    """The default catalog with `exercise` on AWS Batch (queue cp-queue) and a Batch resource class
+    (`resources`: more of its TOML lines)."""
+    options = f'job_queue = "{QUEUE}", job_definition = "{job_definition}"' + (f", {provider_options}" if provider_options else "")
     exercise_catalog(home, provider="aws_batch", resource_class="batch", retry=retry, options=options,
-                     resources="max_concurrency = 4\nmax_queue_length = 100\ncpu = 2\nmemory_mb = 2048")
+                     resources="max_concurrency = 4\nmax_queue_length = 100\ncpu = 2\nmemory_mb = 2048" + resources)

@@ -7,6 +7,8 @@ make the runner forget a job, make a share of API calls fail, count the jobs of 
 The suite then checks, through the provider's interface alone:
 
 * launch runs the job to SUCCEEDED, or FAILED with the tool's non-zero exit;
+* the handle is the provider's own type, and what the database stores of it (JSON) decodes to
+  the same handle, which polls, reads logs and cancels like the original;
 * find after a crash between the launch intent and the handle finds the one job, and nothing
   for an attempt never launched;
 * every phase: PENDING (no capacity), RUNNING, SUCCEEDED, FAILED, GONE, in one poll of
@@ -14,7 +16,10 @@ The suite then checks, through the provider's interface alone:
 * cancel stops a running job, and repeating it (also after the end, and on a vanished job) is
   harmless;
 * native logs read page by page return every line once, in order;
-* throttled calls (429/5xx) are survived: nothing fails for them, and no attempt runs twice.
+* throttled calls (429/5xx) are survived: nothing fails for them, and no attempt runs twice;
+* release stops nothing (a running job keeps running) and is harmless to repeat once it ended;
+* a provider that cannot reserve scratch disk says so, and refuses a launch that asks for it
+  without starting anything.
 
 Jobs run `python -c <script>` through the runner with no object store and no callback, so each
 test stands alone.
@@ -22,6 +27,7 @@ test stands alone.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -29,7 +35,17 @@ from typing import Any
 
 import pytest
 
-from providers.base import Handle, JobPhase, JobStatus, LaunchSpec, Provider, ProviderOptions, TransientProviderError
+from providers.base import (
+    Capability,
+    Handle,
+    JobPhase,
+    JobStatus,
+    LaunchSpec,
+    PermanentProviderError,
+    Provider,
+    ProviderOptions,
+    TransientProviderError,
+)
 
 ENDED = {JobPhase.SUCCEEDED, JobPhase.FAILED, JobPhase.GONE}
 
@@ -63,12 +79,12 @@ class Harness:
         with _setting(self.faults, "fault_rate", rate):
             yield
 
-    def spec(self, job_name: str, script: str, *, max_runtime_s: int = 120) -> LaunchSpec:
+    def spec(self, job_name: str, script: str, *, max_runtime_s: int = 120, scratch_mb: int = 0) -> LaunchSpec:
         return LaunchSpec(task_id="tsk_" + job_name, attempt=1, job_name=job_name, tool_name="contract", owner="me",
                           command=(self.provider.python, "-c", script), image=None,
                           env={"CONTROLPLANE_TASK_ID": "tsk_" + job_name, "CONTROLPLANE_ATTEMPT": "1",
                                "CONTROLPLANE_JOB_NAME": job_name},
-                          cpu=1, memory_mb=512, gpu=0, scratch_mb=0, max_runtime_s=max_runtime_s,
+                          cpu=1, memory_mb=512, gpu=0, scratch_mb=scratch_mb, max_runtime_s=max_runtime_s,
                           resource_class="contract", options=self.options)
 
 
@@ -137,6 +153,19 @@ class ProviderContract:
         failed = wait_for(p, bad, ENDED)
         assert failed.phase == JobPhase.FAILED
         assert failed.exit_code in (None, 3)  # not every runner reports the exit code
+
+    def test_the_stored_handle_is_the_handle(self, harness: Harness) -> None:
+        p = harness.provider
+        spec = harness.spec(unique("json"), PRINT_LINES.format(n=3, code=0))
+        h = p.launch(spec)
+        assert type(h) is p.handle_type
+        stored = json.dumps(h.encode())  # what jobs.handle_json holds
+        again = p.handle(json.loads(stored))
+        assert again == h and json.dumps(again.encode()) == stored
+        assert wait_for(p, again, ENDED).phase == JobPhase.SUCCEEDED
+        found = eventually(lambda: _found(p, spec))
+        assert type(found) is p.handle_type and p.handle(json.loads(json.dumps(found.encode()))) == found
+        p.cancel(again, "after the end")  # an ended job: nothing to stop
 
     def test_find_after_a_crash_between_intent_and_handle(self, harness: Harness) -> None:
         p = harness.provider
@@ -212,6 +241,27 @@ class ProviderContract:
 
         eventually(read_all)
 
+    def test_release_stops_nothing_and_repeats_harmlessly(self, harness: Harness) -> None:
+        p = harness.provider
+        h = p.launch(harness.spec(unique("rel"), SLEEP.format(s=30)))
+        wait_for(p, h, {JobPhase.RUNNING})
+        p.release(h)  # the task has not expired: whatever it answers, the job runs on
+        assert poll_one(p, h).phase == JobPhase.RUNNING
+        p.cancel(h, "contract")
+        wait_for(p, h, ENDED)
+        assert eventually(lambda: _released(p, h)) is True
+        assert p.release(h) is True  # again: nothing left
+
+    def test_scratch_disk_is_refused_by_a_provider_that_cannot_reserve_it(self, harness: Harness) -> None:
+        p = harness.provider
+        if p.supports(Capability.SCRATCH):
+            pytest.skip(f"{p.name} can guarantee scratch disk (tested with its own shapes)")
+        spec = harness.spec(unique("scratch"), PRINT_LINES.format(n=1, code=0), scratch_mb=100)
+        assert p.scratch_limit_mb(spec.shape) is None and p.scratch_note(spec.shape)
+        with pytest.raises(PermanentProviderError, match="scratch_mb=100"):
+            p.launch(spec)
+        assert harness.count_jobs(spec.job_name) == 0 and p.find(spec) is None
+
     def test_throttled_calls_are_survived(self, harness: Harness) -> None:
         if harness.faults is None:
             pytest.skip(f"{harness.provider.name} calls no API that could throttle")
@@ -244,6 +294,11 @@ def _found(p: Provider, spec: LaunchSpec) -> Handle:
     found = p.find(spec)
     assert found is not None, "find did not see the launched job"
     return found
+
+
+def _released(p: Provider, h: Handle) -> bool:
+    assert p.release(h) is True
+    return True
 
 
 def _phases(p: Provider, handles: list[Handle], want: list[JobPhase]) -> list[JobStatus]:

@@ -13,7 +13,7 @@ import secrets
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -28,8 +28,8 @@ from fastmcp import Client
 from controlplane.app import ControlPlane
 from controlplane.mcp.server import build_server
 from controlplane.settings import Settings
-from providers.aws_batch import AwsBatchOptions, AwsBatchProvider
-from providers.base import JobPhase, LaunchSpec
+from providers.aws_batch import AwsBatchOptions, AwsBatchProvider, BatchHandle
+from providers.base import JobPhase, LaunchSpec, PermanentProviderError
 from tests import aws
 from tests.cloud import moto_server  # noqa: F401  (fixture)
 from tests.conftest import FAST, Agent, most_in_one_second
@@ -172,16 +172,17 @@ async def test_job_that_never_starts_fails_as_launch_failed(moto: str, bucket: s
 
 # ---- every Batch status -----------------------------------------------------------------------
 def spec(job_name: str, **options: Any) -> LaunchSpec:
+    options.setdefault("job_definition", aws.JOB_DEFINITION)
     return LaunchSpec(task_id="tsk_" + job_name, attempt=1, job_name=job_name, tool_name="exercise", owner="me",
                       command=("python", "-m", "infra.tools.exercise"), image=None, env={"A": "1"}, cpu=1,
                       memory_mb=512, gpu=0, scratch_mb=0, max_runtime_s=60, resource_class="batch",
-                      options=AwsBatchOptions(job_queue=aws.QUEUE, job_definition=aws.JOB_DEFINITION, **options))
+                      options=AwsBatchOptions(job_queue=aws.QUEUE, **options))
 
 
 def test_every_batch_status_maps_onto_a_phase(moto: str, tmp_path: Path) -> None:
     provider = AwsBatchProvider.configured(tmp_path, region="us-east-1", poll_interval_s=0.1, stuck_after_s=3600)
     handle = provider.launch(spec("cp-map-a1"))
-    job = aws.backend()._jobs[handle["job_id"]]
+    job = aws.backend()._jobs[handle.job_id]
     expected = {"SUBMITTED": JobPhase.PENDING, "PENDING": JobPhase.PENDING, "RUNNABLE": JobPhase.PENDING,
                 "STARTING": JobPhase.PENDING, "RUNNING": JobPhase.RUNNING}
     for status, phase in expected.items():
@@ -198,11 +199,11 @@ def test_every_batch_status_maps_onto_a_phase(moto: str, tmp_path: Path) -> None
     assert (st.phase, st.reason, st.exit_code) == (JobPhase.FAILED, "Essential container in task exited", 137)
 
     ok = provider.launch(spec("cp-map2-a1"))
-    aws.backend()._jobs[ok["job_id"]]._mark_stopped(success=True)
+    aws.backend()._jobs[ok.job_id]._mark_stopped(success=True)
     [st] = provider.poll([ok])
     assert st.phase == JobPhase.SUCCEEDED
 
-    aws.backend()._jobs.pop(handle["job_id"])  # Batch forgot it
+    aws.backend()._jobs.pop(handle.job_id)  # Batch forgot it
     gone, still = provider.poll([handle, ok])
     assert gone.phase == JobPhase.GONE and still.phase == JobPhase.SUCCEEDED
 
@@ -212,7 +213,7 @@ def test_a_job_stuck_in_runnable_is_reported_and_given_up_on_by_policy(moto: str
     patient = provider.launch(spec("cp-wait-a1", stuck_after_s=60))
     strict = provider.launch(spec("cp-fail-a1", stuck_after_s=60, on_stuck="fail"))
     for h in (patient, strict):
-        job = aws.backend()._jobs[h["job_id"]]
+        job = aws.backend()._jobs[h.job_id]
         job.status = "RUNNABLE"
         job.job_created_at = job.job_created_at.replace(year=job.job_created_at.year - 1)  # waiting for ages
     wait, fail = provider.poll([patient, strict])
@@ -262,6 +263,92 @@ async def test_vanished_job_is_worker_lost_and_retried(batch: Batch) -> None:
     assert st["state"] == "succeeded" and st["attempt"] == 2
     retry = [e for e in batch.cp.store.logs.events(tid) if e.kind == "retry"]
     assert retry[0].detail["error"] == "WORKER_LOST"
+
+
+# ---- handles stored by earlier versions -----------------------------------------------------------
+# jobs.handle_json exactly as the code before typed handles wrote it.
+OLD_BATCH_HANDLE = ('{"job_id": "5d1e1c7a-2f0e-4f6b-9a51-0c1f4b8e2d11", "job_name": "cp-01jf3kq8-a1", '
+                    '"job_queue": "cp-queue", "log_group": "/aws/batch/job", "stuck_after_s": 900.0, "on_stuck": "wait"}')
+
+
+def test_a_handle_stored_by_an_earlier_version_decodes_and_still_works(moto: str, tmp_path: Path) -> None:
+    provider = AwsBatchProvider.configured(tmp_path, region="us-east-1")
+    stored = provider.handle(json.loads(OLD_BATCH_HANDLE))
+    assert isinstance(stored, BatchHandle) and json.dumps(stored.encode()) == OLD_BATCH_HANDLE
+    launched = provider.launch(spec("cp-old-a1"))
+    old = {"job_id": launched.job_id, "job_name": "cp-old-a1", "job_queue": aws.QUEUE, "log_group": aws.LOG_GROUP,
+           "stuck_after_s": 900.0, "on_stuck": "wait"}  # what the earlier launch returned for this job
+    restarted = AwsBatchProvider.configured(tmp_path, region="us-east-1")  # a new server, no memory of the job
+    handle = restarted.handle(json.loads(json.dumps(old)))
+    assert handle == launched
+    [st] = restarted.poll([handle])
+    assert (st.phase, st.raw_status) == (JobPhase.PENDING, "SUBMITTED")
+    restarted.cancel(handle, "from an old row")
+    assert aws.backend()._jobs[handle.job_id].job_stopped_reason == "controlplane: from an old row"
+
+
+# ---- scratch disk: the job definition's ---------------------------------------------------------------
+async def test_scratch_disk_within_the_fargate_job_definitions_storage_runs_on_it(moto: str, bucket: str,
+                                                                                    home: Path) -> None:
+    arn = aws.register_fargate_definition(moto, "cp-runner-fargate", storage_gib=50)
+    aws.batch_catalog(home, job_definition="cp-runner-fargate")
+    cp = ControlPlane(Settings(home=home, object_store_url=bucket, **FAST))
+    with aws.BatchExecutor(moto):
+        async with Client(build_server(cp)) as client:
+            agent = Agent(client)
+            err = await agent.error("submit_task", tool_name="exercise", resources={"scratch_mb": 60_000})
+            assert err["code"] == "INVALID_REQUEST"
+            assert err["message"].startswith(
+                "resources.scratch_mb=60000 exceeds the 51200 MiB of scratch disk the aws_batch provider guarantees "
+                "for resource class 'batch': job definition cp-runner-fargate:1 runs on Fargate with 50 GiB"), err
+            assert (await agent.call("list_tasks"))["tasks"] == [] and aws.backend()._jobs == {}
+
+            tid = await agent.submit(inputs={"log_lines": 2}, resources={"scratch_mb": 40_000})
+            assert (await agent.wait(tid, timeout=60))["state"] == "succeeded"
+    job = batch_job(tid)
+    assert job["jobDefinition"] == arn  # the job ran on the definition whose storage covers the ask
+    [definition] = aws.client("batch", moto).describe_job_definitions(jobDefinitions=[arn])["jobDefinitions"]
+    assert definition["containerProperties"]["ephemeralStorage"]["sizeInGiB"] * 1024 >= 40_000
+
+
+async def test_scratch_disk_on_an_ec2_job_definition_is_refused(moto: str, bucket: str, home: Path) -> None:
+    aws.batch_catalog(home)  # the runner's job definition has no platformCapabilities: EC2
+    cp = ControlPlane(Settings(home=home, object_store_url=bucket, **FAST))
+    async with Client(build_server(cp)) as client:
+        agent = Agent(client)
+        err = await agent.error("submit_task", tool_name="exercise", resources={"scratch_mb": 1024})
+        assert err["code"] == "INVALID_REQUEST"
+        assert err["message"] == (
+            "resources.scratch_mb: the aws_batch provider cannot reserve scratch disk for this task: job definition "
+            f"{aws.JOB_DEFINITION}:1 runs on EC2 resources, where AWS Batch reserves no disk for a job (jobs share the "
+            "instance's storage; only a Fargate job definition's ephemeralStorage is reserved)")
+        assert (await agent.call("list_tasks"))["tasks"] == []
+    assert aws.backend()._jobs == {}
+
+
+def test_a_fargate_definition_without_ephemeral_storage_gives_fargates_default(moto: str, tmp_path: Path) -> None:
+    aws.register_fargate_definition(moto, "cp-runner-small")
+    provider = AwsBatchProvider.configured(tmp_path, region="us-east-1")
+    shape = spec("cp-x-a1", job_definition="cp-runner-small").shape
+    assert provider.scratch_limit_mb(shape) == 20 * 1024
+    assert "20 GiB (20480 MiB) of ephemeral storage (Fargate's default" in provider.scratch_note(shape)
+
+
+def test_launch_refuses_scratch_its_job_definition_no_longer_gives(moto: str, tmp_path: Path) -> None:
+    """Between submit and launch the job definition got a new revision with less storage: the
+    launch fails (LAUNCH_FAILED) rather than run the task without the disk it asked for."""
+    aws.register_fargate_definition(moto, "cp-runner-shrunk", storage_gib=100)
+    provider = AwsBatchProvider.configured(tmp_path, region="us-east-1")
+    asked = replace(spec("cp-shrunk-a1", job_definition="cp-runner-shrunk"), scratch_mb=90_000)
+    assert provider.scratch_limit_mb(asked.shape) == 100 * 1024
+    aws.register_fargate_definition(moto, "cp-runner-shrunk", storage_gib=30)  # revision 2, now the active one
+    provider._storage.clear()  # (its facts are otherwise trusted for a minute)
+    with pytest.raises(PermanentProviderError, match="scratch_mb=90000; job definition cp-runner-shrunk:2 runs on "
+                                                     "Fargate with 30 GiB"):
+        provider.launch(asked)
+    assert aws.backend()._jobs == {}  # nothing submitted
+    ok = provider.launch(replace(asked, scratch_mb=30 * 1024))
+    assert aws.backend()._jobs[ok.job_id].job_definition.revision == 2
 
 
 # ---- crash between the launch intent and the job id -------------------------------------------
@@ -399,9 +486,9 @@ class BatchHarness(Harness):
     def count_jobs(self, job_name: str) -> int:
         return sum(1 for j in aws.backend()._jobs.values() if j.job_name == job_name)
 
-    def forget(self, handle: dict[str, Any]) -> None:
-        aws.backend()._jobs.pop(handle["job_id"], None)
-        proc = self.executor.procs.get(handle["job_id"])
+    def forget(self, handle: BatchHandle) -> None:
+        aws.backend()._jobs.pop(handle.job_id, None)
+        proc = self.executor.procs.get(handle.job_id)
         if proc is not None and proc.poll() is None:
             proc.kill()
 

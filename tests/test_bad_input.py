@@ -133,6 +133,7 @@ INVALID = [
     ("submit_task", {"tool_name": "exercise", "resources": {"memory_mb": 2049}}, "resources.memory_mb"),
     ("submit_task", {"tool_name": "exercise", "resources": {"gpu": 1}}, "resources.gpu"),
     ("submit_task", {"tool_name": "exercise", "resources": {"scratch_mb": 10**9}}, "resources.scratch_mb"),
+    ("submit_task", {"tool_name": "exercise", "resources": {"scratch_mb": 1}}, "resources.scratch_mb"),
     ("submit_task", {"tool_name": "exercise", "resources": {"resource_class": "cpu_standard", "cpu": 3}},
      "resources.cpu"),
     ("submit_task", {"tool_name": "exercise", "resources": {"resource_class": "gpu_huge"}}, "'gpu_huge'"),
@@ -166,6 +167,21 @@ async def test_invalid_request_names_the_field_and_changes_nothing(agent: Agent,
     err = await refused(agent, cp, tool, args, finished)
     assert err["code"] == "INVALID_REQUEST", err
     assert field in err["message"], err
+
+
+async def test_scratch_disk_the_provider_cannot_reserve_is_refused_with_the_reason(agent: Agent, cp: ControlPlane,
+                                                                                  finished: str) -> None:
+    """Scratch disk is never accepted and ignored: the local provider cannot reserve any, so asking
+    for it is refused, naming the field and saying why, and nothing is created."""
+    err = await refused(agent, cp, "submit_task", {"tool_name": "exercise", "resources": {"scratch_mb": 512}},
+                        finished)
+    assert err["code"] == "INVALID_REQUEST"
+    assert err["message"].startswith("resources.scratch_mb: the local provider cannot reserve scratch disk for this "
+                                     "task: local jobs write to this host's disk"), err
+    assert "omit resources.scratch_mb" in err["hint"]
+    # Asking for none is asking for nothing: accepted, and the task runs.
+    tid = await agent.submit(inputs={}, resources={"scratch_mb": 0})
+    assert (await agent.wait(tid))["state"] == "succeeded"
 
 
 async def test_oversized_inputs_are_refused(agent: Agent, cp: ControlPlane, finished: str) -> None:

@@ -24,7 +24,7 @@ from controlplane.mcp.server import build_server
 from controlplane.settings import Settings
 from providers import ratelimit
 from providers.base import JobPhase
-from providers.cloud_run import CloudRunOptions, CloudRunProvider, execution_status
+from providers.cloud_run import CloudRunHandle, CloudRunOptions, CloudRunProvider, execution_status
 from tests import gcp
 from tests.cloud import CloudTarget, gcs_server, gcs_target  # noqa: F401  (fixture)
 from tests.conftest import FAST, Agent
@@ -161,6 +161,66 @@ async def test_a_catalog_entry_without_a_job_is_refused_at_load(home: Path) -> N
         Catalog.parse(text, source="catalog.toml")
 
 
+# ---- scratch disk: refused, nothing created ----------------------------------------------------------
+async def test_scratch_disk_is_refused_and_nothing_runs(run: Run) -> None:
+    err = await run.agent.error("submit_task", tool_name="exercise", resources={"scratch_mb": 512})
+    assert err["code"] == "INVALID_REQUEST"
+    assert err["message"] == (
+        "resources.scratch_mb: the cloud_run provider cannot reserve scratch disk for this task: a Cloud Run "
+        "execution cannot be given disk: RunJob overrides carry only args, env, the task count and the timeout, and "
+        "the container's own filesystem is in memory (it counts against the job's memory)")
+    assert (await run.agent.call("list_tasks"))["tasks"] == [] and run.fake.executions() == []
+
+
+# ---- handles stored by earlier versions ------------------------------------------------------------
+# jobs.handle_json exactly as the code before typed handles wrote it (log_uri null until Cloud Run
+# has given the execution one).
+OLD_CLOUD_RUN_HANDLES = [
+    '{"execution": "projects/cp-test/locations/us-central1/jobs/cp-exercise/executions/cp-exercise-x7k2p", '
+    '"job": "projects/cp-test/locations/us-central1/jobs/cp-exercise", "job_name": "cp-01jf3kq8-a1", '
+    '"created_at": 1764201345.27, "log_uri": null, "stuck_after_s": 900.0, "on_stuck": "wait"}',
+    '{"execution": "projects/cp-test/locations/us-central1/jobs/cp-exercise/executions/cp-exercise-x7k2q", '
+    '"job": "projects/cp-test/locations/us-central1/jobs/cp-exercise", "job_name": "cp-01jf3kq8-a2", '
+    '"created_at": 1764201345.27, "log_uri": "https://console.cloud.google.com/logs/viewer?x=1", '
+    '"stuck_after_s": 60.0, "on_stuck": "fail"}',
+]
+
+
+@pytest.mark.parametrize("stored", OLD_CLOUD_RUN_HANDLES)
+def test_handles_stored_by_earlier_versions_decode_unchanged(stored: str, tmp_path: Path) -> None:
+    provider = CloudRunProvider.configured(tmp_path, anonymous=True)
+    handle = provider.handle(json.loads(stored))
+    assert isinstance(handle, CloudRunHandle) and provider.poll_key(handle).endswith("/jobs/cp-exercise")
+    assert json.dumps(handle.encode()) == stored
+
+
+def test_an_execution_launched_by_an_earlier_version_is_still_watched(fake: gcp.FakeCloudRun, tmp_path: Path) -> None:
+    harness = CloudRunHarness(tmp_path, fake)
+    launched = harness.provider.launch(harness.spec("cp-old-a1", "import time; time.sleep(30)"))
+    old = {"execution": launched.execution, "job": launched.job, "job_name": "cp-old-a1",
+           "created_at": launched.created_at, "log_uri": launched.log_uri, "stuck_after_s": 900.0,
+           "on_stuck": "wait"}  # what the earlier launch returned for this execution
+    restarted = CloudRunProvider.configured(tmp_path, poll_interval_s=0.1)
+    handle = restarted.handle(json.loads(json.dumps(old)))
+    assert handle == launched
+    deadline = time.monotonic() + 30
+    while (st := restarted.poll([handle])[0]).phase != JobPhase.RUNNING:
+        assert time.monotonic() < deadline, st
+        time.sleep(0.1)
+    assert restarted.log_link(handle)
+    restarted.cancel(handle)
+    assert execution_of_name(fake, handle.execution, final=True)["state"] == "cancelled"
+
+
+def execution_of_name(fake: gcp.FakeCloudRun, name: str, *, final: bool) -> dict[str, Any]:
+    deadline = time.monotonic() + 30
+    while True:
+        [ex] = [e for e in fake.executions() if e["name"] == name]
+        if not final or ex["state"] in ("succeeded", "failed", "cancelled") or time.monotonic() > deadline:
+            return ex
+        time.sleep(0.05)
+
+
 # ---- restart between intent and execution name ----------------------------------------------------
 async def test_crash_after_run_before_the_handle_launches_exactly_one_execution(fake: gcp.FakeCloudRun,
                                                                              gcs: CloudTarget, home: Path) -> None:
@@ -275,10 +335,10 @@ class CloudRunHarness(Harness):
         self.options = CloudRunOptions(project=PROJECT, region=REGION, job="contract")
         self._n = 0
 
-    def spec(self, job_name: str, script: str, *, max_runtime_s: int = 120) -> Any:
+    def spec(self, job_name: str, script: str, **kw: Any) -> Any:
         # Alternate between two jobs so that one poll spans several poll groups.
         self._n += 1
-        spec = super().spec(job_name, script, max_runtime_s=max_runtime_s)
+        spec = super().spec(job_name, script, **kw)
         from dataclasses import replace
 
         job = "contract" if self._n % 2 else "contract-b"
@@ -287,8 +347,8 @@ class CloudRunHarness(Harness):
     def count_jobs(self, job_name: str) -> int:
         return sum(1 for e in self.fake.executions() if e["env"].get("CONTROLPLANE_JOB_NAME") == job_name)
 
-    def forget(self, handle: dict[str, Any]) -> None:
-        self.fake.forget(handle["execution"])
+    def forget(self, handle: CloudRunHandle) -> None:
+        self.fake.forget(handle.execution)
 
 
 

@@ -30,7 +30,7 @@ from controlplane.mcp.server import build_server
 from controlplane.settings import Settings
 from providers import ratelimit
 from providers.base import JobPhase
-from providers.container_apps import ContainerAppsOptions, ContainerAppsProvider, kql
+from providers.container_apps import ContainerAppsHandle, ContainerAppsOptions, ContainerAppsProvider, kql
 from tests import azure
 from tests.cloud import CloudTarget, azure_target, azurite_server  # noqa: F401  (fixture)
 from tests.conftest import FAST, Agent
@@ -213,6 +213,63 @@ async def test_a_smaller_task_gets_the_smallest_allowed_shape(run: Run) -> None:
     assert (ex["cpu"], ex["memory"]) == (0.5, "1Gi")  # 0.3 vCPU rounds up to 0.5 with its 1 GiB
 
 
+# ---- scratch disk: the shape's ephemeral storage -------------------------------------------------------
+async def test_scratch_disk_picks_a_shape_whose_storage_covers_it(fake: azure.FakeAzure, blob: CloudTarget,
+                                                                  home: Path) -> None:
+    """Azure gives a replica 1 GiB of ephemeral storage at 0.25 vCPU, 2 at 0.5, 4 up to 1, 8 above:
+    a task's scratch_mb is applied by the shape it starts with, within its class's 2 vCPU."""
+    catalog(home, resources="max_concurrency = 4\nmax_queue_length = 100\ncpu = 2\nmemory_mb = 4096")
+    cp = ControlPlane(Settings(home=home, object_store_url=blob.url, **FAST))
+    async with Client(build_server(cp)) as client:
+        agent = Agent(client)
+        small = {"cpu": 0.25, "memory_mb": 512}
+        plain = await agent.submit(inputs={}, resources=small)
+        three = await agent.submit(inputs={}, resources={**small, "scratch_mb": 3000})
+        eight = await agent.submit(inputs={}, resources={**small, "scratch_mb": 8192})
+        for tid in (plain, three, eight):
+            assert (await agent.wait(tid, timeout=60))["state"] == "succeeded"
+        err = await agent.error("submit_task", tool_name="exercise", resources={"scratch_mb": 8193})
+        assert err["code"] == "INVALID_REQUEST"
+        assert err["message"] == (
+            "resources.scratch_mb=8193 exceeds the 8192 MiB of scratch disk the container_apps provider guarantees "
+            "for resource class 'aca': Azure Container Apps gives a replica ephemeral storage by its vCPUs (0.25 vCPU "
+            "or less: 1 GiB, 0.5: 2 GiB, 1: 4 GiB, more: 8 GiB), and resource class 'aca' allows 2 vCPU: at most "
+            "8192 MiB")
+        assert len((await agent.call("list_tasks"))["tasks"]) == 3
+    shapes = [(execution_of(fake, t)["cpu"], execution_of(fake, t)["memory"]) for t in (plain, three, eight)]
+    assert shapes == [(0.25, "0.5Gi"), (0.75, "1.5Gi"), (1.25, "2.5Gi")]  # 1, 4 and 8 GiB of storage
+    assert len(fake.executions()) == 3  # the refused one started nothing
+
+
+async def test_a_class_scratch_cap_limits_below_what_the_shape_has(fake: azure.FakeAzure, blob: CloudTarget,
+                                                                    home: Path) -> None:
+    catalog(home, resources="max_concurrency = 4\nmax_queue_length = 100\ncpu = 2\nmemory_mb = 4096\nscratch_mb = 3000")
+    cp = ControlPlane(Settings(home=home, object_store_url=blob.url, **FAST))
+    async with Client(build_server(cp)) as client:
+        agent = Agent(client)
+        err = await agent.error("submit_task", tool_name="exercise", resources={"scratch_mb": 3001})
+        assert err == {"code": "INVALID_REQUEST", "message": "resources.scratch_mb=3001 exceeds resource class 'aca' "
+                                                             "limit of 3000"}
+        tid = await agent.submit(inputs={}, resources={"cpu": 0.25, "memory_mb": 512, "scratch_mb": 3000})
+        assert (await agent.wait(tid, timeout=60))["state"] == "succeeded"
+    assert (execution_of(fake, tid)["cpu"], execution_of(fake, tid)["memory"]) == (0.75, "1.5Gi")
+    assert len(fake.executions()) == 1
+
+
+async def test_scratch_disk_beyond_the_class_shape_or_on_a_dedicated_profile_is_refused(run: Run) -> None:
+    err = await run.agent.error("submit_task", tool_name="exercise", resources={"scratch_mb": 2049})
+    assert err["code"] == "INVALID_REQUEST" and "resource class 'aca' allows 0.5 vCPU: at most 2048 MiB" in err["message"]
+    tid = await run.agent.submit(inputs={}, resources={"scratch_mb": 2048})  # what 0.5 vCPU has
+    assert (await run.agent.wait(tid, timeout=60))["state"] == "succeeded"
+    assert (execution_of(run.fake, tid)["cpu"], execution_of(run.fake, tid)["memory"]) == (0.5, "1Gi")
+    provider: ContainerAppsProvider = run.cp.providers["container_apps"]
+    from providers.base import Shape
+
+    dedicated = Shape("aca", 4, 16384, 0, ContainerAppsOptions(resource_group=RG, job=JOB, workload_profile="d4"))
+    assert provider.scratch_limit_mb(dedicated) is None
+    assert "dedicated workload profile 'd4'" in provider.scratch_note(dedicated)
+
+
 async def test_a_wrong_job_name_fails_the_launch_clearly(fake: azure.FakeAzure, blob: CloudTarget, home: Path) -> None:
     catalog(home, job="no-such-job")
     cp = ControlPlane(Settings(home=home, object_store_url=blob.url, **FAST))
@@ -251,6 +308,49 @@ def test_the_catalog_takes_allowed_shapes_and_dedicated_profiles(home: Path) -> 
     text = (home / "catalog.toml").read_text().replace(f'resource_group = "{RG}", ', "")
     with pytest.raises(CatalogError, match="resource_group: .*required with a short job name"):
         Catalog.parse(text, source="catalog.toml")
+
+
+# ---- handles stored by earlier versions ------------------------------------------------------------
+# jobs.handle_json exactly as the code before typed handles wrote it (workspace_id null when neither
+# the catalog nor the settings named one).
+OLD_ACA_HANDLES = [
+    '{"execution": "cp-tools-k2x9q1", "job": "/subscriptions/00000000-0000-0000-0000-000000000001/resourceGroups/cp-rg'
+    '/providers/Microsoft.App/jobs/cp-tools", "job_name": "cp-01jf3kq8-a1", "created_at": 1764201345.27, '
+    '"workspace_id": "9a0c5b3e-0000-4000-8000-000000000002", "stuck_after_s": 900.0, "on_stuck": "wait"}',
+    '{"execution": "cp-tools-k2x9q2", "job": "/subscriptions/00000000-0000-0000-0000-000000000001/resourceGroups/cp-rg'
+    '/providers/Microsoft.App/jobs/cp-tools", "job_name": "cp-01jf3kq8-a2", "created_at": 1764201345.27, '
+    '"workspace_id": null, "stuck_after_s": 60.0, "on_stuck": "fail"}',
+]
+
+
+@pytest.mark.parametrize("stored", OLD_ACA_HANDLES)
+def test_handles_stored_by_earlier_versions_decode_unchanged(stored: str, fake: azure.FakeAzure, tmp_path: Path) -> None:
+    provider = ContainerAppsProvider.configured(tmp_path)
+    handle = provider.handle(json.loads(stored))
+    assert isinstance(handle, ContainerAppsHandle) and provider.poll_key(handle).endswith("/jobs/cp-tools")
+    assert json.dumps(handle.encode()) == stored
+
+
+def test_an_execution_started_by_an_earlier_version_is_still_watched(fake: azure.FakeAzure, tmp_path: Path) -> None:
+    harness = ContainerAppsHarness(tmp_path, fake)
+    launched = harness.provider.launch(harness.spec("cp-old-a1", "import time; time.sleep(30)"))
+    old = {"execution": launched.execution, "job": launched.job, "job_name": "cp-old-a1",
+           "created_at": launched.created_at, "workspace_id": azure.WORKSPACE, "stuck_after_s": 900.0,
+           "on_stuck": "wait"}  # what the earlier launch returned for this execution
+    restarted = ContainerAppsProvider.configured(tmp_path, poll_interval_s=0.1)
+    handle = restarted.handle(json.loads(json.dumps(old)))
+    assert handle == launched
+    deadline = time.monotonic() + 30
+    while (st := restarted.poll([handle])[0]).phase != JobPhase.RUNNING:
+        assert time.monotonic() < deadline, st
+        time.sleep(0.1)
+    assert restarted.log_link(handle).endswith(f"/executions/{handle.execution}")
+    restarted.cancel(handle)
+    deadline = time.monotonic() + 30
+    while (st := restarted.poll([handle])[0]).phase == JobPhase.RUNNING:
+        assert time.monotonic() < deadline, st
+        time.sleep(0.1)
+    assert st.raw_status == "Stopped"
 
 
 # ---- restart between intent and execution name ----------------------------------------------------
@@ -304,7 +404,7 @@ def test_arm_reads_and_writes_keep_to_their_rates(fake: azure.FakeAzure, tmp_pat
     opts = ContainerAppsOptions(resource_group=RG, job=JOB)
     names = fake.add_executions(RG, JOB, 3, status="Running")
     job_id = opts.job_id(azure.SUBSCRIPTION)
-    handles = [{"execution": n, "job": job_id, "created_at": time.time()} for n in names]
+    handles = [ContainerAppsHandle(execution=n, job=job_id, job_name=n, created_at=time.time()) for n in names]
     fake.reset_counts()
     began = time.monotonic()
     for _ in range(12):
@@ -355,8 +455,8 @@ def test_log_rows_at_one_instant_are_each_read_once(fake: azure.FakeAzure, tmp_p
     for i in range(7):
         fake.add_log(RG, JOB, name, f"same {i}", ts=f"{instant}.1234567Z")
     fake.add_log(RG, JOB, name, "after", ts=f"{instant}.1234568Z")  # one tick (100 ns) later
-    handle = {"execution": name, "job": ContainerAppsOptions(resource_group=RG, job=JOB).job_id(azure.SUBSCRIPTION),
-              "created_at": time.time() - 60, "workspace_id": azure.WORKSPACE}
+    handle = ContainerAppsHandle(execution=name, job=ContainerAppsOptions(resource_group=RG, job=JOB).job_id(
+        azure.SUBSCRIPTION), job_name=name, created_at=time.time() - 60, workspace_id=azure.WORKSPACE)
     seen, cursor = [], None
     for _ in range(10):
         page = provider._read_logs(handle, cursor, 3)
@@ -389,14 +489,16 @@ def test_every_execution_status_maps_onto_a_phase(fake: azure.FakeAzure, tmp_pat
     fake.set_status(unknown, "Unknown")
     fake.finish(ok, exit_code=0)
     fake.finish(failed, exit_code=3)
-    provider.cancel({"execution": stopped, "job": job_id})
+    provider.cancel(ContainerAppsHandle(execution=stopped, job=job_id, job_name=stopped))
     deadline = time.monotonic() + 10
     while fake.execution_json(stopped)["properties"]["status"] != "Stopped" and time.monotonic() < deadline:
         time.sleep(0.05)
     names = [processing, running, degraded, unknown, ok, failed, stopped]
     old = time.time() - 3600
-    statuses = provider.poll([{"execution": n, "job": job_id, "created_at": old, "on_stuck": "fail"} for n in names]
-                             + [{"execution": "cp-exercise-gone000", "job": job_id, "created_at": old}])
+    statuses = provider.poll([ContainerAppsHandle(execution=n, job=job_id, job_name=n, created_at=old, on_stuck="fail")
+                              for n in names]
+                             + [ContainerAppsHandle(execution="cp-exercise-gone000", job=job_id, job_name="gone",
+                                                    created_at=old)])
     assert [(s.phase, s.raw_status) for s in statuses] == [
         (JobPhase.PENDING, "Processing"), (JobPhase.RUNNING, "Running"), (JobPhase.RUNNING, "Degraded"),
         (JobPhase.PENDING, "Unknown"), (JobPhase.SUCCEEDED, "Succeeded"), (JobPhase.FAILED, "Failed"),
@@ -415,18 +517,18 @@ class ContainerAppsHarness(Harness):
         self.options = ContainerAppsOptions(resource_group=RG, job="contract")
         self._n = 0
 
-    def spec(self, job_name: str, script: str, *, max_runtime_s: int = 120) -> Any:
+    def spec(self, job_name: str, script: str, **kw: Any) -> Any:
         # Alternate between two jobs so that one poll spans several poll groups.
         self._n += 1
-        spec = super().spec(job_name, script, max_runtime_s=max_runtime_s)
+        spec = super().spec(job_name, script, **kw)
         job = "contract" if self._n % 2 else "contract-b"
         return replace(spec, options=ContainerAppsOptions(resource_group=RG, job=job))
 
     def count_jobs(self, job_name: str) -> int:
         return sum(1 for e in self.fake.executions() if e["env"].get("CONTROLPLANE_JOB_NAME") == job_name)
 
-    def forget(self, handle: dict[str, Any]) -> None:
-        self.fake.forget(handle["execution"])
+    def forget(self, handle: ContainerAppsHandle) -> None:
+        self.fake.forget(handle.execution)
 
 
 class TestContainerAppsContract(ProviderContract):

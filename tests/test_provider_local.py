@@ -1,18 +1,20 @@
-"""The local provider passes the provider contract suite (`tests/provider_contract.py`)."""
+"""The local provider passes the provider contract suite (`tests/provider_contract.py`); its handle
+reads what earlier versions stored; `release` deletes an ended job's directory and nothing else."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import psutil
 import pytest
 
-from providers.base import Handle
-from providers.local import LocalProvider
-from tests.provider_contract import Harness, ProviderContract
+from providers.base import JobPhase, MalformedHandle
+from providers.local import LocalHandle, LocalProvider
+from tests.provider_contract import ENDED, SLEEP, Harness, ProviderContract, poll_one, wait_for
 
 
 class LocalHarness(Harness):
@@ -24,10 +26,10 @@ class LocalHarness(Harness):
         console = self.provider.jobs_dir / job_name / "console.log"
         return console.read_text().count("# launching ") if console.exists() else 0
 
-    def forget(self, handle: Handle) -> None:
+    def forget(self, handle: LocalHandle) -> None:
         """The runner dies without a word (SIGKILL) and leaves no outcome behind."""
         try:
-            runner = psutil.Process(handle["pid"])
+            runner = psutil.Process(handle.pid)
             victims = [runner, *runner.children(recursive=True)]
         except psutil.NoSuchProcess:
             victims = []
@@ -38,7 +40,7 @@ class LocalHarness(Harness):
                 pass
         psutil.wait_procs(victims, timeout=5)
         self.provider.poll([handle])  # reaps our own child
-        (Path(handle["job_dir"]) / "exit.json").unlink(missing_ok=True)
+        (Path(handle.job_dir) / "exit.json").unlink(missing_ok=True)
 
 
 class TestLocalContract(ProviderContract):
@@ -52,6 +54,102 @@ def test_runner_pid_file_names_the_runner(tmp_path: Path) -> None:
     h = LocalHarness(tmp_path / "home")
     spec = h.spec("cp-pidfile-a1", "import time; time.sleep(5)")
     handle = h.provider.launch(spec)
-    recorded = json.loads((Path(handle["job_dir"]) / "runner.pid").read_text())
-    assert recorded["pid"] == handle["pid"] and psutil.pid_exists(handle["pid"])
+    recorded = json.loads((Path(handle.job_dir) / "runner.pid").read_text())
+    assert recorded == handle.encode() and recorded["pid"] == handle.pid and psutil.pid_exists(handle.pid)
     h.forget(handle)
+
+
+# ---- handles as earlier versions stored them ----------------------------------------------------
+# jobs.handle_json of a database written before handles were typed, exactly as that code wrote
+# it: launch (with the wall clock), find of a live runner (by runner.pid or its command line),
+# and find of a job that had already ended (pid 0).
+OLD_HANDLES = [
+    '{"pid": 48213, "create_time": 1764201345.27, "job_dir": "/srv/cp/jobs/cp-01jf3k-a1", "launched_at": 1764201345.31}',
+    '{"pid": 48213, "create_time": 1764201345.27, "job_dir": "/srv/cp/jobs/cp-01jf3k-a1"}',
+    '{"pid": 0, "create_time": 0.0, "job_dir": "/srv/cp/jobs/cp-01jf3k-a2"}',
+]
+
+
+@pytest.mark.parametrize("stored", OLD_HANDLES)
+def test_handles_stored_by_earlier_versions_decode_and_encode_unchanged(stored: str, tmp_path: Path) -> None:
+    provider = LocalProvider.configured(tmp_path / "home")
+    handle = provider.handle(json.loads(stored))
+    assert isinstance(handle, LocalHandle) and handle.job_dir.startswith("/srv/cp/jobs/cp-01jf3k-a")
+    assert json.dumps(handle.encode()) == stored  # what this version writes for the same job
+
+
+def test_a_job_launched_by_an_earlier_version_is_still_watched(tmp_path: Path) -> None:
+    """A row written before the upgrade: its runner is polled, its log read, and it is cancelled."""
+    h = LocalHarness(tmp_path / "home")
+    running = h.provider.launch(h.spec("cp-old-a1", SLEEP.format(s=30)))
+    wait_for(h.provider, running, {JobPhase.RUNNING})
+    old = {"pid": running.pid, "create_time": running.create_time, "job_dir": running.job_dir,
+           "launched_at": running.launched_at}  # the dict the earlier launch returned
+    restarted = LocalProvider.configured(tmp_path / "home", kill_grace_s=1.0)  # a new server, no memory of it
+    handle = restarted.handle(json.loads(json.dumps(old)))
+    assert poll_one(restarted, handle).phase == JobPhase.RUNNING
+    assert any(ln.message == "sleeping" for ln in _eventually_lines(restarted, handle))
+    restarted.cancel(handle)
+    assert wait_for(restarted, handle, ENDED, timeout=30).phase == JobPhase.FAILED
+
+
+def test_a_malformed_stored_handle_is_refused_clearly(tmp_path: Path) -> None:
+    provider = LocalProvider.configured(tmp_path / "home")
+    with pytest.raises(MalformedHandle, match=r"provider local: malformed LocalHandle .*job_dir: Field required"):
+        provider.handle({"pid": 1, "create_time": 0.0})
+    with pytest.raises(MalformedHandle, match="pid: Input should be a valid integer"):
+        provider.handle({"pid": "the runner", "create_time": 0.0, "job_dir": "/x"})
+
+
+def _eventually_lines(p: LocalProvider, handle: LocalHandle) -> list:  # type: ignore[type-arg]
+    deadline = time.monotonic() + 10
+    while True:
+        lines = p.logs(handle, None, 100).lines
+        if any(ln.message == "sleeping" for ln in lines) or time.monotonic() > deadline:
+            return lines
+        time.sleep(0.1)
+
+
+# ---- release: what an expired task leaves behind ------------------------------------------------
+def test_release_deletes_an_ended_jobs_directory_and_repeats_harmlessly(tmp_path: Path) -> None:
+    h = LocalHarness(tmp_path / "home")
+    spec = h.spec("cp-rel-a1", "open('scratch.bin', 'wb').write(b'x' * 4096); print('done')")
+    handle = h.provider.launch(spec)
+    assert wait_for(h.provider, handle, ENDED).phase == JobPhase.SUCCEEDED
+    job_dir = Path(handle.job_dir)
+    assert (job_dir / "console.log").exists() and (job_dir / "work" / "scratch.bin").stat().st_size == 4096
+    deadline = time.monotonic() + 10
+    while not h.provider.release(handle):  # the runner writes exit.json just before its process ends
+        assert job_dir.is_dir() and time.monotonic() < deadline
+        time.sleep(0.05)
+    assert not job_dir.exists() and h.provider.jobs_dir.exists()
+    assert h.provider.release(handle) is True  # again: nothing left, nothing fails
+    assert h.provider.find(spec) is None  # the job is forgotten by the runner as well
+
+
+def test_release_of_a_running_job_stops_nothing_and_deletes_nothing(tmp_path: Path) -> None:
+    """A job whose task expired while it still runs (a stop that did not take) keeps its directory:
+    its runner still writes there. release says False until the job has ended."""
+    h = LocalHarness(tmp_path / "home")
+    handle = h.provider.launch(h.spec("cp-busy-a1", SLEEP.format(s=30)))
+    wait_for(h.provider, handle, {JobPhase.RUNNING})
+    job_dir = Path(handle.job_dir)
+    assert h.provider.release(handle) is False
+    assert job_dir.is_dir() and psutil.pid_exists(handle.pid) and poll_one(h.provider, handle).phase == JobPhase.RUNNING
+    h.provider.cancel(handle)
+    wait_for(h.provider, handle, ENDED, timeout=30)
+    deadline = time.monotonic() + 10
+    while not h.provider.release(handle):
+        assert job_dir.is_dir() and time.monotonic() < deadline
+        time.sleep(0.05)
+    assert not job_dir.exists()
+
+
+def test_release_deletes_only_job_directories(tmp_path: Path) -> None:
+    """A handle whose directory is not one of this provider's job directories deletes nothing."""
+    h = LocalHarness(tmp_path / "home")
+    precious = tmp_path / "precious"
+    (precious / "work").mkdir(parents=True)
+    (precious / "notes.txt").write_text("keep")
+    assert h.provider.release(LocalHandle(pid=0, create_time=0.0, job_dir=str(precious))) is True
+    assert (precious / "notes.txt").read_text() == "keep"

@@ -3,6 +3,8 @@ their own settings, and their catalog options validated when the catalog loads."
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +13,16 @@ from pydantic_settings import SettingsConfigDict
 
 from controlplane.catalog import Catalog, CatalogError, default_catalog_text
 from providers import registry
-from providers.base import Handle, JobStatus, LaunchSpec, Provider, ProviderContext, ProviderOptions, ProviderSettings
+from providers.base import (
+    Handle,
+    JobStatus,
+    LaunchSpec,
+    MalformedHandle,
+    Provider,
+    ProviderContext,
+    ProviderOptions,
+    ProviderSettings,
+)
 from providers.local import LocalProvider
 
 
@@ -24,24 +35,30 @@ class _Options(ProviderOptions):
     queue: str
 
 
-class ToyRunner(Provider):
+@dataclass(frozen=True)
+class ToyHandle(Handle):
+    ticket: str
+
+
+class ToyRunner(Provider[ToyHandle]):
     name = "toyrunner"
     Settings = _Settings
     Options = _Options
+    handle_type = ToyHandle
 
     def __init__(self, settings: _Settings, context: ProviderContext):
         self.settings = settings
 
-    def launch(self, spec: LaunchSpec) -> Handle:
-        return {}
+    def launch(self, spec: LaunchSpec) -> ToyHandle:
+        return ToyHandle(ticket=spec.job_name)
 
-    def find(self, spec: LaunchSpec) -> Handle | None:
+    def find(self, spec: LaunchSpec) -> ToyHandle | None:
         return None
 
-    def poll(self, handles: list[Handle]) -> list[JobStatus]:
+    def poll(self, handles: list[ToyHandle]) -> list[JobStatus]:
         return []
 
-    def cancel(self, handle: Handle, reason: str = "cancelled") -> None:
+    def cancel(self, handle: ToyHandle, reason: str = "cancelled") -> None:
         pass
 
 
@@ -58,16 +75,17 @@ def test_the_installed_providers_are_found_by_entry_point() -> None:
 
 
 def test_a_provider_without_find_is_refused() -> None:
-    class NoFind(Provider):
+    class NoFind(Provider[ToyHandle]):
         Settings = _Settings
+        handle_type = ToyHandle
 
-        def launch(self, spec: LaunchSpec) -> Handle:
-            return {}
+        def launch(self, spec: LaunchSpec) -> ToyHandle:
+            return ToyHandle(ticket="t")
 
-        def poll(self, handles: list[Handle]) -> list[JobStatus]:
+        def poll(self, handles: list[ToyHandle]) -> list[JobStatus]:
             return []
 
-        def cancel(self, handle: Handle, reason: str = "cancelled") -> None:
+        def cancel(self, handle: ToyHandle, reason: str = "cancelled") -> None:
             pass
 
     with pytest.raises(registry.ProviderUnavailable, match="does not implement find"):
@@ -76,7 +94,36 @@ def test_a_provider_without_find_is_refused() -> None:
         registry.register("nosettings", type("NoSettings", (ToyRunner,), {"Settings": ProviderSettings}))
     with pytest.raises(registry.ProviderUnavailable, match="is not a providers.base.Provider"):
         registry.register("notaprovider", object)  # type: ignore[arg-type]
-    assert "nofind" not in registry.names()
+    # The database stores each job's handle: a provider brings its own frozen handle dataclass.
+    with pytest.raises(registry.ProviderUnavailable, match="ToyLoose.handle_type must be its own frozen Handle"):
+        registry.register("toyloose", type("ToyLoose", (ToyRunner,), {"handle_type": Handle}))
+
+    class Undecorated(Handle):  # fields that encode() would never see
+        ticket: str
+
+    with pytest.raises(registry.ProviderUnavailable, match="handle_type must be its own frozen Handle dataclass"):
+        registry.register("toyplain", type("ToyPlain", (ToyRunner,), {"handle_type": Undecorated}))
+    assert not {"nofind", "toyloose", "toyplain"} & set(registry.names())
+
+
+def test_a_stored_handle_decodes_to_the_providers_handle_or_fails_clearly(toy: Any, tmp_path: Path) -> None:
+    runner = ToyRunner.configured(tmp_path)
+    handle = runner.launch(_spec())
+    stored = json.loads(json.dumps(handle.encode()))  # what jobs.handle_json holds
+    assert stored == {"ticket": "cp-toy-a1"} and runner.handle(stored) == handle
+    assert runner.handle({**stored, "added_by_a_later_version": 1}) == handle
+    with pytest.raises(MalformedHandle, match=r"provider toyrunner: malformed ToyHandle \{\}: ticket: Field required"):
+        runner.handle({})
+    with pytest.raises(MalformedHandle, match="ticket: Input should be a valid string"):
+        runner.handle({"ticket": 7})
+    with pytest.raises(MalformedHandle, match="a ToyHandle is a JSON object, not list"):
+        runner.handle(["cp-toy-a1"])  # type: ignore[arg-type]
+
+
+def _spec() -> LaunchSpec:
+    return LaunchSpec(task_id="tsk_toy", attempt=1, job_name="cp-toy-a1", tool_name="toy", owner="me", command=("true",),
+                      image=None, env={}, cpu=1, memory_mb=512, gpu=0, scratch_mb=0, max_runtime_s=60,
+                      resource_class="toy", options=_Options(queue="q"))
 
 
 def test_a_name_is_registered_once(toy: Any) -> None:
@@ -114,3 +161,19 @@ def test_catalog_options_are_validated_by_the_providers_model(toy: Any) -> None:
         Catalog.parse(_catalog("nosuch", ""), source="cat.toml")
     with pytest.raises(CatalogError, match=r"tools.exercise.provider_options.job_queue: Field required"):
         Catalog.parse(_catalog("aws_batch", 'job_definition = "d"'), source="cat.toml")
+
+
+def test_a_class_promising_scratch_disk_its_provider_cannot_reserve_is_refused_at_load() -> None:
+    """A resource class's scratch_mb caps what its tasks may ask for; on a provider that can never
+    reserve scratch disk it would promise what no job gets, so the catalog does not load."""
+    text = default_catalog_text().replace("[resource_classes.cpu_small]\n", "[resource_classes.cpu_small]\nscratch_mb = 4096\n")
+    with pytest.raises(CatalogError, match=r"^cat.toml: resource_classes.cpu_small.scratch_mb: tool 'lj_relax' runs on "
+                                           r"the local provider, which cannot reserve scratch disk for a job; remove "
+                                           r"scratch_mb$"):
+        Catalog.parse(text, source="cat.toml")
+    # A provider that declares it can guarantee scratch disk for some shapes takes the cap.
+    text = _catalog("aws_batch", 'job_queue = "q", job_definition = "d"').replace(
+        'provider = "local"\nresource_class = "cpu_small"', 'provider = "local"\nresource_class = "cpu_standard"')
+    text = text.replace("[resource_classes.cpu_small]\n", "[resource_classes.cpu_small]\nscratch_mb = 4096\n")
+    assert Catalog.parse(text, source="cat.toml").resource_classes["cpu_small"].scratch_mb == 4096
+    assert Catalog.parse(default_catalog_text()).resource_classes["cpu_small"].scratch_mb is None

@@ -78,7 +78,8 @@ def build_server(cp: ControlPlane, *, with_auth: bool = True) -> FastMCP:
     tools = [
         canonical_tool("submit_task", "Submit a catalog tool to run as a durable task. Returns at once with the "
                        "task id, its queue position and when to poll.", api.SubmitTask, svc.submit,
-                       default_owner=owner, read_only=False, inline=True, after=followers.maybe_follow),
+                       default_owner=owner, read_only=False, inline=True, after=followers.maybe_follow,
+                       schema_version=2),  # 2: resources.scratch_mb is applied or refused, no longer ignored
         canonical_tool("get_task_status", "State, progress (percent, step, phase, message, ETA), timing and "
                        "error of a task.", api.GetTaskStatus, svc.status, default_owner=owner, read_only=True,
                        inline=True),
