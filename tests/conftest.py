@@ -312,3 +312,15 @@ async def serving(cp: ControlPlane) -> AsyncIterator[Any]:
 async def http_server(cp: ControlPlane) -> AsyncIterator[Any]:
     async with serving(cp) as server:
         yield server
+
+
+async def expire_soon(cp: ControlPlane, tid: str) -> None:
+    """Reconcile until the task expired: a job whose runner is still exiting keeps its directory
+    (and its task) for one more cycle."""
+    import anyio
+
+    deadline = time.monotonic() + 10
+    while cp.store.tasks.get(tid).state != "expired":
+        assert time.monotonic() < deadline, "the task did not expire"
+        await cp.reconciler.cycle()
+        await anyio.sleep(0.05)

@@ -27,7 +27,7 @@ from controlplane.objectstore import ObjectExists, UnsafeKey, open_store
 from controlplane.objectstore.base import task_prefix
 from controlplane.settings import Settings
 from tests.cloud import AWS_ENV, CloudTarget, azure, azurite_server, cloud, gcs_server, moto_server  # noqa: F401
-from tests.conftest import FAST, Agent
+from tests.conftest import FAST, Agent, expire_soon
 
 SEVEN_DAYS = 7 * 24 * 3600
 
@@ -208,7 +208,7 @@ async def test_task_results_and_artifacts_live_in_the_cloud_store(cloud: CloudTa
 
         with cp.db.write() as c:  # its ttl has passed
             c.exec_driver_sql("update tasks set expires_at = 0 where task_id = ?", (tid,))
-        await cp.reconciler.cycle()
+        await expire_soon(cp, tid)
         assert (await agent.call("get_task_status", task_id=tid))["state"] == "expired"
         assert list(store.list(task_prefix(tid))) == []
         assert httpx.get(art["download_url"]).status_code in (403, 404)
