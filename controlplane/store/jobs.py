@@ -101,8 +101,7 @@ class JobStore:
 
     def watched(self) -> list[WatchedJob]:
         """Jobs the reconciler watches, with the fields of their task it needs."""
-        with self.db.read() as c:
-            return [WatchedJob.from_row(r) for r in c.execute(q.WATCHED_JOBS).mappings()]
+        return [WatchedJob.from_row(r) for r in self.db.fetch(q.WATCHED_JOBS, {})]
 
     def set_provider_status(self, updates: list[tuple[str, str, str | None]]) -> None:
         """Record what the provider said, (worker id, status word, reason), many in one statement."""

@@ -116,7 +116,7 @@ WATCHED_JOBS = (select(JOBS.c.worker_id, JOBS.c.task_id, JOBS.c.attempt, JOBS.c.
                        JOBS.c.state.label("job_state"), T.c.attempt.label("task_attempt"),
                        T.c.state, T.c.timeout_at, T.c.tool_name, T.c.heartbeat_at, T.c.stop_reason, T.c.store_url)
                 .join(T, T.c.task_id == JOBS.c.task_id)
-                .where(JOBS.c.state.in_(WATCHED)))
+                .where(or_(*(JOBS.c.state == s for s in WATCHED))))  # no IN list: it runs on the prebuilt path
 SET_PROVIDER_STATUS = (update(JOBS).where(JOBS.c.worker_id == _bp("wid"))
                        .values(provider_status=_bp("st"), provider_reason=_bp("rs")))
 MARK_STOP_SENT = update(JOBS).where(JOBS.c.worker_id == _bp("wid")).values(
