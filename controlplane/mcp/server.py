@@ -22,6 +22,7 @@ from controlplane.http.routes import routes
 from controlplane.mcp.auth import build_auth
 from controlplane.errors import invalid
 from controlplane.mcp.completion import install as install_completion
+from controlplane.mcp.guard import JsonOnly
 from controlplane.mcp.streaming import Followers, wait_tool
 from controlplane.mcp.subscriptions import TaskSubscriptions
 from controlplane.mcp.tasks import ControlPlaneTasks
@@ -105,6 +106,7 @@ def build_server(cp: ControlPlane, *, with_auth: bool = True) -> FastMCP:
     # was half the cost of a get_task_status call. Our tools are the same for every caller.
     schemas = {t.name: t.parameters for t in tools}
     mcp._mcp_server.get_tool_input_schema = schemas.get
+    mcp.add_middleware(JsonOnly(cp.catalog))  # first: past it, every value is JSON (mcp/guard.py)
     mcp.add_middleware(UnknownToolAsError())
     mcp.add_extension(ControlPlaneTasks(cp))  # native tasks, from our own store
     install_completion(mcp, cp, schemas)  # task:// and tool:// resources, prompts, completion
