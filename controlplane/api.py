@@ -4,9 +4,9 @@ These models are the input schemas the MCP surface publishes, and the validation
 unknown fields are rejected (seed 003 section 4), types are strict (no "5" for 5), and every
 field either changes behaviour or does not exist.
 
-`json_problem` is the rule every value of every request, and every tool input, obeys before
-anything looks at it: it is JSON (RFC 8259) and nothing more, so it can be stored, sent to a
-runner and returned as it came.
+`json_problem` is the rule every value of every MCP request obeys before anything looks at it
+(`controlplane.mcp.guard`): it is JSON (RFC 8259) and nothing more, so it can be stored, sent to
+a runner and returned as it came.
 """
 
 from __future__ import annotations

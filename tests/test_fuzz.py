@@ -57,7 +57,7 @@ from controlplane.settings import Settings
 from controlplane.store.models import Task
 from tests.conftest import FAST, ROOT, catalog_text, serving
 from tests.test_bad_input import db_state
-from tests.wire import LEGACY, MODERN, Legacy, modern_headers
+from tests.wire import LEGACY, MODERN, Legacy, modern_body, modern_headers
 
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 
@@ -333,7 +333,6 @@ def calls(pools: Pools) -> st.SearchStrategy[tuple[str, dict[str, Any]]]:
 class Answer:
     result: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
-    status: int | None = None  # HTTP status, when over HTTP
     unsendable: bool = False  # the client cannot put this request on its wire at all
 
 
@@ -373,7 +372,7 @@ class MemoryRoute:
             key = NAME_BEARING_METHODS.get(method)
             if self.era == MODERN and key and isinstance(data["params"].get(key), str):
                 encode_header_value(data["params"][key])
-        except (UnicodeEncodeError, ValueError):
+        except ValueError:  # UnicodeEncodeError and pydantic's serialization errors among them
             return Answer(unsendable=True)
         try:
             res = await self.client.session.send_request(request, AnyResult)
@@ -391,20 +390,19 @@ class HttpRoute:
 
     async def send(self, method: str, params: dict[str, Any]) -> Answer:
         self.next_id += 1
-        params = dict(params)
         if self.era == MODERN:
-            params["_meta"] = {"io.modelcontextprotocol/protocolVersion": MODERN,
-                               "io.modelcontextprotocol/clientInfo": {"name": "fuzz", "version": "1"},
-                               "io.modelcontextprotocol/clientCapabilities": {"extensions": {TASKS_EXTENSION: {}}}}
+            body = modern_body(method, params, request_id=self.next_id, meta={
+                "io.modelcontextprotocol/clientCapabilities": {"extensions": {TASKS_EXTENSION: {}}}})
             headers = modern_headers(**{"Mcp-Method": method})
             key = NAME_BEARING_METHODS.get(method)
             if key and isinstance(params.get(key), str):
                 headers["Mcp-Name"] = header_value(params[key])
         else:
             assert self.session is not None
+            body = {"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params}
             headers = self.session.headers()
-        body = json.dumps({"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params})
-        r = await self.http.post(self.url, content=body.encode(), headers=headers)
+        # json.dumps writes NaN as NaN and a lone surrogate as its \ud800 escape: bytes a client can send
+        r = await self.http.post(self.url, content=json.dumps(body).encode(), headers=headers)
         assert r.status_code < 500, (r.status_code, r.text[:500])
         if r.headers.get("content-type", "").startswith("text/event-stream"):
             lines = re.split(r"\r\n|\r|\n", r.text)  # SSE's line ends only (str.splitlines also splits at U+0085)
@@ -414,7 +412,7 @@ class HttpRoute:
             msg = strict_json(r.text)
             assert msg.get("id") in (self.next_id, None), msg
         assert ("result" in msg) != ("error" in msg), msg
-        return Answer(result=msg.get("result"), error=msg.get("error"), status=r.status_code)
+        return Answer(result=msg.get("result"), error=msg.get("error"))
 
 
 def header_value(value: str) -> str:

@@ -31,7 +31,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.json_schema import SkipJsonSchema
 
 from controlplane import api
-from controlplane.api import json_problem
 from controlplane.completion import Candidates, Completer, resolve
 from controlplane.errors import ControlPlaneError
 from controlplane.mcp.tools import caller
@@ -130,7 +129,7 @@ def _json_or_text(v: Any) -> Any:
         parsed = json.loads(v)
     except (ValueError, RecursionError):
         return v
-    return v if json_problem(parsed) is not None else parsed
+    return v if api.json_problem(parsed) is not None else parsed
 
 
 def tool_prompt(spec: Any, validate_inputs: Callable[[str, dict[str, Any]], None]) -> RunToolPrompt:
