@@ -600,7 +600,7 @@ def test_every_entry_point_answers_with_a_documented_code(fuzzed: Harness, data:
 # HTTP parser refuses a lone surrogate itself, -32700; the in-memory client cannot name a tool,
 # prompt or resource with one in the 2026-07-28 era), and change nothing.
 TASK_ID = "<a task of the caller>"
-NOT_UNICODE = "not valid Unicode text"  # what the messages say (README, "Bad input")
+NOT_UNICODE = "not valid Unicode text"  # what the messages say (README, "Error codes")
 NOT_FINITE_WHY = "not a finite number"
 TOO_DEEP = "nested more than 100 levels deep"
 SURROGATE = "\ud800"
