@@ -3,10 +3,15 @@
 These models are the input schemas the MCP surface publishes, and the validation it applies:
 unknown fields are rejected (seed 003 section 4), types are strict (no "5" for 5), and every
 field either changes behaviour or does not exist.
+
+`json_problem` is the rule every value of every MCP request obeys before anything looks at it
+(`controlplane.mcp.guard`): it is JSON (RFC 8259) and nothing more, so it can be stored, sent to
+a runner and returned as it came.
 """
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -90,3 +95,52 @@ class GetTaskResult(_Input):
     task_id: TaskId
     url_ttl_s: int | None = Field(default=None, ge=60, description="Lifetime of the artifact download links "
                                   "(default from the server's settings, capped at 7 days)")
+
+
+# ---- JSON values ------------------------------------------------------------------------------------
+MAX_JSON_DEPTH = 100  # nesting levels of one argument (the 2025-11-25 wire parses at most 200 in all)
+NOT_FINITE = "not a finite number (NaN and Infinity are not JSON)"
+NOT_UNICODE = "not valid Unicode text (it holds a lone surrogate)"
+TOO_DEEP = f"nested more than {MAX_JSON_DEPTH} levels deep"
+
+
+def _is_unicode(s: str) -> bool:
+    if s.isascii():
+        return True
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def json_problem(value: Any) -> tuple[list[str | int], str] | None:
+    """The first part of `value` that JSON cannot carry as it is, as (path, problem): a number
+    that is not finite (NaN, Infinity: Python's parsers read them, JSON has none), text that is
+    not Unicode (a lone surrogate such as "\\ud800": it cannot be encoded, stored or sent on),
+    an object key of that kind, or nesting deeper than MAX_JSON_DEPTH. None when there is none.
+
+    Iterative, so that no depth of nesting can exhaust the stack it runs on."""
+    stack: list[tuple[list[str | int], Any]] = [([], value)]
+    while stack:
+        path, v = stack.pop()
+        if isinstance(v, str):
+            if not _is_unicode(v):
+                return path, NOT_UNICODE
+        elif isinstance(v, float):
+            if not math.isfinite(v):
+                return path, NOT_FINITE
+        elif isinstance(v, dict | list):
+            if len(path) >= MAX_JSON_DEPTH:
+                return path[:1], TOO_DEEP  # named by the argument that holds it
+            items = list(v.items()) if isinstance(v, dict) else list(enumerate(v))
+            for key, item in reversed(items):  # the first item is looked at first
+                if isinstance(key, str) and not _is_unicode(key):  # named with escapes: no answer can carry it
+                    return [*path, key.encode("utf-8", "backslashreplace").decode()], NOT_UNICODE
+                stack.append(([*path, key], item))
+    return None
+
+
+def dotted(path: list[str | int], prefix: str = "") -> str:
+    """A path as the messages name fields: `inputs.frames.2`."""
+    return ".".join(map(str, [prefix, *path] if prefix else path)) or "(arguments)"

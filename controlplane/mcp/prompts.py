@@ -16,6 +16,7 @@ from mcp_types import INVALID_PARAMS
 from pydantic import Field
 from pydantic.json_schema import SkipJsonSchema
 
+from controlplane import api
 from controlplane.errors import ControlPlaneError
 from controlplane.mcp.candidates import resolve
 
@@ -55,12 +56,16 @@ def typed_argument(v: Any, schema: dict[str, Any] | None) -> Any:
 
 
 def _json_or_text(v: Any) -> Any:
+    """The value the text spells in JSON, else the text as it is (the tool's schema then says
+    what is wrong with it): nesting too deep to parse, and what JSON cannot carry (NaN, a
+    `\\ud800` escape, see `api.json_problem`), stay text."""
     if not isinstance(v, str):
         return v
     try:
-        return json.loads(v)
-    except ValueError:
+        parsed = json.loads(v)
+    except (ValueError, RecursionError):
         return v
+    return v if api.json_problem(parsed) is not None else parsed
 
 
 def tool_prompt(spec: Any, validate_inputs: Callable[[str, dict[str, Any]], None]) -> RunToolPrompt:

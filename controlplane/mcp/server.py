@@ -23,6 +23,7 @@ from controlplane.mcp import compat
 from controlplane.mcp.auth import build_auth
 from controlplane.errors import invalid
 from controlplane.mcp import completion, prompts, resources
+from controlplane.mcp.guard import JsonOnly
 from controlplane.mcp.streaming import Followers, wait_tool
 from controlplane.mcp.subscriptions import TaskSubscriptions
 from controlplane.mcp.tasks import ControlPlaneTasks
@@ -107,6 +108,7 @@ def build_server(cp: ControlPlane, *, with_auth: bool = True) -> FastMCP:
     # was half the cost of a get_task_status call. Our tools are the same for every caller.
     schemas = {t.name: t.parameters for t in tools}
     compat.set_input_schema_lookup(mcp, schemas.get)
+    mcp.add_middleware(JsonOnly(cp.catalog))  # first: past it, every value is JSON (mcp/guard.py)
     mcp.add_middleware(UnknownToolAsError())
     mcp.add_extension(ControlPlaneTasks(cp))  # native tasks, from our own store
     resources.install(mcp, cp)  # task:// and tool://
