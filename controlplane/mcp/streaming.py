@@ -39,6 +39,7 @@ from controlplane.errors import ControlPlaneError, ErrorCode, not_found
 from controlplane.mcp.compat import CancelledWaitAnswer
 from controlplane.mcp.tools import TOOLING_VERSION, caller, describe_validation_error, error, inline_schema, ok
 from controlplane.progress import ProgressSender, is_final, notification_of
+from controlplane.store.rows import TaskRow
 
 if TYPE_CHECKING:
     from controlplane.app import ControlPlane
@@ -47,12 +48,12 @@ log = logging.getLogger("controlplane.mcp.streaming")
 NOTIFY_META = "io.github.mcp-controlplane/notify"
 
 
-async def follow(cp: ControlPlane, task_id: str, sender: ProgressSender, until: float) -> dict[str, Any]:
-    """Forward a task's progress to `sender` until it ends or `until` (monotonic) passes;
-    returns the task as last seen. Never cancels the task."""
+async def follow(cp: ControlPlane, owner: str, task_id: str, sender: ProgressSender, until: float) -> TaskRow:
+    """Forward the caller's task's progress to `sender` until it ends or `until` (monotonic)
+    passes; returns the task as last seen. Never cancels the task."""
     keepalive_s = cp.settings.keepalive_s
     with cp.hub.subscribe(task_id) as sub:
-        task = await blocking.call(cp.store.tasks.get, task_id)  # read after subscribing: nothing slips between
+        task = await blocking.call(cp.service.get, owner, task_id)  # read after subscribing: nothing slips between
         if task is None:
             raise not_found()
         last_sent = time.monotonic()
@@ -65,7 +66,7 @@ async def follow(cp: ControlPlane, task_id: str, sender: ProgressSender, until: 
             if update is None:
                 # A quiet spell: read the task once more, so that an update the hub failed to
                 # deliver (a failed read) costs one spell, not the rest of the wait.
-                fresh = await blocking.call(cp.store.tasks.get, task_id)
+                fresh = await blocking.call(cp.service.get, owner, task_id)
                 if fresh is None or _shown(fresh) == _shown(task):
                     if time.monotonic() - last_sent >= keepalive_s:
                         await sender.keepalive(notification_of(task)[1])
@@ -79,7 +80,7 @@ async def follow(cp: ControlPlane, task_id: str, sender: ProgressSender, until: 
         return task
 
 
-def _shown(task: dict[str, Any]) -> tuple[str, str | None]:
+def _shown(task: TaskRow) -> tuple[str, str | None]:
     """What a follower shows of a task: its state and its progress."""
     return task.state, task.progress_json
 
@@ -121,7 +122,7 @@ class WaitTool(Tool):
                 sender = ProgressSender(_discard)
             answer_if_cancelled = CancelledWaitAnswer.for_request()
             try:
-                task = await follow(self.cp, req.task_id, sender, time.monotonic() + req.timeout_s)
+                task = await follow(self.cp, owner, req.task_id, sender, time.monotonic() + req.timeout_s)
             except anyio.get_cancelled_exc_class():
                 sender.close()  # nothing after the answer, which follows
                 if answer_if_cancelled is not None and answer_if_cancelled.requested:
@@ -200,7 +201,7 @@ class Followers:
 
         sender = ProgressSender(send if token is not None else _discard)
         try:
-            task = await follow(self.cp, task_id, sender, float("inf"))
+            task = await follow(self.cp, owner, task_id, sender, float("inf"))
             sender.close()
             result = await asyncio.to_thread(self.cp.service.result, owner, api.GetTaskResult(task_id=task_id))
             await session.send_notification(ToolResultNotification(params={
