@@ -10,7 +10,8 @@ import time
 from typing import Any
 
 from controlplane import blocking
-from controlplane.progress import NUDGE, ProgressHub, ProgressSender
+from controlplane.mcp.progress import NUDGE, ProgressSender
+from controlplane.progress import ProgressHub
 
 
 class Rows:

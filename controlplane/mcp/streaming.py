@@ -15,7 +15,7 @@
   clients use native tasks or wait_task).
 
 Progress notifications are monotonic, at most 4 per second per call, and none follows the
-terminal answer (`controlplane.progress.ProgressSender`).
+terminal answer (`controlplane.mcp.progress.ProgressSender`).
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from pydantic.json_schema import SkipJsonSchema
 from controlplane import api, blocking
 from controlplane.errors import ControlPlaneError, ErrorCode, not_found
 from controlplane.mcp.compat import CancelledWaitAnswer
+from controlplane.mcp.progress import ProgressSender, is_final, notification_of
 from controlplane.mcp.tools import TOOLING_VERSION, caller, describe_validation_error, error, inline_schema, ok
-from controlplane.progress import ProgressSender, is_final, notification_of
 from controlplane.store.rows import TaskRow
 
 if TYPE_CHECKING:

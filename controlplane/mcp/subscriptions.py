@@ -29,8 +29,8 @@ from mcp_types import INVALID_PARAMS
 
 from controlplane import blocking
 from controlplane.mcp import compat
+from controlplane.mcp.progress import MIN_INTERVAL_S
 from controlplane.mcp.tools import caller
-from controlplane.progress import MIN_INTERVAL_S
 
 if TYPE_CHECKING:
     from fastmcp import FastMCP

@@ -38,8 +38,8 @@ from pydantic import ConfigDict, Field
 
 from controlplane import api, blocking
 from controlplane.errors import ControlPlaneError
+from controlplane.mcp.progress import progress_details
 from controlplane.mcp.tools import caller, error
-from controlplane.progress import progress_details
 from controlplane.states import TaskState
 from controlplane.store.rows import TaskRow
 
