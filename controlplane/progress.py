@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from controlplane import blocking
@@ -52,6 +53,14 @@ class Subscription:
         self.close()
 
 
+@dataclass(frozen=True)
+class Seen:
+    """One sighting of a watched task: pushed by a change, or read after a quiet spell."""
+
+    task: Any  # the task row, or None (gone, or nothing read: a watch without `read`)
+    quiet: bool  # True: no change came within the spell (then `task` is a fresh read, if any)
+
+
 class ProgressHub:
     """Fans committed task changes out to subscriptions. A change is heard from any thread; the
     task's row is read once per burst of changes (one read in flight per task, a change during
@@ -72,6 +81,26 @@ class ProgressHub:
         sub = Subscription(self, task_id)
         self._subs[task_id].add(sub)
         return sub
+
+    async def watch(self, task_id: str, *, read: Callable[[], Any] | None,
+                    quiet_s: float | Callable[[], float]) -> AsyncIterator[Seen]:
+        """Watch a task: the one way the MCP surface follows one (wait_task, tasks/result,
+        resource subscriptions). Yields the task as `read()` gives it now (after subscribing, so
+        no change slips in between), then after each committed change (changes during a slow
+        consumer coalesce into the newest), and after each quiet spell of `quiet_s` seconds
+        (a number, or asked anew each time) the task read again, so that an update the hub
+        failed to deliver costs one spell, not the rest of the watch. Without `read` nothing is
+        read: the first sighting is the first change, and a quiet spell yields `task=None`.
+        The consumer stops iterating when it has seen enough (use `contextlib.aclosing`)."""
+        with self.subscribe(task_id) as sub:
+            if read is not None:
+                yield Seen(await blocking.call(read), quiet=False)
+            while True:
+                update = await sub.next(timeout=quiet_s() if callable(quiet_s) else quiet_s)
+                if update is not None:
+                    yield Seen(update, quiet=False)
+                else:
+                    yield Seen(await blocking.call(read) if read is not None else None, quiet=True)
 
     def _unsubscribe(self, sub: Subscription) -> None:
         subs = self._subs.get(sub.task_id)

@@ -146,3 +146,32 @@ def test_values_reach_the_client_in_order_when_a_send_is_slow() -> None:
 
     asyncio.run(run())
     assert len(arrived) == 2 and arrived[1] > arrived[0], arrived
+
+
+def test_a_watch_sees_the_task_now_each_change_and_a_fresh_read_after_a_quiet_spell() -> None:
+    """`ProgressHub.watch`: the one way the MCP surface follows a task."""
+    rows = Rows(networked=False)
+
+    async def go() -> list[tuple[int | None, bool]]:
+        hub = ProgressHub(rows.fetch)
+        hub.attach(asyncio.get_running_loop())
+        out: list[tuple[int | None, bool]] = []
+        watch = hub.watch("t1", read=lambda: rows.fetch("t1"), quiet_s=0.2)
+        async for seen in watch:
+            out.append((seen.task["version"] if seen.task else None, seen.quiet))
+            if len(out) == 1:
+                rows.version = 1
+                hub.on_change("t1")  # a commit: pushed at once
+            elif len(out) == 2:
+                rows.version = 2  # a change the hub never heard of: the quiet spell's read finds it
+            else:
+                break
+        await watch.aclose()
+        assert "t1" not in hub._subs  # closing the watch ends its subscription
+        blind = hub.watch("t1", read=None, quiet_s=0.05)  # without read: nothing is read
+        first = await blind.__anext__()
+        await blind.aclose()
+        out.append((first.task, first.quiet))
+        return out
+
+    assert asyncio.run(go()) == [(0, False), (1, False), (2, True), (None, True)]

@@ -21,6 +21,8 @@ terminal answer (`controlplane.mcp.progress.ProgressSender`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import json
 import logging
 import time
@@ -52,32 +54,30 @@ async def follow(cp: ControlPlane, owner: str, task_id: str, sender: ProgressSen
     """Forward the caller's task's progress to `sender` until it ends or `until` (monotonic)
     passes; returns the task as last seen. Never cancels the task."""
     keepalive_s = cp.settings.keepalive_s
-    with cp.hub.subscribe(task_id) as sub:
-        task = await blocking.call(cp.service.get, owner, task_id)  # read after subscribing: nothing slips between
-        if task is None:
-            raise not_found()
-        last_sent = time.monotonic()
-        await sender.update(*notification_of(task))
-        while not is_final(task):
-            remaining = until - time.monotonic()
-            if remaining <= 0:
-                break
-            update = await sub.next(timeout=min(keepalive_s, remaining))
-            if update is None:
-                # A quiet spell: read the task once more, so that an update the hub failed to
-                # deliver (a failed read) costs one spell, not the rest of the wait.
-                fresh = await blocking.call(cp.service.get, owner, task_id)
-                if fresh is None or _shown(fresh) == _shown(task):
-                    if time.monotonic() - last_sent >= keepalive_s:
-                        await sender.keepalive(notification_of(task)[1])
-                        last_sent = time.monotonic()
-                    continue
-                update = fresh
-            task = update
-            if not is_final(task):
+    task: TaskRow | None = None
+    last_sent = time.monotonic()
+    watch = cp.hub.watch(task_id, read=functools.partial(cp.service.get, owner, task_id),
+                         quiet_s=lambda: min(keepalive_s, max(0.0, until - time.monotonic())))
+    async with contextlib.aclosing(watch) as sightings:
+        async for seen in sightings:
+            if task is None:  # the first sighting: the task as it is now
+                if seen.task is None:
+                    raise not_found()
+                task = seen.task
                 await sender.update(*notification_of(task))
-                last_sent = time.monotonic()
-        return task
+            elif seen.quiet and (seen.task is None or _shown(seen.task) == _shown(task)):
+                if time.monotonic() - last_sent >= keepalive_s:
+                    await sender.keepalive(notification_of(task)[1])
+                    last_sent = time.monotonic()
+            else:
+                task = seen.task
+                if not is_final(task):
+                    await sender.update(*notification_of(task))
+                    last_sent = time.monotonic()
+            if is_final(task) or time.monotonic() >= until:
+                break
+    assert task is not None
+    return task
 
 
 def _shown(task: TaskRow) -> tuple[str, str | None]:

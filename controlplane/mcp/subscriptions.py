@@ -15,6 +15,7 @@ newest change always arrives). A subscription costs no polling: the hub hears of
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
 import weakref
@@ -87,11 +88,11 @@ class TaskSubscriptions:
     async def _watch(self, task_id: str, notify: Callable[[], Awaitable[bool]],
                      alive: Callable[[], bool] = lambda: True) -> None:
         """`notify()` after the task changes, at most 4 times a second (changes in between
-        coalesce into one), until it answers False or, in a quiet spell, `alive()` does."""
-        with self.cp.hub.subscribe(task_id) as sub:
-            while True:
-                changed = await sub.next(timeout=LIVENESS_CHECK_S)
-                if not (await notify() if changed is not None else alive()):
+        coalesce into one), until it answers False or, in a quiet spell, `alive()` does. Reads
+        nothing itself: the hub hears of every commit."""
+        async with contextlib.aclosing(self.cp.hub.watch(task_id, read=None, quiet_s=LIVENESS_CHECK_S)) as sightings:
+            async for seen in sightings:
+                if not (alive() if seen.quiet else await notify()):
                     return
                 await asyncio.sleep(MIN_INTERVAL_S)
 

@@ -20,6 +20,8 @@ wire with mcp 2.3: the SDK validates every handshake-era `tools/call` result aga
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import time
 from collections.abc import Sequence
@@ -200,11 +202,13 @@ class ControlPlaneTasks(ServerExtension):
     async def _result(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> dict[str, Any]:
         """2025-11-25 `tasks/result`: waits for the task to end, then returns its tool result."""
         owner, task = await self._owned(ctx, params.task_id)
-        with self.cp.hub.subscribe(task.task_id) as sub:
-            task = await blocking.call(self.cp.service.get, owner, task.task_id) or task
-            while STATUS[TaskState(task.state)] == "working":
-                task = (await sub.next(timeout=15.0)
-                        or await blocking.call(self.cp.service.get, owner, task.task_id) or task)
+        watch = self.cp.hub.watch(task.task_id, read=functools.partial(self.cp.service.get, owner, task.task_id),
+                                  quiet_s=15.0)
+        async with contextlib.aclosing(watch) as sightings:
+            async for seen in sightings:
+                task = seen.task or task
+                if STATUS[task.state] != "working":
+                    break
         if STATUS[TaskState(task.state)] == "completed":
             return await anyio.to_thread.run_sync(self._tool_result, owner, task)
         raise MCPError(**self._error(task))
