@@ -417,7 +417,7 @@ def fuzz_control_plane(home: Path) -> ControlPlane:
     (home / "catalog.toml").write_text(catalog_text() + FUZZ_TOOL)
     cp = ControlPlane(Settings(home=home, **FAST))
     # Someone else leads for the next hour: this server schedules nothing, so no job runs.
-    assert cp.store.acquire_lease(LEADER_LEASE, "fuzz: nobody", 3600)
+    assert cp.store.leases.acquire(LEADER_LEASE, "fuzz: nobody", 3600)
     return cp
 
 
@@ -734,9 +734,9 @@ def test_an_unexpected_error_in_a_protocol_method_is_internal_without_its_text(
         fuzzed: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
     """The 2025-11-25 dispatcher answers an unexpected exception with code 0 and its text."""
     def broken(*_a: Any, **_k: Any) -> Any:
-        raise RuntimeError(f"boom in {ROOT}/controlplane/store/store.py")
+        raise RuntimeError(f"boom in {ROOT}/controlplane/store/tasks.py")
 
-    monkeypatch.setattr(fuzzed.cp.store, "get", broken)
+    monkeypatch.setattr(fuzzed.cp.store.tasks, "get", broken)
     answer = fuzzed.send("tasks/get", {"taskId": fuzzed.pools.task_ids[0]})
     assert answer.error == {"code": mcp_types.INTERNAL_ERROR,
                             "message": "internal error; the server log has the details"} or \
