@@ -24,7 +24,6 @@ Provider API errors never fail a task: a poll that fails is retried with backoff
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections import defaultdict
@@ -269,6 +268,6 @@ class Reconciler:
         provider = self.providers.get(provider_name)
         if provider is None:
             return True
-        released = [provider.release(provider.handle(json.loads(job.handle_json)))
+        released = [provider.release(provider.handle(job.handle))
                     for job in self.store.jobs.of_task(task_id) if job.handle_json]
         return all(released)

@@ -45,10 +45,6 @@ def iso(ts: float | None) -> str | None:
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def _loads(text: str | None) -> Any:
-    return json.loads(text) if text else None
-
-
 def _epoch(when: datetime | None, field: str) -> float | None:
     """A filter time as epoch seconds; a time without a zone is UTC."""
     if when is None:
@@ -158,7 +154,7 @@ class TaskService:
         sooner than its provider looks at it again."""
         remaining = task.estimate_s or 10.0
         if task.state == TaskState.RUNNING and task.started_at:
-            progress = _loads(task.progress_json) or {}
+            progress = task.progress or {}
             eta = self.estimator.eta(task, progress, time.time())
             remaining = eta if eta is not None else remaining
         interval = min(30.0, max(0.5, remaining / 10))
@@ -191,7 +187,7 @@ class TaskService:
 
     def describe(self, task: TaskRow) -> dict[str, Any]:
         state = task.state
-        progress = _loads(task.progress_json)
+        progress = task.progress
         if progress is not None:
             progress.pop("ts", None)
             eta = self.estimator.eta(task, progress, time.time())
@@ -217,8 +213,8 @@ class TaskService:
             "progress": progress,
             "cancel_requested": bool(task.cancel_requested),
             "estimated_runtime_seconds": task.estimate_s,
-            "tags": json.loads(task.tags_json or "[]"),
-            "error": _loads(task.error_json),
+            "tags": task.tags,
+            "error": task.error,
             "poll_after_ms": None if state in TERMINAL or state == TaskState.EXPIRED else self.poll_after_ms(task),
         }
         provider = self.providers.get(task.provider)
@@ -229,7 +225,7 @@ class TaskService:
                 if state == TaskState.SCHEDULED and job.provider_reason:
                     out["waiting_reason"] = job.provider_reason  # e.g. no compute capacity yet
                 if links and job.handle_json:
-                    out["log_link"] = provider.log_link(provider.handle(json.loads(job.handle_json)))
+                    out["log_link"] = provider.log_link(provider.handle(job.handle))
         return out
 
     # ==== logs ================================================================================
@@ -280,7 +276,7 @@ class TaskService:
             return out
         blocking.must_not_block()  # a cloud logging API
         try:
-            page = provider.logs(provider.handle(json.loads(job.handle_json)), cursor, limit)
+            page = provider.logs(provider.handle(job.handle), cursor, limit)
         except TransientProviderError:
             out["reason"] = "the provider's log service did not answer (throttled or unavailable); try again"
             return out
@@ -310,13 +306,13 @@ class TaskService:
         rows = rows[: req.limit]
         tasks = []
         for r in rows:
-            progress = _loads(r.progress_json)
+            progress = r.progress
             tasks.append({
                 "task_id": r.task_id, "state": r.state, "tool_name": r.tool_name,
                 "priority": r.priority, "queue": r.resource_class, "attempt": r.attempt,
                 "submitted_at": iso(r.submitted_at), "started_at": iso(r.started_at),
                 "updated_at": iso(r.updated_at), "completed_at": iso(r.completed_at),
-                "tags": json.loads(r.tags_json or "[]"),
+                "tags": r.tags,
                 "percent": progress.get("percent") if progress else None,
             })
         cursor = self._encode_list_cursor(rows[-1].submitted_at, rows[-1].pk) if more and rows else None
@@ -377,9 +373,9 @@ class TaskService:
         out = {
             "task_id": task.task_id,
             "state": state,
-            "result": _loads(task.result_json) if done else None,
+            "result": task.result if done else None,
             "artifacts": artifacts,
-            "error": _loads(task.error_json) if done else None,
+            "error": task.error if done else None,
             "completed_at": iso(task.completed_at),
             "attempt": task.attempt,
         }

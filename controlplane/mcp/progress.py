@@ -10,7 +10,6 @@ notification that carries the newest state), and nothing after the call's termin
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -30,7 +29,7 @@ def progress_details(p: dict[str, Any]) -> list[str]:
 
 def notification_of(task: TaskRow) -> tuple[float | None, str]:
     """(percent, message) of a task row, for a progress notification: "running: step 2/4, ..."."""
-    p = json.loads(task.progress_json) if task.progress_json else {}
+    p = task.progress or {}
     details = progress_details(p)
     percent = p.get("percent")
     return (float(percent) if isinstance(percent, int | float) else None), \

@@ -145,12 +145,12 @@ class ControlPlaneTasks(ServerExtension):
         return out
 
     def _status_message(self, task: TaskRow) -> str | None:
-        err = json.loads(task.error_json) if task.error_json else None
+        err = task.error
         if err and TaskState(task.state) in (S.FAILED, S.TIMED_OUT, S.CANCELLED):
             return err.get("message")
         if task.state == S.EXPIRED:
             return "the task expired; its result was removed"
-        p = json.loads(task.progress_json) if task.progress_json else None
+        p = task.progress
         if not p:
             return None
         percent = [f"{p['percent']:g}%"] if isinstance(p.get("percent"), int | float) else []
@@ -166,7 +166,7 @@ class ControlPlaneTasks(ServerExtension):
                 "_meta": {"duration": round(ran, 3)}}
 
     def _error(self, task: TaskRow) -> dict[str, Any]:
-        err = json.loads(task.error_json) if task.error_json else None
+        err = task.error
         if task.state == S.EXPIRED:
             err = {"code": "NOT_FOUND", "message": "the task expired; its result was removed"}
         err = err or {"code": "INTERNAL", "message": f"the task ended {task.state}"}

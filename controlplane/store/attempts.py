@@ -81,7 +81,7 @@ class AttemptTx:
         assert self.task is not None
         if self.task.state != S.SCHEDULED:
             return
-        start = max(started_at or self.now, self.task.scheduled_at or 0.0) if started_at else self.now
+        start = max(started_at, self.task.scheduled_at or 0.0) if started_at else self.now
         self._move(S.RUNNING, kind="running", detail=detail,
                    values={"started_at": start, "timeout_at": start + self.task.max_runtime_s})
 

@@ -34,24 +34,52 @@ class _Row:
         try:  # the usual case: the query selected exactly the row's columns
             return cls(**row)  # (a plain dict: `**` of a SQLAlchemy RowMapping is slow)
         except TypeError:  # more columns than the row has fields (a join): keep the row's own
-            names = cls._names()
-            return cls(**{k: row[k] for k in names if k in row})
-
-    @classmethod
-    def _names(cls) -> tuple[str, ...]:
-        cached = cls.__dict__.get("_NAMES")
-        if cached is None:
-            cached = tuple(f.name for f in fields(cls))  # type: ignore[arg-type]
-            type.__setattr__(cls, "_NAMES", cached)
-        return cached
+            return cls(**{f.name: row[f.name] for f in fields(cls) if f.name in row})  # type: ignore[arg-type]
 
     def but(self, **changes: Any) -> Self:
         """A copy with `changes` (the row as a write left it)."""
         return replace(self, **changes)  # type: ignore[type-var]
 
 
+class _TaskJson:
+    """The JSON columns of a task row, decoded (a fresh value at each read)."""
+
+    __slots__ = ()
+    progress_json: str | None
+    error_json: str | None
+    result_json: str | None
+    tags_json: str
+
+    @property
+    def progress(self) -> dict[str, Any] | None:
+        return _loads(self.progress_json)
+
+    @property
+    def error(self) -> dict[str, Any] | None:
+        return _loads(self.error_json)
+
+    @property
+    def result(self) -> Any:
+        return _loads(self.result_json)
+
+    @property
+    def tags(self) -> list[str]:
+        return json.loads(self.tags_json or "[]")
+
+
+class _JobHandle:
+    """A job row's provider handle as stored (decode it with `Provider.handle`)."""
+
+    __slots__ = ()
+    handle_json: str | None
+
+    @property
+    def handle(self) -> dict[str, Any] | None:
+        return _loads(self.handle_json)
+
+
 @dataclass(frozen=True, slots=True)
-class TaskRow(_Row):
+class TaskRow(_TaskJson, _Row):
     pk: int
     task_id: str
     owner: str
@@ -99,25 +127,9 @@ class TaskRow(_Row):
         object.__setattr__(self, "state", _TASK_STATES[self.state])
         object.__setattr__(self, "cancel_requested", bool(self.cancel_requested))
 
-    @property
-    def progress(self) -> dict[str, Any] | None:
-        return _loads(self.progress_json)
-
-    @property
-    def error(self) -> dict[str, Any] | None:
-        return _loads(self.error_json)
-
-    @property
-    def result(self) -> Any:
-        return _loads(self.result_json)
-
-    @property
-    def tags(self) -> list[str]:
-        return json.loads(self.tags_json or "[]")
-
 
 @dataclass(frozen=True, slots=True)
-class TaskSummary(_Row):
+class TaskSummary(_TaskJson, _Row):
     """A task as a page of list_tasks shows it (not its inputs or result)."""
 
     pk: int
@@ -139,7 +151,7 @@ class TaskSummary(_Row):
 
 
 @dataclass(frozen=True, slots=True)
-class JobRow(_Row):
+class JobRow(_JobHandle, _Row):
     worker_id: str
     task_id: str
     attempt: int
@@ -163,13 +175,9 @@ class JobRow(_Row):
     def __post_init__(self) -> None:
         object.__setattr__(self, "state", _JOB_STATES[self.state])
 
-    @property
-    def handle(self) -> dict[str, Any] | None:
-        return _loads(self.handle_json)
-
 
 @dataclass(frozen=True, slots=True)
-class WatchedJob(_Row):
+class WatchedJob(_JobHandle, _Row):
     """A job the reconciler watches, with the fields of its task that it needs."""
 
     worker_id: str
@@ -197,10 +205,6 @@ class WatchedJob(_Row):
     def __post_init__(self) -> None:
         object.__setattr__(self, "job_state", _JOB_STATES[self.job_state])
         object.__setattr__(self, "state", _TASK_STATES[self.state])
-
-    @property
-    def handle(self) -> dict[str, Any] | None:
-        return _loads(self.handle_json)
 
     @property
     def draining(self) -> bool:
