@@ -116,7 +116,7 @@ async def serve_controlplane(home: Path, *, double: bool, batch: int, cycles: in
                              settings: dict[str, str] | None = None) -> None:
     from bench.doubles import CountingProvider
     from controlplane.app import ControlPlane
-    from controlplane.serve import HttpServer
+    from controlplane.serve import HttpServer, settle_heap
     from controlplane.settings import Settings
 
     me = psutil.Process()
@@ -124,11 +124,12 @@ async def serve_controlplane(home: Path, *, double: bool, batch: int, cycles: in
     provider = CountingProvider(poll_batch_size=batch) if double else None
     cp = ControlPlane(Settings(home=home, **(settings or {})), providers={"local": provider} if provider else None)
     info["rss_after_open"] = me.memory_info().rss
+    http = HttpServer(cp, "127.0.0.1", 0)
+    settle_heap()  # as `controlplane serve` does before it serves
     if cycles:
         assert provider is not None, "--cycles needs --double"
         info["cycles"] = measure_cycles(cp, provider, cycles)
         info["rss_after_cycles"] = me.memory_info().rss
-    http = HttpServer(cp, "127.0.0.1", 0)
     info["socket_ipproto_tcp"] = http.listener.sock.proto == socket.IPPROTO_TCP
     await _serve(http, info)
 

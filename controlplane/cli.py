@@ -60,7 +60,7 @@ def serve(
     """Run the MCP server (stdio, or Streamable HTTP at /mcp)."""
     from controlplane.app import ControlPlane
     from controlplane.catalog import CatalogError
-    from controlplane.serve import HttpServer, UnsafeBind, serve_stdio
+    from controlplane.serve import HttpServer, UnsafeBind, serve_stdio, settle_heap
 
     _logging("INFO" if transport == Transport.http else "WARNING")
     try:
@@ -72,6 +72,7 @@ def serve(
     except (CatalogError, UnsafeBind, OSError) as e:
         err.print(f"[red]error:[/] {e}")
         raise typer.Exit(2) from None
+    settle_heap()
     err.print(f"serving MCP at {server.url}")
     asyncio.run(server.serve())
 

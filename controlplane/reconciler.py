@@ -41,7 +41,7 @@ from controlplane.settings import Settings
 from controlplane.states import JobState, TaskState
 from controlplane.store import Store
 from controlplane.store.rows import WatchedJob
-from providers.base import JobPhase, JobStatus, PermanentProviderError, Provider
+from providers.base import Handle, JobPhase, JobStatus, MalformedHandle, PermanentProviderError, Provider
 
 log = logging.getLogger("controlplane.reconciler")
 S = TaskState
@@ -73,6 +73,7 @@ class Reconciler:
         self._last_poll: dict[str, float] = {}
         self._stop_sent: dict[str, float] = {}  # this cycle's stops, by worker id
         self._last_purge = 0.0
+        self._unreadable: set[str] = set()  # jobs whose stored handle did not decode (said once)
 
     async def cycle(self, force_poll: bool = False) -> CycleStats:
         return await anyio.to_thread.run_sync(self.cycle_sync, force_poll)
@@ -120,10 +121,11 @@ class Reconciler:
 
     def _send_stop(self, j: WatchedJob, reason: str, stats: CycleStats) -> None:
         provider = self.providers.get(j.provider)
-        if provider is None or not j.handle_json:
+        handle = self._handle(provider, j) if provider is not None and j.handle_json else None
+        if handle is None:
             return
         try:
-            self._call(provider.cancel, provider.handle(j.handle), reason)
+            self._call(provider.cancel, handle, reason)
             stats.provider_calls[f"{provider.name}.cancel"] += 1
             stats.stops += 1
         except Exception as e:  # noqa: BLE001 - retried next cycle
@@ -135,10 +137,11 @@ class Reconciler:
         """Statuses in the order of `jobs` (None: unknown this cycle). Handles are grouped by the
         provider's `poll_key` and handed over `poll_batch_size` at a time, so a provider that
         lists per job (Cloud Run) answers each job's executions with one paged list."""
-        handles = [provider.handle(j.handle) for j in jobs]
+        handles = [self._handle(provider, j) for j in jobs]
         groups: dict[Any, list[int]] = defaultdict(list)
         for i, h in enumerate(handles):
-            groups[provider.poll_key(h)].append(i)
+            if h is not None:
+                groups[provider.poll_key(h)].append(i)
         out: list[JobStatus | None] = [None] * len(jobs)
         size = max(1, provider.poll_batch_size)
         for key, members in groups.items():
@@ -153,6 +156,18 @@ class Reconciler:
                     out[k] = st
                 stats.provider_calls[f"{provider.name}.poll"] += 1
         return out
+
+    def _handle(self, provider: Provider, j: WatchedJob) -> Handle | None:
+        """The job's handle; None (the job is skipped, its status unknown) when the stored handle
+        is not one of this provider's (written by another version, or damaged): one job's
+        unreadable handle must not stop the cycle for every other job. Said once per job."""
+        try:
+            return provider.handle(j.handle_json or "")
+        except MalformedHandle as e:
+            if j.worker_id not in self._unreadable:
+                self._unreadable.add(j.worker_id)
+                log.error("job %s of task %s cannot be polled or stopped: %s", j.job_name, j.task_id, e)
+            return None
 
     @staticmethod
     def _call(fn: Any, *args: Any) -> Any:
@@ -268,6 +283,13 @@ class Reconciler:
         provider = self.providers.get(provider_name)
         if provider is None:
             return True
-        released = [provider.release(provider.handle(job.handle))
-                    for job in self.store.jobs.of_task(task_id) if job.handle_json]
+        released = []
+        for job in self.store.jobs.of_task(task_id):
+            if job.handle_json:
+                try:
+                    handle = provider.handle(job.handle_json)
+                except MalformedHandle as e:  # nothing it names can be found again: nothing to release
+                    log.warning("job %s of expiring task %s: %s", job.job_name, task_id, e)
+                    continue
+                released.append(provider.release(handle))
         return all(released)

@@ -12,6 +12,7 @@ nothing are answered as plain JSON (`controlplane.http.quiet_json`).
 
 from __future__ import annotations
 
+import gc
 import ipaddress
 from typing import Any
 from urllib.parse import urlsplit
@@ -89,6 +90,17 @@ class HttpServer:
         self.listener.stop()
 
 
+def settle_heap() -> None:
+    """Call once the server is built, before it serves: what start-up made (modules, schemas, the
+    app) leaves the garbage collector's view for good (`gc.freeze`). A full collection then walks
+    only what the server made since. Without it, the reconciler's rows (10,000 watched jobs live
+    through a cycle and reach the oldest generation) set off a walk of the whole start-up heap
+    every other cycle: about 50 ms, a third of a cycle (`bench/run.py`)."""
+    gc.collect()
+    gc.freeze()
+
+
 async def serve_stdio(cp: ControlPlane) -> None:
     mcp = build_server(cp, with_auth=False)
+    settle_heap()
     await mcp.run_stdio_async(show_banner=False, log_level="WARNING")

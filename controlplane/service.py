@@ -225,7 +225,7 @@ class TaskService:
                 if state == TaskState.SCHEDULED and job.provider_reason:
                     out["waiting_reason"] = job.provider_reason  # e.g. no compute capacity yet
                 if links and job.handle_json:
-                    out["log_link"] = provider.log_link(provider.handle(job.handle))
+                    out["log_link"] = provider.log_link(provider.handle(job.handle_json))
         return out
 
     # ==== logs ================================================================================
@@ -276,7 +276,7 @@ class TaskService:
             return out
         blocking.must_not_block()  # a cloud logging API
         try:
-            page = provider.logs(provider.handle(job.handle), cursor, limit)
+            page = provider.logs(provider.handle(job.handle_json), cursor, limit)
         except TransientProviderError:
             out["reason"] = "the provider's log service did not answer (throttled or unavailable); try again"
             return out

@@ -98,10 +98,14 @@ class Handle:
         return out
 
     @classmethod
-    def decode(cls, data: dict[str, Any]) -> Self:
-        if not isinstance(data, dict):
-            raise MalformedHandle(f"a {cls.__name__} is a JSON object, not {type(data).__name__}")
+    def decode(cls, data: dict[str, Any] | str) -> Self:
+        """`data` is the stored form: the JSON text (parsed and checked in one pass, which is what
+        the reconciler does for every watched job each cycle) or its parsed dict."""
         try:
+            if isinstance(data, str):
+                return _adapter(cls).validate_json(data)  # type: ignore[no-any-return]
+            if not isinstance(data, dict):
+                raise MalformedHandle(f"a {cls.__name__} is a JSON object, not {type(data).__name__}")
             return _adapter(cls).validate_python(data)  # type: ignore[no-any-return]
         except ValidationError as e:
             problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or '(handle)'}: {err['msg']}"
@@ -284,8 +288,8 @@ class Provider(ABC, Generic[H]):
     def supports(self, cap: Capability) -> bool:
         return cap in self.capabilities
 
-    def handle(self, data: dict[str, Any]) -> H:
-        """A stored handle (`handle.encode()`, read back from JSON) as this provider's handle;
+    def handle(self, data: dict[str, Any] | str) -> H:
+        """A stored handle (`handle.encode()`, as JSON text or read back from it) as this provider's handle;
         MalformedHandle, naming the provider and the field, when it is not one."""
         if self.handle_type is Handle:
             raise TypeError(f"{type(self).__name__} declares no handle_type")

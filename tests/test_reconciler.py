@@ -134,6 +134,26 @@ async def test_provider_api_errors_never_fail_a_task(home: Path) -> None:
         assert c.exec_driver_sql("select count(*) from jobs").scalar() == 7  # no launch was doubled
 
 
+async def test_a_job_whose_handle_cannot_be_read_does_not_stop_the_others(agent: Agent, cp: ControlPlane,
+                                                                             home: Path, caplog: Any) -> None:
+    """A stored handle that no longer decodes (another version wrote it, or it was damaged) leaves
+    that one job unpolled, said once in the log; every other job is still reconciled."""
+    stuck = await agent.submit(inputs={"sleep_s": 60})
+    quick = await agent.submit(inputs={"sleep_s": 1.5})
+    await agent.wait(stuck, {"running"})
+    pid = runner_pid(home, stuck, 1)
+    with cp.db.write() as c:
+        c.exec_driver_sql("update jobs set handle_json = '{\"job_dir\": 7}' where task_id = ?", (stuck,))
+    try:
+        assert (await agent.wait(quick, timeout=60))["state"] == "succeeded"
+        await cp.reconciler.cycle(force_poll=True)  # another cycle: the damaged job is not said twice
+        assert (await agent.call("get_task_status", task_id=stuck))["state"] == "running"
+        said = [r for r in caplog.records if "cannot be polled or stopped" in r.getMessage()]
+        assert len(said) == 1 and stuck in said[0].getMessage()
+    finally:
+        kill_tree(pid)
+
+
 async def test_runner_without_callback_delivers_through_the_store(home: Path) -> None:
     """A job that cannot reach the control plane (a dead callback URL) still gets its logs,
     result and artifacts in: the runner writes them to the object store."""

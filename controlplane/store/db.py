@@ -9,7 +9,7 @@ helpers where engines differ.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,7 @@ from sqlalchemy.pool import SingletonThreadPool
 from controlplane.blocking import WouldBlock, is_inline, must_not_block
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+Build = Callable[[list[str], list[tuple[Any, ...]]], list[Any]]  # (column names, driver tuples) -> rows
 
 
 class Database:
@@ -91,13 +92,14 @@ class Database:
     # skips SQLAlchemy's per-call statement and result machinery, which on SQLite costs more
     # than the query itself. Only plain column types are used (numbers, text, booleans).
 
-    def fetch(self, stmt: Any, params: dict[str, Any]) -> list[dict[str, Any]]:
-        """Run a prebuilt SELECT on the read connection."""
+    def fetch(self, stmt: Any, params: dict[str, Any], *, into: Build | None = None) -> list[Any]:
+        """Run a prebuilt SELECT on the read connection: its rows as dicts, or `into(columns,
+        tuples)` (a typed row's `many`, which skips the dicts)."""
         if not self.is_sqlite:
             must_not_block()
         raw = self.read_engine.raw_connection()
         try:
-            rows = self._run(raw.driver_connection, stmt, params)
+            rows = self._run(raw.driver_connection, stmt, params, into)
             if not self.is_sqlite:
                 raw.rollback()
             return rows or []
@@ -109,7 +111,8 @@ class Database:
         Returns the rows of a SELECT (or of RETURNING), else the number of rows affected."""
         return self._run(conn.connection.driver_connection, stmt, params)
 
-    def _run(self, dbapi_conn: Any, stmt: Any, params: dict[str, Any]) -> list[dict[str, Any]] | int:
+    def _run(self, dbapi_conn: Any, stmt: Any, params: dict[str, Any],
+             into: Build | None = None) -> list[Any] | int:
         sql, names, fixed = self._compiled_for(stmt, params)
         merged = {**fixed, **params}  # literals in the statement are bound parameters too
         args: Any = [merged[n] for n in names] if names is not None else merged
@@ -120,6 +123,8 @@ class Database:
             if cur.description is None:
                 return cur.rowcount
             cols = [d[0] for d in cur.description]
+            if into is not None:
+                return into(cols, cur.fetchall())
             return [dict(zip(cols, r)) for r in cur.fetchall()]
         except dbapi_error as e:  # the same exceptions SQLAlchemy raises (IntegrityError, ...)
             raise DBAPIError.instance(sql, args, e, dbapi_error) from e

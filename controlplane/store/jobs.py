@@ -97,11 +97,11 @@ class JobStore:
 
     def of_task(self, task_id: str) -> list[JobRow]:
         """Every attempt's job of a task."""
-        return [JobRow.from_row(r) for r in self.db.fetch(q.JOBS_OF_TASK, {"task_id": task_id})]
+        return self.db.fetch(q.JOBS_OF_TASK, {"task_id": task_id}, into=JobRow.many)
 
     def watched(self) -> list[WatchedJob]:
         """Jobs the reconciler watches, with the fields of their task it needs."""
-        return [WatchedJob.from_row(r) for r in self.db.fetch(q.WATCHED_JOBS, {})]
+        return self.db.fetch(q.WATCHED_JOBS, {}, into=WatchedJob.many)
 
     def set_provider_status(self, updates: list[tuple[str, str, str | None]]) -> None:
         """Record what the provider said, (worker id, status word, reason), many in one statement."""

@@ -13,12 +13,11 @@ class LogStore:
         self.db = db
 
     def tail(self, task_id: str, after_seq: int, limit: int) -> list[LogLine]:
-        return [LogLine.from_row(r) for r in self.db.fetch(q.TAIL_LOGS, {"task_id": task_id, "after": after_seq,
-                                                                         "lim": limit})]
+        return self.db.fetch(q.TAIL_LOGS, {"task_id": task_id, "after": after_seq, "lim": limit}, into=LogLine.many)
 
     def last(self, task_id: str, limit: int) -> list[LogLine]:
-        return [LogLine.from_row(r) for r in self.db.fetch(q.LAST_LOGS, {"task_id": task_id, "lim": limit})[::-1]]
+        return self.db.fetch(q.LAST_LOGS, {"task_id": task_id, "lim": limit}, into=LogLine.many)[::-1]
 
     def events(self, task_id: str) -> list[EventRow]:
         """Every transition, retry, launch and cancellation of the task, oldest first."""
-        return [EventRow.from_row(r) for r in self.db.fetch(q.EVENTS, {"task_id": task_id})]
+        return self.db.fetch(q.EVENTS, {"task_id": task_id}, into=EventRow.many)

@@ -87,7 +87,8 @@ DELETE_OLD_EVENTS = delete(EV).where(EV.c.ts < _bp("before"))
 
 # ==== events and logs ==========================================================================
 INSERT_EVENT = insert(EV)
-EVENTS = select(EV).where(EV.c.task_id == _bp("task_id")).order_by(EV.c.pk)
+EVENTS = select(EV.c.pk, EV.c.task_id, EV.c.ts, EV.c.kind, EV.c.attempt, EV.c.from_state, EV.c.to_state,
+                EV.c.detail_json).where(EV.c.task_id == _bp("task_id")).order_by(EV.c.pk)
 INSERT_LOGS = insert(LOGS)
 _LOG_COLS = (LOGS.c.seq, LOGS.c.ts, LOGS.c.stream, LOGS.c.level, LOGS.c.message, LOGS.c.attempt)
 TAIL_LOGS = (select(*_LOG_COLS).where(LOGS.c.task_id == _bp("task_id"), LOGS.c.seq > _bp("after"))
@@ -110,11 +111,11 @@ UPDATE_JOB = update(JOBS).where(JOBS.c.worker_id == _bp("_wid"))
 LAUNCH_INTENTS = (select(JOBS, T.c.state.label("task_state"))
                   .join(T, and_(T.c.task_id == JOBS.c.task_id, T.c.attempt == JOBS.c.attempt))
                   .where(JOBS.c.state == JobState.LAUNCHING.value))
-WATCHED_JOBS = (select(JOBS.c.worker_id, JOBS.c.task_id, JOBS.c.attempt, JOBS.c.provider, JOBS.c.handle_json,
-                       JOBS.c.launched_at, JOBS.c.seen_at, JOBS.c.stop_requested_at, JOBS.c.stop_sent_at,
-                       JOBS.c.provider_status, JOBS.c.provider_reason, JOBS.c.event_seq, JOBS.c.job_name,
-                       JOBS.c.state.label("job_state"), T.c.attempt.label("task_attempt"),
-                       T.c.state, T.c.timeout_at, T.c.tool_name, T.c.heartbeat_at, T.c.stop_reason, T.c.store_url)
+WATCHED_JOBS = (select(JOBS.c.worker_id, JOBS.c.task_id, JOBS.c.attempt, JOBS.c.provider, JOBS.c.job_name,
+                       JOBS.c.state.label("job_state"), T.c.attempt.label("task_attempt"), T.c.state,
+                       T.c.store_url, T.c.tool_name, JOBS.c.event_seq, JOBS.c.handle_json, JOBS.c.launched_at,
+                       JOBS.c.seen_at, JOBS.c.stop_requested_at, JOBS.c.stop_sent_at, JOBS.c.provider_status,
+                       JOBS.c.provider_reason, T.c.timeout_at, T.c.heartbeat_at, T.c.stop_reason)
                 .join(T, T.c.task_id == JOBS.c.task_id)
                 .where(or_(*(JOBS.c.state == s for s in WATCHED))))  # no IN list: it runs on the prebuilt path
 SET_PROVIDER_STATUS = (update(JOBS).where(JOBS.c.worker_id == _bp("wid"))

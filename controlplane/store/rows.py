@@ -8,6 +8,7 @@ JSON columns stay text here; the properties decode them for the readers that wan
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
@@ -26,6 +27,11 @@ def _loads(text: str | None) -> Any:
     return json.loads(text) if text else None
 
 
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(cls))
+
+
 class _Row:
     __slots__ = ()
 
@@ -35,6 +41,14 @@ class _Row:
             return cls(**row)  # (a plain dict: `**` of a SQLAlchemy RowMapping is slow)
         except TypeError:  # more columns than the row has fields (a join): keep the row's own
             return cls(**{f.name: row[f.name] for f in fields(cls) if f.name in row})  # type: ignore[arg-type]
+
+    @classmethod
+    def many(cls, columns: list[str], tuples: list[tuple[Any, ...]]) -> list[Self]:
+        """Rows from the driver's tuples: positionally when the query selects the row's fields in
+        their order (the reconciler reads 10,000 watched jobs a cycle this way), else by name."""
+        if tuple(columns) == _field_names(cls):
+            return [cls(*t) for t in tuples]
+        return [cls.from_row(dict(zip(columns, t))) for t in tuples]
 
     def but(self, **changes: Any) -> Self:
         """A copy with `changes` (the row as a write left it)."""

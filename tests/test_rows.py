@@ -1,0 +1,38 @@
+"""The typed rows the store hands out: built from the driver's tuples by position when a query
+selects the row's fields in order (the reconciler's 10,000 watched jobs a cycle), by name
+otherwise, with the same result; and frozen."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from controlplane.app import ControlPlane
+from controlplane.states import JobState, TaskState
+from controlplane.store import queries as q
+from controlplane.store.rows import EventRow, LogLine, WatchedJob, _field_names
+from tests.test_states import new_task
+
+
+@pytest.mark.parametrize(("stmt", "row"), [(q.WATCHED_JOBS, WatchedJob), (q.TAIL_LOGS, LogLine),
+                                           (q.LAST_LOGS, LogLine), (q.EVENTS, EventRow)])
+def test_hot_queries_select_their_rows_fields_in_order(stmt: object, row: type) -> None:
+    assert tuple(c.name for c in stmt.selected_columns) == _field_names(row)  # type: ignore[attr-defined]
+
+
+def test_a_row_built_by_position_equals_one_built_by_name(cp: ControlPlane) -> None:
+    sub = cp.store.tasks.submit(new_task(), queue_limit=10)
+    [(_task, job)] = cp.store.jobs.claim_for_launch(sub.task.resource_class, capacity=1)
+    assert cp.store.jobs.record_launch(job.worker_id, {"job": "j-1"})
+    watched = cp.store.jobs.watched()
+    assert [w.task_id for w in watched] == [sub.task.task_id]
+    w = watched[0]
+    assert w.state is TaskState.SCHEDULED and w.job_state is JobState.ACTIVE and w.handle == {"job": "j-1"}
+    columns = list(_field_names(WatchedJob))
+    shuffled = columns[::-1]
+    values = [getattr(w, c) for c in shuffled]
+    by_name = WatchedJob.many(shuffled, [tuple(v.value if hasattr(v, "value") else v for v in values)])
+    assert by_name == [w]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        w.attempt = 2  # type: ignore[misc]
