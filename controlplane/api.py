@@ -12,12 +12,19 @@ a runner and returned as it came.
 from __future__ import annotations
 
 import math
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from controlplane.states import TaskState
+
+def iso(ts: float | None) -> str | None:
+    """A timestamp as every answer writes it: RFC 3339 in UTC, to the millisecond."""
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
 
 TaskId = Annotated[str, Field(min_length=4, max_length=64, description="The task id returned by submit_task")]
 Tag = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")]

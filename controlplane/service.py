@@ -21,6 +21,7 @@ from typing import Any
 from jsonschema.exceptions import ValidationError as SchemaValidationError
 
 from controlplane import api, blocking
+from controlplane.api import iso
 from controlplane.catalog import Catalog
 from controlplane.errors import ControlPlaneError, ErrorCode, invalid, not_found
 from controlplane.estimates import Estimator
@@ -37,12 +38,6 @@ LOG_CURSOR_PREFIX = "log_"
 PROVIDER_CURSOR_PREFIX = "plog_"
 LIST_CURSOR_PREFIX = "lst_"
 _ASCII_DIGITS = re.compile(r"[0-9]{1,18}")  # fits a 64-bit integer column on every engine
-
-
-def iso(ts: float | None) -> str | None:
-    if ts is None:
-        return None
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _epoch(when: datetime | None, field: str) -> float | None:

@@ -25,7 +25,6 @@ import functools
 import json
 import time
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -39,6 +38,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ConfigDict, Field
 
 from controlplane import api, blocking
+from controlplane.api import iso
 from controlplane.errors import ControlPlaneError
 from controlplane.mcp.progress import progress_details
 from controlplane.mcp.tools import caller, error
@@ -66,10 +66,6 @@ STATUS: dict[TaskState, str] = {
     S.EXPIRED: "failed",
 }
 LEGACY_STATUS = STATUS  # 2025-11-25 has the same five words (and input_required, unused here)
-
-
-def iso(ts: float | None) -> str | None:
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z") if ts else None
 
 
 class TaskIdParams(RequestParams):
