@@ -105,15 +105,15 @@ class ControlPlane:
                                  callback_url=self.callback_url, store_url=self.stores.get(task.store_url).url,
                                  python=self.providers[task.provider].python)
 
-    def wake(self) -> None:
-        """Run the scheduler and reconciler soon (callable from any thread)."""
+    def wake(self, *, scheduler: bool = True, reconciler: bool = True) -> None:
+        """Run the scheduler and/or the reconciler soon (callable from any thread)."""
         loop = self._loop
         if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(self._set_wake)
+            loop.call_soon_threadsafe(self._set_wake, scheduler, reconciler)
 
-    def _set_wake(self) -> None:
-        for ev in (self._sched_wake, self._recon_wake):
-            if ev is not None:
+    def _set_wake(self, scheduler: bool = True, reconciler: bool = True) -> None:
+        for ev, wanted in ((self._sched_wake, scheduler), (self._recon_wake, reconciler)):
+            if wanted and ev is not None:
                 ev.set()
 
     # ---- running ------------------------------------------------------------------------------

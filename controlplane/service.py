@@ -30,7 +30,8 @@ from controlplane.objectstore.registry import StoreRegistry
 from controlplane.settings import Settings
 from controlplane.states import TERMINAL, TaskState
 from controlplane.outcomes import cancelled_error
-from controlplane.store import NewTask, QueueFull, Store
+from controlplane.group_commit import GroupCommit
+from controlplane.store import NewTask, QueueFull, Store, Submitted
 from controlplane.store.rows import TaskRow
 from providers.base import Capability, Provider, TransientProviderError
 
@@ -52,10 +53,15 @@ def _epoch(when: datetime | None, field: str) -> float | None:
         raise invalid(f"{field}: time out of range") from None
 
 
+def queue_full(e: QueueFull) -> ControlPlaneError:
+    return ControlPlaneError(ErrorCode.QUEUE_OVERLOADED, f"queue '{e.queue}' is full ({e.length} tasks waiting)",
+                             hint="retry later, or lower the rate of submissions")
+
+
 class TaskService:
     def __init__(self, settings: Settings, store: Store, catalog: Catalog, stores: StoreRegistry,
                  estimator: Estimator, providers: dict[str, Provider] | None = None,
-                 wake: Callable[[], None] = lambda: None):
+                 wake: Callable[..., None] = lambda **_: None):
         self.settings = settings
         self.providers = providers or {}
         self.store = store
@@ -63,9 +69,32 @@ class TaskService:
         self.stores = stores
         self.estimator = estimator
         self.wake = wake  # nudges the scheduler/reconciler after a submit or cancel
+        # Submits from the event loop are written together (one transaction, one fsync).
+        self.commits: GroupCommit[tuple[NewTask, int], Submitted] = GroupCommit(store.tasks.submit_many)
 
     # ==== submit ==============================================================================
     def submit(self, owner: str, req: api.SubmitTask) -> dict[str, Any]:
+        new, queue_limit = self.admission(owner, req)
+        try:
+            sub = self.store.tasks.submit(new, queue_limit=queue_limit)
+        except QueueFull as e:
+            raise queue_full(e) from None
+        return self.submitted(new, sub)
+
+    async def submit_grouped(self, owner: str, req: api.SubmitTask) -> dict[str, Any]:
+        """`submit` for callers on the event loop: the task is written by a group commit with the
+        submits that arrive meanwhile (`controlplane.group_commit`), off the loop, and answered
+        once it is on disk."""
+        new, queue_limit = await blocking.call(self.admission, owner, req)
+        try:
+            sub = await self.commits.run((new, queue_limit))
+        except QueueFull as e:
+            raise queue_full(e) from None
+        return await blocking.call(self.submitted, new, sub)
+
+    def admission(self, owner: str, req: api.SubmitTask) -> tuple[NewTask, int]:
+        """The task a submit asks for, checked against the catalog and the limits, and the length
+        its queue may reach: everything but the write."""
         tool = self.catalog.tool(req.tool_name)
         if tool is None:
             raise ControlPlaneError(ErrorCode.INVALID_REQUEST, f"unknown tool '{req.tool_name}'",
@@ -104,17 +133,15 @@ class TaskService:
             max_recoveries=tool.retry.max_recoveries,
             store_url=tool.object_store or rc.object_store or "",
         )
-        try:
-            sub = self.store.tasks.submit(new, queue_limit=rc.max_queue_length)
-        except QueueFull as e:
-            raise ControlPlaneError(ErrorCode.QUEUE_OVERLOADED,
-                                    f"queue '{e.queue}' is full ({e.length} tasks waiting)",
-                                    hint="retry later, or lower the rate of submissions") from None
+        return new, rc.max_queue_length
+
+    def submitted(self, new: NewTask, sub: Submitted) -> dict[str, Any]:
+        """The answer to a submit once its task is written (or found by its idempotency key)."""
         task, created = sub.task, sub.created
         if created:
-            self.wake()
-        elif task.inputs_json != inputs_json and task.state != TaskState.EXPIRED:
-            raise invalid(f"idempotency_key '{req.idempotency_key}' was already used for task {task.task_id} "
+            self.wake(reconciler=False)  # a new task needs a slot, not a reconcile
+        elif task.inputs_json != new.inputs_json and task.state != TaskState.EXPIRED:
+            raise invalid(f"idempotency_key '{new.idempotency_key}' was already used for task {task.task_id} "
                           "with different inputs", hint="use a new key for a different request")
         position = sub.position
         if not created and task.state == TaskState.QUEUED:
@@ -340,7 +367,7 @@ class TaskService:
         if task is None:
             raise not_found()
         if acknowledged:
-            self.wake()
+            self.wake(scheduler=False)  # the reconciler stops the job
         out = {"task_id": task.task_id, "state": task.state, "acknowledged": acknowledged}
         if not acknowledged:
             out["message"] = f"the task is already {task.state}; nothing to cancel"
@@ -381,8 +408,9 @@ class TaskService:
         return out
 
     # ==== seed 000: a catalog tool called directly ============================================
-    def submit_direct(self, owner: str, tool_name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-        sub = self.submit(owner, api.SubmitTask(tool_name=tool_name, inputs=arguments))
+    async def submit_direct(self, owner: str, tool_name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        """A catalog tool called by name: its arguments are the inputs (seed 000's two-stage answer)."""
+        sub = await self.submit_grouped(owner, api.SubmitTask(tool_name=tool_name, inputs=arguments))
         est = sub["estimated_runtime_seconds"]
         return {
             "task_id": sub["task_id"],

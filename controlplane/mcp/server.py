@@ -75,11 +75,12 @@ def build_server(cp: ControlPlane, *, with_auth: bool = True) -> FastMCP:
     svc = cp.service
     owner = cp.settings.default_owner
     # Point reads and short writes are tried on the event loop (see controlplane.blocking);
-    # list_tasks (a page of rows) and get_task_result (links may be signed remotely) use a thread.
+    # list_tasks (a page of rows) and get_task_result (links may be signed remotely) use a thread;
+    # submits are written by a group commit (controlplane.group_commit), never on the loop.
     tools = [
         canonical_tool("submit_task", "Submit a catalog tool to run as a durable task. Returns at once with the "
-                       "task id, its queue position and when to poll.", api.SubmitTask, svc.submit,
-                       default_owner=owner, read_only=False, inline=True, after=followers.maybe_follow,
+                       "task id, its queue position and when to poll.", api.SubmitTask, svc.submit_grouped,
+                       default_owner=owner, read_only=False, after=followers.maybe_follow,
                        schema_version=2),  # 2: resources.scratch_mb is applied or refused, no longer ignored
         canonical_tool("get_task_status", "State, progress (percent, step, phase, message, ETA), timing and "
                        "error of a task.", api.GetTaskStatus, svc.status, default_owner=owner, read_only=True,

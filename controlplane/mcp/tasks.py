@@ -113,7 +113,7 @@ class ControlPlaneTasks(ServerExtension):
         started = time.perf_counter()
         req = api.SubmitTask(tool_name=spec.name, inputs=dict(params.arguments or {}))
         try:
-            sub = await blocking.call(self.cp.service.submit, owner, req)
+            sub = await self.cp.service.submit_grouped(owner, req)
         except ControlPlaneError as e:
             return error(e, started)  # refused before any task existed: an ordinary tool error
         task = await blocking.call(self.cp.service.get, owner, sub["task_id"])

@@ -8,10 +8,11 @@ Unexpected exceptions are logged here and reach the client only as `INTERNAL`.
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio.to_thread
@@ -84,9 +85,12 @@ class ServiceTool(Tool):
     event loop first (no thread hop) and moved to a worker thread if it would block (see
     `controlplane.blocking`); otherwise it runs in a worker thread."""
 
-    handler: SkipJsonSchema[Callable[[str, dict[str, Any]], dict[str, Any]]]
+    handler: SkipJsonSchema[Callable[[str, dict[str, Any]], Any]]
     default_owner: SkipJsonSchema[str] = "local"
     inline: SkipJsonSchema[bool] = False
+    # The handler is a coroutine function that runs on the event loop and decides itself what
+    # goes to a thread (submits: a group commit, see controlplane.group_commit).
+    awaited: SkipJsonSchema[bool] = False
     # Called with (owner, answer) after a successful call: the seed-000 follower of new tasks.
     after: SkipJsonSchema[Callable[[str, dict[str, Any]], None] | None] = None
 
@@ -115,40 +119,51 @@ class ServiceTool(Tool):
 
 
     async def _body(self, owner: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        if self.awaited:
+            return await self.handler(owner, arguments)  # type: ignore[no-any-return]
         if self.inline:
             return await blocking.call(self.handler, owner, arguments)
         return await anyio.to_thread.run_sync(self.handler, owner, arguments)
 
 
 def canonical_tool(name: str, description: str, model: type[BaseModel],
-                   method: Callable[[str, Any], dict[str, Any]], *, default_owner: str, read_only: bool,
+                   method: Callable[[str, Any], Any], *, default_owner: str, read_only: bool,
                    inline: bool = False, after: Callable[[str, dict[str, Any]], None] | None = None,
                    schema_version: int = 1) -> ServiceTool:
-    def handler(owner: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    """A tool calling `method(owner, request)`; a coroutine function `method` is awaited on the
+    event loop (see ServiceTool.awaited), any other runs per `inline`."""
+    def parse(arguments: dict[str, Any]) -> Any:
         try:
-            req = model.model_validate_json(json.dumps(arguments))
+            return model.model_validate_json(json.dumps(arguments))
         except ValidationError as e:
             raise describe_validation_error(e) from None
-        return method(owner, req)
 
+    def handler(owner: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        return method(owner, parse(arguments))  # type: ignore[no-any-return]
+
+    async def awaited_handler(owner: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        return await method(owner, parse(arguments))  # type: ignore[no-any-return]
+
+    awaited = inspect.iscoroutinefunction(method)
     return ServiceTool(
-        name=name, description=description, parameters=inline_schema(model.model_json_schema()), handler=handler,
+        name=name, description=description, parameters=inline_schema(model.model_json_schema()),
+        handler=awaited_handler if awaited else handler, awaited=awaited,
         default_owner=default_owner, inline=inline, after=after,
         annotations=ToolAnnotations(readOnlyHint=read_only, destructiveHint=False, openWorldHint=False),
         meta={"schemaVersion": schema_version, "toolingVersion": TOOLING_VERSION},
     )
 
 
-def catalog_tool(spec: Any, submit_direct: Callable[[str, str, dict[str, Any]], dict[str, Any]], *,
+def catalog_tool(spec: Any, submit_direct: Callable[[str, str, dict[str, Any]], Awaitable[dict[str, Any]]], *,
                  default_owner: str, after: Callable[[str, dict[str, Any]], None] | None = None) -> ServiceTool:
-    def handler(owner: str, arguments: dict[str, Any]) -> dict[str, Any]:
-        return submit_direct(owner, spec.name, arguments)
+    async def handler(owner: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        return await submit_direct(owner, spec.name, arguments)
 
     return ServiceTool(
         name=spec.name,
         description=(spec.description + f"\n\nRuns as a durable task (estimated {spec.estimate_s:g} s): the call "
                      "returns a task id at once; follow it with get_task_status, tail_task_logs and get_task_result."),
-        parameters=inline_schema(spec.input_schema), handler=handler, default_owner=default_owner, inline=True,
+        parameters=inline_schema(spec.input_schema), handler=handler, default_owner=default_owner, awaited=True,
         after=after, task_config=TaskConfig(mode="optional"),
         annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=False, idempotentHint=False, openWorldHint=True),
         meta={"schemaVersion": spec.schema_version, "toolingVersion": TOOLING_VERSION, "async": True,

@@ -64,48 +64,67 @@ class TaskStore:
     def submit(self, new: NewTask, *, queue_limit: int) -> Submitted:
         """Insert a queued task, or return the existing one for a repeated idempotency key.
         Raises QueueFull when the resource class already has `queue_limit` tasks waiting."""
-        for _ in range(3):
-            try:
-                return self._submit(new, queue_limit)
-            except IntegrityError:
-                # Lost an idempotency race on an engine that does not serialise writers; the
-                # winner's row is committed now.
-                existing = self.find_idempotent(new.owner, new.tool_name, new.idempotency_key)
-                if existing is not None:
-                    return Submitted(existing, False, None)
-        raise RuntimeError("could not submit the task")  # pragma: no cover
+        [out] = self.submit_many([(new, queue_limit)])
+        if isinstance(out, Exception):
+            raise out
+        return out
 
-    def _submit(self, new: NewTask, queue_limit: int) -> Submitted:
+    def submit_many(self, items: Sequence[tuple[NewTask, int]]) -> list[Submitted | Exception]:
+        """Submit several tasks in one transaction (one commit, one fsync: group commit), each
+        inside a savepoint of its own, so that one task refused (QueueFull, a lost idempotency
+        race) leaves the others in. Returns, in order, each task's Submitted or its exception.
+        Nothing is answered before the commit: every Submitted is on disk when this returns."""
         now = self.w.clock()
+        out: list[Submitted | Exception] = []
         with self.w.tx() as c:
-            if new.idempotency_key is not None:
-                rows = self.db.run(c, q.GET_IDEMPOTENT, {"owner": new.owner, "tool_name": new.tool_name,
-                                                         "key": new.idempotency_key})
-                if rows:
-                    return Submitted(TaskRow.from_row(rows[0]), False, None)
-            self.db.lock_queue(c, new.resource_class)
-            [adm] = self.db.run(c, q.QUEUE_ADMISSION, {"rc": new.resource_class, "prio": new.priority})
-            waiting, ahead = adm["waiting"], adm["ahead"] or 0
-            if waiting >= queue_limit:
-                raise QueueFull(new.resource_class, waiting)
-            recoveries = new.max_recoveries if new.max_recoveries is not None else new.max_attempts - 1
-            values = dict(
-                task_id=ids.new_task_id(), owner=new.owner, tool_name=new.tool_name, inputs_json=new.inputs_json,
-                input_size=new.input_size, provider=new.provider, resource_class=new.resource_class,
-                priority=new.priority, ttl_s=new.ttl_s, idempotency_key=new.idempotency_key,
-                tags_json=json.dumps(new.tags), resources_json=new.resources_json, max_runtime_s=new.max_runtime_s,
-                state=S.QUEUED.value, attempt=1, max_attempts=new.max_attempts, not_before=0.0,
-                submitted_at=now, updated_at=now, cancel_requested=False, estimate_s=new.estimate_s,
-                log_seq=0, log_first_seq=1, version=1, store_url=new.store_url, failures=0, recoveries=0,
-                max_recoveries=recoveries,
-            )
-            pk = self.db.run(c, q.INSERT_TASK, values)[0]["pk"]
-            if new.tags:
-                c.execute(q.INSERT_TAGS, [{"task_pk": pk, "tag": t, "owner": new.owner, "submitted_at": now}
-                                          for t in dict.fromkeys(new.tags)])
-            self.w.event(c, values["task_id"], "submitted", None, S.QUEUED.value, 1,
-                         {"priority": new.priority, "queue": new.resource_class}, now)
-            return Submitted(TaskRow.from_row({**values, "pk": pk}), True, ahead + 1)
+            for new, queue_limit in items:
+                c.exec_driver_sql("SAVEPOINT submit_one")
+                try:
+                    res = self._submit(c, new, queue_limit, now)
+                except (QueueFull, IntegrityError) as e:
+                    c.exec_driver_sql("ROLLBACK TO SAVEPOINT submit_one")
+                    # An IntegrityError is a lost idempotency race on an engine that does not
+                    # serialise writers: the winner's row is committed now, and it is the answer.
+                    won = self._idempotent(c, new) if isinstance(e, IntegrityError) else None
+                    res = Submitted(won, False, None) if won is not None else e
+                c.exec_driver_sql("RELEASE SAVEPOINT submit_one")
+                out.append(res)
+        return out
+
+    def _idempotent(self, c: Any, new: NewTask) -> TaskRow | None:
+        if new.idempotency_key is None:
+            return None
+        rows = self.db.run(c, q.GET_IDEMPOTENT, {"owner": new.owner, "tool_name": new.tool_name,
+                                                 "key": new.idempotency_key})
+        return TaskRow.from_row(rows[0]) if rows else None
+
+    def _submit(self, c: Any, new: NewTask, queue_limit: int, now: float) -> Submitted:
+        existing = self._idempotent(c, new)
+        if existing is not None:
+            return Submitted(existing, False, None)
+        self.db.lock_queue(c, new.resource_class)
+        [adm] = self.db.run(c, q.QUEUE_ADMISSION, {"rc": new.resource_class, "prio": new.priority})
+        waiting, ahead = adm["waiting"], adm["ahead"] or 0
+        if waiting >= queue_limit:
+            raise QueueFull(new.resource_class, waiting)
+        recoveries = new.max_recoveries if new.max_recoveries is not None else new.max_attempts - 1
+        values = dict(
+            task_id=ids.new_task_id(), owner=new.owner, tool_name=new.tool_name, inputs_json=new.inputs_json,
+            input_size=new.input_size, provider=new.provider, resource_class=new.resource_class,
+            priority=new.priority, ttl_s=new.ttl_s, idempotency_key=new.idempotency_key,
+            tags_json=json.dumps(new.tags), resources_json=new.resources_json, max_runtime_s=new.max_runtime_s,
+            state=S.QUEUED.value, attempt=1, max_attempts=new.max_attempts, not_before=0.0,
+            submitted_at=now, updated_at=now, cancel_requested=False, estimate_s=new.estimate_s,
+            log_seq=0, log_first_seq=1, version=1, store_url=new.store_url, failures=0, recoveries=0,
+            max_recoveries=recoveries,
+        )
+        pk = self.db.run(c, q.INSERT_TASK, values)[0]["pk"]
+        if new.tags:
+            c.execute(q.INSERT_TAGS, [{"task_pk": pk, "tag": t, "owner": new.owner, "submitted_at": now}
+                                      for t in dict.fromkeys(new.tags)])
+        self.w.event(c, values["task_id"], "submitted", None, S.QUEUED.value, 1,
+                     {"priority": new.priority, "queue": new.resource_class}, now)
+        return Submitted(TaskRow.from_row({**values, "pk": pk}), True, ahead + 1)
 
     def find_idempotent(self, owner: str, tool_name: str, key: str | None) -> TaskRow | None:
         if key is None:

@@ -1,0 +1,161 @@
+"""Group commit: concurrent submits share one transaction and one fsync, and each caller still
+gets its own answer only once its task is on disk; one task refused leaves the others in; a
+caller that goes away does not take the others' writes with it."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import anyio
+import pytest
+from fastmcp import Client
+
+from controlplane import api
+from controlplane.app import ControlPlane
+from controlplane.group_commit import GroupCommit
+from controlplane.mcp.server import build_server
+from controlplane.settings import Settings
+from controlplane.store import QueueFull, Submitted
+from tests.conftest import FAST, Agent, write_catalog
+from tests.test_states import new_task
+
+pytestmark = pytest.mark.anyio
+
+
+class Recorder:
+    """A write_many that records its batches and can be held at a gate."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def __call__(self, items: Sequence[int]) -> list[int | Exception]:
+        self.gate.wait(10)
+        self.batches.append(list(items))
+        return [ValueError(f"odd {i}") if i % 2 else i * 10 for i in items]
+
+
+async def test_concurrent_items_share_batches_and_each_caller_gets_its_own_outcome() -> None:
+    rec = Recorder()
+    gc: GroupCommit[int, int] = GroupCommit(rec)
+    rec.gate.clear()  # hold the first batch so that the others pile up behind it
+    results: dict[int, object] = {}
+
+    async def one(i: int) -> None:
+        try:
+            results[i] = await gc.run(i)
+        except ValueError as e:
+            results[i] = str(e)
+
+    async with anyio.create_task_group() as tg:
+        for i in range(20):
+            tg.start_soon(one, i)
+        await anyio.sleep(0.2)
+        rec.gate.set()
+    assert results == {i: (f"odd {i}" if i % 2 else i * 10) for i in range(20)}
+    assert sorted(i for b in rec.batches for i in b) == list(range(20))  # every item written once
+    assert len(rec.batches) <= 3 and gc.batches == len(rec.batches)  # the first alone, the rest together
+
+
+async def test_a_caller_cancelled_while_waiting_takes_its_item_back_and_the_rest_go_on() -> None:
+    rec = Recorder()
+    gc: GroupCommit[int, int] = GroupCommit(rec)
+    rec.gate.clear()
+    answers: list[int] = []
+
+    async def one(i: int) -> None:
+        answers.append(await gc.run(i))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(one, 0)  # leads the first batch, held at the gate
+        await anyio.sleep(0.05)
+        async with anyio.create_task_group() as waiting:
+            waiting.start_soon(one, 2)  # waits for the next batch ...
+            await anyio.sleep(0.05)
+            waiting.cancel_scope.cancel()  # ... and goes away before it
+        tg.start_soon(one, 4)
+        await anyio.sleep(0.05)
+        rec.gate.set()
+    assert sorted(answers) == [0, 40]
+    assert sorted(i for b in rec.batches for i in b) == [0, 4]  # 2 was never written
+
+
+async def test_a_leader_cancelled_mid_commit_still_answers_the_others() -> None:
+    rec = Recorder()
+    gc: GroupCommit[int, int] = GroupCommit(rec)
+    rec.gate.clear()
+    answers: list[int] = []
+
+    async def one(i: int) -> None:
+        answers.append(await gc.run(i))
+
+    leader = anyio.CancelScope()
+
+    async def lead() -> None:
+        with leader:
+            await one(0)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lead)
+        await anyio.sleep(0.05)
+        for i in (2, 4):
+            tg.start_soon(one, i)
+        await anyio.sleep(0.05)
+        leader.cancel()  # the leader's caller goes away while its batch is in flight
+        await anyio.sleep(0.05)
+        rec.gate.set()
+    assert {20, 40} <= set(answers)  # (the leader's own answer is in as well if it was back first)
+    assert sorted(i for b in rec.batches for i in b) == [0, 2, 4]  # the leader's item was written too
+
+
+def test_one_task_refused_in_a_batch_leaves_the_others_in(cp: ControlPlane) -> None:
+    a, b, c = new_task(), new_task(), new_task()
+    out = cp.store.tasks.submit_many([(a, 10), (b, 1), (c, 10)])  # b: a queue of one already holds a
+    assert isinstance(out[0], Submitted) and isinstance(out[2], Submitted)
+    assert isinstance(out[1], QueueFull)
+    assert [t.task_id for t in cp.store.tasks.list("alice")] == [out[2].task.task_id, out[0].task.task_id]
+
+
+def test_a_repeated_idempotency_key_in_one_batch_answers_the_first_task(cp: ControlPlane) -> None:
+    from dataclasses import replace
+
+    first = replace(new_task(), idempotency_key="k-1")
+    out = cp.store.tasks.submit_many([(first, 10), (first, 10)])
+    assert isinstance(out[0], Submitted) and isinstance(out[1], Submitted)
+    assert out[0].created and not out[1].created and out[1].task.task_id == out[0].task.task_id
+
+
+async def test_concurrent_submits_over_mcp_are_each_on_disk_when_answered(home: Path) -> None:
+    write_catalog(home, queue_length=1000)
+    cp = ControlPlane(Settings(home=home, **FAST))
+    db_path = cp.settings.resolved_database_url.split("///", 1)[1]
+    on_disk: list[bool] = []
+
+    async with Client(build_server(cp)) as client:
+        agent = Agent(client)
+
+        async def submit(i: int) -> None:
+            tid = await agent.submit(inputs={"sleep_s": 0}, tags=[f"n{i}"])
+            with sqlite3.connect(db_path) as fresh:  # another connection: what a restart would find
+                on_disk.append(fresh.execute("select count(*) from tasks where task_id = ?", (tid,)).fetchone()[0] == 1)
+
+        await asyncio.gather(*(submit(i) for i in range(24)))
+    assert on_disk == [True] * 24
+    stored = cp.store.tasks.list(cp.settings.default_owner, limit=100)
+    assert len(stored) == 24 and len({t.task_id for t in stored}) == 24
+    assert cp.service.commits.items == 24 and cp.service.commits.batches < 24  # they shared commits
+
+
+async def test_the_service_maps_a_full_queue_in_a_group_commit_to_queue_overloaded(home: Path) -> None:
+    write_catalog(home, concurrency=1, queue_length=1)
+    cp = ControlPlane(Settings(home=home, **FAST))
+    req = api.SubmitTask(tool_name="exercise", inputs={"sleep_s": 30})
+    outcomes = await asyncio.gather(*(cp.service.submit_grouped("alice", req) for _ in range(3)),
+                                    return_exceptions=True)
+    codes = sorted(getattr(o, "code", "ok") for o in outcomes)
+    assert codes == ["QUEUE_OVERLOADED", "QUEUE_OVERLOADED", "ok"]  # nothing runs yet: one fits the queue
