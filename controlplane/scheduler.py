@@ -16,6 +16,7 @@ from collections.abc import Callable
 import anyio
 import anyio.to_thread
 
+from controlplane import blocking
 from controlplane.attempts import Attempts
 from controlplane.catalog import Catalog
 from controlplane.objectstore.base import inputs_key
@@ -49,9 +50,11 @@ class Scheduler:
     async def tick(self) -> int:
         """Fill free slots and launch pending intents. Returns the number of launches tried."""
         for rc in self.catalog.resource_classes.values():
+            if not await blocking.call(self.store.jobs.has_work, rc.name, rc.max_concurrency):
+                continue  # slots full or nothing ready: no write transaction
             claimed = await anyio.to_thread.run_sync(self.store.jobs.claim_for_launch, rc.name, rc.max_concurrency)
             self._fresh.update(job.worker_id for _task, job in claimed)
-        pending = await anyio.to_thread.run_sync(self.store.jobs.launch_intents)
+        pending = await blocking.call(self.store.jobs.launch_intents)
         now = time.monotonic()
         todo = [j for j in pending if j.worker_id not in self._inflight and self._retry_at.get(j.worker_id, 0) <= now]
         if todo:

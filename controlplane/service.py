@@ -384,6 +384,8 @@ class TaskService:
             now = time.time()
             for a in self.store.artifacts.of(task.task_id, task.attempt):
                 store = self.stores.get(a.store_url)
+                if not store.signs_locally:
+                    blocking.must_not_block()  # signing may call out: not on the event loop
                 lifetime = min(ttl, store.max_url_ttl_s)
                 artifacts.append({
                     "artifact_id": a.artifact_id, "name": a.name, "kind": a.kind,

@@ -75,7 +75,8 @@ def build_server(cp: ControlPlane, *, with_auth: bool = True) -> FastMCP:
     svc = cp.service
     owner = cp.settings.default_owner
     # Point reads and short writes are tried on the event loop (see controlplane.blocking);
-    # list_tasks (a page of rows) and get_task_result (links may be signed remotely) use a thread;
+    # list_tasks (a page of rows) uses a thread, and so does get_task_result when a link is signed
+    # by a store that may call out;
     # submits are written by a group commit (controlplane.group_commit), never on the loop.
     tools = [
         canonical_tool("submit_task", "Submit a catalog tool to run as a durable task. Returns at once with the "
@@ -96,7 +97,7 @@ def build_server(cp: ControlPlane, *, with_auth: bool = True) -> FastMCP:
                        svc.cancel, default_owner=owner, read_only=False, inline=True),
         canonical_tool("get_task_result", "The result of a finished task, its artifacts with signed download "
                        "links (sha256, size, expiry) and its error, if any.", api.GetTaskResult, svc.result,
-                       default_owner=owner, read_only=True),
+                       default_owner=owner, read_only=True, inline=True),
         wait_tool(cp, owner),
     ]
     for spec in cp.catalog.tools.values():

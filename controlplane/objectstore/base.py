@@ -121,6 +121,10 @@ class ObjectStore(ABC):
     url: str
     # The longest lifetime this backend's signed links can have (SigV4 and GCS V4: 7 days).
     max_url_ttl_s: int = 7 * 24 * 3600
+    # Whether `signed_url` is local computation only. A backend that may call out to sign (GCS
+    # through IAM signBlob, Azure for a user delegation key) says False, and a get_task_result
+    # with its artifacts leaves the event loop for a worker thread.
+    signs_locally: bool = False
 
     @abstractmethod
     def put_stream(
