@@ -60,10 +60,9 @@ class JobStore:
     def has_work(self, resource_class: str, capacity: int) -> bool:
         """A free slot in the class and a queued task ready for it: a read, so that a scheduler
         woken by every submit skips `claim_for_launch`'s write transaction when the slots are full."""
-        with self.db.read() as c:
-            if c.execute(q.SLOTS_BUSY, {"rc": resource_class}).scalar_one() >= capacity:
-                return False
-            return c.execute(q.READY_QUEUED, {"rc": resource_class, "now": self.w.clock()}).first() is not None
+        if self.db.fetch(q.SLOTS_BUSY, {"rc": resource_class})[0]["busy"] >= capacity:
+            return False
+        return bool(self.db.fetch(q.READY_QUEUED, {"rc": resource_class, "now": self.w.clock()}))
 
     def launch_intents(self) -> list[JobRow]:
         """Launch intents without a handle yet (new, or left behind by a crash)."""
