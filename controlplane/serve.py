@@ -6,7 +6,7 @@ agents reach one address. Binding anywhere but loopback requires bearer-token au
 HTTP hygiene: every request's Host must be a loopback name, the public URL's host or one of
 `CONTROLPLANE_ALLOWED_HOSTS` (else 421), and a browser's Origin must be loopback, the public URL's
 origin or one of `CONTROLPLANE_ALLOWED_ORIGINS` (else 403): DNS-rebinding protection. 2025-11-25
-streams are resumable with Last-Event-ID (an in-memory event store); 2026-07-28 calls that stream
+streams are resumable with Last-Event-ID (an in-memory replay buffer, `http/replay.py`); 2026-07-28 calls that stream
 nothing are answered as plain JSON (`controlplane.http.quiet_json`).
 """
 
@@ -17,12 +17,11 @@ import ipaddress
 from typing import Any
 from urllib.parse import urlsplit
 
-from fastmcp.server.event_store import EventStore
-from key_value.aio.stores.memory import MemoryStore
 
 from controlplane.app import ControlPlane
 from controlplane.http.listener import Listener
 from controlplane.http.quiet_json import QuietJsonRouter
+from controlplane.http.replay import ReplayBuffer
 from controlplane.mcp import compat
 from controlplane.mcp.auth import load_tokens
 from controlplane.mcp.server import build_server
@@ -53,9 +52,8 @@ def http_app(cp: ControlPlane, listener: Listener, host: str) -> Any:
     public = urlsplit(cp.public_url or listener.url)
     hosts = [public.netloc, public.hostname or "", *settings.allowed_host_list()]
     origins = [f"{public.scheme}://{public.netloc}", *settings.allowed_origin_list()]
-    events = EventStore(storage=MemoryStore(max_entries_per_collection=settings.event_store_max_events),
-                        max_events_per_stream=settings.event_store_events_per_stream,
-                        ttl=settings.event_store_ttl_s)
+    events = ReplayBuffer(max_events=settings.event_store_max_events,
+                          events_per_stream=settings.event_store_events_per_stream, ttl_s=settings.event_store_ttl_s)
     app = build_server(cp).http_app(path="/mcp", host_origin_protection=True, allowed_hosts=[h for h in hosts if h],
                                     allowed_origins=origins, event_store=events)
     app.state.quiet_json = route_quiet_calls_as_json(app) if settings.json_responses else None
