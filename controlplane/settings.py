@@ -49,9 +49,11 @@ class Settings(BaseSettings):
     # 2026-07-28 calls that cannot stream anything are answered as JSON, not SSE.
     json_responses: bool = True
     # Replay for 2025-11-25 streams (Last-Event-ID): events kept per stream, in all, and for how long.
+    # Every answer of that era is an event (a few KB each): the total bounds the server's memory
+    # whatever the call rate; a client resumes within seconds of a dropped connection.
     event_store_events_per_stream: int = 1000
-    event_store_max_events: int = 100_000
-    event_store_ttl_s: int = 3600
+    event_store_max_events: int = 10_000
+    event_store_ttl_s: int = 600
 
     # Loops.
     scheduler_interval_s: float = 0.5
