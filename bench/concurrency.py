@@ -32,6 +32,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +126,17 @@ async def open_clients(url: str, mode: str, n: int) -> tuple[list[Client], Any]:
     return clients, stack
 
 
+async def bench_concurrency(tmp: Path, console: Console, *, quick: bool, clients: Sequence[int] = (1, 4, 16, 64),
+                            eras: Sequence[str] = tuple(ERAS), history: int = 20_000, seed: int = 7) -> dict[str, Any]:
+    """Every figure of this benchmark (what `bench/run.py` puts in its JSON line as `concurrency`)."""
+    window, rounds, settle = (1.0, 2, 0.2) if quick else (2.0, 3, 0.3)
+    cfg = argparse.Namespace(quick=quick, clients=list(clients), eras=list(eras), history=history, seed=seed,
+                             window=window, rounds=rounds, settle=settle)
+    r = await bench(cfg, tmp, console)
+    r["verdicts"] = verdicts(r)
+    return r
+
+
 async def bench(cfg: argparse.Namespace, tmp: Path, console: Console) -> dict[str, Any]:
     home = tmp / "cp"
     done_ids = prepare_home(home, cfg.history)
@@ -136,7 +148,8 @@ async def bench(cfg: argparse.Namespace, tmp: Path, console: Console) -> dict[st
         urls = {"noop": ready_info(noop)["url"], "cp": ready_info(cp)["url"]}
         pids = {"noop": noop.pid, "cp": cp.pid}
         rng = random.Random(cfg.seed)
-        for era, mode in ERAS.items():
+        for era in cfg.eras:
+            mode = ERAS[era]
             out["eras"][era] = {}
             for n in cfg.clients:
                 console.log(f"{era}: {n} client(s)")
@@ -217,21 +230,18 @@ def main() -> int:
     ap.add_argument("--history", type=int, default=20_000, help="stored tasks")
     ap.add_argument("--seed", type=int, default=7)
     cfg = ap.parse_args()
-    cfg.clients = [int(x) for x in cfg.clients.split(",")]
-    for era in [e for e in ERAS if e not in cfg.eras.split(",")]:
-        del ERAS[era]
-    cfg.window, cfg.rounds, cfg.settle = (1.0, 2, 0.2) if cfg.quick else (2.0, 3, 0.3)
     console = Console(stderr=True)
     tmp = Path(tempfile.mkdtemp(prefix="cp-conc-"))
     t0 = time.perf_counter()
     try:
-        r = asyncio.run(bench(cfg, tmp, console))
+        r = asyncio.run(bench_concurrency(tmp, console, quick=cfg.quick, clients=[int(x) for x in cfg.clients.split(",")],
+                                          eras=[e for e in cfg.eras.split(",") if e], history=cfg.history,
+                                          seed=cfg.seed))
     except BenchError as e:
         console.print(f"[red]benchmark failed:[/] {e}")
         return 1
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    r["verdicts"] = verdicts(r)
     r["elapsed_s"] = time.perf_counter() - t0
     render(r, console)
     print(json.dumps({"benchmark": "mcp-controlplane-concurrency", **r}, separators=(",", ":")))

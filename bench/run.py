@@ -26,6 +26,9 @@ What it measures, in one run, each against the issue's target:
    launch); the later ones are the steady state.
 6. The RSS of a control-plane server process holding those 10k in-flight tasks, once it is
    serving and its own reconciler loop has run (under 200 MB).
+7. Calls per second with 1, 4, 16 and 64 concurrent clients, both protocol eras, as ratios to the
+   no-op's with the same clients (`bench/concurrency.py`; at 16 clients submit >= 0.8x, status
+   and result >= 0.9x).
 
 How: every store is a fresh CONTROLPLANE home under a temporary directory. The stored tasks and
 log lines are written in bulk through SQL (`bench/seed.py`), not through MCP: ten days of history,
@@ -581,6 +584,8 @@ def verdicts(r: dict[str, Any]) -> dict[str, dict[str, Any]]:
         add(f"reconciler cycle {c['cycle']} wall", c["wall_s"], CYCLE_WALL_S, "s")
         add(f"reconciler cycle {c['cycle']} poll calls", c["poll_calls"], inf["allowed_poll_calls"], "calls")
     add("RSS with 10k in flight (peak)", inf["rss_mb"]["peak_while_serving"], RSS_MB, "MB")
+    for name, v in r.get("concurrency", {}).get("verdicts", {}).items():  # ratios that must reach a floor
+        out[name] = {"value": v["value"], "limit": v["limit"], "unit": "x (at least)", "pass": v["pass"]}
     return out
 
 
@@ -661,6 +666,10 @@ def render(r: dict[str, Any], console: Console) -> None:
                      f"loops included); server RSS: no-op {rss['noop']:.0f} MB, control plane with "
                      f"{cfg['history']:,} tasks {rss['cp']:.0f} MB")
     console.print("; ".join(extra))
+    if "concurrency" in r:
+        from bench.concurrency import render as render_concurrency
+
+        render_concurrency(r["concurrency"], console)
     if lat.get("cp_socket_ipproto_tcp") is False:
         console.print("[bold yellow]warning:[/] the control plane's listening socket is not IPPROTO_TCP, so its "
                       "connections lack TCP_NODELAY: each HTTP answer waits ~40 ms on Nagle + delayed ACK")
@@ -694,6 +703,10 @@ def run(cfg: Config, tmp: Path, console: Console) -> dict[str, Any]:
     r["local"] = asyncio.run(bench_local(cfg, tmp))
     console.log(f"[bold]5-6[/] reconciler cycle and RSS with {cfg.inflight:,} tasks in flight")
     r["inflight"] = asyncio.run(bench_inflight(cfg, tmp))
+    console.log("[bold]7[/] calls per second with 1, 4, 16 and 64 concurrent clients, both protocol eras")
+    from bench.concurrency import bench_concurrency
+
+    r["concurrency"] = asyncio.run(bench_concurrency(tmp / "concurrency", console, quick=cfg.quick, seed=cfg.seed))
     r["verdicts"] = verdicts(r)
     r["all_pass"] = all(x["pass"] for x in r["verdicts"].values())
     r["elapsed_s"] = time.perf_counter() - t0
