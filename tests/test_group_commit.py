@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import anyio
@@ -62,14 +62,21 @@ async def test_concurrent_items_share_batches_and_each_caller_gets_its_own_outco
     assert len(rec.batches) <= 3 and gc.batches == len(rec.batches)  # the first alone, the rest together
 
 
-async def test_a_caller_cancelled_while_waiting_takes_its_item_back_and_the_rest_go_on() -> None:
+def held() -> tuple[Recorder, list[int], Callable[[int], Awaitable[None]]]:
+    """A group commit whose first batch is held at the gate; `one(i)` runs item i and keeps its answer."""
     rec = Recorder()
-    gc: GroupCommit[int, int] = GroupCommit(rec)
     rec.gate.clear()
+    gc: GroupCommit[int, int] = GroupCommit(rec)
     answers: list[int] = []
 
     async def one(i: int) -> None:
         answers.append(await gc.run(i))
+
+    return rec, answers, one
+
+
+async def test_a_caller_cancelled_while_waiting_takes_its_item_back_and_the_rest_go_on() -> None:
+    rec, answers, one = held()
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(one, 0)  # leads the first batch, held at the gate
@@ -86,13 +93,7 @@ async def test_a_caller_cancelled_while_waiting_takes_its_item_back_and_the_rest
 
 
 async def test_a_leader_cancelled_mid_commit_still_answers_the_others() -> None:
-    rec = Recorder()
-    gc: GroupCommit[int, int] = GroupCommit(rec)
-    rec.gate.clear()
-    answers: list[int] = []
-
-    async def one(i: int) -> None:
-        answers.append(await gc.run(i))
+    rec, answers, one = held()
 
     leader = anyio.CancelScope()
 
