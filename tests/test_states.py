@@ -175,3 +175,33 @@ def test_ended_jobs_are_not_watched_and_only_launching_and_active_report() -> No
     assert WATCHED == {JobState.ACTIVE, JobState.DRAINING, JobState.ABANDONED}
     assert REPORTING == {JobState.LAUNCHING, JobState.ACTIVE}
     assert not JOB_TRANSITIONS[JobState.DONE] and not JOB_TRANSITIONS[JobState.DROPPED]
+
+
+def queue_depths(cp: ControlPlane) -> tuple[dict[tuple[str, int], int], dict[tuple[str, int], int]]:
+    """(what queue_depth says, what counting the queued tasks says), per (class, priority)."""
+    with cp.db.read() as c:
+        kept = {(r[0], r[1]): r[2] for r in c.exec_driver_sql(
+            "SELECT resource_class, priority, waiting FROM queue_depth WHERE waiting <> 0")}
+        counted = {(r[0], r[1]): r[2] for r in c.exec_driver_sql(
+            "SELECT resource_class, priority, count(*) FROM tasks WHERE state = 'queued' GROUP BY 1, 2")}
+    return kept, counted
+
+
+@pytest.mark.parametrize("pair", LEGAL, ids=_pair_id)
+def test_the_queue_depth_admission_reads_follows_every_transition(cp: ControlPlane,
+                                                                   pair: tuple[TaskState, TaskState]) -> None:
+    """Admission reads the depth the triggers keep instead of counting the queue: it must be the
+    count, after every legal move (into the queue, out of it, or past it) and row writes that
+    bypass the store (a purge, a bulk insert, a task moved to another priority)."""
+    src, dst = pair
+    others = [task_in(cp, s) for s in (TaskState.QUEUED, TaskState.QUEUED, TaskState.RUNNING)]
+    task_id = task_in(cp, src)
+    cp.store.tasks.transition(task_id, dst)
+    kept, counted = queue_depths(cp)
+    assert kept == counted and sum(counted.values()) == 2 + (dst == TaskState.QUEUED)
+    with cp.db.write() as c:
+        c.exec_driver_sql("UPDATE tasks SET priority = 5 WHERE task_id = ?", (others[0],))
+        c.exec_driver_sql("DELETE FROM task_events WHERE task_id = ?", (others[1],))
+        c.exec_driver_sql("DELETE FROM tasks WHERE task_id = ?", (others[1],))
+    kept, counted = queue_depths(cp)
+    assert kept == counted and counted[("cpu_small", 5)] == 1

@@ -42,6 +42,8 @@ class Database:
     def __init__(self, url: str, *, echo: bool = False):
         self.url = url
         self.is_sqlite = url.startswith("sqlite")
+        # Triggers keep `queue_depth` on SQLite (migration 0007); elsewhere admission counts the queue.
+        self.keeps_queue_depth = self.is_sqlite
         if self.is_sqlite:
             path = url.split("///", 1)[-1] if "///" in url else ""
             if path and path != ":memory:":

@@ -17,7 +17,7 @@ from sqlalchemy import and_, bindparam, case, delete, func, insert, or_, select,
 
 from controlplane import states
 from controlplane.states import JobState, TaskState
-from controlplane.store.models import Artifact, Job, Lease, Task, TaskEvent, TaskLog, TaskTag
+from controlplane.store.models import Artifact, Job, Lease, QueueDepth, Task, TaskEvent, TaskLog, TaskTag
 
 T = Task.__table__
 TAGS = TaskTag.__table__
@@ -25,6 +25,7 @@ EV = TaskEvent.__table__
 LOGS = TaskLog.__table__
 ART = Artifact.__table__
 JOBS = Job.__table__
+QD = QueueDepth.__table__
 LEASES = Lease.__table__
 
 S = TaskState
@@ -49,6 +50,10 @@ UPDATE_TASK = update(T).where(T.c.pk == _bp("_pk")).values(version=T.c.version +
 QUEUE_ADMISSION = (select(func.count().label("waiting"),
                           func.sum(case((T.c.priority >= _bp("prio"), 1), else_=0)).label("ahead"))
                    .select_from(T).where(T.c.resource_class == _bp("rc"), T.c.state == S.QUEUED.value))
+# The same from the depths the triggers keep (SQLite, migration 0007): a few rows, not the queue.
+QUEUE_ADMISSION_KEPT = (select(func.coalesce(func.sum(QD.c.waiting), 0).label("waiting"),
+                               func.sum(case((QD.c.priority >= _bp("prio"), QD.c.waiting), else_=0)).label("ahead"))
+                        .where(QD.c.resource_class == _bp("rc")))
 # Tasks ahead of one in its queue: one index range (the queued tasks of the class at or above its
 # priority), counting those of higher priority and those of its own priority submitted earlier.
 QUEUE_POSITION = (select(func.count().label("ahead")).select_from(T)
