@@ -267,9 +267,11 @@ def sweep_child(home: Path, max_s: float) -> dict[str, Any]:
         while time.perf_counter() - t0 < max_s:
             c0 = time.perf_counter()
             stats = cp.reconciler.cycle_sync()
-            cyc = {"wall_s": time.perf_counter() - c0, "expired": stats.expired, "purged": stats.purged,
-                   **{k: getattr(stats, k) for k in ("events_purged", "batches", "longest_batch_s", "more")
-                      if hasattr(stats, k)}}
+            cyc = {"wall_s": time.perf_counter() - c0, "expired": stats.expired, "purged": stats.purged}
+            swept = getattr(stats, "retention", None)  # None before the sweep was batched
+            if swept is not None:
+                cyc.update(events_purged=swept.events_purged, batches=swept.batches,
+                           longest_batch_s=swept.longest_batch_s, more=swept.more)
             cycles.append(cyc)
             if not (stats.expired or stats.purged or cyc.get("events_purged") or cyc.get("more")):
                 break
