@@ -52,6 +52,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # `python bench/scale.py` puts bench/, not the project, on the path
     sys.path.insert(0, str(ROOT))
 
+if len(sys.argv) > 2 and sys.argv[1] == "sweep" and "--code" in sys.argv:
+    # the sweep of another checkout's code (`--compare-with`): it must come first on the path
+    sys.path.insert(0, sys.argv[sys.argv.index("--code") + 1])
+
 import psutil  # noqa: E402
 from fastmcp import Client  # noqa: E402
 from rich.console import Console  # noqa: E402
@@ -133,7 +137,7 @@ async def start(name: str, home: Path, tmp: Path, task_id: str | None) -> tuple[
                           "rss_after_open_mb": info["rss_after_open"] / MB}
 
 
-async def bench_serving(n: int, rounds: int, budget_s: float, tmp: Path, seed: int,
+async def bench_serving(n: int, rounds: int, budget_s: float, starts: int, tmp: Path, seed: int,
                         console: Console) -> dict[str, Any]:
     stores: dict[str, dict[str, Any]] = {}
     for key, k in (("empty", 0), ("small", SMALL), ("big", n)):
@@ -147,24 +151,47 @@ async def bench_serving(n: int, rounds: int, budget_s: float, tmp: Path, seed: i
         clients: dict[str, Client] = {}
         for key in ("empty", "small", "big"):  # one at a time: each start-up has the machine to itself
             sample = stores[key]["sample"]
-            proc, client, figures = await start(key, stores[key]["home"], tmp, sample[0] if sample else None)
-            stack.callback(proc.stop)
+            runs = []
+            for i in range(starts):  # a start-up is one sample of a noisy figure: take the median
+                proc, client, figures = await start(f"{key}-{i}", stores[key]["home"], tmp, sample[0] if sample else None)
+                runs.append(figures)
+                if i < starts - 1:
+                    await client.__aexit__(None, None, None)
+                    proc.stop()
+            stack.callback(proc.stop)  # the last one serves the latency measures
             stack.push_async_callback(client.__aexit__, None, None, None)
-            out["startup"][key] = {"tasks": stores[key]["n"], **figures}
+            med = sorted(runs, key=lambda f: f["first_call_s"])[len(runs) // 2]
+            out["startup"][key] = {"tasks": stores[key]["n"], "starts": len(runs), **med,
+                                   "first_call_s_all": [f["first_call_s"] for f in runs]}
             clients[key] = client
-            console.log(f"{key} store: first call answered {figures['first_call_s']:.2f} s after start")
-        noop_proc = helper("noop", tmp, "noop").start()
+            all_s = ", ".join(f"{x:.2f}" for x in out["startup"][key]["first_call_s_all"])
+            console.log(f"{key} store: first call answered {med['first_call_s']:.2f} s after start "
+                        f"(median of {len(runs)}: {all_s})")
+        noop_runs = []
+        for i in range(starts):  # the floor: a no-op fastmcp server's start-up, on the same machine now
+            t0 = time.perf_counter()
+            noop_proc = helper(f"noop-{i}", tmp, "noop").start()
+            await noop_proc.wait_ready()
+            noop = Client(ready_info(noop_proc)["url"], timeout=60)
+            await noop.__aenter__()
+            await call(noop, "noop", {})
+            noop_runs.append(time.perf_counter() - t0)
+            if i < starts - 1:
+                await noop.__aexit__(None, None, None)
+                noop_proc.stop()
         stack.callback(noop_proc.stop)
-        await noop_proc.wait_ready()
-        noop = await stack.enter_async_context(Client(ready_info(noop_proc)["url"], timeout=60))
-        out["latency"] = await measure(noop, clients["small"], clients["big"], stores["big"], rounds, budget_s, seed)
+        stack.push_async_callback(noop.__aexit__, None, None, None)
+        out["startup"]["noop"] = {"first_call_s": sorted(noop_runs)[len(noop_runs) // 2], "first_call_s_all": noop_runs,
+                                  "starts": starts}
+        out["latency"] = await measure(noop, clients["small"], clients["big"], stores, rounds, budget_s, seed)
     return out
 
 
-async def measure(noop: Client, small: Client, big: Client, store: dict[str, Any], rounds: int, budget_s: float,
+async def measure(noop: Client, small: Client, big: Client, stores: dict[str, Any], rounds: int, budget_s: float,
                   seed: int) -> dict[str, Any]:
-    lists = list_variants(store["seeded"])
-    sample = store["sample"]
+    lists = list_variants(stores["big"]["seeded"])
+    small_lists = list_variants(stores["small"]["seeded"])  # the same filters over the 10k store
+    sample = stores["big"]["sample"]
     rng = random.Random(seed)
     ms: dict[str, list[float]] = {}
     cps = {"small": small, "big": big}
@@ -182,7 +209,7 @@ async def measure(noop: Client, small: Client, big: Client, store: dict[str, Any
         await call(noop, "noop", {})
         lv = list(lists)[i % len(lists)]
         ops = [("noop", noop, "noop", {}), ("status:stored:big", big, "get_task_status", {"task_id": rng.choice(sample)}),
-               ("list:" + lv, big, "list_tasks", lists[lv])]
+               ("list:" + lv, big, "list_tasks", lists[lv]), ("list_small:" + lv, small, "list_tasks", small_lists[lv])]
         ops += [(f"status:{k}", c, "get_task_status", {"task_id": submitted[k]}) for k, c in cps.items()]
         rng.shuffle(ops)
         for key, client, tool, args in ops:
@@ -215,6 +242,8 @@ async def measure(noop: Client, small: Client, big: Client, store: dict[str, Any
     # MCP, transport and client: on a shared 2-core machine their tail swamps the query's)
     out["list"] = {k: {**summary(ms["list:" + k]), "tool_p50_ms": percentile(ms.get("tool:list:" + k, []), 50),
                        "tool_p99_ms": percentile(ms.get("tool:list:" + k, []), 99)} for k in lists}
+    out["list_small"] = {k: {**summary(ms["list_small:" + k]), "tool_p50_ms": percentile(ms.get("tool:list_small:" + k, []), 50),
+                             "tool_p99_ms": percentile(ms.get("tool:list_small:" + k, []), 99)} for k in lists}
     return out
 
 
@@ -237,6 +266,18 @@ def seed_due(home: Path, due: int, seed: int) -> dict[str, Any]:
                 lines[i : i + CHUNK * 5])
     db.dispose()
     return {"stored": seeded.n, "due": len(ids), "tombstones": seeded.by_state.get("expired", 0)}
+
+
+def peak_rss() -> int:
+    """This process's peak RSS. Not ru_maxrss: Linux carries the forking parent's high-water mark
+    across exec (the benchmark's own, which seeded a million tasks); VmHWM is this image's."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def sweep_child(home: Path, max_s: float) -> dict[str, Any]:
@@ -275,7 +316,7 @@ def sweep_child(home: Path, max_s: float) -> dict[str, Any]:
             cyc = {"wall_s": time.perf_counter() - c0, "expired": stats.expired, "purged": stats.purged}
             swept = getattr(stats, "retention", None)  # None before the sweep was batched
             if swept is not None:
-                cyc.update(events_purged=swept.events_purged, batches=swept.batches,
+                cyc.update(events_purged=swept.events_purged, batches=swept.batches, batches_s=swept.batches_s,
                            longest_batch_s=swept.longest_batch_s, more=swept.more)
             cycles.append(cyc)
             if not (stats.expired or stats.purged or cyc.get("events_purged") or cyc.get("more")):
@@ -288,26 +329,36 @@ def sweep_child(home: Path, max_s: float) -> dict[str, Any]:
         left = c.exec_driver_sql("SELECT COUNT(*) FROM tasks WHERE state IN "
                                  "('succeeded','failed','cancelled','timed_out') AND expires_at <= ?",
                                  (time.time() - 120,)).scalar_one()
+        tombstones_left = c.exec_driver_sql("SELECT COUNT(*) FROM tasks WHERE state = 'expired'").scalar_one()
+        old_events_left = c.exec_driver_sql("SELECT COUNT(*) FROM task_events WHERE ts < ?",
+                                            (time.time() - AUDIT_DAYS * DAY,)).scalar_one()
     cp.db.dispose()
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = peak_rss()
     longest = [c["longest_batch_s"] for c in cycles if c.get("longest_batch_s") is not None]
     return {"total_s": total, "cycles": len(cycles), "expired": sum(c["expired"] for c in cycles),
             "purged_tasks": sum(c["purged"] for c in cycles),
             "purged_events": sum(c.get("events_purged", 0) for c in cycles), "left_due": left,
+            "tombstones_left": tombstones_left, "old_events_left": old_events_left,
             "timed_out": total >= max_s, "longest_cycle_s": max(c["wall_s"] for c in cycles),
             "longest_batch_s": max(longest) if longest else None,
             "batches": sum(c.get("batches", 0) for c in cycles) or None,
+            "mean_batch_s": (sum(c.get("batches_s", 0) for c in cycles) / n_batches
+                             if (n_batches := sum(c.get("batches", 0) for c in cycles)) else None),
             "rss_before_mb": rss0 / MB, "peak_rss_mb": peak / MB, "peak_over_before_mb": (peak - rss0) / MB,
             "submit_during_sweep": summary(submits), "per_cycle": cycles}
 
 
-async def bench_sweep(due: int, max_s: float, tmp: Path, seed: int, console: Console) -> dict[str, Any]:
-    home = tmp / "sweep"
+async def bench_sweep(due: int, max_s: float, tmp: Path, seed: int, console: Console,
+                      code: Path | None = None) -> dict[str, Any]:
+    """The sweep, in a process of its own; with `code`, that checkout's control plane sweeps."""
+    name = "sweep-before" if code else "sweep"
+    home = tmp / name
     t0 = time.perf_counter()
     seeded = seed_due(home, due, seed)
-    console.log(f"sweep store: {seeded['due']:,} due of {seeded['stored']:,} in {time.perf_counter() - t0:.1f} s")
+    console.log(f"{name} store: {seeded['due']:,} due of {seeded['stored']:,} in {time.perf_counter() - t0:.1f} s")
     argv = [sys.executable, str(Path(__file__).resolve()), "sweep", "--home", str(home), "--max-s", str(max_s)]
-    proc = ServerProc("sweep", argv, tmp / "sweep.log", r"SWEEP (\{.*\})\n").start()
+    argv += ["--code", str(code)] if code else []
+    proc = ServerProc(name, argv, tmp / f"{name}.log", r"SWEEP (\{.*\})\n").start()
     m = await proc.wait_ready(timeout=max_s + 300)
     proc.stop()
     return {**seeded, **json.loads(m.group(1))}
@@ -316,17 +367,20 @@ async def bench_sweep(due: int, max_s: float, tmp: Path, seed: int, console: Con
 # ==== all of it ====================================================================================
 async def bench_scale(tmp: Path, console: Console, *, quick: bool = False, tasks: int | None = None,
                       due: int | None = None, rounds: int | None = None, budget_s: float | None = None,
-                      sweep_max_s: float = 600, seed: int = 7) -> dict[str, Any]:
+                      sweep_max_s: float = 600, seed: int = 7, compare_with: Path | None = None) -> dict[str, Any]:
     """Every figure of this benchmark as one dict (what `bench/run.py` puts in its JSON line)."""
     n = tasks or (200_000 if quick else 1_000_000)
     cfg = {"quick": quick, "tasks": n, "small": SMALL, "due": due or (20_000 if quick else 100_000),
            "rounds": rounds or (150 if quick else 900), "budget_s": budget_s or (30.0 if quick else 180.0),
-           "seed": seed}
+           "starts": 2 if quick else 5, "seed": seed}
     r: dict[str, Any] = {"benchmark": "mcp-controlplane scale", "config": cfg}
     console.log(f"[bold]1-3[/] {n:,} tasks on file: size, start-up, list and call latency")
-    r.update(await bench_serving(n, cfg["rounds"], cfg["budget_s"], tmp, seed, console))
+    r.update(await bench_serving(n, cfg["rounds"], cfg["budget_s"], cfg["starts"], tmp, seed, console))
     console.log(f"[bold]4[/] expiry sweep over {cfg['due']:,} due tasks")
     r["sweep"] = await bench_sweep(cfg["due"], sweep_max_s, tmp, seed, console)
+    if compare_with is not None:
+        console.log(f"[bold]4[/] the same sweep with the code of {compare_with}")
+        r["sweep_before"] = await bench_sweep(cfg["due"], sweep_max_s, tmp, seed, console, code=compare_with)
     r["verdicts"] = verdicts(r)
     r["all_pass"] = all(v["pass"] for v in r["verdicts"].values())
     return finite(r)
@@ -374,29 +428,43 @@ def render(r: dict[str, Any], console: Console) -> None:
         f"{lat['status_stored_big']['ratio_p50']:.2f}x no-op")
     t.add_section()
     for k, s in lat["list"].items():
-        row(f"list_tasks: {k}", s, f"in tool p50 {s['tool_p50_ms']:.2f} ms, p99 {s['tool_p99_ms']:.2f} ms",
+        sm = lat["list_small"][k]
+        row(f"list_tasks: {k}", s, f"in tool p50 {s['tool_p50_ms']:.2f} ms, p99 {s['tool_p99_ms']:.2f} ms "
+            f"(10k: {sm['tool_p50_ms']:.2f}, {sm['tool_p99_ms']:.2f}; client p99 {sm['p99_ms']:.2f})",
             f"p99 <= {LIST_P99_MS:g} ms", f"list_tasks [{k}] p99")
     t.add_section()
+    st = r["startup"]["noop"]
+    t.add_row("start-up to first call, no-op fastmcp server", "", "", "",
+              f"{st['first_call_s']:.2f} s, median of {st['starts']}", "", mark(None))
     for k, st in r["startup"].items():
+        if k == "noop":
+            continue
         key = "start-up to first call, big store" if k == "big" else None
+        ip = st.get("in_process_s") or {}
+        steps = ", ".join(f"{k2} {v2:.2f}" for k2, v2 in ip.items())
         t.add_row(f"start-up to first call, {k} store ({st['tasks']:,} tasks)", "", "", "",
-                  f"{st['first_call_s']:.2f} s (ready line {st['ready_line_s']:.2f} s, RSS {st['rss_mb']:.0f} MB)",
+                  f"{st['first_call_s']:.2f} s, median of {st.get('starts', 1)} ({steps}; RSS {st['rss_mb']:.0f} MB)",
                   f"< {STARTUP_S:g} s" if key else "", mark(key))
     t.add_section()
     for k, sz in r["size"].items():
         by = sz.get("bytes_per_task_by_table") or {}
         t.add_row(f"database file, {sz['tasks']:,} tasks", "", "", "", f"{sz['bytes_per_task']:.0f} B per task",
                   ", ".join(f"{tb} {b:.0f}" for tb, b in sorted(by.items(), key=lambda x: -x[1])), mark(None))
-    t.add_section()
-    sw = r["sweep"]
-    batch = "" if sw["longest_batch_s"] is None else f", longest batch {sw['longest_batch_s'] * 1000:.0f} ms"
-    t.add_row(f"expiry sweep: {sw['due']:,} due of {sw['stored']:,}", "", "", "",
-              f"{sw['total_s']:.1f} s in {sw['cycles']} cycles (longest {sw['longest_cycle_s']:.2f} s{batch}); "
-              f"{sw['expired']:,} expired, {sw['purged_tasks']:,} purged, {sw['purged_events']:,} events",
-              "nothing left due", mark("expiry sweep left nothing due"))
-    t.add_row("expiry sweep: memory", "", "", "", f"peak RSS {sw['peak_rss_mb']:.0f} MB "
-              f"(+{sw['peak_over_before_mb']:.0f} MB over before)", "", mark(None))
-    row("submit during the sweep (store call)", sw["submit_during_sweep"])
+    for key, who in (("sweep", ""), ("sweep_before", " (compared code)")):
+        sw = r.get(key)
+        if sw is None:
+            continue
+        t.add_section()
+        batch = ("" if sw["longest_batch_s"] is None else f", {sw['batches']:,} batches: mean "
+                 f"{sw['mean_batch_s'] * 1000:.0f} ms, longest {sw['longest_batch_s'] * 1000:.0f} ms")
+        t.add_row(f"expiry sweep{who}: {sw['due']:,} due of {sw['stored']:,}", "", "", "",
+                  f"{sw['total_s']:.1f} s in {sw['cycles']} cycles (longest {sw['longest_cycle_s']:.2f} s{batch}); "
+                  f"{sw['expired']:,} expired, {sw['purged_tasks']:,} purged, {sw['purged_events']:,} events; "
+                  f"left: {sw['tombstones_left']:,} tombstones, {sw['old_events_left']:,} old events",
+                  "nothing left due", mark("expiry sweep left nothing due" if key == "sweep" else None))
+        t.add_row(f"expiry sweep{who}: memory", "", "", "", f"peak RSS {sw['peak_rss_mb']:.0f} MB "
+                  f"(+{sw['peak_over_before_mb']:.0f} MB over before)", "", mark(None))
+        row(f"submit during the sweep{who} (store call)", sw["submit_during_sweep"])
     console.print(t)
     missed = [k for k, x in v.items() if not x["pass"]]
     console.print(f"{len(v) - len(missed)}/{len(v)} targets met" + (f"; missed: {escape(', '.join(missed))}" if missed else ""))
@@ -408,6 +476,7 @@ def main() -> int:
         ap.add_argument("sweep")
         ap.add_argument("--home", type=Path, required=True)
         ap.add_argument("--max-s", type=float, default=600)
+        ap.add_argument("--code", type=Path)
         a = ap.parse_args()
         print("SWEEP " + json.dumps(sweep_child(a.home, a.max_s)), flush=True)
         return 0
@@ -418,6 +487,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, help="measured call rounds (default 900, quick 150)")
     ap.add_argument("--budget", type=float, help="stop the measured rounds after this many seconds")
     ap.add_argument("--sweep-max-s", type=float, default=600, help="give up the sweep after this long")
+    ap.add_argument("--compare-with", type=Path, metavar="DIR",
+                    help="also run the sweep with the control plane of another checkout (e.g. an export of main)")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--keep", action="store_true", help="keep the temporary homes and server logs")
     args = ap.parse_args()
@@ -428,7 +499,7 @@ def main() -> int:
     try:
         result = asyncio.run(bench_scale(tmp, console, quick=args.quick, tasks=args.tasks, due=args.due,
                                          rounds=args.rounds, budget_s=args.budget, sweep_max_s=args.sweep_max_s,
-                                         seed=args.seed))
+                                         seed=args.seed, compare_with=args.compare_with))
     except BenchError as e:
         console.print(f"[bold red]benchmark failed:[/] {e}")
         print(json.dumps({"benchmark": "mcp-controlplane scale", "error": str(e)}))

@@ -52,6 +52,7 @@ class Swept:
     purged: int = 0  # tombstones
     events_purged: int = 0
     batches: int = 0  # write transactions
+    batches_s: float = 0.0  # their total time, and the longest one's (how long a submit may wait)
     longest_batch_s: float = 0.0
     more: bool = False  # the budget ran out with work left
 
@@ -86,8 +87,10 @@ class Retention:
         try:
             return fn(*args)
         finally:
+            took = time.monotonic() - t0
             out.batches += 1
-            out.longest_batch_s = max(out.longest_batch_s, time.monotonic() - t0)
+            out.batches_s += took
+            out.longest_batch_s = max(out.longest_batch_s, took)
 
     # ---- expiry ---------------------------------------------------------------------------------
     def _expire(self, now: float, deadline: float, out: Swept) -> None:

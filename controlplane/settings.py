@@ -87,7 +87,7 @@ class Settings(BaseSettings):
     # Expiry and purging work in batches of this many tasks (or audit events), each batch one
     # short write transaction, and a reconciler cycle starts no new batch once it has spent
     # retention_cycle_s on them: a backlog is worked off over several cycles (controlplane/retention.py).
-    retention_batch: int = Field(default=200, ge=1)
+    retention_batch: int = Field(default=100, ge=1)
     retention_cycle_s: float = Field(default=0.5, ge=0)
     # Log lines longer than this are cut (and flagged truncated).
     max_log_line_bytes: int = 16 * 1024
