@@ -62,7 +62,8 @@ from rich.console import Console  # noqa: E402
 from rich.markup import escape  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from bench.run import MB, BenchError, ServerProc, call, finite, helper, list_variants, percentile, ready_info, summary  # noqa: E402
+from bench.run import (MB, BenchError, ServerProc, call, finite, helper, list_variants, percentile,  # noqa: E402
+                       ready_info, summary)
 from bench.seed import CHUNK, DAY, MAIN_OWNER, Seeded, seed_history  # noqa: E402
 
 LIST_P99_MS = 20.0
@@ -94,7 +95,8 @@ def seed_store(home: Path, n: int, seed: int) -> tuple[Seeded, list[str], dict[s
         rng = random.Random(seed)
         top = c.exec_driver_sql("SELECT COALESCE(MAX(pk), 0) FROM tasks").scalar_one()
         pks = ",".join(str(rng.randint(1, top)) for _ in range(200)) if top else "0"
-        sample = [r[0] for r in c.exec_driver_sql(f"SELECT task_id FROM tasks WHERE pk IN ({pks}) AND owner = '{MAIN_OWNER}'")]
+        sample = [r[0] for r in c.exec_driver_sql(f"SELECT task_id FROM tasks WHERE pk IN ({pks}) AND owner = ?",
+                                                  (MAIN_OWNER,))]
         size = db_size(c, home / "controlplane.db", n)
     db.dispose()
     size["seed_s"] = seed_s
@@ -153,7 +155,8 @@ async def bench_serving(n: int, rounds: int, budget_s: float, starts: int, tmp: 
             sample = stores[key]["sample"]
             runs = []
             for i in range(starts):  # a start-up is one sample of a noisy figure: take the median
-                proc, client, figures = await start(f"{key}-{i}", stores[key]["home"], tmp, sample[0] if sample else None)
+                proc, client, figures = await start(f"{key}-{i}", stores[key]["home"], tmp,
+                                                    sample[0] if sample else None)
                 runs.append(figures)
                 if i < starts - 1:
                     await client.__aexit__(None, None, None)
@@ -208,7 +211,8 @@ async def measure(noop: Client, small: Client, big: Client, stores: dict[str, An
         await asyncio.sleep(0.02)
         await call(noop, "noop", {})
         lv = list(lists)[i % len(lists)]
-        ops = [("noop", noop, "noop", {}), ("status:stored:big", big, "get_task_status", {"task_id": rng.choice(sample)}),
+        ops = [("noop", noop, "noop", {}),
+               ("status:stored:big", big, "get_task_status", {"task_id": rng.choice(sample)}),
                ("list:" + lv, big, "list_tasks", lists[lv]), ("list_small:" + lv, small, "list_tasks", small_lists[lv])]
         ops += [(f"status:{k}", c, "get_task_status", {"task_id": submitted[k]}) for k, c in cps.items()]
         rng.shuffle(ops)
@@ -240,10 +244,9 @@ async def measure(noop: Client, small: Client, big: Client, stores: dict[str, An
                                 "ratio_p50": percentile(ms["status:stored:big"], 50) / base}
     # beside the client's view, the p50/p99 of the tool's own duration (the list itself, without
     # MCP, transport and client: on a shared 2-core machine their tail swamps the query's)
-    out["list"] = {k: {**summary(ms["list:" + k]), "tool_p50_ms": percentile(ms.get("tool:list:" + k, []), 50),
-                       "tool_p99_ms": percentile(ms.get("tool:list:" + k, []), 99)} for k in lists}
-    out["list_small"] = {k: {**summary(ms["list_small:" + k]), "tool_p50_ms": percentile(ms.get("tool:list_small:" + k, []), 50),
-                             "tool_p99_ms": percentile(ms.get("tool:list_small:" + k, []), 99)} for k in lists}
+    for key in ("list", "list_small"):
+        out[key] = {k: {**summary(ms[f"{key}:{k}"]), "tool_p50_ms": percentile(ms.get(f"tool:{key}:{k}", []), 50),
+                        "tool_p99_ms": percentile(ms.get(f"tool:{key}:{k}", []), 99)} for k in lists}
     return out
 
 
@@ -421,7 +424,8 @@ def render(r: dict[str, Any], console: Console) -> None:
     row("no-op tool", lat["noop"], "1.00x")
     for key, label in (("submit", "submit_task"), ("status", "get_task_status (just submitted)")):
         for k in ("small", "big"):
-            row(f"{label}, {r['startup'][k]['tasks']:,} tasks", lat[f"{key}_{k}"], f"{lat[f'{key}_{k}']['ratio_p50']:.2f}x no-op")
+            s = lat[f"{key}_{k}"]
+            row(f"{label}, {r['startup'][k]['tasks']:,} tasks", s, f"{s['ratio_p50']:.2f}x no-op")
         vk = f"{'submit_task' if key == 'submit' else 'get_task_status'} ratio, big / small store"
         row(f"{label}: big / small", None, f"{v[vk]['value']:.2f}x", f"<= {RATIO_DRIFT}x", vk)
     row("get_task_status (a random stored task), big", lat["status_stored_big"],
@@ -467,7 +471,8 @@ def render(r: dict[str, Any], console: Console) -> None:
         row(f"submit during the sweep{who} (store call)", sw["submit_during_sweep"])
     console.print(t)
     missed = [k for k, x in v.items() if not x["pass"]]
-    console.print(f"{len(v) - len(missed)}/{len(v)} targets met" + (f"; missed: {escape(', '.join(missed))}" if missed else ""))
+    console.print(f"{len(v) - len(missed)}/{len(v)} targets met"
+                  + (f"; missed: {escape(', '.join(missed))}" if missed else ""))
 
 
 def main() -> int:
