@@ -121,11 +121,15 @@ async def serve_controlplane(home: Path, *, double: bool, batch: int, cycles: in
 
     me = psutil.Process()
     info: dict[str, Any] = {"pid": os.getpid(), "rss_after_import": me.memory_info().rss}
+    # seconds since the process started, at each step of start-up (the ready line adds "serving")
+    info["startup_s"] = since = {"imported": time.time() - me.create_time()}
     provider = CountingProvider(poll_batch_size=batch) if double else None
     cp = ControlPlane(Settings(home=home, **(settings or {})), providers={"local": provider} if provider else None)
     info["rss_after_open"] = me.memory_info().rss
+    since["opened"] = time.time() - me.create_time()
     http = HttpServer(cp, "127.0.0.1", 0)
     settle_heap()  # as `controlplane serve` does before it serves
+    since["app_built"] = time.time() - me.create_time()
     if cycles:
         assert provider is not None, "--cycles needs --double"
         info["cycles"] = measure_cycles(cp, provider, cycles)
@@ -147,6 +151,8 @@ async def _serve(http: Any, info: dict[str, Any]) -> None:
             return
         await asyncio.sleep(0.01)
     info["url"] = http.url
+    if "startup_s" in info:
+        info["startup_s"]["serving"] = time.time() - psutil.Process().create_time()
     print(READY + json.dumps(info), flush=True)
     await task
 

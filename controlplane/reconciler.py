@@ -14,10 +14,9 @@ One cycle:
    it stopped within `stop_confirm_timeout_s` no longer holds its task: the task ends, the job is
    recorded as "abandoned" (`controlplane jobs --state abandoned`) and is still stopped every
    ABANDONED_RESEND_S until the provider says it ended (some runners ignore a stop);
-5. expires finished tasks past their ttl: their objects are deleted and their provider's leftovers
-   released first (a local job's directory), then their logs and artifact rows; a failed
-   deletion is retried next cycle, never skipped; and purges the tombstones and the audit after
-   their retention periods.
+5. expires finished tasks past their ttl and purges the tombstones and the audit after their
+   retention periods (`controlplane.retention`: in bounded batches, within a budget per cycle;
+   a failed deletion is retried on the next pass, never skipped).
 
 Provider API errors never fail a task: a poll that fails is retried with backoff (tenacity).
 """
@@ -35,8 +34,8 @@ import anyio.to_thread
 from tenacity import Retrying, retry_if_not_exception_type, stop_after_attempt, wait_exponential
 
 from controlplane.attempts import Attempts
-from controlplane.objectstore.base import task_prefix
 from controlplane.objectstore.registry import StoreRegistry
+from controlplane.retention import Retention, Swept
 from controlplane.settings import Settings
 from controlplane.states import JobState, TaskState
 from controlplane.store import Store
@@ -47,7 +46,6 @@ log = logging.getLogger("controlplane.reconciler")
 S = TaskState
 STOP_RESEND_S = 5.0
 ABANDONED_RESEND_S = 60.0  # an abandoned job is still asked to stop, less often
-PURGE_EVERY_S = 600.0
 
 
 @dataclass
@@ -59,6 +57,7 @@ class CycleStats:
     stops: int = 0
     expired: int = 0
     purged: int = 0
+    retention: Swept | None = None  # the retention sweep's batches, timings and what it left
 
 
 class Reconciler:
@@ -72,8 +71,8 @@ class Reconciler:
         self.started_at = time.time()
         self._last_poll: dict[str, float] = {}
         self._stop_sent: dict[str, float] = {}  # this cycle's stops, by worker id
-        self._last_purge = 0.0
         self._unreadable: set[str] = set()  # jobs whose stored handle did not decode (said once)
+        self.retention = Retention(store, stores, providers, settings)
 
     async def cycle(self, force_poll: bool = False) -> CycleStats:
         return await anyio.to_thread.run_sync(self.cycle_sync, force_poll)
@@ -261,35 +260,5 @@ class Reconciler:
 
     # ---- retention ----------------------------------------------------------------------------
     def _expire(self, now: float, stats: CycleStats) -> None:
-        for t in self.store.retention.due_for_expiry(now):
-            try:
-                self.stores.get(t.store_url).delete_prefix(task_prefix(t.task_id))
-                if not self._release(t.task_id, t.provider):
-                    continue  # a job of the task still runs and keeps its things: ask again next cycle
-            except Exception as e:  # noqa: BLE001 - retried next cycle; the task stays until it works
-                log.warning("deleting the objects of %s failed (will retry): %s", t.task_id, e)
-                continue
-            if self.store.retention.expire(t.task_id):
-                stats.expired += 1
-        if now - self._last_purge >= PURGE_EVERY_S:
-            self._last_purge = now
-            purged = self.store.retention.purge(now, purge_after_s=self.settings.purge_after_s,
-                                                audit_retention_s=self.settings.audit_retention_s)
-            stats.purged = purged.tasks
-
-    def _release(self, task_id: str, provider_name: str) -> bool:
-        """What the provider keeps of the task's jobs (a local job's directory) goes too. False:
-        a job still runs (and keeps what it has)."""
-        provider = self.providers.get(provider_name)
-        if provider is None:
-            return True
-        released = []
-        for job in self.store.jobs.of_task(task_id):
-            if job.handle_json:
-                try:
-                    handle = provider.handle(job.handle_json)
-                except MalformedHandle as e:  # nothing it names can be found again: nothing to release
-                    log.warning("job %s of expiring task %s: %s", job.job_name, task_id, e)
-                    continue
-                released.append(provider.release(handle))
-        return all(released)
+        swept = self.retention.sweep(now)
+        stats.expired, stats.purged, stats.retention = swept.expired, swept.purged, swept

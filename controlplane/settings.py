@@ -86,6 +86,11 @@ class Settings(BaseSettings):
     # kept this long from each event, so by default for a year, beyond any task's ttl.
     purge_after_s: float = Field(default=30 * 24 * 3600, ge=0)
     audit_retention_s: float = Field(default=365 * 24 * 3600, ge=0)
+    # Expiry and purging work in batches of this many tasks (or audit events), each batch one
+    # short write transaction, and a reconciler cycle starts no new batch once it has spent
+    # retention_cycle_s on them: a backlog is worked off over several cycles (controlplane/retention.py).
+    retention_batch: int = Field(default=100, ge=1)
+    retention_cycle_s: float = Field(default=0.5, ge=0)
     # Log lines longer than this are cut (and flagged truncated).
     max_log_line_bytes: int = 16 * 1024
     # Per-task log cap: older lines beyond this many are dropped and the page says so.

@@ -78,19 +78,28 @@ HEARTBEAT = update(T).where(T.c.task_id == _bp("_tid"), T.c.attempt == _bp("_att
     heartbeat_at=_bp("_ts"), version=T.c.version + 1)
 
 # ==== retention ================================================================================
-DUE_FOR_EXPIRY = (select(T.c.task_id, T.c.state, T.c.store_url, T.c.provider)
-                  .where(T.c.state.in_(TERMINAL), T.c.expires_at <= _bp("now")).limit(_bp("lim")))
+# Due tasks of one terminal state, along ix_tasks_state_expires in (expires_at, pk) order from a
+# cursor: a sweep resumes where its last batch stopped, and a task whose objects could not be
+# deleted stays behind the cursor until the next pass instead of being fetched again at once.
+DUE_FOR_EXPIRY = (select(T.c.pk, T.c.task_id, T.c.state, T.c.store_url, T.c.provider, T.c.expires_at,
+                         T.c.log_first_seq, T.c.log_seq)
+                  .where(T.c.state == _bp("state"), T.c.expires_at <= _bp("now"),
+                         tuple_(T.c.expires_at, T.c.pk) > tuple_(_bp("after_ts"), _bp("after_pk")))
+                  .order_by(T.c.expires_at, T.c.pk).limit(_bp("lim")))
 # Tombstones of tasks that expired long enough ago (expires_at is when they expired).
 DUE_FOR_PURGE = (select(T.c.pk, T.c.task_id).where(T.c.state == S.EXPIRED.value, T.c.expires_at <= _bp("before"))
                  .limit(_bp("lim")))
 DELETE_TASK_LOGS = delete(LOGS).where(LOGS.c.task_id == _bp("task_id"))
+# A long log goes in slices (the primary key is (task_id, seq)), each its own transaction.
+DELETE_TASK_LOGS_BELOW = delete(LOGS).where(LOGS.c.task_id == _bp("task_id"), LOGS.c.seq < _bp("below"))
 DELETE_TASK_ARTIFACTS = delete(ART).where(ART.c.task_id == _bp("task_id"))
 DELETE_TASK = delete(T).where(T.c.pk == _bp("pk"))
 DELETE_TASK_TAGS = delete(TAGS).where(TAGS.c.task_pk == _bp("pk"))
-DELETE_TASK_JOBS = delete(JOBS).where(JOBS.c.task_id == _bp("task_id"),
-                                      JOBS.c.state.in_([JobState.DONE.value, JobState.DROPPED.value]))
-# The audit outlives the tasks it describes, for its own period.
-DELETE_OLD_EVENTS = delete(EV).where(EV.c.ts < _bp("before"))
+DELETE_TASK_JOBS = delete(JOBS).where(JOBS.c.task_id == _bp("task_id"),  # no IN list: it runs as an executemany
+                                      or_(JOBS.c.state == JobState.DONE.value, JOBS.c.state == JobState.DROPPED.value))
+# The audit outlives the tasks it describes, for its own period; old events go `lim` at a time
+# (pks found along ix_task_events_ts), so no one statement holds the write lock for long.
+DELETE_OLD_EVENTS = delete(EV).where(EV.c.pk.in_(select(EV.c.pk).where(EV.c.ts < _bp("before")).limit(_bp("lim"))))
 
 # ==== events and logs ==========================================================================
 INSERT_EVENT = insert(EV)

@@ -1,10 +1,17 @@
 """Retention: finished tasks expire after their ttl (their logs, artifacts, result and inputs go;
 the row stays as a tombstone that answers "expired"), and tombstones, their finished job rows and
 old audit events are purged after periods of their own (`Settings.purge_after_s`,
-`Settings.audit_retention_s`)."""
+`Settings.audit_retention_s`).
+
+Every write here is one bounded batch in its own short transaction: a store with a million
+tasks on file has backlogs of hundreds of thousands, and one transaction over all of them would
+hold SQLite's write lock (every submit waits behind it) and the whole batch in memory. How many
+batches a reconciler cycle runs is `controlplane.retention`'s decision, not the store's.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from controlplane import states
@@ -15,10 +22,18 @@ from controlplane.store.writer import Writer
 
 @dataclass(frozen=True)
 class Expiring:
+    pk: int
     task_id: str
     state: TaskState
     store_url: str
     provider: str
+    expires_at: float
+    log_first_seq: int  # the task's stored log lines are log_first_seq..log_seq
+    log_seq: int
+
+    @property
+    def log_lines(self) -> int:
+        return max(0, self.log_seq - self.log_first_seq + 1)
 
 
 @dataclass(frozen=True)
@@ -32,32 +47,58 @@ class RetentionStore:
         self.w = writer
         self.db = writer.db
 
-    def due_for_expiry(self, now: float, limit: int = 500) -> list[Expiring]:
-        with self.db.read() as c:  # an IN list: through SQLAlchemy, not the prebuilt path
-            rows = c.execute(q.DUE_FOR_EXPIRY, {"now": now, "lim": limit}).mappings().all()
-        return [Expiring(r["task_id"], TaskState(r["state"]), r["store_url"], r["provider"]) for r in rows]
+    def due_for_expiry(self, now: float, state: TaskState, after: tuple[float, int] = (float("-inf"), 0),
+                       limit: int = 200) -> list[Expiring]:
+        """Tasks in `state` (terminal) past their ttl, oldest expiry first, after the cursor
+        `after` = (expires_at, pk) of the last one seen."""
+        rows = self.db.fetch(q.DUE_FOR_EXPIRY, {"state": state.value, "now": now, "after_ts": after[0],
+                                                "after_pk": after[1], "lim": limit})
+        return [Expiring(r["pk"], r["task_id"], TaskState(r["state"]), r["store_url"], r["provider"], r["expires_at"],
+                         r["log_first_seq"], r["log_seq"]) for r in rows]
 
-    def expire(self, task_id: str) -> bool:
-        """terminal -> expired: logs and artifact rows go, the task row stays as a tombstone."""
-        now = self.w.clock()
+    def drop_logs(self, task_id: str, below_seq: int) -> int:
+        """Delete a task's log lines below `below_seq` (a slice of a long log, before it expires)."""
         with self.w.tx() as c:
-            task = self.w.lock_task(c, task_id)
-            if task is None or task.state not in states.TERMINAL:
-                return False
-            self.db.run(c, q.DELETE_TASK_LOGS, {"task_id": task_id})
-            self.db.run(c, q.DELETE_TASK_ARTIFACTS, {"task_id": task_id})
-            self.w.transition(c, task, TaskState.EXPIRED, kind="expired",
-                              values={"inputs_json": "{}", "result_json": None, "progress_json": None}, now=now)
-            return True
+            return int(self.db.run(c, q.DELETE_TASK_LOGS_BELOW, {"task_id": task_id, "below": below_seq}))
+
+    def expire(self, task_ids: Sequence[str]) -> list[str]:
+        """terminal -> expired, in one transaction: logs and artifact rows go, each task row stays
+        as a tombstone. Returns the ids expired (a task no longer terminal is left alone)."""
+        now = self.w.clock()
+        done = []
+        with self.w.tx() as c:
+            for task_id in task_ids:
+                task = self.w.lock_task(c, task_id)
+                if task is None or task.state not in states.TERMINAL:
+                    continue
+                self.db.run(c, q.DELETE_TASK_LOGS, {"task_id": task_id})
+                self.db.run(c, q.DELETE_TASK_ARTIFACTS, {"task_id": task_id})
+                self.w.transition(c, task, TaskState.EXPIRED, kind="expired",
+                                  values={"inputs_json": "{}", "result_json": None, "progress_json": None}, now=now)
+                done.append(task_id)
+        return done
+
+    def purge_tombstones(self, before: float, limit: int) -> int:
+        """Delete up to `limit` tombstones of tasks that expired before `before`, with their tags
+        and ended job rows, in one transaction. Returns how many."""
+        with self.w.tx() as c:
+            due = self.db.run(c, q.DUE_FOR_PURGE, {"before": before, "lim": limit})
+            if due:
+                c.execute(q.DELETE_TASK_TAGS, [{"pk": r["pk"]} for r in due])
+                c.execute(q.DELETE_TASK_JOBS, [{"task_id": r["task_id"]} for r in due])
+                c.execute(q.DELETE_TASK, [{"pk": r["pk"]} for r in due])
+        return len(due)
+
+    def purge_events(self, before: float, limit: int) -> int:
+        """Delete up to `limit` audit events older than `before`, in one transaction."""
+        with self.w.tx() as c:
+            return int(self.db.run(c, q.DELETE_OLD_EVENTS, {"before": before, "lim": limit}))
 
     def purge(self, now: float, *, purge_after_s: float, audit_retention_s: float, limit: int = 500) -> Purged:
-        """Delete the tombstones of tasks that expired more than `purge_after_s` ago (with their
-        tags and ended job rows), and audit events older than `audit_retention_s`."""
-        with self.w.tx() as c:
-            due = self.db.run(c, q.DUE_FOR_PURGE, {"before": now - purge_after_s, "lim": limit})
-            for r in due:
-                self.db.run(c, q.DELETE_TASK_TAGS, {"pk": r["pk"]})
-                c.execute(q.DELETE_TASK_JOBS, {"task_id": r["task_id"]})
-                self.db.run(c, q.DELETE_TASK, {"pk": r["pk"]})
-            events = self.db.run(c, q.DELETE_OLD_EVENTS, {"before": now - audit_retention_s})
-        return Purged(len(due), int(events))
+        """Everything due for purging (operators, tests), `limit` rows per transaction."""
+        tasks = events = 0
+        while (n := self.purge_tombstones(now - purge_after_s, limit)) > 0:
+            tasks += n
+        while (n := self.purge_events(now - audit_retention_s, limit)) > 0:
+            events += n
+        return Purged(tasks, events)
