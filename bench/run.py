@@ -29,6 +29,9 @@ What it measures, in one run, each against the issue's target:
 7. Calls per second with 1, 4, 16 and 64 concurrent clients, both protocol eras, as ratios to the
    no-op's with the same clients (`bench/concurrency.py`; at 16 clients submit >= 0.8x, status
    and result >= 0.9x).
+8. A million tasks on file (`bench/scale.py`; quick: 200k): the database's size per task,
+   start-up to the first answered call, list_tasks, submit and status against a 10k store in the
+   same run, and one expiry sweep.
 
 How: every store is a fresh CONTROLPLANE home under a temporary directory. The stored tasks and
 log lines are written in bulk through SQL (`bench/seed.py`), not through MCP: ten days of history,
@@ -586,6 +589,8 @@ def verdicts(r: dict[str, Any]) -> dict[str, dict[str, Any]]:
     add("RSS with 10k in flight (peak)", inf["rss_mb"]["peak_while_serving"], RSS_MB, "MB")
     for name, v in r.get("concurrency", {}).get("verdicts", {}).items():  # ratios that must reach a floor
         out[name] = {"value": v["value"], "limit": v["limit"], "unit": "x (at least)", "pass": v["pass"]}
+    for name, v in r.get("scale", {}).get("verdicts", {}).items():
+        out[f"scale: {name}"] = v
     return out
 
 
@@ -707,6 +712,11 @@ def run(cfg: Config, tmp: Path, console: Console) -> dict[str, Any]:
     from bench.concurrency import bench_concurrency
 
     r["concurrency"] = asyncio.run(bench_concurrency(tmp / "concurrency", console, quick=cfg.quick, seed=cfg.seed))
+    console.log(f"[bold]8[/] a million tasks on file{' (quick: 200k)' if cfg.quick else ''}: size, start-up, "
+                "list, submit/status, one expiry sweep")
+    from bench.scale import bench_scale
+
+    r["scale"] = asyncio.run(bench_scale(tmp, console, quick=cfg.quick))
     r["verdicts"] = verdicts(r)
     r["all_pass"] = all(x["pass"] for x in r["verdicts"].values())
     r["elapsed_s"] = time.perf_counter() - t0
