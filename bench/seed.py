@@ -283,6 +283,7 @@ def seed_inflight(db: Database, n: int, *, seed: int = 11, now: float | None = N
             _event(task_id, started - 0.4, "launched", None, None, {"worker_id": wid, "job_name": name}),
             _event(task_id, started, "running", "scheduled", "running", {"worker_id": wid}),
         ]
+    jobs.sort(key=lambda j: j["created_at"])  # in the order they were launched, as a server writes them
     with db.write() as c:
         _insert(c, T, tasks)
         _insert(c, EV, events)

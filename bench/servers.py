@@ -12,10 +12,12 @@
   its listening socket is IPPROTO_TCP (see `tcp_socket` for why that matters).
 
 `python -m bench.servers noop [--json]` and `python -m bench.servers controlplane --home DIR
-[--double] [--cycles K] [--set KEY=VALUE ...]` serve until SIGTERM. Before serving, `--cycles K` runs K reconciler cycles directly
+[--double] [--cycles K] [--report-cycles] [--set KEY=VALUE ...]` serve until SIGTERM. Before serving, `--cycles K` runs K reconciler cycles directly
 (`Reconciler.cycle_sync`, nothing else running in the process) and measures each: wall time,
 process CPU time and the provider calls it made. Once the server accepts connections the process
-prints one line `BENCH-READY {json}` (url, pid, cycle figures, RSS) on stdout.
+prints one line `BENCH-READY {json}` (url, pid, cycle figures, RSS) on stdout. With
+`--report-cycles` it then prints `BENCH-CYCLE {json}` after each cycle of its own reconciler loop
+(jobs, wall time, the CPU time of the thread that ran it, RSS after it).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import psutil  # noqa: E402
 from fastmcp import FastMCP  # noqa: E402
 
 READY = "BENCH-READY "
+CYCLE = "BENCH-CYCLE "
 
 
 def noop_server() -> FastMCP:
@@ -112,8 +115,24 @@ def measure_cycles(cp: Any, double: Any, k: int) -> list[dict[str, Any]]:
     return out
 
 
+def report_cycles(cp: Any) -> None:
+    """Print `BENCH-CYCLE {json}` after each cycle of the server's own reconciler loop."""
+    inner, me, n = cp.reconciler.cycle_sync, psutil.Process(), [0]
+
+    def timed(force_poll: bool = False) -> Any:
+        cpu0, t0 = time.thread_time(), time.perf_counter()
+        stats = inner(force_poll)
+        wall, cpu = time.perf_counter() - t0, time.thread_time() - cpu0
+        n[0] += 1
+        print(CYCLE + json.dumps({"cycle": n[0], "jobs": stats.jobs, "wall_s": wall, "cpu_s": cpu,
+                                  "rss": me.memory_info().rss}), flush=True)
+        return stats
+
+    cp.reconciler.cycle_sync = timed
+
+
 async def serve_controlplane(home: Path, *, double: bool, batch: int, cycles: int,
-                             settings: dict[str, str] | None = None) -> None:
+                             settings: dict[str, str] | None = None, watch: bool = False) -> None:
     from bench.doubles import CountingProvider
     from controlplane.app import ControlPlane
     from controlplane.serve import HttpServer, settle_heap
@@ -134,6 +153,8 @@ async def serve_controlplane(home: Path, *, double: bool, batch: int, cycles: in
         assert provider is not None, "--cycles needs --double"
         info["cycles"] = measure_cycles(cp, provider, cycles)
         info["rss_after_cycles"] = me.memory_info().rss
+    if watch:
+        report_cycles(cp)
     info["socket_ipproto_tcp"] = http.listener.sock.proto == socket.IPPROTO_TCP
     await _serve(http, info)
 
@@ -164,6 +185,8 @@ def main() -> None:
     ap.add_argument("--double", action="store_true", help="use the counting provider double for 'local'")
     ap.add_argument("--batch", type=int, default=100, help="the double's poll_batch_size")
     ap.add_argument("--cycles", type=int, default=0, help="reconciler cycles to measure before serving")
+    ap.add_argument("--report-cycles", action="store_true",
+                    help="controlplane: print a BENCH-CYCLE line after each cycle of its reconciler loop")
     ap.add_argument("--json", action="store_true", help="noop: answer with application/json, not SSE")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="controlplane: a setting (controlplane.settings.Settings field)")
@@ -175,7 +198,7 @@ def main() -> None:
             ap.error("controlplane needs --home")
         settings = dict(kv.split("=", 1) for kv in args.set)
         asyncio.run(serve_controlplane(args.home, double=args.double, batch=args.batch, cycles=args.cycles,
-                                       settings=settings))
+                                       settings=settings, watch=args.report_cycles))
 
 
 if __name__ == "__main__":
