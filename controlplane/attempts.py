@@ -126,11 +126,14 @@ class Attempts:
     def end_from_provider(self, job: WatchedJob, status: JobStatus) -> str:
         """The provider says the job ended or vanished. Returns "finished", "lost" or "stale"."""
         task_id, attempt = job.task_id, job.attempt
+        task = self.store.tasks.get(task_id)  # its store (the reconciler does not read it for every job)
+        outcome = None
         try:  # events the runner could not deliver by callback are in the object store
-            spilled = self.read_spilled(job.store_url, task_id, attempt, job.event_seq + 1)
-            if spilled and self.apply(task_id, attempt, spilled).finished:
-                return "finished"
-            outcome = self.read_outcome(job.store_url, task_id, attempt)
+            if task is not None:
+                spilled = self.read_spilled(task.store_url, task_id, attempt, job.event_seq + 1)
+                if spilled and self.apply(task_id, attempt, spilled).finished:
+                    return "finished"
+                outcome = self.read_outcome(task.store_url, task_id, attempt)
         except StaleAttempt:
             outcome = None
         with self.store.attempts.open(task_id, attempt) as a:

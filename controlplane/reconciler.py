@@ -60,7 +60,24 @@ class CycleStats:
     retention: Swept | None = None  # the retention sweep's batches, timings and what it left
 
 
+_ALIVE = frozenset({JobPhase.RUNNING, JobPhase.PENDING})
+
+
+def _by_provider(jobs: list[WatchedJob], due: set[str]) -> dict[str, list[WatchedJob]]:
+    """The jobs of the providers in `due`, by provider."""
+    out: dict[str, list[WatchedJob]] = {}
+    for j in jobs:
+        if j.provider in due:
+            group = out.get(j.provider)
+            if group is None:
+                group = out[j.provider] = []
+            group.append(j)
+    return out
+
+
 class Reconciler:
+    page_size = 2000  # watched jobs read at a time
+
     def __init__(self, store: Store, providers: dict[str, Provider], stores: StoreRegistry, attempts: Attempts,
                  settings: Settings):
         self.store = store
@@ -78,26 +95,49 @@ class Reconciler:
         return await anyio.to_thread.run_sync(self.cycle_sync, force_poll)
 
     def cycle_sync(self, force_poll: bool = False) -> CycleStats:
+        """One cycle (see the module docstring). The watched jobs are read `page_size` at a time
+        (`JobStore.watched_pages`), so what a cycle holds is bounded by a page, not by the jobs
+        in flight: each page's stops are sent, its handles decoded and its jobs queued for their
+        poll by (provider, poll key); a queue is polled and its statuses applied as soon as it
+        fills a batch, and what is left once every page is read, so the calls are the same as
+        over all jobs at once (ceil(n / poll_batch_size) per group)."""
         stats = CycleStats()
         self.attempts.flush_beats()
         now = time.time()
-        jobs = self.store.jobs.watched()
-        stats.jobs = len(jobs)
         self._stop_sent = {}
-        self._stops(jobs, now, stats)
-        by_provider: dict[str, list[WatchedJob]] = defaultdict(list)
-        for j in jobs:
-            by_provider[j.provider].append(j)
-        for name, group in by_provider.items():
-            provider = self.providers.get(name)
-            if provider is None:
-                continue
-            due = force_poll or now - self._last_poll.get(name, 0) >= provider.poll_interval_s
-            if not due:
-                continue
+        due = {name for name, p in self.providers.items()
+               if force_poll or now - self._last_poll.get(name, 0) >= p.poll_interval_s}
+        queued: dict[tuple[str, Any], tuple[list[WatchedJob], list[Handle]]] = {}  # by (provider, poll key)
+        changed: list[tuple[str, str, str | None]] = []  # provider statuses to record
+        polled: set[str] = set()
+        for page in self.store.jobs.watched_pages(self.page_size, now):
+            stats.jobs += len(page)
+            self._stops(page, now, stats)
+            for name, group in _by_provider(page, due).items():
+                provider = self.providers[name]
+                polled.add(name)
+                size, poll_key = max(1, provider.poll_batch_size), provider.poll_key
+                for j, handle in zip(group, provider.handles([j.handle_json or "" for j in group])):
+                    if isinstance(handle, MalformedHandle):
+                        self._unreadable_handle(j, handle)
+                        continue
+                    key = (name, poll_key(handle))
+                    batch = queued.get(key)
+                    if batch is None:
+                        batch = queued[key] = ([], [])
+                    batch[0].append(j)
+                    batch[1].append(handle)
+                    if len(batch[0]) >= size:
+                        del queued[key]
+                        self._poll_batch(provider, key[1], *batch, now, stats, changed)
+            if len(changed) >= self.page_size:
+                self.store.jobs.set_provider_status(changed)
+                changed = []
+        for (name, key), batch in queued.items():
+            self._poll_batch(self.providers[name], key, *batch, now, stats, changed)
+        self.store.jobs.set_provider_status(changed)
+        for name in polled:
             self._last_poll[name] = now
-            statuses = self._poll(provider, group, stats)
-            self._apply(group, statuses, now, stats)
         self._expire(now, stats)
         return stats
 
@@ -119,6 +159,8 @@ class Reconciler:
         return self._stop_sent.get(j.worker_id, j.stop_sent_at or 0)
 
     def _send_stop(self, j: WatchedJob, reason: str, stats: CycleStats) -> None:
+        if j.worker_id in self._stop_sent:
+            return  # stopped once this cycle already (e.g. timed out and silent)
         provider = self.providers.get(j.provider)
         handle = self._handle(provider, j) if provider is not None and j.handle_json else None
         if handle is None:
@@ -132,29 +174,17 @@ class Reconciler:
         self._stop_sent[j.worker_id] = self.store.jobs.mark_stop_sent(j.worker_id)
 
     # ---- polling ------------------------------------------------------------------------------
-    def _poll(self, provider: Provider, jobs: list[WatchedJob], stats: CycleStats) -> list[JobStatus | None]:
-        """Statuses in the order of `jobs` (None: unknown this cycle). Handles are grouped by the
-        provider's `poll_key` and handed over `poll_batch_size` at a time, so a provider that
-        lists per job (Cloud Run) answers each job's executions with one paged list."""
-        handles = [self._handle(provider, j) for j in jobs]
-        groups: dict[Any, list[int]] = defaultdict(list)
-        for i, h in enumerate(handles):
-            if h is not None:
-                groups[provider.poll_key(h)].append(i)
-        out: list[JobStatus | None] = [None] * len(jobs)
-        size = max(1, provider.poll_batch_size)
-        for key, members in groups.items():
-            for i in range(0, len(members), size):
-                chunk = members[i : i + size]
-                try:
-                    statuses = self._call(provider.poll, [handles[k] for k in chunk])
-                except Exception as e:  # noqa: BLE001 - a failed poll changes nothing
-                    log.warning("poll of %d %s jobs (%s) failed: %s", len(chunk), provider.name, key, e)
-                    statuses = [None] * len(chunk)
-                for k, st in zip(chunk, statuses):
-                    out[k] = st
-                stats.provider_calls[f"{provider.name}.poll"] += 1
-        return out
+    def _poll_batch(self, provider: Provider, key: Any, jobs: list[WatchedJob], handles: list[Handle], now: float,
+                    stats: CycleStats, changed: list[tuple[str, str, str | None]]) -> None:
+        """One poll call for a batch of jobs with one poll key (a provider that lists per job,
+        Cloud Run, answers each job's executions with one paged list), then what it said."""
+        try:
+            statuses = self._call(provider.poll, handles)
+        except Exception as e:  # noqa: BLE001 - a failed poll changes nothing
+            log.warning("poll of %d %s jobs (%s) failed: %s", len(jobs), provider.name, key, e)
+            statuses = [None] * len(jobs)
+        stats.provider_calls[f"{provider.name}.poll"] += 1
+        self._apply(jobs, statuses, now, stats, changed)
 
     def _handle(self, provider: Provider, j: WatchedJob) -> Handle | None:
         """The job's handle; None (the job is skipped, its status unknown) when the stored handle
@@ -163,10 +193,13 @@ class Reconciler:
         try:
             return provider.handle(j.handle_json or "")
         except MalformedHandle as e:
-            if j.worker_id not in self._unreadable:
-                self._unreadable.add(j.worker_id)
-                log.error("job %s of task %s cannot be polled or stopped: %s", j.job_name, j.task_id, e)
+            self._unreadable_handle(j, e)
             return None
+
+    def _unreadable_handle(self, j: WatchedJob, e: MalformedHandle) -> None:
+        if j.worker_id not in self._unreadable:
+            self._unreadable.add(j.worker_id)
+            log.error("job %s of task %s cannot be polled or stopped: %s", j.job_name, j.task_id, e)
 
     @staticmethod
     def _call(fn: Any, *args: Any) -> Any:
@@ -179,15 +212,14 @@ class Reconciler:
         return None  # pragma: no cover
 
     def _apply(self, jobs: list[WatchedJob], statuses: list[JobStatus | None], now: float,
-               stats: CycleStats) -> None:
-        changed = []
+               stats: CycleStats, changed: list[tuple[str, str, str | None]]) -> None:
         for j, st in zip(jobs, statuses):
             if st is None:
                 continue
             reason = st.waiting_reason or st.reason
             if st.raw_status != j.provider_status or reason != j.provider_reason:
                 changed.append((j.worker_id, st.raw_status or st.phase.value, reason))
-            alive = st.phase in (JobPhase.RUNNING, JobPhase.PENDING)
+            alive = st.phase in _ALIVE
             if j.draining:
                 self._drain(j, alive, now, stats)
             elif not alive:
@@ -205,7 +237,6 @@ class Reconciler:
                     self._stop_overdue(j, now, stats)
                 elif j.state == S.RUNNING:
                     self._check_heartbeat(j, now, stats)
-        self.store.jobs.set_provider_status(changed)
 
     def _drain(self, j: WatchedJob, alive: bool, now: float, stats: CycleStats) -> None:
         """A job whose task has moved on: done once it ended; stopped until then; abandoned if it

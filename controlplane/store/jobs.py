@@ -9,7 +9,7 @@ Every state change goes through `Writer.move_job` (the table of `states.JobState
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from controlplane import ids
@@ -20,6 +20,11 @@ from controlplane.store.writer import Writer
 
 S = TaskState
 J = JobState
+_TASK_STATES = {s.value: s for s in TaskState}
+
+
+def _tuples(_columns: list[str], tuples: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    return tuples
 
 
 class JobStore:
@@ -106,9 +111,34 @@ class JobStore:
         """Every attempt's job of a task."""
         return self.db.fetch(q.JOBS_OF_TASK, {"task_id": task_id}, into=JobRow.many)
 
+    def watched_pages(self, size: int, now: float | None = None) -> Iterator[list[WatchedJob]]:
+        """Jobs the reconciler watches, with what it needs of their task, `size` at a time (each
+        page its own read, from where the last one stopped). Each job watched throughout the
+        walk comes exactly once; one that starts being watched meanwhile may come or not.
+
+        Tasks are read once per walk, only those that need more than a poll
+        (`queries.ATTENTION_TASKS`: scheduled, cancel requested, cancelling, running past their
+        timeout at `now`). Every other task with an active job is running that job's attempt
+        within its timeout: an attempt's end moves its job out of `active` in the same
+        transaction (`AttemptTx.end`). A task that changed since the walk began is seen as it
+        was, or as running: the next cycle sees it as it is. A draining job's task is not read
+        (the job is stopped whatever the task does)."""
+        now = self.w.clock() if now is None else now
+        tasks = {t[0]: (t[1], t[2], t[3], _TASK_STATES[t[4]])
+                 for t in self.db.fetch(q.ATTENTION_TASKS, {"now": now}, into=_tuples)}
+        after: tuple[float, str] = (float("-inf"), "")
+        while True:
+            rows = self.db.fetch(q.WATCHED_PAGE, {"after_ts": after[0], "after_wid": after[1], "lim": size},
+                                 into=_tuples)
+            if rows:
+                yield WatchedJob.of_jobs(rows, tasks)
+            if len(rows) < size:
+                return
+            after = (rows[-1][11], rows[-1][0])  # created_at, worker_id
+
     def watched(self) -> list[WatchedJob]:
-        """Jobs the reconciler watches, with the fields of their task it needs."""
-        return self.db.fetch(q.WATCHED_JOBS, {}, into=WatchedJob.many)
+        """Every job the reconciler watches (the walk of `watched_pages` in one list)."""
+        return [j for page in self.watched_pages(2000) for j in page]
 
     def set_provider_status(self, updates: list[tuple[str, str, str | None]]) -> None:
         """Record what the provider said, (worker id, status word, reason), many in one statement."""

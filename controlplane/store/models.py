@@ -139,6 +139,12 @@ class Artifact(SQLModel, table=True):
     created_at: float
 
 
+# The jobs the reconciler watches (`states.WATCHED`), word for word as the partial index
+# ix_jobs_watched and the query that walks it (`queries.WATCHED_PAGE`) both say it: SQLite uses a
+# partial index only for a query whose WHERE repeats the index's own.
+WATCHED_JOBS_WHERE = "state IN ('abandoned', 'active', 'draining')"
+
+
 class Job(SQLModel, table=True):
     """A provider job: one attempt of one task, the workers of seed 001.
 
@@ -152,6 +158,10 @@ class Job(SQLModel, table=True):
     __table_args__ = (
         UniqueConstraint("task_id", "attempt", name="uq_jobs_attempt"),
         Index("ix_jobs_state", "state"),
+        # The reconciler walks the watched jobs in pages, in (created_at, worker_id) order (about
+        # the order they were written in), from a cursor; the index holds only those jobs.
+        Index("ix_jobs_watched", "created_at", "worker_id", sqlite_where=text(WATCHED_JOBS_WHERE),
+              postgresql_where=text(WATCHED_JOBS_WHERE)),
     )
 
     worker_id: str = Field(sa_column=Column(String(40), primary_key=True))

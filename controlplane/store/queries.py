@@ -13,11 +13,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import and_, bindparam, case, delete, func, insert, or_, select, tuple_, update
+from sqlalchemy import and_, bindparam, case, delete, func, insert, or_, select, text, tuple_, update
 
 from controlplane import states
 from controlplane.states import JobState, TaskState
-from controlplane.store.models import Artifact, Job, Lease, QueueDepth, Task, TaskEvent, TaskLog, TaskTag
+from controlplane.store.db import likely
+from controlplane.store.models import (WATCHED_JOBS_WHERE, Artifact, Job, Lease, QueueDepth, Task, TaskEvent, TaskLog,
+                                       TaskTag)
 
 T = Task.__table__
 TAGS = TaskTag.__table__
@@ -127,13 +129,25 @@ UPDATE_JOB = update(JOBS).where(JOBS.c.worker_id == _bp("_wid"))
 LAUNCH_INTENTS = (select(JOBS, T.c.state.label("task_state"))
                   .join(T, and_(T.c.task_id == JOBS.c.task_id, T.c.attempt == JOBS.c.attempt))
                   .where(JOBS.c.state == JobState.LAUNCHING.value))
-WATCHED_JOBS = (select(JOBS.c.worker_id, JOBS.c.task_id, JOBS.c.attempt, JOBS.c.provider, JOBS.c.job_name,
-                       JOBS.c.state.label("job_state"), T.c.attempt.label("task_attempt"), T.c.state,
-                       T.c.store_url, T.c.tool_name, JOBS.c.event_seq, JOBS.c.handle_json, JOBS.c.launched_at,
-                       JOBS.c.seen_at, JOBS.c.stop_requested_at, JOBS.c.stop_sent_at, JOBS.c.provider_status,
-                       JOBS.c.provider_reason, T.c.timeout_at, T.c.heartbeat_at, T.c.stop_reason)
-                .join(T, T.c.task_id == JOBS.c.task_id)
-                .where(or_(*(JOBS.c.state == s for s in WATCHED))))  # no IN list: it runs on the prebuilt path
+# The jobs the reconciler watches, a page at a time, in (created_at, worker_id) order from a
+# cursor, along the partial index of the watched jobs alone (its WHERE repeated word for word).
+# `likely` keeps SQLite from reading every watched job through ix_jobs_state and sorting them
+# all, for every page. No join: see ATTENTION_TASKS.
+WATCHED_PAGE = (select(JOBS.c.worker_id, JOBS.c.task_id, JOBS.c.attempt, JOBS.c.provider, JOBS.c.event_seq,
+                       JOBS.c.handle_json, JOBS.c.seen_at, JOBS.c.stop_requested_at, JOBS.c.stop_sent_at,
+                       JOBS.c.provider_status, JOBS.c.provider_reason, JOBS.c.created_at,
+                       JOBS.c.state.label("job_state"))
+                .where(likely(text(f"jobs.{WATCHED_JOBS_WHERE}")),
+                       tuple_(JOBS.c.created_at, JOBS.c.worker_id) > tuple_(_bp("after_ts"), _bp("after_wid")))
+                .order_by(JOBS.c.created_at, JOBS.c.worker_id).limit(_bp("lim")))
+# The tasks whose job needs more of the reconciler than a poll: not yet seen running, being
+# cancelled, or running past their timeout (ranges of ix_tasks_state_timeout). Every other task
+# with an active job is running that job's attempt (`JobStore.watched_pages`): reading each
+# watched job's task row instead (a join) cost more than all the rest of a cycle.
+ATTENTION_TASKS = (select(T.c.task_id, T.c.attempt, T.c.timeout_at, T.c.stop_reason, T.c.state)
+                   .where(or_(T.c.state == S.SCHEDULED.value, T.c.state == S.CANCEL_REQUESTED.value,
+                              T.c.state == S.CANCELLING.value,
+                              and_(T.c.state == S.RUNNING.value, T.c.timeout_at < _bp("now")))))
 SET_PROVIDER_STATUS = (update(JOBS).where(JOBS.c.worker_id == _bp("wid"))
                        .values(provider_status=_bp("st"), provider_reason=_bp("rs")))
 MARK_STOP_SENT = update(JOBS).where(JOBS.c.worker_id == _bp("wid")).values(

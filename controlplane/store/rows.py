@@ -12,8 +12,9 @@ import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
-from typing import Any, Self
+from typing import Any, NamedTuple, Self
 
+from controlplane import ids
 from controlplane.states import JobState, TaskState
 
 
@@ -29,7 +30,8 @@ def _loads(text: str | None) -> Any:
 
 @functools.cache
 def _field_names(cls: type) -> tuple[str, ...]:
-    return tuple(f.name for f in fields(cls))
+    named = getattr(cls, "_fields", None)  # a named tuple's
+    return tuple(named) if named is not None else tuple(f.name for f in fields(cls))
 
 
 class _Row:
@@ -190,35 +192,71 @@ class JobRow(_JobHandle, _Row):
         object.__setattr__(self, "state", _JOB_STATES[self.state])
 
 
-@dataclass(frozen=True, slots=True)
-class WatchedJob(_JobHandle, _Row):
-    """A job the reconciler watches, with the fields of its task that it needs."""
+class WatchedJob(NamedTuple):
+    """A job the reconciler watches, with what it needs of its task.
+
+    The task's fields are as `JobStore.watched_pages` knows them: read for a task that needs more
+    than a poll (not yet running, being cancelled, past its timeout); for any other active job,
+    its task is running the job's attempt within its timeout (`timeout_at` None: not past it);
+    for a draining job, the task is not read (None).
+
+    A named tuple rather than a frozen dataclass like the other rows (immutable all the same):
+    the reconciler builds one per watched job every cycle, 100,000 a cycle with 100,000 tasks in
+    flight, and a frozen dataclass's `__init__` (one `object.__setattr__` per field) cost about
+    four times as much (`bench/inflight.py`)."""
 
     worker_id: str
     task_id: str
     attempt: int
     provider: str
-    job_name: str
-    job_state: JobState
-    task_attempt: int
-    state: TaskState  # the task's
-    store_url: str
-    tool_name: str
     event_seq: int
-    handle_json: str | None = None
-    launched_at: float | None = None
-    seen_at: float | None = None
-    stop_requested_at: float | None = None
-    stop_sent_at: float | None = None
-    provider_status: str | None = None
-    provider_reason: str | None = None
-    timeout_at: float | None = None
-    heartbeat_at: float | None = None
-    stop_reason: str | None = None
+    handle_json: str | None
+    seen_at: float | None
+    stop_requested_at: float | None
+    stop_sent_at: float | None
+    provider_status: str | None
+    provider_reason: str | None
+    created_at: float  # the job's (with worker_id, the cursor of the reconciler's paged walk)
+    job_state: JobState
+    task_attempt: int | None  # the task's, from here on
+    timeout_at: float | None
+    stop_reason: str | None
+    state: TaskState | None
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "job_state", _JOB_STATES[self.job_state])
-        object.__setattr__(self, "state", _TASK_STATES[self.state])
+    @classmethod
+    def of_jobs(cls, jobs: list[tuple[Any, ...]], tasks: Mapping[str, tuple[Any, ...]]) -> list[WatchedJob]:
+        """Rows from the driver's tuples of `queries.WATCHED_PAGE` (the job's fields up to its
+        state) and the (attempt, timeout_at, stop_reason, state) of the tasks read for them."""
+        new, job_states, active, running = tuple.__new__, _JOB_STATES, JobState.ACTIVE, TaskState.RUNNING
+        out = []
+        for t in jobs:
+            job_state = job_states[t[-1]]
+            task = tasks.get(t[1])
+            if task is None:
+                task = (t[2], None, None, running) if job_state is active else (None, None, None, None)
+            out.append(new(cls, t[:-1] + (job_state, *task)))
+        return out
+
+    @classmethod
+    def many(cls, columns: list[str], tuples: list[tuple[Any, ...]]) -> list[WatchedJob]:
+        """Rows by name, from every field's column."""
+        return [cls.from_row(dict(zip(columns, t))) for t in tuples]
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> WatchedJob:
+        values = {f: row[f] for f in cls._fields}
+        values["job_state"] = _JOB_STATES[values["job_state"]]
+        values["state"] = _TASK_STATES[values["state"]] if values["state"] is not None else None
+        return cls(**values)
+
+    @property
+    def handle(self) -> dict[str, Any] | None:
+        """The provider handle as stored (decode it with `Provider.handle`)."""
+        return _loads(self.handle_json)
+
+    @property
+    def job_name(self) -> str:
+        return ids.job_name(self.task_id, self.attempt)
 
     @property
     def draining(self) -> bool:

@@ -1,0 +1,183 @@
+"""The reconciler walks its watched jobs a page at a time: every job is polled and reconciled
+exactly once per cycle however many pages that takes (jobs that end or start during the walk
+included), polls stay within ceil(n / poll_batch_size) per poll key, a job is never stopped twice
+in a cycle, tasks that need more than a poll (cancelled, past their timeout) get it on whichever
+page their job falls, and a page is one range of the index of watched jobs."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from controlplane.app import ControlPlane
+from controlplane.settings import Settings
+from controlplane.states import WATCHED, JobState, TaskState
+from controlplane.store import queries as q
+from controlplane.store.models import WATCHED_JOBS_WHERE
+from providers.base import Handle, JobPhase, JobStatus, LaunchSpec, MalformedHandle, Provider
+from tests.test_states import new_task
+
+PAGE = 7
+BATCH = 4
+
+
+@dataclass(frozen=True)
+class PageHandle(Handle):
+    job: str
+    group: str
+
+
+class PagedDouble(Provider[PageHandle]):
+    """Says every job runs unless told otherwise (`ended`); records every poll and stop."""
+
+    name = "local"
+    capabilities = frozenset()
+    handle_type = PageHandle
+    poll_batch_size = BATCH
+    poll_interval_s = 0.0
+
+    def __init__(self) -> None:
+        self.polls: list[list[PageHandle]] = []
+        self.cancels: list[tuple[str, str]] = []
+        self.ended: dict[str, JobStatus] = {}
+        self.on_first_poll: Callable[[], None] | None = None
+
+    def launch(self, spec: LaunchSpec) -> PageHandle:
+        raise AssertionError("the tests launch nothing")
+
+    def find(self, spec: LaunchSpec) -> PageHandle | None:
+        return None
+
+    def poll_key(self, handle: PageHandle) -> str:
+        return handle.group
+
+    def poll(self, handles: list[PageHandle]) -> list[JobStatus]:
+        self.polls.append(list(handles))
+        if self.on_first_poll is not None:
+            act, self.on_first_poll = self.on_first_poll, None
+            act()
+        running = JobStatus(JobPhase.RUNNING, started_at=time.time(), raw_status="running")
+        return [self.ended.get(h.job, running) for h in handles]
+
+    def cancel(self, handle: PageHandle, reason: str = "cancelled") -> None:
+        self.cancels.append((handle.job, reason))
+
+    def polled(self) -> Counter[str]:
+        return Counter(h.job for call in self.polls for h in call)
+
+
+@pytest.fixture
+def double() -> PagedDouble:
+    return PagedDouble()
+
+
+@pytest.fixture
+def cp(home: Path, double: PagedDouble) -> ControlPlane:
+    cp = ControlPlane(Settings(home=home), providers={"local": double})
+    cp.reconciler.page_size = PAGE
+    return cp
+
+
+def running(cp: ControlPlane, n: int, groups: tuple[str, ...] = ("g1", "g2")) -> dict[str, str]:
+    """`n` running tasks, each with an active job (its handle in one of `groups`, in turn):
+    {job name: task id}."""
+    for _ in range(n):
+        assert cp.store.tasks.submit(new_task(), queue_limit=10_000).created
+    out = {}
+    for i, (task, job) in enumerate(cp.store.jobs.claim_for_launch("cpu_small", capacity=10_000)):
+        assert cp.store.jobs.record_launch(job.worker_id, {"job": job.job_name, "group": groups[i % len(groups)]})
+        cp.attempts.mark_running(task.task_id, task.attempt, time.time())
+        out[job.job_name] = task.task_id
+    return out
+
+
+def walk_order(cp: ControlPlane) -> list[str]:
+    return [j.job_name for j in cp.store.jobs.watched()]
+
+
+def test_a_cycle_over_many_pages_polls_every_job_once_in_as_few_calls(cp: ControlPlane, double: PagedDouble) -> None:
+    jobs = running(cp, 50)  # 8 pages of 7
+    stats = cp.reconciler.cycle_sync(force_poll=True)
+    assert stats.jobs == 50
+    assert double.polled() == Counter(list(jobs))  # each exactly once
+    # per poll key: ceil(25 / 4) calls of at most 4 handles of that key
+    assert len(double.polls) == 2 * math.ceil(25 / BATCH) == stats.provider_calls["local.poll"]
+    assert all(len(call) <= BATCH and len({h.group for h in call}) == 1 for call in double.polls)
+    watched = cp.store.jobs.watched()
+    assert len(watched) == 50 and {j.provider_status for j in watched} == {"running"}  # every status recorded
+    assert {cp.store.tasks.get(t).state for t in jobs.values()} == {TaskState.RUNNING.value}
+
+
+def test_jobs_that_end_or_start_during_the_walk_are_reconciled_at_most_once(cp: ControlPlane,
+                                                                           double: PagedDouble) -> None:
+    jobs = running(cp, 30)
+    order = walk_order(cp)
+    failed, gone_meanwhile = order[2], order[-1]
+    double.ended[failed] = JobStatus(JobPhase.FAILED, reason="exit 3", exit_code=3, raw_status="failed")
+    started: dict[str, str] = {}
+
+    def meanwhile() -> None:  # during the first poll, before the last page is read
+        cp.attempts.end_lost(jobs[gone_meanwhile], 1, "its runner said it ended", job_state=JobState.DONE)
+        started.update(running(cp, 1))
+
+    double.on_first_poll = meanwhile
+    stats = cp.reconciler.cycle_sync(force_poll=True)
+    polled = double.polled()
+    assert max(polled.values()) == 1  # nothing twice
+    assert set(order) - {gone_meanwhile} <= set(polled) <= set(order) | set(started)  # nothing skipped
+    assert stats.finished == 1 and cp.store.tasks.get(jobs[failed]).state == TaskState.FAILED.value
+    assert cp.store.tasks.get(jobs[gone_meanwhile]).state == TaskState.FAILED.value
+    double.polls.clear()
+    cp.reconciler.cycle_sync(force_poll=True)  # the next cycle: what is still watched, once each
+    assert double.polled() == Counter(set(order) - {failed, gone_meanwhile} | set(started))
+
+
+def test_a_job_past_its_timeout_and_silent_is_stopped_once(cp: ControlPlane, double: PagedDouble) -> None:
+    jobs = running(cp, 20)
+    late = walk_order(cp)[-1]  # on the last page
+    now = time.time()
+    with cp.db.write() as c:
+        c.exec_driver_sql("update tasks set timeout_at = ? where task_id = ?", (now - 1, jobs[late]))
+        c.exec_driver_sql("update jobs set seen_at = ? where task_id = ?", (now - 3600, jobs[late]))
+    cp.reconciler.started_at = now - 7200  # silent since before this server started, too
+    cp.reconciler.cycle_sync(force_poll=True)
+    cp.reconciler.cycle_sync(force_poll=True)  # within STOP_RESEND_S: not again
+    assert double.cancels == [(late, "timeout")]
+    assert cp.store.tasks.get(jobs[late]).state == TaskState.CANCELLING.value
+    assert len(double.polls) == 2 * 2 * math.ceil(10 / BATCH)  # and every job polled, both cycles
+
+
+def test_a_cancel_reaches_the_job_on_whichever_page_it_falls(cp: ControlPlane, double: PagedDouble) -> None:
+    jobs = running(cp, 20)
+    order = walk_order(cp)
+    first, last = order[0], order[-1]
+    for name in (first, last):
+        cp.store.tasks.transition(jobs[name], TaskState.CANCEL_REQUESTED)
+    cp.reconciler.cycle_sync(force_poll=True)
+    assert sorted(double.cancels) == sorted([(first, "cancel"), (last, "cancel")])
+    assert {cp.store.tasks.get(jobs[n]).state for n in (first, last)} == {TaskState.CANCELLING.value}
+    assert double.polled() == Counter(list(jobs))
+
+
+def test_a_page_of_handles_decodes_together_and_a_bad_one_is_named_alone(double: PagedDouble) -> None:
+    good = ['{"job": "a", "group": "g"}', '{"job": "b", "group": "g", "added_later": 1}']
+    assert double.handles(good) == [PageHandle("a", "g"), PageHandle("b", "g")]
+    out = double.handles([good[0], '{"job": 7}', "", good[1]])
+    assert out[0] == PageHandle("a", "g") and out[3] == PageHandle("b", "g")
+    assert isinstance(out[1], MalformedHandle) and "provider local" in str(out[1]) and "job" in str(out[1])
+    assert isinstance(out[2], MalformedHandle)
+
+
+def test_a_page_is_one_range_of_the_index_of_watched_jobs(cp: ControlPlane) -> None:
+    assert WATCHED_JOBS_WHERE == "state IN (%s)" % ", ".join(f"'{s.value}'" for s in sorted(WATCHED))
+    sql, names, fixed = cp.db._compiled_for(q.WATCHED_PAGE, {"after_ts": 0.0, "after_wid": "", "lim": PAGE})
+    params = {**fixed, "after_ts": 0.0, "after_wid": "", "lim": PAGE}
+    with cp.db.read() as c:
+        plan = [r[-1] for r in c.exec_driver_sql("EXPLAIN QUERY PLAN " + sql, tuple(params[n] for n in names or []))]
+    assert plan == ["SEARCH jobs USING INDEX ix_jobs_watched ((created_at,worker_id)>(?,?))"]
