@@ -140,6 +140,27 @@ class Database:
         Returns the rows of a SELECT (or of RETURNING), else the number of rows affected."""
         return self._run(conn.connection.driver_connection, stmt, params)
 
+    def run_many(self, conn: Connection, stmt: Any, rows: list[dict[str, Any]]) -> None:
+        """Run a prebuilt statement once for each of `rows` (parameter sets with the same keys)
+        inside the transaction of `conn`, in one executemany: the reconciler records up to a
+        page of provider statuses at once, and SQLAlchemy's executemany spent more building each
+        row's parameters than the driver spent on the row."""
+        if not rows:
+            return
+        sql, names, fixed = self._compiled_for(stmt, rows[0])
+        if names is not None:
+            args: Any = [[r[n] if n in r else fixed[n] for n in names] for r in rows]
+        else:
+            args = [{**fixed, **r} for r in rows] if fixed else rows
+        dbapi_error = self.engine.dialect.loaded_dbapi.Error
+        cur = conn.connection.driver_connection.cursor()
+        try:
+            cur.executemany(sql, args)
+        except dbapi_error as e:
+            raise DBAPIError.instance(sql, args[:1], e, dbapi_error) from e
+        finally:
+            cur.close()
+
     def _run(self, dbapi_conn: Any, stmt: Any, params: dict[str, Any],
              into: Build | None = None) -> list[Any] | int:
         sql, names, fixed = self._compiled_for(stmt, params)

@@ -144,7 +144,7 @@ class JobStore:
         """Record what the provider said, (worker id, status word, reason), many in one statement."""
         if updates:
             with self.w.tx() as c:
-                c.execute(q.SET_PROVIDER_STATUS, [{"wid": w, "st": st, "rs": rs} for w, st, rs in updates])
+                self.db.run_many(c, q.SET_PROVIDER_STATUS, [{"wid": w, "st": st, "rs": rs} for w, st, rs in updates])
 
     def mark_stop_sent(self, worker_id: str) -> float:
         now = self.w.clock()
