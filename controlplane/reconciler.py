@@ -76,7 +76,8 @@ def _by_provider(jobs: list[WatchedJob], due: set[str]) -> dict[str, list[Watche
 
 
 class Reconciler:
-    page_size = 2000  # watched jobs read at a time
+    page_size = 500  # watched jobs read at a time (a cycle holds about 1 MB of them)
+    status_batch = 2000  # provider statuses recorded per write transaction
 
     def __init__(self, store: Store, providers: dict[str, Provider], stores: StoreRegistry, attempts: Attempts,
                  settings: Settings):
@@ -130,7 +131,7 @@ class Reconciler:
                     if len(batch[0]) >= size:
                         del queued[key]
                         self._poll_batch(provider, key[1], *batch, now, stats, changed)
-            if len(changed) >= self.page_size:
+            if len(changed) >= self.status_batch:
                 self.store.jobs.set_provider_status(changed)
                 changed = []
         for (name, key), batch in queued.items():
