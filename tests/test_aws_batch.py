@@ -153,16 +153,21 @@ async def test_job_that_never_starts_fails_as_launch_failed(moto: str, bucket: s
     """The image cannot be pulled: Batch fails the job before any runner exists."""
     aws.batch_catalog(home)
     cp = ControlPlane(Settings(home=home, object_store_url=bucket, **FAST))
-    with aws.BatchExecutor(moto, start_jobs=False):
+    with aws.BatchExecutor(moto, start_jobs=False) as executor:
         async with Client(build_server(cp)) as client:
             agent = Agent(client)
             tid = await agent.submit(inputs={})
             await agent.wait(tid, {"scheduled"}, timeout=30)
             deadline = time.monotonic() + 30
-            while not any(j.job_name.endswith(tid.removeprefix("tsk_") + "-a1") for j in aws.backend()._jobs.values()):
+
+            def ours() -> Any:
+                return next((j for j in aws.backend()._jobs.values()
+                             if j.job_name.endswith(tid.removeprefix("tsk_") + "-a1")), None)
+
+            # once the executor has made it RUNNABLE (else its first look would undo the failure)
+            while (job := ours()) is None or job.job_id not in executor.seen or job.status != "RUNNABLE":
                 assert time.monotonic() < deadline
                 await anyio.sleep(0.05)
-            job = next(j for j in aws.backend()._jobs.values() if j.job_name.endswith(tid.removeprefix("tsk_") + "-a1"))
             job.job_stopped_reason = "CannotPullContainerError: pull access denied for controlplane-runner"
             job._mark_stopped(success=False)
             st = await agent.wait(tid, timeout=30)
