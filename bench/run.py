@@ -32,6 +32,8 @@ What it measures, in one run, each against the issue's target:
 8. A million tasks on file (`bench/scale.py`; quick: 200k): the database's size per task,
    start-up to the first answered call, list_tasks, submit and status against a 10k store in the
    same run, and one expiry sweep.
+9. Memory per in-flight task (RSS over a fresh server) and the reconciler cycle at 10k and 100k in
+   flight, beside 200k finished tasks (`bench/inflight.py`; quick: 10k and 30k beside 50k).
 
 How: every store is a fresh CONTROLPLANE home under a temporary directory. The stored tasks and
 log lines are written in bulk through SQL (`bench/seed.py`), not through MCP: ten days of history,
@@ -589,8 +591,9 @@ def verdicts(r: dict[str, Any]) -> dict[str, dict[str, Any]]:
     add("RSS with 10k in flight (peak)", inf["rss_mb"]["peak_while_serving"], RSS_MB, "MB")
     for name, v in r.get("concurrency", {}).get("verdicts", {}).items():  # ratios that must reach a floor
         out[name] = {"value": v["value"], "limit": v["limit"], "unit": "x (at least)", "pass": v["pass"]}
-    for name, v in r.get("scale", {}).get("verdicts", {}).items():
-        out[f"scale: {name}"] = v
+    for part in ("scale", "inflight_scale"):
+        for name, v in r.get(part, {}).get("verdicts", {}).items():
+            out[f"{part}: {name}"] = v
     return out
 
 
@@ -711,12 +714,18 @@ def run(cfg: Config, tmp: Path, console: Console) -> dict[str, Any]:
     console.log("[bold]7[/] calls per second with 1, 4, 16 and 64 concurrent clients, both protocol eras")
     from bench.concurrency import bench_concurrency
 
+    (tmp / "concurrency").mkdir()
     r["concurrency"] = asyncio.run(bench_concurrency(tmp / "concurrency", console, quick=cfg.quick, seed=cfg.seed))
     console.log(f"[bold]8[/] a million tasks on file{' (quick: 200k)' if cfg.quick else ''}: size, start-up, "
                 "list, submit/status, one expiry sweep")
     from bench.scale import bench_scale
 
     r["scale"] = asyncio.run(bench_scale(tmp, console, quick=cfg.quick))
+    console.log(f"[bold]9[/] memory per in-flight task and the reconciler cycle at {'10k and 30k' if cfg.quick else '10k and 100k'}")
+    from bench.inflight import bench_inflight_scale
+
+    (tmp / "inflight-scale").mkdir()
+    r["inflight_scale"] = asyncio.run(bench_inflight_scale(cfg.quick, tmp / "inflight-scale", console))
     r["verdicts"] = verdicts(r)
     r["all_pass"] = all(x["pass"] for x in r["verdicts"].values())
     r["elapsed_s"] = time.perf_counter() - t0
