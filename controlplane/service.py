@@ -9,7 +9,6 @@ codes of `controlplane.errors`.
 from __future__ import annotations
 
 import base64
-import json
 import math
 import re
 import time
@@ -18,18 +17,17 @@ from datetime import UTC, datetime
 from pathlib import PurePosixPath
 from typing import Any
 
-from jsonschema.exceptions import ValidationError as SchemaValidationError
 
 from controlplane import api, blocking
 from controlplane.api import iso
 from controlplane.catalog import Catalog
 from controlplane.errors import ControlPlaneError, ErrorCode, invalid, not_found
 from controlplane.estimates import Estimator
-from controlplane.launch import check_scratch
 from controlplane.objectstore.registry import StoreRegistry
 from controlplane.settings import Settings
 from controlplane.states import TERMINAL, TaskState
 from controlplane.outcomes import cancelled_error
+from controlplane.admission import Admission
 from controlplane.group_commit import GroupCommit
 from controlplane.store import NewTask, QueueFull, Store, Submitted
 from controlplane.store.rows import TaskRow
@@ -69,12 +67,14 @@ class TaskService:
         self.stores = stores
         self.estimator = estimator
         self.wake = wake  # nudges the scheduler/reconciler after a submit or cancel
+        self.admission = Admission(settings, catalog, self.providers, estimator)
+        self.validate_inputs = self.admission.validate_inputs
         # Submits from the event loop are written together (one transaction, one fsync).
         self.commits: GroupCommit[tuple[NewTask, int], Submitted] = GroupCommit(store.tasks.submit_many)
 
     # ==== submit ==============================================================================
     def submit(self, owner: str, req: api.SubmitTask) -> dict[str, Any]:
-        new, queue_limit = self.admission(owner, req)
+        new, queue_limit = self.admission.check(owner, req)
         try:
             sub = self.store.tasks.submit(new, queue_limit=queue_limit)
         except QueueFull as e:
@@ -85,55 +85,12 @@ class TaskService:
         """`submit` for callers on the event loop: the task is written by a group commit with the
         submits that arrive meanwhile (`controlplane.group_commit`), off the loop, and answered
         once it is on disk."""
-        new, queue_limit = await blocking.call(self.admission, owner, req)
+        new, queue_limit = await blocking.call(self.admission.check, owner, req)
         try:
             sub = await self.commits.run((new, queue_limit))
         except QueueFull as e:
             raise queue_full(e) from None
         return await blocking.call(self.submitted, new, sub)
-
-    def admission(self, owner: str, req: api.SubmitTask) -> tuple[NewTask, int]:
-        """The task a submit asks for, checked against the catalog and the limits, and the length
-        its queue may reach: everything but the write."""
-        tool = self.catalog.tool(req.tool_name)
-        if tool is None:
-            raise ControlPlaneError(ErrorCode.INVALID_REQUEST, f"unknown tool '{req.tool_name}'",
-                                    hint="list the available tools with tools/list")
-        inputs_json = json.dumps(req.inputs, separators=(",", ":"), sort_keys=True)
-        if len(inputs_json.encode()) > self.settings.max_input_bytes:
-            raise invalid(f"inputs are {len(inputs_json.encode())} bytes; the limit is {self.settings.max_input_bytes}",
-                          hint="pass large data by reference (a URL or object key) instead of inline")
-        self.validate_inputs(req.tool_name, req.inputs)
-
-        res = req.resources or api.Resources()
-        rc_name = res.resource_class or tool.resource_class
-        rc = self.catalog.resource_classes.get(rc_name)
-        if rc is None:
-            raise invalid(f"unknown resource class '{rc_name}'",
-                          hint=f"available: {', '.join(sorted(self.catalog.resource_classes))}")
-        for field, asked, limit in (("cpu", res.cpu, rc.cpu), ("memory_mb", res.memory_mb, rc.memory_mb),
-                                    ("gpu", res.gpu, rc.gpu)):
-            if asked is not None and asked > limit:
-                raise invalid(f"resources.{field}={asked} exceeds resource class '{rc_name}' limit of {limit}")
-        check_scratch(self.providers.get(tool.provider), self.catalog, tool.name, rc_name, res.scratch_mb)
-        max_runtime = res.max_runtime_s or tool.default_runtime_s
-        if max_runtime > tool.max_runtime_s:
-            raise invalid(f"resources.max_runtime_s={max_runtime} exceeds the tool's max of {tool.max_runtime_s}")
-        ttl = req.ttl_s or tool.ttl_s or self.settings.default_ttl_s
-        if ttl > self.settings.max_ttl_s:
-            raise invalid(f"ttl_s={ttl} exceeds the server's max of {self.settings.max_ttl_s}")
-        input_size = tool.input_size(req.inputs)
-        estimate = self.estimator.estimate(tool, input_size)
-        resources = {k: v for k, v in res.model_dump().items() if v is not None and k != "resource_class"}
-        new = NewTask(
-            owner=owner, tool_name=tool.name, inputs_json=inputs_json, input_size=input_size,
-            provider=tool.provider, resource_class=rc_name, priority=req.priority, ttl_s=ttl,
-            idempotency_key=req.idempotency_key, tags=list(req.tags), resources_json=json.dumps(resources),
-            max_runtime_s=max_runtime, max_attempts=tool.retry.max_attempts, estimate_s=estimate,
-            max_recoveries=tool.retry.max_recoveries,
-            store_url=tool.object_store or rc.object_store or "",
-        )
-        return new, rc.max_queue_length
 
     def submitted(self, new: NewTask, sub: Submitted) -> dict[str, Any]:
         """The answer to a submit once its task is written (or found by its idempotency key)."""
@@ -158,17 +115,6 @@ class TaskService:
         if not created:
             out["deduplicated"] = True
         return out
-
-    def validate_inputs(self, tool_name: str, inputs: dict[str, Any]) -> None:
-        """INVALID_REQUEST naming the first offending field (`inputs.<field>`) unless the inputs fit the
-        tool's schema."""
-        errors = sorted(self.catalog.validator(tool_name).iter_errors(inputs), key=lambda e: [str(p) for p in e.path])
-        if errors:
-            e: SchemaValidationError = errors[0]
-            where = ".".join(str(p) for p in e.path)
-            field = f"inputs.{where}" if where else "inputs"
-            more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-            raise invalid(f"{field}: {e.message}{more}", hint=f"see the input schema of tool '{tool_name}'")
 
     def poll_after_ms(self, task: TaskRow) -> int:
         """When it is worth asking again: a tenth of the expected remaining time (the tool's own
