@@ -53,6 +53,11 @@ class GroupCommit(Generic[I, R]):
         self.batches = 0  # commits made (for the benchmark's figures)
         self.items = 0
 
+    @property
+    def busy(self) -> bool:
+        """A commit is in flight or items are waiting for the next."""
+        return self._leading or bool(self._waiting)
+
     async def run(self, item: I) -> R:
         entry = _Entry(item)
         self._waiting.append(entry)
