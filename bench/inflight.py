@@ -39,12 +39,10 @@ import argparse
 import asyncio
 import json
 import math
-import os
 import re
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -58,7 +56,7 @@ from fastmcp import Client  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from bench.run import BenchError, ServerProc, call, finite, git_state, helper, ready_info  # noqa: E402
+from bench.run import BenchError, ServerProc, call, helper, ready_info, standalone  # noqa: E402
 from bench.seed import seed_history, seed_inflight  # noqa: E402
 from bench.servers import CYCLE  # noqa: E402
 
@@ -269,29 +267,9 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory (server logs)")
     args = ap.parse_args()
-    for k in [k for k in os.environ if k.startswith("CONTROLPLANE_")]:
-        del os.environ[k]  # an isolated run: nothing from the caller's control plane settings
-    console = Console(width=None if sys.stdout.isatty() else 150)
-    tmp = Path(tempfile.mkdtemp(prefix="cp-inflight-"))
-    t0 = time.perf_counter()
-    try:
-        result = asyncio.run(bench_inflight_scale(args.quick, tmp, console, sizes=args.sizes,
-                                                  history=args.history, seed=args.seed))
-    except BenchError as e:
-        console.print(f"[bold red]benchmark failed:[/] {e}")
-        print(json.dumps({"benchmark": "mcp-controlplane-inflight", "quick": args.quick, "error": str(e)}))
-        return 1
-    finally:
-        if args.keep:
-            console.log(f"kept {tmp}")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
-    result = {"benchmark": "mcp-controlplane-inflight", "quick": args.quick, **result,
-              "elapsed_s": time.perf_counter() - t0, "env": git_state()}
-    render(result, console)
-    print(json.dumps(finite(result), separators=(",", ":"), allow_nan=False), flush=True)
-    return 0
-
+    return standalone("inflight", lambda tmp, console: asyncio.run(bench_inflight_scale(
+        args.quick, tmp, console, sizes=args.sizes, history=args.history, seed=args.seed)),
+        render, keep=args.keep, extra={"quick": args.quick})
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -64,7 +64,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import gc
 import json
 import math
@@ -78,7 +77,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -734,6 +733,35 @@ def run(cfg: Config, tmp: Path, console: Console) -> dict[str, Any]:
     r["env"] = {"python": platform.python_version(), "fastmcp": fastmcp.__version__, "cpus": os.cpu_count(),
                 "platform": platform.platform(), **git_state()}
     return r
+
+
+def standalone(name: str, measure: Callable[[Path, Console], dict[str, Any]],
+               render_result: Callable[[dict[str, Any], Console], None], *, keep: bool = False,
+               extra: dict[str, Any] | None = None) -> int:
+    """The main of a benchmark script (`bench/scale.py`, `bench/inflight.py`, ...): an environment
+    free of the caller's CONTROLPLANE_* settings, a scratch directory (removed unless `keep`),
+    the table, and the JSON line last; exit 1 when something did not work."""
+    for k in [k for k in os.environ if k.startswith("CONTROLPLANE_")]:
+        del os.environ[k]
+    console = Console(width=None if sys.stdout.isatty() else 150)
+    tmp = Path(tempfile.mkdtemp(prefix=f"cp-{name}-"))
+    head = {"benchmark": f"mcp-controlplane-{name}", **(extra or {})}
+    t0 = time.perf_counter()
+    try:
+        result = measure(tmp, console)
+    except BenchError as e:
+        console.print(f"[bold red]benchmark failed:[/] {e}")
+        print(json.dumps({**head, "error": str(e)}))
+        return 1
+    finally:
+        if keep:
+            console.log(f"kept {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    result = {**head, **result, "elapsed_s": time.perf_counter() - t0, "env": git_state()}
+    render_result(result, console)
+    print(json.dumps(finite(result), separators=(",", ":"), allow_nan=False, default=str), flush=True)
+    return 0
 
 
 def main() -> int:

@@ -36,12 +36,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import resource
-import shutil
 import sys
-import tempfile
 import threading
 import time
 from contextlib import AsyncExitStack
@@ -62,8 +59,8 @@ from rich.console import Console  # noqa: E402
 from rich.markup import escape  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from bench.run import (MB, BenchError, ServerProc, call, finite, helper, list_variants, percentile,  # noqa: E402
-                       ready_info, summary)
+from bench.run import (MB, ServerProc, call, finite, helper, list_variants, percentile,  # noqa: E402
+                       ready_info, standalone, summary)
 from bench.seed import CHUNK, DAY, MAIN_OWNER, Seeded, seed_history  # noqa: E402
 
 LIST_P99_MS = 20.0
@@ -497,27 +494,9 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--keep", action="store_true", help="keep the temporary homes and server logs")
     args = ap.parse_args()
-    for k in [k for k in os.environ if k.startswith("CONTROLPLANE_")]:
-        del os.environ[k]
-    console = Console(width=None if sys.stdout.isatty() else 150)
-    tmp = Path(tempfile.mkdtemp(prefix="cp-scale-"))
-    try:
-        result = asyncio.run(bench_scale(tmp, console, quick=args.quick, tasks=args.tasks, due=args.due,
-                                         rounds=args.rounds, budget_s=args.budget, sweep_max_s=args.sweep_max_s,
-                                         seed=args.seed, compare_with=args.compare_with))
-    except BenchError as e:
-        console.print(f"[bold red]benchmark failed:[/] {e}")
-        print(json.dumps({"benchmark": "mcp-controlplane scale", "error": str(e)}))
-        return 1
-    finally:
-        if args.keep:
-            console.log(f"kept {tmp}")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
-    render(result, console)
-    print(json.dumps(result, separators=(",", ":"), allow_nan=False, default=str), flush=True)
-    return 0
-
+    return standalone("scale", lambda tmp, console: asyncio.run(bench_scale(
+        tmp, console, quick=args.quick, tasks=args.tasks, due=args.due, rounds=args.rounds, budget_s=args.budget,
+        sweep_max_s=args.sweep_max_s, seed=args.seed, compare_with=args.compare_with)), render, keep=args.keep)
 
 if __name__ == "__main__":
     sys.exit(main())
