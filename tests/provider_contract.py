@@ -138,6 +138,19 @@ def launch_like_the_scheduler(provider: Provider, spec: LaunchSpec, tries: int =
     raise AssertionError(f"could not launch {spec.job_name} in {tries} tries")
 
 
+def still_watched(harness: Harness, restarted: Provider, earlier_form: Callable[[Handle], dict[str, Any]],
+                  job_name: str = "cp-old-a1") -> tuple[Handle, JobStatus]:
+    """A job launched by an earlier version: `earlier_form(handle)` is what that version stored
+    for it. A restarted provider decodes that to the same handle, sees the job run, and stops it.
+    Returns the handle and the job's final status (for the provider's own checks)."""
+    launched = harness.provider.launch(harness.spec(job_name, SLEEP.format(s=30)))
+    handle = restarted.handle(json.loads(json.dumps(earlier_form(launched))))
+    assert handle == launched
+    wait_for(restarted, handle, {JobPhase.RUNNING}, timeout=30)
+    restarted.cancel(handle)
+    return handle, wait_for(restarted, handle, ENDED, timeout=30)
+
+
 PRINT_LINES = "import sys\nfor i in range({n}): print('line', i)\nsys.exit({code})"
 SLEEP = "import time\nprint('sleeping', flush=True)\ntime.sleep({s})"
 

@@ -28,7 +28,7 @@ from providers.cloud_run import CloudRunHandle, CloudRunOptions, CloudRunProvide
 from tests import gcp
 from tests.cloud import CloudTarget, gcs_server, gcs_target  # noqa: F401  (fixture)
 from tests.conftest import FAST, Agent
-from tests.provider_contract import Harness, ProviderContract
+from tests.provider_contract import Harness, ProviderContract, still_watched
 
 pytestmark = pytest.mark.anyio
 PROJECT, REGION, JOB, RUNNER = gcp.PROJECT, gcp.REGION, gcp.JOB, gcp.RUNNER
@@ -195,20 +195,14 @@ def test_handles_stored_by_earlier_versions_decode_unchanged(stored: str, tmp_pa
 
 
 def test_an_execution_launched_by_an_earlier_version_is_still_watched(fake: gcp.FakeCloudRun, tmp_path: Path) -> None:
-    harness = CloudRunHarness(tmp_path, fake)
-    launched = harness.provider.launch(harness.spec("cp-old-a1", "import time; time.sleep(30)"))
-    old = {"execution": launched.execution, "job": launched.job, "job_name": "cp-old-a1",
-           "created_at": launched.created_at, "log_uri": launched.log_uri, "stuck_after_s": 900.0,
-           "on_stuck": "wait"}  # what the earlier launch returned for this execution
+    def earlier(launched: CloudRunHandle) -> dict[str, Any]:  # what the earlier launch returned for it
+        return {"execution": launched.execution, "job": launched.job, "job_name": "cp-old-a1",
+                "created_at": launched.created_at, "log_uri": launched.log_uri, "stuck_after_s": 900.0,
+                "on_stuck": "wait"}
+
     restarted = CloudRunProvider.configured(tmp_path, poll_interval_s=0.1)
-    handle = restarted.handle(json.loads(json.dumps(old)))
-    assert handle == launched
-    deadline = time.monotonic() + 30
-    while (st := restarted.poll([handle])[0]).phase != JobPhase.RUNNING:
-        assert time.monotonic() < deadline, st
-        time.sleep(0.1)
+    handle, _ = still_watched(CloudRunHarness(tmp_path, fake), restarted, earlier)
     assert restarted.log_link(handle)
-    restarted.cancel(handle)
     assert execution_of_name(fake, handle.execution, final=True)["state"] == "cancelled"
 
 

@@ -34,7 +34,7 @@ from providers.container_apps import ContainerAppsHandle, ContainerAppsOptions, 
 from tests import azure
 from tests.cloud import CloudTarget, azure_target, azurite_server  # noqa: F401  (fixture)
 from tests.conftest import FAST, Agent
-from tests.provider_contract import Harness, ProviderContract
+from tests.provider_contract import Harness, ProviderContract, still_watched
 
 pytestmark = pytest.mark.anyio
 RG, JOB, RUNNER = azure.RESOURCE_GROUP, azure.JOB, azure.RUNNER
@@ -332,24 +332,14 @@ def test_handles_stored_by_earlier_versions_decode_unchanged(stored: str, fake: 
 
 
 def test_an_execution_started_by_an_earlier_version_is_still_watched(fake: azure.FakeAzure, tmp_path: Path) -> None:
-    harness = ContainerAppsHarness(tmp_path, fake)
-    launched = harness.provider.launch(harness.spec("cp-old-a1", "import time; time.sleep(30)"))
-    old = {"execution": launched.execution, "job": launched.job, "job_name": "cp-old-a1",
-           "created_at": launched.created_at, "workspace_id": azure.WORKSPACE, "stuck_after_s": 900.0,
-           "on_stuck": "wait"}  # what the earlier launch returned for this execution
+    def earlier(launched: ContainerAppsHandle) -> dict[str, Any]:  # what the earlier launch returned for it
+        return {"execution": launched.execution, "job": launched.job, "job_name": "cp-old-a1",
+                "created_at": launched.created_at, "workspace_id": azure.WORKSPACE, "stuck_after_s": 900.0,
+                "on_stuck": "wait"}
+
     restarted = ContainerAppsProvider.configured(tmp_path, poll_interval_s=0.1)
-    handle = restarted.handle(json.loads(json.dumps(old)))
-    assert handle == launched
-    deadline = time.monotonic() + 30
-    while (st := restarted.poll([handle])[0]).phase != JobPhase.RUNNING:
-        assert time.monotonic() < deadline, st
-        time.sleep(0.1)
+    handle, st = still_watched(ContainerAppsHarness(tmp_path, fake), restarted, earlier)
     assert restarted.log_link(handle).endswith(f"/executions/{handle.execution}")
-    restarted.cancel(handle)
-    deadline = time.monotonic() + 30
-    while (st := restarted.poll([handle])[0]).phase == JobPhase.RUNNING:
-        assert time.monotonic() < deadline, st
-        time.sleep(0.1)
     assert st.raw_status == "Stopped"
 
 
