@@ -71,7 +71,6 @@ class TaskService:
         self.validate_inputs = self.admission.validate_inputs
         # Submits from the event loop are written together (one transaction, one fsync).
         self.commits: GroupCommit[tuple[NewTask, int], Submitted] = GroupCommit(store.tasks.submit_many)
-        self._submitting = 0  # submits between their admission and their write, on the event loop
 
     # ==== submit ==============================================================================
     def submit(self, owner: str, req: api.SubmitTask) -> dict[str, Any]:
@@ -85,19 +84,16 @@ class TaskService:
     async def submit_grouped(self, owner: str, req: api.SubmitTask) -> dict[str, Any]:
         """`submit` for callers on the event loop. A submit alone is written at once, on the loop
         (a short SQLite transaction costs less than a hop to a thread and back); one that arrives
-        while others are in flight, or finds the write lock taken, joins a group commit with them
+        while a group commit is forming or in flight, or finds the write lock taken, joins one
         (`controlplane.group_commit`: one transaction and one fsync for all, off the loop).
         Either way it is answered once its task is on disk."""
         new, queue_limit = await blocking.call(self.admission.check, owner, req)
-        self._submitting += 1
         try:
-            sub = self._submit_alone(new, queue_limit) if self._submitting == 1 and not self.commits.busy else None
+            sub = None if self.commits.busy else self._submit_alone(new, queue_limit)
             if sub is None:
                 sub = await self.commits.run((new, queue_limit))
         except QueueFull as e:
             raise queue_full(e) from None
-        finally:
-            self._submitting -= 1
         return await blocking.call(self.submitted, new, sub)
 
     def _submit_alone(self, new: NewTask, queue_limit: int) -> Submitted | None:
