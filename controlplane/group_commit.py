@@ -62,29 +62,26 @@ class GroupCommit(Generic[I, R]):
         entry = _Entry(item)
         self._waiting.append(entry)
         while True:
-            if not self._leading:
-                await self._lead()
-            else:
+            if self._leading or entry.fut.done():  # wait for the outcome, or for our turn to lead
                 try:
-                    got = await asyncio.shield(entry.fut)
+                    got = await asyncio.shield(entry.fut)  # (raises the item's own error)
                 except asyncio.CancelledError:
                     self._abandon(entry)
                     raise
-                if got is _LEAD:
-                    entry.fut = asyncio.get_running_loop().create_future()
-                    await self._lead()
-            if entry.fut.done():
-                got = entry.fut.result()
                 if got is not _LEAD:
                     return got  # type: ignore[return-value]
-                entry.fut = asyncio.get_running_loop().create_future()
+                entry.fut = asyncio.get_running_loop().create_future()  # leadership is reserved for us
+            await self._lead()
 
     def _abandon(self, entry: _Entry[I]) -> None:
-        """A cancelled caller: its item is taken back if still waiting; if it had just been made
-        leader, leadership passes on."""
+        """A cancelled caller: its item is taken back if still waiting (else its outcome is
+        dropped); if it had just been made leader, leadership passes on."""
         if entry in self._waiting:
             self._waiting.remove(entry)
-        if entry.fut.done() and not entry.fut.cancelled() and entry.fut.result() is _LEAD:
+        fut = entry.fut
+        if not fut.done():
+            fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # nobody will read it
+        elif not fut.cancelled() and fut.exception() is None and fut.result() is _LEAD:
             self._leading = False
             self._hand_over()
 

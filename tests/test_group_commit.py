@@ -62,6 +62,25 @@ async def test_concurrent_items_share_batches_and_each_caller_gets_its_own_outco
     assert len(rec.batches) <= 3 and gc.batches == len(rec.batches)  # the first alone, the rest together
 
 
+async def test_more_waiting_than_one_batch_holds_are_written_in_turn() -> None:
+    rec = Recorder()
+    rec.gate.clear()
+    gc: GroupCommit[int, int] = GroupCommit(rec, max_batch=2)
+    answers: list[int] = []
+
+    async def one(i: int) -> None:
+        answers.append(await gc.run(i))
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            for i in range(0, 14, 2):
+                tg.start_soon(one, i)
+            await anyio.sleep(0.1)
+            rec.gate.set()
+    assert sorted(answers) == [i * 10 for i in range(0, 14, 2)]
+    assert all(len(b) <= 2 for b in rec.batches) and sorted(i for b in rec.batches for i in b) == list(range(0, 14, 2))
+
+
 def held() -> tuple[Recorder, list[int], Callable[[int], Awaitable[None]]]:
     """A group commit whose first batch is held at the gate; `one(i)` runs item i and keeps its answer."""
     rec = Recorder()
