@@ -47,7 +47,7 @@ class _Row:
     @classmethod
     def many(cls, columns: list[str], tuples: list[tuple[Any, ...]]) -> list[Self]:
         """Rows from the driver's tuples: positionally when the query selects the row's fields in
-        their order (the reconciler reads 10,000 watched jobs a cycle this way), else by name."""
+        their order (log pages, the audit), else by name."""
         if tuple(columns) == _field_names(cls):
             return [cls(*t) for t in tuples]
         return [cls.from_row(dict(zip(columns, t))) for t in tuples]
@@ -236,18 +236,6 @@ class WatchedJob(NamedTuple):
                 task = (t[2], None, None, running) if job_state is active else (None, None, None, None)
             out.append(new(cls, t[:-1] + (job_state, *task)))
         return out
-
-    @classmethod
-    def many(cls, columns: list[str], tuples: list[tuple[Any, ...]]) -> list[WatchedJob]:
-        """Rows by name, from every field's column."""
-        return [cls.from_row(dict(zip(columns, t))) for t in tuples]
-
-    @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> WatchedJob:
-        values = {f: row[f] for f in cls._fields}
-        values["job_state"] = _JOB_STATES[values["job_state"]]
-        values["state"] = _TASK_STATES[values["state"]] if values["state"] is not None else None
-        return cls(**values)
 
     @property
     def handle(self) -> dict[str, Any] | None:
