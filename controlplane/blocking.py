@@ -54,3 +54,22 @@ async def call(fn: Callable[..., T], *args: object) -> T:
             return fn(*args)
     except WouldBlock:
         return await anyio.to_thread.run_sync(fn, *args)
+
+
+class Load:
+    """How many calls wait for the event loop at this moment (counted by the HTTP endpoint:
+    `controlplane.http.load`).
+
+    A durable write on the loop holds it for the write's fsync: worth it for a call alone (a hop
+    to a worker thread and back costs more), not while other calls wait for the loop. A submit
+    made while others are being served joins a group commit instead, whose fsync runs off the
+    loop and is shared (issue 13: 16 clients submitting, 215-250 -> 345 submits/s)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    @property
+    def others(self) -> bool:
+        """Another call is in progress besides the one asking."""
+        return self.calls > 1
+

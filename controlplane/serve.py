@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 from controlplane.app import ControlPlane
 from controlplane.http.listener import Listener
+from controlplane.http.load import CountCalls
 from controlplane.http.quiet_json import QuietJsonRouter
 from controlplane.http.replay import ReplayBuffer
 from controlplane.mcp import compat
@@ -57,6 +58,7 @@ def http_app(cp: ControlPlane, listener: Listener, host: str) -> Any:
     app = build_server(cp).http_app(path="/mcp", host_origin_protection=True, allowed_hosts=[h for h in hosts if h],
                                     allowed_origins=origins, event_store=events)
     app.state.quiet_json = route_quiet_calls_as_json(app) if settings.json_responses else None
+    compat.wrap_mcp_endpoint(app, "/mcp", lambda inner: CountCalls(inner, cp.service.load))
     return app
 
 

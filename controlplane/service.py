@@ -70,6 +70,7 @@ class TaskService:
         self.admission = Admission(settings, catalog, self.providers, estimator)
         self.validate_inputs = self.admission.validate_inputs
         # Submits from the event loop are written together (one transaction, one fsync).
+        self.load = blocking.Load()  # calls in progress on the loop (the MCP tools count them)
         self.commits: GroupCommit[tuple[NewTask, int], Submitted] = GroupCommit(store.tasks.submit_many)
 
     # ==== submit ==============================================================================
@@ -83,13 +84,15 @@ class TaskService:
 
     async def submit_grouped(self, owner: str, req: api.SubmitTask) -> dict[str, Any]:
         """`submit` for callers on the event loop. A submit alone is written at once, on the loop
-        (a short SQLite transaction costs less than a hop to a thread and back); one that arrives
-        while a group commit is forming or in flight, or finds the write lock taken, joins one
-        (`controlplane.group_commit`: one transaction and one fsync for all, off the loop).
-        Either way it is answered once its task is on disk."""
+        (a short SQLite transaction costs less than a hop to a thread and back); one made while
+        other calls are being served (`blocking.Load`) or a group commit is forming or in flight,
+        or that finds the write lock taken, joins one (`controlplane.group_commit`: one
+        transaction and one fsync for all, off the loop). Either way it is answered once its
+        task is on disk."""
         new, queue_limit = await blocking.call(self.admission.check, owner, req)
         try:
-            sub = None if self.commits.busy else self._submit_alone(new, queue_limit)
+            alone = not (self.commits.busy or self.load.others)
+            sub = self._submit_alone(new, queue_limit) if alone else None
             if sub is None:
                 sub = await self.commits.run((new, queue_limit))
         except QueueFull as e:

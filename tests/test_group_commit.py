@@ -193,3 +193,37 @@ async def test_the_service_maps_a_full_queue_in_a_group_commit_to_queue_overload
                                     return_exceptions=True)
     codes = sorted(getattr(o, "code", "ok") for o in outcomes)
     assert codes == ["QUEUE_OVERLOADED", "QUEUE_OVERLOADED", "ok"]  # nothing runs yet: one fits the queue
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])  # 2026-07-28 and 2025-11-25
+async def test_over_http_submits_made_while_others_wait_are_grouped_and_a_lone_one_is_not(home: Path, mode: str) -> None:
+    """Over HTTP the server counts the calls waiting for their answer (`blocking.Load`): a submit
+    made while others wait joins a group commit (its fsync off the loop), a submit alone is
+    written at once; once everything is answered nothing is left counted, in either era."""
+    from tests.conftest import serving
+
+    write_catalog(home, queue_length=1000)
+    cp = ControlPlane(Settings(home=home, **FAST))
+    load, commits = cp.service.load, cp.service.commits
+    async with serving(cp) as server:
+        clients = [Client(server.url, mode=mode) for _ in range(12)]
+        for c in clients:
+            await c.__aenter__()
+        try:
+            args = {"tool_name": "exercise", "inputs": {"sleep_s": 0}}
+            answers = await asyncio.gather(*(c.call_tool("submit_task", args) for c in clients for _ in range(2)))
+            assert all(not a.is_error for a in answers)
+            assert commits.items >= 12  # most of the 24 waited behind others and were grouped
+            assert commits.batches < commits.items  # ... sharing commits
+            assert load.calls == 0
+            tried_alone: list[bool] = []
+            write_alone = cp.service._submit_alone
+            cp.service._submit_alone = lambda *a: tried_alone.append(True) or write_alone(*a)  # type: ignore[method-assign]
+            for _ in range(3):
+                assert not (await clients[0].call_tool("submit_task", args)).is_error
+            assert tried_alone == [True] * 3  # alone: tried on the loop (unless the scheduler held the lock)
+            assert load.calls == 0
+        finally:
+            for c in clients:
+                await c.__aexit__(None, None, None)
+    assert len(cp.store.tasks.list(cp.settings.default_owner, limit=100)) == 27

@@ -152,3 +152,27 @@ async def test_a_tool_call_does_not_list_every_tool_first(cp: ControlPlane, monk
         assert listings == []
         r = await post_modern(http, server.url, "tools/list")
         assert r.status_code == 200 and listings == ["tools/list"]  # the counter does count
+
+
+async def test_a_header_declared_in_a_catalog_schema_is_still_checked(home: Any, settings: Any) -> None:
+    """The SDK is handed only the schemas that declare an `x-mcp-header` (the check walks every
+    schema it gets, on every call); one a catalog tool declares is still enforced: a request whose
+    Mcp-Param header disagrees with its argument is refused before the tool runs, and nothing is
+    created, while the agreeing one is answered."""
+    from tests.conftest import catalog_text
+
+    text = catalog_text().replace(
+        'properties.log_lines = { type = "integer",',
+        'properties.log_lines = { "x-mcp-header" = "Log-Lines", type = "integer",')
+    assert "x-mcp-header" in text
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "catalog.toml").write_text(text)
+    cp = ControlPlane(settings)
+    async with serving(cp) as server, httpx.AsyncClient() as http:
+        call = {"name": "exercise", "arguments": {"log_lines": 3}}
+        bad = await post_modern(http, server.url, "tools/call", call, **{"Mcp-Param-Log-Lines": "4"})
+        assert bad.status_code == 400 and "Mcp-Param-Log-Lines" in bad.text
+        assert cp.store.tasks.list(cp.settings.default_owner) == []
+        good = await post_modern(http, server.url, "tools/call", call, **{"Mcp-Param-Log-Lines": "3"})
+        assert good.status_code == 200 and '"isError":false' in good.text.replace(" ", "")
+        assert len(cp.store.tasks.list(cp.settings.default_owner)) == 1

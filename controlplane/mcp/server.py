@@ -7,6 +7,7 @@ is not HTTP, an internal HTTP listener for runners and downloads).
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -50,6 +51,18 @@ class UnknownToolAsError(Middleware):
                          time.perf_counter())
 
 
+X_MCP_HEADER = "x-mcp-header"  # the 2026-07-28 schema keyword that maps an argument to a header
+
+
+def header_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """What the SDK's Mcp-Param-* header check needs of a tool's input schema: the schema when
+    it declares a header (`x-mcp-header`, operators may in a catalog tool's schema), else an empty
+    object schema, which that check treats the same (nothing declared, nothing to compare). The
+    check walks every position of the schema it is given, twice per call: on submit_task's schema
+    that was a tenth of the call."""
+    return schema if X_MCP_HEADER in json.dumps(schema) else {"type": "object"}
+
+
 def build_server(cp: ControlPlane, *, with_auth: bool = True) -> FastMCP:
     followers = Followers(cp)
     subscriptions = TaskSubscriptions(cp)
@@ -77,7 +90,8 @@ def build_server(cp: ControlPlane, *, with_auth: bool = True) -> FastMCP:
     # Point reads and short writes are tried on the event loop (see controlplane.blocking);
     # list_tasks (a page of rows) uses a thread, and so does get_task_result when a link is signed
     # by a store that may call out;
-    # submits are written by a group commit (controlplane.group_commit), never on the loop.
+    # a submit is written on the loop when it is the only call being served, else by a group
+    # commit (controlplane.group_commit) off the loop.
     tools = [
         canonical_tool("submit_task", "Submit a catalog tool to run as a durable task. Returns at once with the "
                        "task id, its queue position and when to poll.", api.SubmitTask, svc.submit_grouped,
@@ -109,7 +123,8 @@ def build_server(cp: ControlPlane, *, with_auth: bool = True) -> FastMCP:
     # through the server unless the low-level server can look the schema up itself: that listing
     # was half the cost of a get_task_status call. Our tools are the same for every caller.
     schemas = {t.name: t.parameters for t in tools}
-    compat.set_input_schema_lookup(mcp, schemas.get)
+    headers = {name: header_schema(schema) for name, schema in schemas.items()}
+    compat.set_input_schema_lookup(mcp, headers.get)
     mcp.add_middleware(JsonOnly(cp.catalog))  # first: past it, every value is JSON (mcp/guard.py)
     mcp.add_middleware(UnknownToolAsError())
     mcp.add_extension(ControlPlaneTasks(cp))  # native tasks, from our own store
