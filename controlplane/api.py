@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -20,10 +21,25 @@ from pydantic import BaseModel, ConfigDict, Field
 from controlplane.states import TaskState
 
 def iso(ts: float | None) -> str | None:
-    """A timestamp as every answer writes it: RFC 3339 in UTC, to the millisecond."""
+    """A timestamp as every answer writes it: RFC 3339 in UTC, to the millisecond (what
+    `datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds")` writes, microseconds
+    rounded half-even, then cut to milliseconds; a test holds the two equal). Built from the
+    whole second, cached, and the milliseconds: a page of list_tasks writes 800 of these, and
+    the datetime round trip took a third of the page."""
     if ts is None:
         return None
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    frac, whole = math.modf(ts)
+    us, second = round(frac * 1e6), int(whole)
+    if us < 0:
+        us, second = us + 1_000_000, second - 1
+    elif us >= 1_000_000:
+        us, second = us - 1_000_000, second + 1
+    return f"{_iso_second(second)}.{us // 1000:03d}Z"
+
+
+@lru_cache(maxsize=4096)
+def _iso_second(second: int) -> str:
+    return datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S")
 
 
 TaskId = Annotated[str, Field(min_length=4, max_length=64, description="The task id returned by submit_task")]

@@ -11,8 +11,12 @@ import pytest
 from controlplane.app import ControlPlane
 from controlplane.states import JobState, TaskState
 from controlplane.store import queries as q
-from controlplane.store.rows import EventRow, LogLine, WatchedJob, _field_names
+from controlplane.store.rows import EventRow, LogLine, TaskSummary, WatchedJob, _field_names
 from tests.test_states import new_task
+
+
+def test_list_pages_are_read_in_the_order_of_their_fields() -> None:
+    assert q.LIST_FIELDS == _field_names(TaskSummary)
 
 
 def test_watched_jobs_are_read_in_the_order_of_their_fields() -> None:
@@ -49,3 +53,4 @@ def test_a_row_built_by_position_equals_one_built_by_name(cp: ControlPlane) -> N
     assert by_name == [event] and event.kind == "submitted"
     with pytest.raises(dataclasses.FrozenInstanceError):
         event.kind = "other"  # type: ignore[misc]
+

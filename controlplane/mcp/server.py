@@ -87,11 +87,11 @@ def build_server(cp: ControlPlane, *, with_auth: bool = True) -> FastMCP:
     )
     svc = cp.service
     owner = cp.settings.default_owner
-    # Point reads and short writes are tried on the event loop (see controlplane.blocking);
-    # list_tasks (a page of rows) uses a thread, and so does get_task_result when a link is signed
-    # by a store that may call out;
-    # a submit is written on the loop when it is the only call being served, else by a group
-    # commit (controlplane.group_commit) off the loop.
+    # Reads (a page of list_tasks too: a few ms of Python that would hold the GIL in a thread just
+    # the same) and short writes are tried on the event loop (see controlplane.blocking);
+    # get_task_result uses a thread when a link is signed by a store that may call out; a submit
+    # is written on the loop when it is the only call being served, else by a group commit
+    # (controlplane.group_commit) off the loop.
     tools = [
         canonical_tool("submit_task", "Submit a catalog tool to run as a durable task. Returns at once with the "
                        "task id, its queue position and when to poll.", api.SubmitTask, svc.submit_grouped,
@@ -105,7 +105,7 @@ def build_server(cp: ControlPlane, *, with_auth: bool = True) -> FastMCP:
                        default_owner=owner, read_only=True, inline=True),
         canonical_tool("list_tasks", "Your tasks, newest first, filtered by state, tool, tags and submission "
                        "time, with cursor pagination.", api.ListTasks, svc.list, default_owner=owner,
-                       read_only=True),
+                       read_only=True, inline=True),
         canonical_tool("cancel_task", "Cancel a task: a queued task is cancelled at once; a running one is "
                        "stopped (its cloud job or process tree included). Idempotent.", api.CancelTask,
                        svc.cancel, default_owner=owner, read_only=False, inline=True),

@@ -164,6 +164,10 @@ RELEASE_LEASE = delete(LEASES).where(LEASES.c.name == _bp("name"), LEASES.c.hold
 
 
 # ==== statements shaped by the call ============================================================
+LIST_FIELDS = ("pk", "task_id", "tool_name", "state", "priority", "resource_class", "attempt", "submitted_at",
+               "updated_at", "tags_json", "started_at", "completed_at", "progress_json")
+
+
 def list_page(owner: str, *, states_: Sequence[str] | None, tool_name: str | None,
               tags_any: Sequence[str] | None, submitted_after: float | None, submitted_before: float | None,
               after: tuple[float, int] | None, limit: int) -> list[Any]:
@@ -176,8 +180,7 @@ def list_page(owner: str, *, states_: Sequence[str] | None, tool_name: str | Non
         drivers = [(T, T.c.state == st) for st in dict.fromkeys(states_)]
     else:
         drivers = [(T, None)]
-    cols = [T.c.pk, T.c.task_id, T.c.tool_name, T.c.state, T.c.priority, T.c.resource_class, T.c.attempt,
-            T.c.submitted_at, T.c.started_at, T.c.updated_at, T.c.completed_at, T.c.tags_json, T.c.progress_json]
+    cols = [T.c[f] for f in LIST_FIELDS]  # in TaskSummary's order: rows are built by position
     out = []
     for table, cond in drivers:
         if table is TAGS:  # the tag index carries owner and submission time

@@ -158,8 +158,9 @@ class TaskStore:
             for stmt in q.list_page(owner, states_=states_, tool_name=tool_name, tags_any=tags_any,
                                     submitted_after=submitted_after, submitted_before=submitted_before,
                                     after=after, limit=limit):
-                for r in c.execute(stmt).mappings():
-                    rows.setdefault(r["pk"], TaskSummary.from_row(r))
+                result = c.execute(stmt)
+                for r in TaskSummary.many(list(result.keys()), result.all()):
+                    rows.setdefault(r.pk, r)
         return sorted(rows.values(), key=lambda r: (r.submitted_at, r.pk), reverse=True)[:limit]
 
     def task_ids(self, owner: str, prefix: str, limit: int) -> list[str]:
