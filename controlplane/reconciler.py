@@ -78,6 +78,12 @@ def _by_provider(jobs: list[WatchedJob], due: set[str]) -> dict[str, list[Watche
 class Reconciler:
     page_size = 500  # watched jobs read at a time (a cycle holds about 1 MB of them)
     status_batch = 2000  # provider statuses recorded per write transaction
+    # Provider statuses recorded per cycle at most: what the providers' words are for is the
+    # operator's view and a waiting task's reason; nothing the cycle decides (a job's end, a stop)
+    # reads them. A burst of first statuses (jobs launched since the last poll) is recorded over
+    # the next cycles, each cycle's writes bounded (at 100k first statuses, recording them all in
+    # one cycle took half its CPU: bench/inflight.py).
+    status_budget = 20_000
 
     def __init__(self, store: Store, providers: dict[str, Provider], stores: StoreRegistry, attempts: Attempts,
                  settings: Settings):
@@ -90,6 +96,7 @@ class Reconciler:
         self._last_poll: dict[str, float] = {}
         self._stop_sent: dict[str, float] = {}  # this cycle's stops, by worker id
         self._unreadable: set[str] = set()  # jobs whose stored handle did not decode (said once)
+        self._status_room = self.status_budget  # statuses this cycle may still record
         self.retention = Retention(store, stores, providers, settings)
 
     async def cycle(self, force_poll: bool = False) -> CycleStats:
@@ -110,6 +117,7 @@ class Reconciler:
                if force_poll or now - self._last_poll.get(name, 0) >= p.poll_interval_s}
         queued: dict[tuple[str, Any], tuple[list[WatchedJob], list[Handle]]] = {}  # by (provider, poll key)
         changed: list[tuple[str, str, str | None]] = []  # provider statuses to record
+        self._status_room = self.status_budget
         polled: set[str] = set()
         for page in self.store.jobs.watched_pages(self.page_size, now):
             stats.jobs += len(page)
@@ -218,7 +226,8 @@ class Reconciler:
             if st is None:
                 continue
             reason = st.waiting_reason or st.reason
-            if st.raw_status != j.provider_status or reason != j.provider_reason:
+            if (st.raw_status != j.provider_status or reason != j.provider_reason) and self._status_room > 0:
+                self._status_room -= 1
                 changed.append((j.worker_id, st.raw_status or st.phase.value, reason))
             alive = st.phase in _ALIVE
             if j.draining:

@@ -1,7 +1,7 @@
 """The reconciler walks its watched jobs a page at a time: every job is polled and reconciled
 exactly once per cycle however many pages that takes (jobs that end or start during the walk
-included), polls stay within ceil(n / poll_batch_size) per poll key, a job is never stopped twice
-in a cycle, tasks that need more than a poll (cancelled, past their timeout) get it on whichever
+included), polls stay within ceil(n / poll_batch_size) per poll key, provider statuses are recorded within a
+budget per cycle, a job is never stopped twice in a cycle, tasks that need more than a poll (cancelled, past their timeout) get it on whichever
 page their job falls, and a page is one range of the index of watched jobs."""
 
 from __future__ import annotations
@@ -136,6 +136,25 @@ def test_jobs_that_end_or_start_during_the_walk_are_reconciled_at_most_once(cp: 
     double.polls.clear()
     cp.reconciler.cycle_sync(force_poll=True)  # the next cycle: what is still watched, once each
     assert double.polled() == Counter(set(order) - {failed, gone_meanwhile} | set(started))
+
+
+def test_a_burst_of_first_statuses_is_recorded_over_cycles_and_decides_nothing_late(
+        cp: ControlPlane, double: PagedDouble) -> None:
+    """A cycle records at most `status_budget` provider statuses (bounded writes per cycle); the
+    rest are recorded by the next cycles. What a status decides does not wait: a job that ended
+    is reconciled in the cycle that sees it, recorded status or not."""
+    cp.reconciler.status_budget = 8
+    jobs = running(cp, 20)
+    ended = walk_order(cp)[-1]  # walked last: past the budget
+    double.ended[ended] = JobStatus(JobPhase.FAILED, reason="exit 3", exit_code=3, raw_status="failed")
+    stats = cp.reconciler.cycle_sync(force_poll=True)
+    assert stats.finished == 1 and cp.store.tasks.get(jobs[ended]).state == TaskState.FAILED.value
+    recorded = [j.provider_status for j in cp.store.jobs.watched()]
+    assert len(recorded) == 19 and recorded.count("running") == 8 and recorded.count(None) == 11
+    cp.reconciler.cycle_sync(force_poll=True)
+    assert [j.provider_status for j in cp.store.jobs.watched()].count("running") == 16
+    cp.reconciler.cycle_sync(force_poll=True)
+    assert {j.provider_status for j in cp.store.jobs.watched()} == {"running"}
 
 
 def test_a_job_past_its_timeout_and_silent_is_stopped_once(cp: ControlPlane, double: PagedDouble) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from operator import itemgetter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -148,8 +149,10 @@ class Database:
         if not rows:
             return
         sql, names, fixed = self._compiled_for(stmt, rows[0])
-        if names is not None:
-            args: Any = [[r[n] if n in r else fixed[n] for n in names] for r in rows]
+        if names is not None and not fixed and len(names) > 1:  # (itemgetter: a tuple per row, in C)
+            args: Any = list(map(itemgetter(*names), rows))
+        elif names is not None:
+            args = [[r[n] if n in r else fixed[n] for n in names] for r in rows]
         else:
             args = [{**fixed, **r} for r in rows] if fixed else rows
         dbapi_error = self.engine.dialect.loaded_dbapi.Error
