@@ -141,6 +141,16 @@ class Database:
         Returns the rows of a SELECT (or of RETURNING), else the number of rows affected."""
         return self._run(conn.connection.driver_connection, stmt, params)
 
+    def command(self, conn: Connection, sql: str) -> None:
+        """A statement without parameters or rows (SAVEPOINT, RELEASE ...) inside the transaction
+        of `conn`, on the driver: through SQLAlchemy's execution machinery it cost a submit in a
+        group commit a third of its own share of the batch."""
+        cur = conn.connection.driver_connection.cursor()
+        try:
+            cur.execute(sql)
+        finally:
+            cur.close()
+
     def run_many(self, conn: Connection, stmt: Any, rows: list[dict[str, Any]]) -> None:
         """Run a prebuilt statement once for each of `rows` (parameter sets with the same keys)
         inside the transaction of `conn`, in one executemany: the reconciler records up to a

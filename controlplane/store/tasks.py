@@ -78,16 +78,16 @@ class TaskStore:
         out: list[Submitted | Exception] = []
         with self.w.tx() as c:
             for new, queue_limit in items:
-                c.exec_driver_sql("SAVEPOINT submit_one")
+                self.db.command(c, "SAVEPOINT submit_one")
                 try:
                     res = self._submit(c, new, queue_limit, now)
                 except (QueueFull, IntegrityError) as e:
-                    c.exec_driver_sql("ROLLBACK TO SAVEPOINT submit_one")
+                    self.db.command(c, "ROLLBACK TO SAVEPOINT submit_one")
                     # An IntegrityError is a lost idempotency race on an engine that does not
                     # serialise writers: the winner's row is committed now, and it is the answer.
                     won = self._idempotent(c, new) if isinstance(e, IntegrityError) else None
                     res = Submitted(won, False, None) if won is not None else e
-                c.exec_driver_sql("RELEASE SAVEPOINT submit_one")
+                self.db.command(c, "RELEASE SAVEPOINT submit_one")
                 out.append(res)
         return out
 
