@@ -95,7 +95,9 @@ class Reconciler:
         self.started_at = time.time()
         self._last_poll: dict[str, float] = {}
         self._stop_sent: dict[str, float] = {}  # this cycle's stops, by worker id
-        self._unreadable: set[str] = set()  # jobs whose stored handle did not decode (said once)
+        # Watched jobs whose stored handle did not decode (said once), by worker id: their provider.
+        self._unreadable: dict[str, str] = {}
+        self._unreadable_now: dict[str, str] = {}  # ... seen so in this cycle
         self._status_room = self.status_budget  # statuses this cycle may still record
         self.retention = Retention(store, stores, providers, settings)
 
@@ -115,6 +117,7 @@ class Reconciler:
         self._stop_sent = {}
         due = {name for name, p in self.providers.items()
                if force_poll or now - self._last_poll.get(name, 0) >= p.poll_interval_s}
+        said, self._unreadable_now = self._unreadable, {}
         queued: dict[tuple[str, Any], tuple[list[WatchedJob], list[Handle]]] = {}  # by (provider, poll key)
         changed: list[tuple[str, str, str | None]] = []  # provider statuses to record
         self._status_room = self.status_budget
@@ -147,6 +150,8 @@ class Reconciler:
         self.store.jobs.set_provider_status(changed)
         for name in polled:
             self._last_poll[name] = now
+        # A polled provider's watched jobs were all decoded: those it no longer has are forgotten.
+        self._unreadable = {w: p for w, p in said.items() if p not in polled} | self._unreadable_now
         self._expire(now, stats)
         return stats
 
@@ -206,9 +211,9 @@ class Reconciler:
             return None
 
     def _unreadable_handle(self, j: WatchedJob, e: MalformedHandle) -> None:
-        if j.worker_id not in self._unreadable:
-            self._unreadable.add(j.worker_id)
+        if j.worker_id not in self._unreadable and j.worker_id not in self._unreadable_now:
             log.error("job %s of task %s cannot be polled or stopped: %s", j.job_name, j.task_id, e)
+        self._unreadable_now[j.worker_id] = j.provider
 
     @staticmethod
     def _call(fn: Any, *args: Any) -> Any:

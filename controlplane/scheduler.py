@@ -69,10 +69,10 @@ class Scheduler:
         try:
             async with self._limiter:
                 await self._launch(job)
-            self._retry_at.pop(wid, None)
-            self._failures.pop(wid, None)
+            self._forget(wid)
         except PermanentProviderError as e:
             log.warning("launch of %s refused: %s", job.job_name, e)
+            self._forget(wid)  # the attempt ends: nothing will retry it
             await anyio.to_thread.run_sync(self.attempts.end_unlaunched, job.task_id, job.attempt,
                                            f"the provider refused to start the job: {e}")
         except Exception as e:  # noqa: BLE001 - transient or unknown: retry with backoff, find first
@@ -83,6 +83,11 @@ class Scheduler:
             log.warning("launch of %s failed (try %d, next in %.1fs): %s", job.job_name, n, delay, e)
         finally:
             self._inflight.discard(wid)
+
+    def _forget(self, wid: str) -> None:
+        """Drop what a launch's retries kept (its backoff), once the launch is done either way."""
+        self._retry_at.pop(wid, None)
+        self._failures.pop(wid, None)
 
     async def _launch(self, job: JobRow) -> None:
         wid = job.worker_id

@@ -184,6 +184,24 @@ def test_a_cancel_reaches_the_job_on_whichever_page_it_falls(cp: ControlPlane, d
     assert double.polled() == Counter(list(jobs))
 
 
+def test_a_job_with_an_unreadable_handle_is_named_once_and_forgotten_once_not_watched(
+        cp: ControlPlane, double: PagedDouble, caplog: pytest.LogCaptureFixture) -> None:
+    """Said once while it is watched, however many cycles; once it is no longer watched the
+    reconciler holds nothing for it (a long-lived server does not grow with such jobs)."""
+    jobs = running(cp, 10)
+    damaged = walk_order(cp)[3]
+    with cp.db.write() as c:
+        c.exec_driver_sql("update jobs set handle_json = '{\"job\": 7}' where task_id = ?", (jobs[damaged],))
+    for _ in range(3):
+        cp.reconciler.cycle_sync(force_poll=True)
+    said = [r for r in caplog.records if "cannot be polled or stopped" in r.getMessage()]
+    assert len(said) == 1 and damaged in said[0].getMessage()
+    assert damaged not in double.polled() and len(double.polled()) == 9
+    cp.attempts.end_lost(jobs[damaged], 1, "its runner said it ended", job_state=JobState.DONE)
+    cp.reconciler.cycle_sync(force_poll=True)
+    assert cp.reconciler._unreadable == {}
+
+
 def test_a_page_of_handles_decodes_together_and_a_bad_one_is_named_alone(double: PagedDouble) -> None:
     good = ['{"job": "a", "group": "g"}', '{"job": "b", "group": "g", "added_later": 1}']
     assert double.handles(good) == [PageHandle("a", "g"), PageHandle("b", "g")]

@@ -132,3 +132,32 @@ async def test_submit_waits_for_a_held_write_lock_without_blocking_other_calls(a
     holder.close()
     assert result["state"] == "queued"
     assert cp.store.tasks.get(result["task_id"]) is not None
+
+
+async def test_a_launch_refused_for_good_after_transient_failures_leaves_no_retry_state(home: Path) -> None:
+    """A launch that failed transiently (retried with backoff) and then is refused for good ends
+    its attempt, and the scheduler keeps nothing for it (no backoff left to grow with time)."""
+    from providers.base import PermanentProviderError
+    from tests.test_states import new_task
+
+    write_catalog(home, concurrency=1, queue_length=10)
+    cp = ControlPlane(Settings(home=home, **FAST))
+    provider = cp.providers["local"]
+    tries: list[str] = []
+
+    def launch(spec: object) -> object:
+        tries.append("try")
+        if len(tries) == 1:
+            raise ConnectionError("the API dropped the connection")
+        raise PermanentProviderError("the job definition is gone")
+
+    provider.launch = launch  # type: ignore[method-assign]
+    sched = cp.scheduler  # (its loop is not running: the test drives it)
+    tid = cp.store.tasks.submit(new_task(), queue_limit=10).task.task_id
+    [(_task, job)] = cp.store.jobs.claim_for_launch("cpu_small", 1)
+    await sched._launch_guarded(job)
+    assert sched._failures and sched._retry_at  # backing off
+    await sched._launch_guarded(job)
+    assert tries == ["try", "try"]
+    assert cp.store.tasks.get(tid).state == "failed"
+    assert sched._failures == {} and sched._retry_at == {}
