@@ -3,9 +3,10 @@
 A durable commit costs an fsync (SQLite WAL with synchronous=FULL, or PostgreSQL's WAL flush);
 done on the event loop it stalls every other call for its duration, and done in a worker thread
 per call it costs a thread hop each. Here the calls that arrive while a commit is in flight wait
-for the next one, which takes all of them at once, in a worker thread: one hop and one fsync per
-batch, however many callers. Each caller is answered only after the commit that holds its item
-(durability unchanged); an item's own error (a full queue) is its caller's alone.
+for the next one, which takes all of them at once: its statements on the loop when the write
+lock is free at once (else all of it in a worker thread), its commit in a worker thread. One hop
+and one fsync per batch, however many callers. Each caller is answered only after the commit that
+holds its item (durability unchanged); an item's own error (a full queue) is its caller's alone.
 
 Leadership, not a background task: the first caller that finds no commit in flight runs the
 batch (`leader`), and when it is done hands leadership to the oldest caller still waiting, so
@@ -22,12 +23,14 @@ whole of it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 import anyio
 import anyio.to_thread
+
+from controlplane.blocking import WouldBlock
 
 I = TypeVar("I")  # noqa: E741 - an item to write
 R = TypeVar("R")  # its outcome
@@ -45,8 +48,12 @@ class GroupCommit(Generic[I, R]):
     """`await gc.run(item)`: `write_many([item, ...])` in a worker thread, batched with the other
     items waiting; returns the item's outcome, or raises it when it is an exception."""
 
-    def __init__(self, write_many: Callable[[Sequence[I]], Sequence[R | Exception]], max_batch: int = 256):
+    def __init__(self, write_many: Callable[[Sequence[I]], Sequence[R | Exception]], max_batch: int = 256, *,
+                 write_many_on_loop: Callable[[Sequence[I]], Awaitable[Sequence[R | Exception]]] | None = None):
         self.write_many = write_many
+        # Tried first: the batch's statements on the loop, only its commit in a thread (see
+        # `Database.write_on_loop`); WouldBlock (the lock taken, a networked engine) -> write_many.
+        self.write_many_on_loop = write_many_on_loop
         self.max_batch = max_batch
         self._waiting: list[_Entry[I]] = []
         self._leading = False
@@ -91,7 +98,7 @@ class GroupCommit(Generic[I, R]):
             with anyio.CancelScope(shield=True):
                 batch, self._waiting = self._waiting[: self.max_batch], self._waiting[self.max_batch:]
                 try:
-                    outcomes = await anyio.to_thread.run_sync(self.write_many, [e.item for e in batch])
+                    outcomes = await self._write([e.item for e in batch])
                 except Exception as e:  # noqa: BLE001 - the whole batch failed: every caller hears why
                     outcomes = [e] * len(batch)
                 self.batches += 1
@@ -105,6 +112,14 @@ class GroupCommit(Generic[I, R]):
         finally:
             self._leading = False
             self._hand_over()
+
+    async def _write(self, items: list[I]) -> Sequence[R | Exception]:
+        if self.write_many_on_loop is not None:
+            try:
+                return await self.write_many_on_loop(items)
+            except WouldBlock:
+                pass
+        return await anyio.to_thread.run_sync(self.write_many, items)
 
     def _hand_over(self) -> None:
         for entry in self._waiting:

@@ -71,7 +71,8 @@ class TaskService:
         self.validate_inputs = self.admission.validate_inputs
         # Submits from the event loop are written together (one transaction, one fsync).
         self.load = blocking.Load()  # calls in progress on the loop (the MCP tools count them)
-        self.commits: GroupCommit[tuple[NewTask, int], Submitted] = GroupCommit(store.tasks.submit_many)
+        self.commits: GroupCommit[tuple[NewTask, int], Submitted] = GroupCommit(
+            store.tasks.submit_many, write_many_on_loop=store.tasks.submit_many_on_loop)
 
     # ==== submit ==============================================================================
     def submit(self, owner: str, req: api.SubmitTask) -> dict[str, Any]:

@@ -227,3 +227,38 @@ async def test_over_http_submits_made_while_others_wait_are_grouped_and_a_lone_o
             for c in clients:
                 await c.__aexit__(None, None, None)
     assert len(cp.store.tasks.list(cp.settings.default_owner, limit=100)) == 27
+
+
+async def test_while_a_batch_commits_off_the_loop_other_writes_wait_their_turn(cp: ControlPlane) -> None:
+    """A batch's statements run on the event loop and its commit in a worker thread; while that
+    commit is in flight, a write tried on the loop goes to a worker thread and waits for it (it
+    cannot take the loop's open transaction), and every write lands once. A blocking write on the
+    loop at that moment would wait for ever: it is refused at once instead."""
+    from controlplane import blocking
+
+    req = api.SubmitTask(tool_name="exercise", inputs={"sleep_s": 0})
+    cp.service.load.calls = 16  # as if other calls waited: submits go to a group commit
+    seen: list[str] = []
+    real_commit = cp.db.write_on_loop
+
+    async def observed(fn: Callable[..., object]) -> object:
+        def body(conn: object) -> object:
+            seen.append("statements on the loop thread" if threading.current_thread() is threading.main_thread()
+                        else "statements elsewhere")
+            return fn(conn)
+        task = asyncio.ensure_future(real_commit(body))
+        await asyncio.sleep(0)  # the statements are in, the commit is in flight
+        if not task.done():
+            cancel = blocking.call(cp.service.cancel, "alice", api.CancelTask(task_id=first_id))
+            with pytest.raises(RuntimeError, match="blocking write"):
+                with cp.db.write():
+                    pass
+            seen.append((await cancel)["state"])
+        return await task
+
+    first_id = (await cp.service.submit_grouped("alice", req))["task_id"]
+    cp.db.write_on_loop = observed  # type: ignore[method-assign]
+    out = await cp.service.submit_grouped("alice", req)
+    assert seen == ["statements on the loop thread", "cancelled"]
+    assert cp.store.tasks.get(out["task_id"]).state == "queued"
+    assert cp.store.tasks.get(first_id).state == "cancelled"

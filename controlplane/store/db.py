@@ -14,7 +14,9 @@ from operator import itemgetter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+import anyio.to_thread
 
 from sqlalchemy import Table, create_engine, event, text
 from sqlalchemy.engine import Connection, Engine
@@ -26,6 +28,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from controlplane.blocking import WouldBlock, is_inline, must_not_block
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+T = TypeVar("T")
 Build = Callable[[list[str], list[tuple[Any, ...]]], list[Any]]  # (column names, driver tuples) -> rows
 
 
@@ -77,6 +80,7 @@ class Database:
         # 1, 2, 5, 10 ... ms between tries, and 16 concurrent submits spent most of their time
         # asleep (issue 13). Other processes still meet SQLite's lock and its busy timeout.
         self._write_lock: threading.RLock | None = _file_lock(url) if self.is_sqlite else None
+        self._loop_tx: int | None = None  # the thread of the event loop while write_on_loop's tx is open
         self._compiled: dict[Any, tuple[str, list[str] | None, dict[str, Any]]] = {}
         self._keep: list[Any] = []
 
@@ -91,6 +95,13 @@ class Database:
         nonblocking = is_inline()
         if nonblocking and not self.is_sqlite:
             raise WouldBlock()
+        if self._loop_tx is not None and self._loop_tx == threading.get_ident():
+            # The loop's own transaction is open (write_on_loop) and commits only when the loop runs
+            # again: an inline write goes to a worker thread and waits there; a blocking one here
+            # would wait for ever.
+            if nonblocking:
+                raise WouldBlock()
+            raise RuntimeError("a blocking write on the event loop while its group commit is open")
         lock = self._write_lock
         if lock is not None and not lock.acquire(blocking=not nonblocking):
             raise WouldBlock()
@@ -108,6 +119,40 @@ class Database:
         finally:
             if lock is not None:
                 lock.release()
+
+    async def write_on_loop(self, fn: Callable[[Connection], T]) -> T:
+        """`fn(conn)` in a write transaction whose statements run here, on the event loop, and
+        whose commit (the fsync) runs in a worker thread. Raises `WouldBlock`, having done nothing,
+        when the write lock is taken, or on an engine reached over the network.
+
+        Why not the whole transaction in the thread: the sqlite3 module lets go of the GIL around
+        every statement, and a worker thread that wants it back while the loop is busy waits up to
+        the interpreter's switch interval (5 ms) each time. A group commit of a few submits (five
+        statements each) then took 17 ms to seconds while the loop served other calls
+        (`bench/concurrency.py`); here the thread takes the GIL back once, after the fsync."""
+        lock = self._write_lock
+        if lock is None or self._loop_tx is not None or not lock.acquire(blocking=False):
+            raise WouldBlock()
+        self._loop_tx = threading.get_ident()
+        try:
+            with self.nonblocking_engine.connect() as conn:
+                conn.execution_options(cp_write=True)
+                try:
+                    tx = conn.begin()
+                except OperationalError as e:
+                    if "locked" in str(e.orig):  # another process holds SQLite's write lock
+                        raise WouldBlock() from None
+                    raise
+                try:
+                    out = fn(conn)
+                except BaseException:
+                    tx.rollback()
+                    raise
+                await anyio.to_thread.run_sync(tx.commit)  # (a failed commit is rolled back by close)
+                return out
+        finally:
+            self._loop_tx = None
+            lock.release()
 
     def read(self) -> Connection:
         """A connection for reads (`with db.read() as c:`); it never writes. WAL readers never

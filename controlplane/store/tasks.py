@@ -74,21 +74,29 @@ class TaskStore:
         inside a savepoint of its own, so that one task refused (QueueFull, a lost idempotency
         race) leaves the others in. Returns, in order, each task's Submitted or its exception.
         Nothing is answered before the commit: every Submitted is on disk when this returns."""
+        with self.w.tx() as c:
+            return self._submit_all(c, items)
+
+    async def submit_many_on_loop(self, items: Sequence[tuple[NewTask, int]]) -> list[Submitted | Exception]:
+        """`submit_many` with its statements on the event loop and its commit in a worker thread
+        (`Writer.tx_on_loop`); raises WouldBlock, having written nothing, when that cannot be had."""
+        return await self.w.tx_on_loop(lambda c: self._submit_all(c, items))
+
+    def _submit_all(self, c: Any, items: Sequence[tuple[NewTask, int]]) -> list[Submitted | Exception]:
         now = self.w.clock()
         out: list[Submitted | Exception] = []
-        with self.w.tx() as c:
-            for new, queue_limit in items:
-                self.db.command(c, "SAVEPOINT submit_one")
-                try:
-                    res = self._submit(c, new, queue_limit, now)
-                except (QueueFull, IntegrityError) as e:
-                    self.db.command(c, "ROLLBACK TO SAVEPOINT submit_one")
-                    # An IntegrityError is a lost idempotency race on an engine that does not
-                    # serialise writers: the winner's row is committed now, and it is the answer.
-                    won = self._idempotent(c, new) if isinstance(e, IntegrityError) else None
-                    res = Submitted(won, False, None) if won is not None else e
-                self.db.command(c, "RELEASE SAVEPOINT submit_one")
-                out.append(res)
+        for new, queue_limit in items:
+            self.db.command(c, "SAVEPOINT submit_one")
+            try:
+                res = self._submit(c, new, queue_limit, now)
+            except (QueueFull, IntegrityError) as e:
+                self.db.command(c, "ROLLBACK TO SAVEPOINT submit_one")
+                # An IntegrityError is a lost idempotency race on an engine that does not
+                # serialise writers: the winner's row is committed now, and it is the answer.
+                won = self._idempotent(c, new) if isinstance(e, IntegrityError) else None
+                res = Submitted(won, False, None) if won is not None else e
+            self.db.command(c, "RELEASE SAVEPOINT submit_one")
+            out.append(res)
         return out
 
     def _idempotent(self, c: Any, new: NewTask) -> TaskRow | None:

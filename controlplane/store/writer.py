@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy.engine import Connection
 
@@ -22,6 +22,9 @@ from controlplane.states import JobState, TaskState
 from controlplane.store import queries as q
 from controlplane.store.db import Database
 from controlplane.store.rows import JobRow, TaskRow
+
+
+T = TypeVar("T")
 
 
 def _now() -> float:
@@ -51,6 +54,26 @@ class Writer:
         if self.on_change is not None:
             for task_id in dict.fromkeys(changed):
                 self.on_change(task_id)
+
+    async def tx_on_loop(self, fn: Callable[[Connection], T]) -> T:
+        """`fn(conn)` in a write transaction run on the event loop, committed in a worker thread
+        (`Database.write_on_loop`: raises WouldBlock when it cannot be had at once); after the
+        commit, `on_change` hears of every task it changed, as with `tx()`."""
+        changed: list[str] = []
+
+        def body(c: Connection) -> T:
+            outer = getattr(self._local, "changed", None)
+            self._local.changed = changed
+            try:
+                return fn(c)
+            finally:
+                self._local.changed = outer
+
+        out = await self.db.write_on_loop(body)
+        if self.on_change is not None:
+            for task_id in dict.fromkeys(changed):
+                self.on_change(task_id)
+        return out
 
     def changed(self, task_id: str) -> None:
         changed = getattr(self._local, "changed", None)
