@@ -1,7 +1,9 @@
 """Running the MCP server on a transport: stdio, or Streamable HTTP at /mcp.
 
 Over HTTP the same app also serves the runner callback API and signed downloads, so runners and
-agents reach one address. Binding anywhere but loopback requires bearer-token auth.
+agents reach one address. Binding anywhere but loopback requires auth: static bearer tokens, or
+OAuth access tokens (`controlplane.mcp.oauth`, with each request's scope checked by
+`controlplane.http.scopes`).
 
 HTTP hygiene: every request's Host must be a loopback name, the public URL's host or one of
 `CONTROLPLANE_ALLOWED_HOSTS` (else 421), and a browser's Origin must be loopback, the public URL's
@@ -23,8 +25,10 @@ from controlplane.http.listener import Listener
 from controlplane.http.load import CountCalls
 from controlplane.http.quiet_json import QuietJsonRouter
 from controlplane.http.replay import ReplayBuffer
+from controlplane.http.scopes import ScopeGate
 from controlplane.mcp import compat
 from controlplane.mcp.auth import load_tokens
+from controlplane.mcp.oauth import ResourceServer
 from controlplane.mcp.server import build_server
 
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
@@ -45,9 +49,9 @@ def is_loopback(host: str) -> bool:
 
 def http_app(cp: ControlPlane, listener: Listener, host: str) -> Any:
     """The Starlette app serving MCP at /mcp plus the runner and download routes."""
-    if not is_loopback(host) and not load_tokens(cp.settings):
-        raise UnsafeBind(f"refusing to listen on {host} without auth: set CONTROLPLANE_AUTH_TOKENS or "
-                         "CONTROLPLANE_AUTH_TOKENS_FILE, or bind 127.0.0.1")
+    if not is_loopback(host) and not load_tokens(cp.settings) and not cp.settings.oauth:
+        raise UnsafeBind(f"refusing to listen on {host} without auth: set CONTROLPLANE_AUTH_ISSUER (OAuth), "
+                         "CONTROLPLANE_AUTH_TOKENS or CONTROLPLANE_AUTH_TOKENS_FILE, or bind 127.0.0.1")
     cp.set_public_url(cp.settings.public_url or listener.url)
     settings = cp.settings
     public = urlsplit(cp.public_url or listener.url)
@@ -55,10 +59,16 @@ def http_app(cp: ControlPlane, listener: Listener, host: str) -> Any:
     origins = [f"{public.scheme}://{public.netloc}", *settings.allowed_origin_list()]
     events = ReplayBuffer(max_events=settings.event_store_max_events,
                           events_per_stream=settings.event_store_events_per_stream, ttl_s=settings.event_store_ttl_s)
-    app = build_server(cp).http_app(path="/mcp", host_origin_protection=True, allowed_hosts=[h for h in hosts if h],
-                                    allowed_origins=origins, event_store=events)
+    mcp = build_server(cp)
+    app = mcp.http_app(path="/mcp", host_origin_protection=True, allowed_hosts=[h for h in hosts if h],
+                       allowed_origins=origins, event_store=events)
     app.state.quiet_json = route_quiet_calls_as_json(app) if settings.json_responses else None
     compat.wrap_mcp_endpoint(app, "/mcp", lambda inner: CountCalls(inner, cp.service.load))
+    auth = mcp.auth
+    # OAuth: the scope each request needs, checked before the rest (outermost inside the token check).
+    app.state.scope_gate = compat.wrap_mcp_endpoint(
+        app, "/mcp", lambda inner: ScopeGate(inner, auth.tokens.scopes, str(auth.metadata_url))
+    ) if isinstance(auth, ResourceServer) else None
     return app
 
 

@@ -42,6 +42,52 @@ class Settings(BaseSettings):
     # Inline tokens "tok1=alice,tok2=bob" (handy for tests and containers).
     auth_tokens: str | None = None
 
+    # OAuth 2.1 resource server (controlplane/mcp/oauth.py): access tokens from the operator's
+    # identity provider. On when an issuer is set; the owner of a task is then the token's
+    # issuer and subject ("<issuer>#<sub>"). Comma-separated values are lists.
+    auth_issuer: str | None = None
+    # Other spellings of the same issuer that tokens may carry (Google: "accounts.google.com");
+    # owners are always written with `auth_issuer`.
+    auth_issuer_aliases: str = ""
+    # The issuer's keys. None: read from its OpenID discovery document at startup.
+    auth_jwks_uri: str | None = None
+    # The audience tokens must name (RFC 8707). None: this server's MCP endpoint URL.
+    auth_audience: str | None = None
+    # Further audiences accepted (Entra ID v2 and Google put the client id in `aud`).
+    auth_extra_audiences: str = ""
+    # The claim holding the audience: "aud", or "client_id" for Cognito access tokens (no `aud`).
+    auth_audience_claim: str = "aud"
+    # The one signing algorithm accepted (`none` never is). A symmetric one (HS256, ...) only with
+    # `auth_hs_secret` instead of a JWKS.
+    auth_algorithm: str = "RS256"
+    auth_hs_secret: str | None = None
+    # Clock skew allowed on `nbf` (a token is refused from the second `exp` passes).
+    auth_leeway_s: float = Field(default=60.0, ge=0)
+    # Least seconds between two fetches of the JWKS (a token naming an unknown key triggers one).
+    auth_jwks_refresh_s: float = Field(default=30.0, ge=0)
+    # Opaque tokens: RFC 7662 introspection at this endpoint with these client credentials.
+    auth_introspection_url: str | None = None
+    auth_introspection_client_id: str | None = None
+    auth_introspection_client_secret: str | None = None
+    # Seconds an introspection answer is reused (0: ask for every request).
+    auth_introspection_cache_s: int = Field(default=0, ge=0)
+    # Scope names, as they appear in tokens.
+    auth_scope_submit: str = "tasks:submit"
+    auth_scope_read: str = "tasks:read"
+    auth_scope_cancel: str = "tasks:cancel"
+    auth_scope_admin: str = "tasks:admin"
+    # Put before each scope name where clients are told what to ask for (metadata, challenges):
+    # Entra ID wants "api://<client id>/" there and writes the bare name in the token.
+    auth_scope_request_prefix: str = ""
+    # Scopes every verified token has on top of its own (for tokens without scopes: Google ID tokens).
+    auth_implicit_scopes: str = ""
+    # Claims a token must carry with these values ("hd=example.com,tid=<tenant>").
+    auth_required_claims: str = ""
+    # A claim naming the caller's team(s): members read (not cancel) each other's tasks.
+    auth_team_claim: str | None = None
+    # Authorization servers named in the protected resource metadata (default: the issuer).
+    auth_authorization_servers: str = ""
+
     # HTTP: extra names allowed in the Host header and extra browser origins (comma-separated),
     # beyond loopback and the public URL's own (DNS-rebinding protection).
     allowed_hosts: str = ""
@@ -162,3 +208,13 @@ class Settings(BaseSettings):
 
     def allowed_origin_list(self) -> list[str]:
         return [o.strip() for o in self.allowed_origins.split(",") if o.strip()]
+
+    @property
+    def oauth(self) -> bool:
+        """Whether OAuth access tokens are accepted (an issuer is configured)."""
+        return bool(self.auth_issuer)
+
+
+def csv(value: str | None) -> list[str]:
+    """A comma-separated setting as a list (blanks dropped)."""
+    return [v.strip() for v in (value or "").split(",") if v.strip()]

@@ -8,7 +8,8 @@ named by `CONTROLPLANE_AUTH_TOKENS_FILE`, a TOML file:
     "plain-token-for-dev" = "bob"
 
 Tokens are looked up by their SHA-256. The identity becomes the owner of every
-task the caller submits; a caller only ever sees its own tasks.
+task the caller submits; a caller only ever sees its own tasks. OAuth access tokens from an
+identity provider are `controlplane.mcp.oauth`'s; static tokens keep working beside them.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import tomllib
 
-from fastmcp.server.auth.auth import AccessToken, TokenVerifier
+from fastmcp.server.auth.auth import AccessToken, AuthProvider, TokenVerifier
 
 from controlplane.settings import Settings
 
@@ -25,7 +26,7 @@ class TokenFileError(ValueError):
     pass
 
 
-def _digest(token: str) -> str:
+def digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
@@ -37,7 +38,7 @@ def load_tokens(settings: Settings) -> dict[str, str]:
             token, sep, ident = pair.strip().partition("=")
             if not sep or not token or not ident:
                 raise TokenFileError("CONTROLPLANE_AUTH_TOKENS must be 'token=identity,...'")
-            out[_digest(token)] = ident
+            out[digest(token)] = ident
     if settings.auth_tokens_file:
         try:
             data = tomllib.loads(settings.auth_tokens_file.read_text())
@@ -49,7 +50,7 @@ def load_tokens(settings: Settings) -> dict[str, str]:
         for token, ident in table.items():
             if not isinstance(ident, str) or not ident:
                 raise TokenFileError(f"{settings.auth_tokens_file}: tokens.{token[:8]}...: identity must be a string")
-            out[token.removeprefix("sha256:").lower() if token.startswith("sha256:") else _digest(token)] = ident
+            out[token.removeprefix("sha256:").lower() if token.startswith("sha256:") else digest(token)] = ident
     return out
 
 
@@ -59,12 +60,19 @@ class BearerTokens(TokenVerifier):
         self._digests = digests
 
     async def verify_token(self, token: str) -> AccessToken | None:
-        ident = self._digests.get(_digest(token))  # a digest lookup leaks nothing about the token
+        ident = self._digests.get(digest(token))  # a digest lookup leaks nothing about the token
         if ident is None:
             return None
         return AccessToken(token=token, client_id=ident, scopes=[], expires_at=None)
 
 
-def build_auth(settings: Settings) -> BearerTokens | None:
+def build_auth(settings: Settings, public_url: str | None = None) -> AuthProvider | None:
+    """The HTTP transport's auth: the OAuth resource server when an issuer is configured (static
+    tokens are accepted beside it; `controlplane.mcp.oauth`), else the static tokens, else none.
+    OAuth needs the public URL (the MCP endpoint is the audience and the metadata's resource)."""
+    if settings.oauth and public_url:
+        from controlplane.mcp.oauth import build_resource_server
+
+        return build_resource_server(settings, public_url)
     tokens = load_tokens(settings)
     return BearerTokens(tokens) if tokens else None

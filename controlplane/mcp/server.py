@@ -83,7 +83,7 @@ def build_server(cp: ControlPlane, *, with_auth: bool = True) -> FastMCP:
         lifespan=lifespan,
         mask_error_details=True,
         dereference_schemas=False,  # our schemas are inlined once when the tools are built
-        auth=build_auth(cp.settings) if with_auth else None,
+        auth=build_auth(cp.settings, cp.public_url) if with_auth else None,
     )
     svc = cp.service
     owner = cp.settings.default_owner

@@ -26,17 +26,22 @@ from pydantic.json_schema import SkipJsonSchema
 
 from controlplane import blocking
 from controlplane.errors import ControlPlaneError, ErrorCode, invalid
+from controlplane.mcp.oauth import CallerToken
 
 log = logging.getLogger("controlplane.mcp")
 TOOLING_VERSION = "0.1.0"
 
 
 def caller(default_owner: str) -> str:
-    """The identity of the caller: the bearer token's identity, else the default owner."""
+    """The identity of the caller: the bearer token's identity (an OAuth token's owner,
+    "<issuer>#<subject>", with its team and admin rights: `controlplane.identity`), else the
+    default owner."""
     token = get_access_token()
-    if token is not None and token.client_id:
-        return token.client_id
-    return default_owner
+    if token is None:
+        return default_owner
+    if type(token) is CallerToken:
+        return token.caller  # type: ignore[no-any-return]
+    return token.client_id or default_owner
 
 
 def _meta(started: float) -> dict[str, Any]:
