@@ -1,5 +1,5 @@
 """Admission: what a submit asks for, checked against the catalog and the server's limits, as the
-task to write and the length its queue may reach. Everything a submit does but the write, so it
+task to write (with the caller's team) and the length its queue may reach. Everything a submit does but the write, so it
 can run on the event loop before a group commit (`controlplane.group_commit`) writes the task."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from controlplane import api
 from controlplane.catalog import Catalog
 from controlplane.errors import ControlPlaneError, ErrorCode, invalid
 from controlplane.estimates import Estimator
+from controlplane.identity import team_for_new_task
 from controlplane.launch import check_scratch
 from controlplane.settings import Settings
 from controlplane.store import NewTask
@@ -60,12 +61,13 @@ class Admission:
         estimate = self.estimator.estimate(tool, input_size)
         resources = {k: v for k, v in res.model_dump().items() if v is not None and k != "resource_class"}
         new = NewTask(
-            owner=owner, tool_name=tool.name, inputs_json=inputs_json, input_size=input_size,
+            owner=str(owner), tool_name=tool.name, inputs_json=inputs_json, input_size=input_size,
             provider=tool.provider, resource_class=rc_name, priority=req.priority, ttl_s=ttl,
             idempotency_key=req.idempotency_key, tags=list(req.tags), resources_json=json.dumps(resources),
             max_runtime_s=max_runtime, max_attempts=tool.retry.max_attempts, estimate_s=estimate,
             max_recoveries=tool.retry.max_recoveries,
             store_url=tool.object_store or rc.object_store or "",
+            team=team_for_new_task(owner),
         )
         return new, rc.max_queue_length
 

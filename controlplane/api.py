@@ -101,6 +101,9 @@ class ListTasks(_Input):
     submitted_before: datetime | None = Field(default=None, description="ISO 8601 time")
     limit: int = Field(default=50, ge=1, le=200)
     cursor: str | None = Field(default=None, max_length=64, description="next_cursor of the previous page")
+    owner: str | None = Field(default=None, min_length=1, max_length=200,
+                              description="Whose tasks (default: yours). With tasks:admin anyone's; with a team, "
+                                          "a teammate's tasks shared with your team; otherwise none")
 
 
 class CancelTask(_Input):

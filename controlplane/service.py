@@ -23,6 +23,7 @@ from controlplane.api import iso
 from controlplane.catalog import Catalog
 from controlplane.errors import ControlPlaneError, ErrorCode, invalid, not_found
 from controlplane.estimates import Estimator
+from controlplane.identity import Caller, may_cancel, may_read
 from controlplane.objectstore.registry import StoreRegistry
 from controlplane.settings import Settings
 from controlplane.states import TERMINAL, TaskState
@@ -56,6 +57,27 @@ def queue_full(e: QueueFull) -> ControlPlaneError:
                              hint="retry later, or lower the rate of submissions")
 
 
+class AdminReads:
+    """Admins' reads of other callers' tasks, in each task's audit (task_events, kind
+    `admin_read`, with who read it): at most once per admin and task every `every_s` per
+    server, so that a tail followed page by page is one entry, not hundreds."""
+
+    def __init__(self, store: Store, every_s: float = 600.0):
+        self.store = store
+        self.every_s = every_s
+        self._seen: dict[tuple[str, str], float] = {}
+
+    def read(self, admin: str, task: TaskRow) -> None:
+        now = time.monotonic()
+        key = (str(admin), task.task_id)
+        if now - self._seen.get(key, -math.inf) < self.every_s:
+            return
+        self.store.tasks.audit(task.task_id, "admin_read", {"by": str(admin)})  # (WouldBlock: before the write)
+        self._seen[key] = now
+        if len(self._seen) > 10_000:
+            self._seen = {k: t for k, t in self._seen.items() if now - t < self.every_s}
+
+
 class TaskService:
     def __init__(self, settings: Settings, store: Store, catalog: Catalog, stores: StoreRegistry,
                  estimator: Estimator, providers: dict[str, Provider] | None = None,
@@ -67,6 +89,7 @@ class TaskService:
         self.stores = stores
         self.estimator = estimator
         self.wake = wake  # nudges the scheduler/reconciler after a submit or cancel
+        self.audit = AdminReads(store)
         self.admission = Admission(settings, catalog, self.providers, estimator)
         self.validate_inputs = self.admission.validate_inputs
         # Submits from the event loop are written together (one transaction, one fsync).
@@ -150,8 +173,16 @@ class TaskService:
 
     # ==== status ==============================================================================
     def get(self, owner: str, task_id: str) -> TaskRow | None:
-        """The caller's task, or None (unknown and someone else's alike)."""
-        return self.store.tasks.get(task_id, owner)
+        """The caller's task, or None (unknown and someone else's alike). A caller with rights
+        over others' tasks (`identity.Caller`: a team, tasks:admin) also gets those it may read."""
+        if type(owner) is str:  # no rights beyond its own tasks
+            return self.store.tasks.get(task_id, owner)
+        task = self.store.tasks.get(task_id)
+        if task is None or not may_read(owner, task.owner, task.team):
+            return None
+        if task.owner != owner and not (task.team is not None and task.team in owner.teams):  # type: ignore[attr-defined]
+            self.audit.read(owner, task)  # an admin reading someone else's task
+        return task
 
     def task_ids(self, owner: str, prefix: str, limit: int) -> list[str]:
         """The caller's task ids starting with `prefix`, newest first (argument completion)."""
@@ -162,7 +193,7 @@ class TaskService:
         return self.store.tasks.recent_inputs(owner, tool_name, limit)
 
     def _owned(self, owner: str, task_id: str) -> TaskRow:
-        task = self.store.tasks.get(task_id, owner)
+        task = self.get(owner, task_id)
         if task is None:
             raise not_found()
         return task
@@ -283,8 +314,14 @@ class TaskService:
     # ==== list ================================================================================
     def list(self, owner: str, req: api.ListTasks) -> dict[str, Any]:
         after = self._decode_list_cursor(req.cursor) if req.cursor else None
+        teams = None
+        if req.owner is not None and req.owner != owner:  # someone else's tasks
+            if not isinstance(owner, Caller) or not (owner.admin or owner.teams):
+                return {"tasks": [], "next_cursor": None}  # as for a caller with no tasks
+            teams = None if owner.admin else sorted(owner.teams)  # a teammate's: those shared with a team of ours
+            owner = req.owner
         rows = self.store.tasks.list(
-            owner, states_=[s.value for s in req.states] if req.states else None, tool_name=req.tool_name,
+            owner, teams=teams, states_=[s.value for s in req.states] if req.states else None, tool_name=req.tool_name,
             tags_any=req.tags_any, submitted_after=_epoch(req.submitted_after, "submitted_after"),
             submitted_before=_epoch(req.submitted_before, "submitted_before"), after=after, limit=req.limit + 1)
         more = len(rows) > req.limit
@@ -325,8 +362,11 @@ class TaskService:
 
     # ==== cancel ==============================================================================
     def cancel(self, owner: str, req: api.CancelTask) -> dict[str, Any]:
-        task, acknowledged = self.store.tasks.request_cancel(req.task_id, owner, req.reason,
-                                                             cancelled_error(req.reason))
+        if type(owner) is str:
+            task, acknowledged = self.store.tasks.request_cancel(req.task_id, owner, req.reason,
+                                                                 cancelled_error(req.reason))
+        else:
+            task, acknowledged = self._cancel_as(owner, req)
         if task is None:
             raise not_found()
         if acknowledged:
@@ -335,6 +375,22 @@ class TaskService:
         if not acknowledged:
             out["message"] = f"the task is already {task.state}; nothing to cancel"
         return out
+
+    def _cancel_as(self, caller: str, req: api.CancelTask) -> tuple[TaskRow | None, bool]:
+        """A cancel by a caller with rights over others' tasks: its own as usual; a teammate's is
+        refused (FORBIDDEN: it may read it, so it knows the task exists); any task for an admin,
+        recorded in the task's audit with who asked."""
+        found = self.store.tasks.get(req.task_id)
+        if found is None or not may_read(caller, found.owner, found.team):
+            return None, False
+        if not may_cancel(caller, found.owner):
+            raise ControlPlaneError(ErrorCode.FORBIDDEN, "this task is a teammate's: you may read it, not cancel it",
+                                    hint="ask its owner, or an operator with tasks:admin")
+        if found.owner == caller:
+            return self.store.tasks.request_cancel(req.task_id, caller, req.reason, cancelled_error(req.reason))
+        reason = f"by an administrator: {req.reason}"  # what the owner reads in the task's error
+        return self.store.tasks.request_cancel(req.task_id, found.owner, reason, cancelled_error(reason),
+                                               admin=str(caller))
 
     # ==== result ==============================================================================
     def result(self, owner: str, req: api.GetTaskResult) -> dict[str, Any]:

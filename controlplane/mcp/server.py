@@ -105,7 +105,7 @@ def build_server(cp: ControlPlane, *, with_auth: bool = True) -> FastMCP:
                        default_owner=owner, read_only=True, inline=True),
         canonical_tool("list_tasks", "Your tasks, newest first, filtered by state, tool, tags and submission "
                        "time, with cursor pagination.", api.ListTasks, svc.list, default_owner=owner,
-                       read_only=True, inline=True),
+                       read_only=True, inline=True, schema_version=2),  # 2: `owner` (admins, teams)
         canonical_tool("cancel_task", "Cancel a task: a queued task is cancelled at once; a running one is "
                        "stopped (its cloud job or process tree included). Idempotent.", api.CancelTask,
                        svc.cancel, default_owner=owner, read_only=False, inline=True),

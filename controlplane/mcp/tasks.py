@@ -211,8 +211,11 @@ class ControlPlaneTasks(ServerExtension):
 
     async def _cancel(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> dict[str, Any]:
         owner, task = await self._owned(ctx, params.task_id)
-        await anyio.to_thread.run_sync(self.cp.service.cancel, owner,
-                                       api.CancelTask(task_id=task.task_id, reason="tasks/cancel"))
+        try:
+            await anyio.to_thread.run_sync(self.cp.service.cancel, owner,
+                                           api.CancelTask(task_id=task.task_id, reason="tasks/cancel"))
+        except ControlPlaneError as e:  # a teammate's task: readable, not cancellable (FORBIDDEN)
+            raise MCPError(code=INVALID_PARAMS, message=e.message, data=e.to_dict()) from None
         task = await blocking.call(self.cp.service.get, owner, task.task_id) or task
         legacy = ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS
         return self._task_fields(task, legacy=True) if legacy else {"resultType": "complete"}

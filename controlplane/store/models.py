@@ -73,6 +73,8 @@ class Task(SQLModel, table=True):
     failures: int = Field(default=0, sa_column=Column(Integer, nullable=False, server_default="0"))
     recoveries: int = Field(default=0, sa_column=Column(Integer, nullable=False, server_default="0"))
     max_recoveries: int = Field(default=0, sa_column=Column(Integer, nullable=False, server_default="0"))
+    # The team whose members may read the task (the submitter's, from its OAuth token), if any.
+    team: str | None = Field(default=None, sa_column=Column(String(200)))
 
 
 class TaskTag(SQLModel, table=True):
@@ -207,3 +209,4 @@ class QueueDepth(SQLModel, table=True):
     resource_class: str = Field(sa_column=Column(String(64), primary_key=True))
     priority: int = Field(sa_column=Column(Integer, primary_key=True, autoincrement=False))
     waiting: int = Field(sa_column=Column(Integer, nullable=False))
+

@@ -168,7 +168,7 @@ LIST_FIELDS = ("pk", "task_id", "tool_name", "state", "priority", "resource_clas
                "updated_at", "tags_json", "started_at", "completed_at", "progress_json")
 
 
-def list_page(owner: str, *, states_: Sequence[str] | None, tool_name: str | None,
+def list_page(owner: str, *, teams: Sequence[str] | None = None, states_: Sequence[str] | None, tool_name: str | None,
               tags_any: Sequence[str] | None, submitted_after: float | None, submitted_before: float | None,
               after: tuple[float, int] | None, limit: int) -> list[Any]:
     """The statements of one page of list_tasks, newest first, each walking one index in order
@@ -197,6 +197,8 @@ def list_page(owner: str, *, states_: Sequence[str] | None, tool_name: str | Non
                 q = q.where(T.c.state == states_[0])
         if tool_name:
             q = q.where(T.c.tool_name == tool_name)
+        if teams is not None:  # a teammate's tasks: those shared with our teams
+            q = q.where(T.c.team.in_(list(teams)))
         if submitted_after is not None:
             q = q.where(ts >= submitted_after)
         if submitted_before is not None:

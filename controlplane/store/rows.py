@@ -138,6 +138,7 @@ class TaskRow(_TaskJson, _Row):
     failures: int = 0  # attempts the tool itself failed, retried (the tool's budget: max_attempts)
     recoveries: int = 0  # attempts lost, preempted or not launched, retried (max_recoveries)
     max_recoveries: int = 0
+    team: str | None = None  # the team whose members may read it
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "state", _TASK_STATES[self.state])
@@ -293,3 +294,4 @@ class ArtifactRow(_Row):
     store_url: str
     storage_key: str
     created_at: float
+

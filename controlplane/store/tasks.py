@@ -46,6 +46,7 @@ class NewTask:
     estimate_s: float | None
     store_url: str = ""  # '' = the default store
     max_recoveries: int | None = None  # None: max_attempts - 1 (as before the budgets were apart)
+    team: str | None = None  # the team whose members may read it
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,7 @@ class TaskStore:
             state=S.QUEUED.value, attempt=1, max_attempts=new.max_attempts, not_before=0.0,
             submitted_at=now, updated_at=now, cancel_requested=False, estimate_s=new.estimate_s,
             log_seq=0, log_first_seq=1, version=1, store_url=new.store_url, failures=0, recoveries=0,
-            max_recoveries=recoveries,
+            max_recoveries=recoveries, team=new.team,
         )
         pk = self.db.run(c, q.INSERT_TASK, values)[0]["pk"]
         if new.tags:
@@ -155,15 +156,17 @@ class TaskStore:
         [row] = self.db.fetch(q.QUEUE_POSITION, {"rc": task.resource_class, "prio": task.priority, "pk": task.pk})
         return int(row["ahead"] or 0) + 1
 
-    def list(self, owner: str, *, states_: Sequence[str] | None = None, tool_name: str | None = None,
+    def list(self, owner: str, *, teams: Sequence[str] | None = None, states_: Sequence[str] | None = None,
+             tool_name: str | None = None,
              tags_any: Sequence[str] | None = None, submitted_after: float | None = None,
              submitted_before: float | None = None, after: tuple[float, int] | None = None,
              limit: int = 50) -> list[TaskSummary]:
         """Newest first by submission time; `after` = (submitted_at, pk) of the last row of the
-        previous page (keyset pagination: a page costs the same wherever it starts)."""
+        previous page (keyset pagination: a page costs the same wherever it starts). `teams`:
+        only the tasks shared with one of these teams."""
         rows: dict[int, TaskSummary] = {}
         with self.db.read() as c:
-            for stmt in q.list_page(owner, states_=states_, tool_name=tool_name, tags_any=tags_any,
+            for stmt in q.list_page(owner, teams=teams, states_=states_, tool_name=tool_name, tags_any=tags_any,
                                     submitted_after=submitted_after, submitted_before=submitted_before,
                                     after=after, limit=limit):
                 result = c.execute(stmt)
@@ -211,26 +214,39 @@ class TaskStore:
                 return None
             return self.w.transition(c, task, to, kind=kind, detail=detail, values=values, now=now)
 
-    def request_cancel(self, task_id: str, owner: str, reason: str,
-                       error: dict[str, Any]) -> tuple[TaskRow | None, bool]:
+    def request_cancel(self, task_id: str, owner: str, reason: str, error: dict[str, Any],
+                       admin: str | None = None) -> tuple[TaskRow | None, bool]:
         """Returns (task, acknowledged). A queued task is cancelled at once (with `error`); a
         scheduled or running one goes to cancel_requested for the reconciler to stop its job; a
-        finished one is left as it is (acknowledged=False)."""
+        finished one is left as it is (acknowledged=False). `admin`: the administrator who asked
+        for another owner's task; the audit names them, for a cancel that changed nothing too."""
         now = self.w.clock()
         with self.w.tx() as c:
             task = self.w.lock_task(c, task_id)
             if task is None or task.owner != owner:
                 return None, False
+            detail: dict[str, Any] = {"reason": reason} if admin is None else {"reason": reason, "by": admin}
             vals: dict[str, Any] = {"cancel_requested": True, "cancel_reason": reason}
             if task.state == S.QUEUED:
                 vals["error_json"] = json.dumps(error)
-                return self.w.transition(c, task, S.CANCELLED, kind="cancelled", detail={"reason": reason},
+                return self.w.transition(c, task, S.CANCELLED, kind="cancelled", detail=detail,
                                          values=vals, now=now), True
             if task.state in (S.SCHEDULED, S.RUNNING):
                 vals["stop_reason"] = "cancel"
                 return self.w.transition(c, task, S.CANCEL_REQUESTED, kind="cancel_requested",
-                                         detail={"reason": reason}, values=vals, now=now), True
+                                         detail=detail, values=vals, now=now), True
+            if admin is not None:  # nothing to change, and still an administrator's act
+                self.w.event(c, task.task_id, "admin_cancel", task.state.value, task.state.value, task.attempt,
+                             detail, now)
             return task, task.state in (S.CANCEL_REQUESTED, S.CANCELLING)
+
+    def audit(self, task_id: str, kind: str, detail: dict[str, Any]) -> None:
+        """An entry in the task's audit that changes nothing else (an administrator's read)."""
+        now = self.w.clock()
+        with self.w.tx() as c:
+            task = self.w.lock_task(c, task_id)
+            if task is not None:
+                self.w.event(c, task_id, kind, task.state.value, task.state.value, task.attempt, detail, now)
 
     def begin_stop(self, task_id: str, reason: str) -> TaskRow | None:
         """cancel_requested -> cancelling (reason "cancel"), or running -> cancelling (reason
