@@ -1,5 +1,6 @@
 """Admission: what a submit asks for, checked against the catalog and the server's limits, as the
-task to write (with the caller's team) and the length its queue may reach. Everything a submit does but the write, so it
+task to write (with the caller's team and limits, checked when it is written) and the length its
+queue may reach. Everything a submit does but the write, so it
 can run on the event loop before a group commit (`controlplane.group_commit`) writes the task."""
 
 from __future__ import annotations
@@ -15,17 +16,20 @@ from controlplane.errors import ControlPlaneError, ErrorCode, invalid
 from controlplane.estimates import Estimator
 from controlplane.identity import team_for_new_task
 from controlplane.launch import check_scratch
+from controlplane.limits import Limits
 from controlplane.settings import Settings
 from controlplane.store import NewTask
 from providers.base import Provider
 
 
 class Admission:
-    def __init__(self, settings: Settings, catalog: Catalog, providers: dict[str, Provider], estimator: Estimator):
+    def __init__(self, settings: Settings, catalog: Catalog, providers: dict[str, Provider], estimator: Estimator,
+                 limits: Limits):
         self.settings = settings
         self.catalog = catalog
         self.providers = providers
         self.estimator = estimator
+        self.limits = limits
 
     def check(self, owner: str, req: api.SubmitTask) -> tuple[NewTask, int]:
         """The task a submit asks for, checked against the catalog and the limits, and the length
@@ -67,7 +71,7 @@ class Admission:
             max_runtime_s=max_runtime, max_attempts=tool.retry.max_attempts, estimate_s=estimate,
             max_recoveries=tool.retry.max_recoveries,
             store_url=tool.object_store or rc.object_store or "",
-            team=team_for_new_task(owner),
+            team=team_for_new_task(owner), limits=self.limits.for_submit(owner),  # (checked when it is written)
         )
         return new, rc.max_queue_length
 

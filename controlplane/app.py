@@ -8,7 +8,8 @@ object store and the providers the catalog names, and wires the task service, th
   app already serves those routes (`cp.public_url` set before entering);
 * the leader lease: several processes may share one database (stdio clients each start their
   own server), and only the lease holder schedules and reconciles;
-* the scheduler and reconciler loops, woken early by submits, cancels and finished jobs.
+* the scheduler and reconciler loops, woken early by submits, cancels and finished jobs;
+* a loop that reads the operators' limits per caller again (`controlplane.limits`).
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ class ControlPlane:
         self.scheduler = Scheduler(self.store, self.catalog, self.providers, self.stores, self.attempts,
                                    self.build_spec)
         self.reconciler = Reconciler(self.store, self.providers, self.stores, self.attempts, self.settings)
+        self.service.limits.refresh()  # operators' limits per caller; read again by the loop below
         self.hub = ProgressHub(self.store.tasks.get)  # pushes task changes to connected clients
         self.store.on_change = self.hub.on_change
         self.public_url: str | None = self.settings.public_url
@@ -171,6 +173,7 @@ class ControlPlane:
             tg.start_soon(self._leader_loop)
             tg.start_soon(self._scheduler_loop)
             tg.start_soon(self._reconciler_loop)
+            tg.start_soon(self._limits_loop)
 
     def _bind_internal_http(self) -> tuple[Listener, Any]:
         """Bind the runner/download listener now (so its URL is known), serve it later."""
@@ -240,6 +243,16 @@ class ControlPlane:
             # Every submit wakes the scheduler; under a stream of submits the wakes that arrive
             # within this gap share the next tick (a tick costs a few reads whatever it finds).
             await anyio.sleep(SCHEDULER_MIN_GAP_S)
+
+    async def _limits_loop(self) -> None:
+        """Operators change limits per caller in the database (`controlplane limits`): every
+        replica reads them again this often, so that no call has to."""
+        while True:
+            await anyio.sleep(self.settings.limits_refresh_s)
+            try:
+                await anyio.to_thread.run_sync(self.service.limits.refresh)
+            except Exception:  # noqa: BLE001
+                log.exception("reading the limits per caller failed")
 
     async def _reconciler_loop(self) -> None:
         while True:

@@ -26,6 +26,9 @@ class ErrorCode(StrEnum):
     INTERNAL = "INTERNAL"
     UNAUTHORIZED = "UNAUTHORIZED"
     FORBIDDEN = "FORBIDDEN"
+    # A limit of this caller (submits per minute or day, tasks in flight, streaming waits): the
+    # error carries `limit`, `max` and `retry_after_s` (controlplane.limits).
+    LIMIT_EXCEEDED = "LIMIT_EXCEEDED"
 
 
 class TaskErrorCode(StrEnum):

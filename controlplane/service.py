@@ -24,13 +24,14 @@ from controlplane.catalog import Catalog
 from controlplane.errors import ControlPlaneError, ErrorCode, invalid, not_found
 from controlplane.estimates import Estimator
 from controlplane.identity import Caller, may_cancel, may_read
+from controlplane.limits import Limits, Streams, limit_exceeded
 from controlplane.objectstore.registry import StoreRegistry
 from controlplane.settings import Settings
 from controlplane.states import TERMINAL, TaskState
 from controlplane.outcomes import cancelled_error
 from controlplane.admission import Admission
 from controlplane.group_commit import GroupCommit
-from controlplane.store import NewTask, QueueFull, Store, Submitted
+from controlplane.store import LimitReached, NewTask, QueueFull, Store, Submitted
 from controlplane.store.rows import TaskRow
 from providers.base import Capability, Provider, TransientProviderError
 
@@ -89,8 +90,10 @@ class TaskService:
         self.stores = stores
         self.estimator = estimator
         self.wake = wake  # nudges the scheduler/reconciler after a submit or cancel
+        self.limits = Limits(settings, store)  # per caller (controlplane.limits)
+        self.streams = Streams(self.limits, store)
         self.audit = AdminReads(store)
-        self.admission = Admission(settings, catalog, self.providers, estimator)
+        self.admission = Admission(settings, catalog, self.providers, estimator, self.limits)
         self.validate_inputs = self.admission.validate_inputs
         # Submits from the event loop are written together (one transaction, one fsync).
         self.load = blocking.Load()  # calls in progress on the loop (the MCP tools count them)
@@ -104,6 +107,8 @@ class TaskService:
             sub = self.store.tasks.submit(new, queue_limit=queue_limit)
         except QueueFull as e:
             raise queue_full(e) from None
+        except LimitReached as e:
+            raise limit_exceeded(e) from None
         return self.submitted(new, sub)
 
     async def submit_grouped(self, owner: str, req: api.SubmitTask) -> dict[str, Any]:
@@ -121,6 +126,8 @@ class TaskService:
                 sub = await self.commits.run((new, queue_limit))
         except QueueFull as e:
             raise queue_full(e) from None
+        except LimitReached as e:
+            raise limit_exceeded(e) from None
         return await blocking.call(self.submitted, new, sub)
 
     def _submit_alone(self, new: NewTask, queue_limit: int) -> Submitted | None:

@@ -88,6 +88,14 @@ class Settings(BaseSettings):
     # Authorization servers named in the protected resource metadata (default: the issuer).
     auth_authorization_servers: str = ""
 
+    # Limits per caller (controlplane/limits.py), off unless set; `controlplane limits` sets
+    # overrides per caller in the database, read again every `limits_refresh_s`.
+    limit_submits_per_minute: int | None = Field(default=None, ge=0)
+    limit_submits_per_day: int | None = Field(default=None, ge=0)
+    limit_tasks_in_flight: int | None = Field(default=None, ge=0)
+    limit_streams: int | None = Field(default=None, ge=0)
+    limits_refresh_s: float = Field(default=30.0, gt=0)
+
     # HTTP: extra names allowed in the Host header and extra browser origins (comma-separated),
     # beyond loopback and the public URL's own (DNS-rebinding protection).
     allowed_hosts: str = ""

@@ -38,9 +38,11 @@ from pydantic.json_schema import SkipJsonSchema
 
 from controlplane import api, blocking
 from controlplane.errors import ControlPlaneError, ErrorCode, not_found
+from controlplane.limits import limit_exceeded
 from controlplane.mcp.compat import CancelledWaitAnswer
 from controlplane.mcp.progress import ProgressSender, is_final, notification_of
 from controlplane.mcp.tools import TOOLING_VERSION, caller, describe_validation_error, error, inline_schema, ok
+from controlplane.store import LimitReached
 from controlplane.store.rows import TaskRow
 
 if TYPE_CHECKING:
@@ -122,7 +124,8 @@ class WaitTool(Tool):
                 sender = ProgressSender(_discard)
             answer_if_cancelled = CancelledWaitAnswer.for_request()
             try:
-                task = await follow(self.cp, owner, req.task_id, sender, time.monotonic() + req.timeout_s)
+                async with svc.streams.hold(owner, req.task_id, req.timeout_s):  # the caller's streams limit
+                    task = await follow(self.cp, owner, req.task_id, sender, time.monotonic() + req.timeout_s)
             except anyio.get_cancelled_exc_class():
                 sender.close()  # nothing after the answer, which follows
                 if answer_if_cancelled is not None and answer_if_cancelled.requested:
@@ -141,6 +144,8 @@ class WaitTool(Tool):
                        "call wait_task again or poll get_task_status", "status": svc.describe(task)}
         except ControlPlaneError as e:
             return error(e, started)
+        except LimitReached as e:
+            return error(limit_exceeded(e), started)
         except Exception:
             log.exception("wait_task failed")
             return error(ControlPlaneError(ErrorCode.INTERNAL, "internal error; the server log has the details"),

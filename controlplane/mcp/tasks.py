@@ -40,9 +40,11 @@ from pydantic import ConfigDict, Field
 from controlplane import api, blocking
 from controlplane.api import iso
 from controlplane.errors import ControlPlaneError
+from controlplane.limits import limit_exceeded
 from controlplane.mcp.progress import progress_details
 from controlplane.mcp.tools import caller, error
 from controlplane.states import TaskState
+from controlplane.store import LimitReached
 from controlplane.store.rows import TaskRow
 
 if TYPE_CHECKING:
@@ -66,6 +68,9 @@ STATUS: dict[TaskState, str] = {
     S.EXPIRED: "failed",
 }
 LEGACY_STATUS = STATUS  # 2025-11-25 has the same five words (and input_required, unused here)
+# A protocol method refused by a caller's limit (tasks/result's wait): a server error code of
+# JSON-RPC's implementation range, with `data` the tool error's {code: LIMIT_EXCEEDED, ...}.
+LIMIT_EXCEEDED_RPC = -32000
 
 
 class TaskIdParams(RequestParams):
@@ -200,11 +205,16 @@ class ControlPlaneTasks(ServerExtension):
         owner, task = await self._owned(ctx, params.task_id)
         watch = self.cp.hub.watch(task.task_id, read=functools.partial(self.cp.service.get, owner, task.task_id),
                                   quiet_s=15.0)
-        async with contextlib.aclosing(watch) as sightings:
-            async for seen in sightings:
-                task = seen.task or task
-                if STATUS[task.state] != "working":
-                    break
+        try:
+            async with self.cp.service.streams.hold(owner, task.task_id, None), \
+                    contextlib.aclosing(watch) as sightings:  # a streaming wait: the caller's streams limit
+                async for seen in sightings:
+                    task = seen.task or task
+                    if STATUS[task.state] != "working":
+                        break
+        except LimitReached as e:
+            err = limit_exceeded(e)
+            raise MCPError(code=LIMIT_EXCEEDED_RPC, message=err.message, data=err.to_dict()) from None
         if STATUS[TaskState(task.state)] == "completed":
             return await anyio.to_thread.run_sync(self._tool_result, owner, task)
         raise MCPError(**self._error(task))

@@ -11,6 +11,7 @@ network.
     store.artifacts  artifact metadata                                 (artifacts.py)
     store.leases     leader leases                                     (leases.py)
     store.retention  expiry and purging                                (retention.py)
+    store.callers    limits per caller, open streams                   (callers.py)
 
 Statements live in `queries.py`, rows come back as the frozen types of `rows.py`.
 """
@@ -21,15 +22,16 @@ from collections.abc import Callable
 
 from controlplane.store.artifacts import ArtifactStore
 from controlplane.store.attempts import AttemptStore, AttemptTx, StaleAttempt
+from controlplane.store.callers import CallerStore
 from controlplane.store.db import Database
 from controlplane.store.jobs import JobStore
 from controlplane.store.leases import LeaseStore
 from controlplane.store.logs import LogStore
 from controlplane.store.retention import RetentionStore
-from controlplane.store.tasks import NewTask, QueueFull, Submitted, TaskStore
+from controlplane.store.tasks import LimitReached, NewTask, QueueFull, SubmitLimits, Submitted, TaskStore
 from controlplane.store.writer import Writer, _now
 
-__all__ = ["AttemptTx", "NewTask", "QueueFull", "StaleAttempt", "Store", "Submitted"]
+__all__ = ["AttemptTx", "LimitReached", "NewTask", "QueueFull", "StaleAttempt", "Store", "SubmitLimits", "Submitted"]
 
 
 class Store:
@@ -43,6 +45,7 @@ class Store:
         self.artifacts = ArtifactStore(db)
         self.leases = LeaseStore(self.writer)
         self.retention = RetentionStore(self.writer)
+        self.callers = CallerStore(self.writer)
 
     @property
     def on_change(self) -> Callable[[str], None] | None:

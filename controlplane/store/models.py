@@ -1,4 +1,5 @@
-"""The tables (sqlmodel): tasks, task_tags, task_events, task_logs, artifacts, jobs, leases, queue_depth.
+"""The tables (sqlmodel): tasks, task_tags, task_events, task_logs, artifacts, jobs, leases, queue_depth,
+caller_limits, caller_streams.
 
 Times are UNIX epoch seconds (float) so that every engine stores and compares them alike.
 JSON columns are text holding JSON. The schema itself is owned by the alembic migrations in
@@ -210,3 +211,30 @@ class QueueDepth(SQLModel, table=True):
     priority: int = Field(sa_column=Column(Integer, primary_key=True, autoincrement=False))
     waiting: int = Field(sa_column=Column(Integer, nullable=False))
 
+
+class CallerLimits(SQLModel, table=True):
+    """An operator's limits for one caller (`controlplane limits`): NULL keeps the setting's
+    default, -1 lifts the limit (`controlplane.limits`)."""
+
+    __tablename__ = "caller_limits"
+
+    owner: str = Field(sa_column=Column(String(200), primary_key=True))
+    submits_per_minute: int | None = None
+    submits_per_day: int | None = None
+    tasks_in_flight: int | None = None
+    streams: int | None = None
+    updated_at: float
+
+
+class CallerStream(SQLModel, table=True):
+    """A streaming wait open now (wait_task, tasks/result), counted against its caller's limit
+    on every replica; `expires_at` frees it should its server die without closing it."""
+
+    __tablename__ = "caller_streams"
+    __table_args__ = (Index("ix_caller_streams_owner", "owner", "expires_at"),)
+
+    stream_id: str = Field(sa_column=Column(String(40), primary_key=True))
+    owner: str = Field(sa_column=Column(String(200), nullable=False))
+    task_id: str = Field(sa_column=Column(String(40), nullable=False))
+    started_at: float
+    expires_at: float

@@ -18,8 +18,8 @@ from sqlalchemy import and_, bindparam, case, delete, func, insert, or_, select,
 from controlplane import states
 from controlplane.states import JobState, TaskState
 from controlplane.store.db import likely
-from controlplane.store.models import (WATCHED_JOBS_WHERE, Artifact, Job, Lease, QueueDepth, Task, TaskEvent, TaskLog,
-                                       TaskTag)
+from controlplane.store.models import (WATCHED_JOBS_WHERE, Artifact, CallerLimits, CallerStream, Job, Lease, QueueDepth,
+                                       Task, TaskEvent, TaskLog, TaskTag)
 
 T = Task.__table__
 TAGS = TaskTag.__table__
@@ -29,12 +29,15 @@ ART = Artifact.__table__
 JOBS = Job.__table__
 QD = QueueDepth.__table__
 LEASES = Lease.__table__
+CALLER_LIMITS_T = CallerLimits.__table__
+STREAMS = CallerStream.__table__
 
 S = TaskState
 _bp = bindparam
 SLOT_HOLDING = [s.value for s in states.SLOT_HOLDING]
 TERMINAL = [s.value for s in states.TERMINAL]
 WATCHED = [s.value for s in states.WATCHED]
+IN_FLIGHT_STATES = [s.value for s in TaskState if s not in states.TERMINAL and s != TaskState.EXPIRED]
 
 # ==== tasks ====================================================================================
 GET_TASK = select(T).where(T.c.task_id == _bp("task_id"))
@@ -75,6 +78,13 @@ RECENT_RUNS = (select(T.c.input_size, T.c.started_at, T.c.completed_at)
 RECENT_INPUTS = (select(T.c.inputs_json).where(T.c.owner == _bp("owner"), T.c.tool_name == _bp("tool"))
                  .order_by(T.c.submitted_at.desc(), T.c.pk.desc()).limit(_bp("lim")))
 COUNT_BY_STATE = select(T.c.state, func.count().label("n")).group_by(T.c.state)
+# A caller's limits (controlplane.limits): the off-th newest of its submits since a time (along
+# ix_tasks_owner), and up to lim of its tasks in flight (ix_tasks_owner_state).
+NTH_NEWEST_SUBMIT = (select(T.c.submitted_at).where(T.c.owner == _bp("owner"), T.c.submitted_at > _bp("since"))
+                     .order_by(T.c.submitted_at.desc()).limit(1).offset(_bp("off")))
+IN_FLIGHT = (select(T.c.started_at, T.c.estimate_s)
+             .where(T.c.owner == _bp("owner"), or_(*(T.c.state == s for s in IN_FLIGHT_STATES)))
+             .limit(_bp("lim")))
 # (An UPDATE's bind names must not be column names: hence _tid, _att.)
 HEARTBEAT = update(T).where(T.c.task_id == _bp("_tid"), T.c.attempt == _bp("_att")).values(
     heartbeat_at=_bp("_ts"), version=T.c.version + 1)
@@ -161,6 +171,17 @@ JOB_HEARTBEAT = update(JOBS).where(JOBS.c.task_id == _bp("_tid"), JOBS.c.attempt
 # ==== leases ===================================================================================
 LEASE_HOLDER = select(LEASES.c.holder).where(LEASES.c.name == _bp("name"))
 RELEASE_LEASE = delete(LEASES).where(LEASES.c.name == _bp("name"), LEASES.c.holder == _bp("holder"))
+
+
+# ==== callers ==================================================================================
+CALLER_LIMITS = select(CALLER_LIMITS_T).order_by(CALLER_LIMITS_T.c.owner)
+CALLER_LIMITS_OF = select(CALLER_LIMITS_T).where(CALLER_LIMITS_T.c.owner == _bp("owner"))
+DELETE_CALLER_LIMITS = delete(CALLER_LIMITS_T).where(CALLER_LIMITS_T.c.owner == _bp("owner"))
+OPEN_STREAMS = select(STREAMS.c.expires_at).where(STREAMS.c.owner == _bp("owner")).limit(_bp("lim"))
+DELETE_EXPIRED_STREAMS = delete(STREAMS).where(STREAMS.c.owner == _bp("owner"), STREAMS.c.expires_at <= _bp("now"))
+INSERT_STREAM = insert(STREAMS)
+DELETE_STREAM = delete(STREAMS).where(STREAMS.c.stream_id == _bp("stream_id"))
+RENEW_STREAM = update(STREAMS).where(STREAMS.c.stream_id == _bp("_sid")).values(expires_at=_bp("_exp"))
 
 
 # ==== statements shaped by the call ============================================================

@@ -295,3 +295,14 @@ class ArtifactRow(_Row):
     storage_key: str
     created_at: float
 
+
+@dataclass(frozen=True, slots=True)
+class CallerLimitsRow(_Row):
+    """An operator's limits for one caller: None keeps the default, -1 is no limit."""
+
+    owner: str
+    submits_per_minute: int | None
+    submits_per_day: int | None
+    tasks_in_flight: int | None
+    streams: int | None
+    updated_at: float

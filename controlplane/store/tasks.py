@@ -28,6 +28,26 @@ class QueueFull(Exception):
         self.length = length
 
 
+class LimitReached(Exception):
+    """A caller's limit refused a submit (`controlplane.limits`); nothing was written."""
+
+    def __init__(self, limit: str, value: int, retry_after_s: float | None):
+        super().__init__(f"{limit} limit of {value} reached")
+        self.limit = limit
+        self.value = value
+        self.retry_after_s = retry_after_s
+
+
+@dataclass(frozen=True)
+class SubmitLimits:
+    """The limits a submit is held to (None: none of that kind). Checked in the submit's own
+    transaction, so that replicas sharing the database hold them together."""
+
+    per_minute: int | None = None
+    per_day: int | None = None
+    in_flight: int | None = None
+
+
 @dataclass(frozen=True)
 class NewTask:
     owner: str
@@ -47,6 +67,7 @@ class NewTask:
     store_url: str = ""  # '' = the default store
     max_recoveries: int | None = None  # None: max_attempts - 1 (as before the budgets were apart)
     team: str | None = None  # the team whose members may read it
+    limits: SubmitLimits | None = None  # the caller's limits, if it has any
 
 
 @dataclass(frozen=True)
@@ -90,7 +111,7 @@ class TaskStore:
             self.db.command(c, "SAVEPOINT submit_one")
             try:
                 res = self._submit(c, new, queue_limit, now)
-            except (QueueFull, IntegrityError) as e:
+            except (QueueFull, LimitReached, IntegrityError) as e:
                 self.db.command(c, "ROLLBACK TO SAVEPOINT submit_one")
                 # An IntegrityError is a lost idempotency race on an engine that does not
                 # serialise writers: the winner's row is committed now, and it is the answer.
@@ -111,6 +132,8 @@ class TaskStore:
         existing = self._idempotent(c, new)
         if existing is not None:
             return Submitted(existing, False, None)
+        if new.limits is not None:
+            self._check_limits(c, new.owner, new.limits, now)
         self.db.lock_queue(c, new.resource_class)
         admission = q.QUEUE_ADMISSION_KEPT if self.db.keeps_queue_depth else q.QUEUE_ADMISSION
         [adm] = self.db.run(c, admission, {"rc": new.resource_class, "prio": new.priority})
@@ -135,6 +158,34 @@ class TaskStore:
         self.w.event(c, values["task_id"], "submitted", None, S.QUEUED.value, 1,
                      {"priority": new.priority, "queue": new.resource_class}, now)
         return Submitted(TaskRow.from_row({**values, "pk": pk}), True, ahead + 1)
+
+    def _check_limits(self, c: Any, owner: str, limits: SubmitLimits, now: float) -> None:
+        """Raise LimitReached if one more task of `owner` would break one of `limits`. Counted
+        from the owner's tasks on file, in this transaction: SQLite serialises writers, and on
+        PostgreSQL the owner's submits queue on a lock of their own, so concurrent submits of
+        one caller, on any replica, each see the ones before them. Each count walks at most
+        `limit` index entries (ix_tasks_owner, ix_tasks_owner_state)."""
+        self.db.lock_queue(c, f"caller:{owner}")
+        for name, window, limit in (("submits_per_minute", 60.0, limits.per_minute),
+                                    ("submits_per_day", 86400.0, limits.per_day)):
+            if limit is None:
+                continue
+            if limit <= 0:
+                raise LimitReached(name, limit, None)
+            # The limit-th newest submit in the window: while it is in the window, the window is full;
+            # one more may go once it leaves.
+            rows = self.db.run(c, q.NTH_NEWEST_SUBMIT, {"owner": owner, "since": now - window, "off": limit - 1})
+            if rows:
+                raise LimitReached(name, limit, max(0.0, rows[0]["submitted_at"] + window - now))
+        limit = limits.in_flight
+        if limit is not None:
+            if limit <= 0:
+                raise LimitReached("tasks_in_flight", limit, None)
+            rows = self.db.run(c, q.IN_FLIGHT, {"owner": owner, "lim": limit})
+            if len(rows) >= limit:
+                # When one of them may be done: the soonest expected end, from its estimate.
+                ends = [(r["started_at"] or now) + (r["estimate_s"] or 10.0) - now for r in rows]
+                raise LimitReached("tasks_in_flight", limit, min(300.0, max(1.0, min(ends))))
 
     def find_idempotent(self, owner: str, tool_name: str, key: str | None) -> TaskRow | None:
         if key is None:
