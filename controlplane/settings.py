@@ -65,6 +65,9 @@ class Settings(BaseSettings):
     auth_leeway_s: float = Field(default=60.0, ge=0)
     # Least seconds between two fetches of the JWKS (a token naming an unknown key triggers one).
     auth_jwks_refresh_s: float = Field(default=30.0, ge=0)
+    # A JWT once verified is trusted again for this long (never past its exp) without checking its
+    # signature; so a key withdrawn from the JWKS still admits tokens verified this recently. 0: off.
+    auth_verified_cache_s: float = Field(default=60.0, ge=0)
     # Opaque tokens: RFC 7662 introspection at this endpoint with these client credentials.
     auth_introspection_url: str | None = None
     auth_introspection_client_id: str | None = None

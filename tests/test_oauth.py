@@ -198,6 +198,8 @@ async def test_a_missing_scope_gets_403_naming_it_and_creates_nothing(server: An
         (nothing, submit_body("wait_task", task_id=tid, timeout_s=1), "tasks:read"),
         (nothing, modern_request("tasks/get", {"taskId": tid}, meta=tasks_meta), "tasks:read"),
         (nothing, modern_request("resources/read", {"uri": f"task://{tid}"}), "tasks:read"),
+        (nothing, modern_request("subscriptions/listen", {"notifications": {"resourceSubscriptions": [f"task://{tid}"]}}),
+         "tasks:read"),
         (nothing, modern_request("completion/complete", {"ref": {"type": "ref/resource", "uri": "task://{task_id}"},
                                                          "argument": {"name": "task_id", "value": "tsk_"}}),
          "tasks:read"),
@@ -227,6 +229,13 @@ async def test_a_missing_scope_gets_403_naming_it_and_creates_nothing(server: An
         "tools/call", {"name": "cancel_task", "arguments": {"task_id": tid}}))
     assert r.status_code == 403 and challenge(r)["scope"] == "tasks:cancel"
     assert (await legacy.request("tools/call", {"name": "get_task_status", "arguments": {"task_id": tid}}))["result"]
+    await legacy.http.aclose()
+    legacy = Legacy(httpx.AsyncClient(), server.url, nothing)  # discovery works; subscribing reads a task
+    await legacy.start()
+    assert "tools" in (await legacy.request("tools/list"))["result"]
+    r = await legacy.http.post(server.url, headers=legacy.headers(), json=legacy.body(
+        "resources/subscribe", {"uri": f"task://{tid}"}))
+    assert r.status_code == 403 and challenge(r)["scope"] == "tasks:read"
     await legacy.http.aclose()
 
     # fastmcp's client with a read-only token cannot submit, in either era.
@@ -293,7 +302,7 @@ async def test_keys_rotate_and_a_withdrawn_key_is_refused(server: Any, idp: Fake
 
     new = idp.rotate()  # publish a new key, withdraw the old one
     new_token = idp.token("alice", audience=server.url, scopes=OWN, key=new)
-    assert (await post(server.url, old_token, *list_call)).status_code == 200  # the cached key still serves
+    assert (await post(server.url, old_token, *list_call)).status_code == 200  # verified before: still good
     await anyio.sleep(0.35)  # past the least interval between two fetches
     assert (await post(server.url, new_token, *list_call)).status_code == 200  # unknown kid: the set is read again
     assert idp.jwks_fetches == fetches + 1
@@ -320,6 +329,18 @@ async def test_keys_rotate_and_a_withdrawn_key_is_refused(server: Any, idp: Fake
             tg.start_soon(present, token)
     assert answers == [401] * 20
     assert idp.jwks_fetches - fetches <= 1 + int((time.monotonic() - started) / 0.3), idp.jwks_fetches - fetches
+
+
+async def test_a_token_trusted_from_before_is_refused_once_it_expires(server: Any, idp: FakeIdP) -> None:
+    """Verified JWTs are remembered for a while (the signature check is most of what OAuth costs a
+    call), but never past their exp."""
+    token = idp.token("alice", audience=server.url, scopes=OWN, lifetime_s=2)
+    list_call = submit_body("list_tasks")
+    assert (await post(server.url, token, *list_call)).status_code == 200
+    assert (await post(server.url, token, *list_call)).status_code == 200
+    await anyio.sleep(2.5)
+    r = await post(server.url, token, *list_call)
+    assert r.status_code == 401 and challenge(r)["error"] == "invalid_token"
 
 
 # ---- opaque tokens ------------------------------------------------------------------------------------

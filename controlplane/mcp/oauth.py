@@ -8,7 +8,9 @@ What fastmcp does, and what is ours:
   issuer's JWKS (cached an hour, fetched again when a token names a key it does not know, at
   most once per `CONTROLPLANE_AUTH_JWKS_REFRESH_S`: a removed key is refused once the set was
   read again), `iss`, `aud` (when the audience claim is `aud`) and `exp`. fastmcp's
-  `IntrospectionTokenVerifier` asks an RFC 7662 endpoint about opaque tokens.
+  `IntrospectionTokenVerifier` asks an RFC 7662 endpoint about opaque tokens. A JWT once verified
+  is trusted again, unchecked, for `CONTROLPLANE_AUTH_VERIFIED_CACHE_S` (60 s) at most and never
+  past its `exp`: its signature check is most of what OAuth costs a call.
 * `OAuthTokens` (ours) wraps them and adds what they leave out: `nbf` (with
   `CONTROLPLANE_AUTH_LEEWAY_S` of skew), a JWT without `exp` refused, `client_id` as the audience
   for Cognito access tokens, required claim values, implicit scopes, and the caller's identity:
@@ -58,7 +60,7 @@ log = logging.getLogger("controlplane.auth")
 
 MCP_PATH = "/mcp"
 ROOT_METADATA_PATH = "/.well-known/oauth-protected-resource"
-COMPLETION_EXTENSION = "io.github.mcp-controlplane/completion"
+MAX_VERIFIED = 10_000  # verified JWTs remembered at once (`OAuthTokens.verify_token`)
 
 # ---- which scope each operation needs --------------------------------------------------------------
 READ_TOOLS = frozenset({"get_task_status", "tail_task_logs", "list_tasks", "get_task_result", "wait_task"})
@@ -189,6 +191,8 @@ class OAuthTokens(TokenVerifier):
         self.implicit_scopes = csv(settings.auth_implicit_scopes)
         self.required_claims = dict(pair.partition("=")[::2] for pair in csv(settings.auth_required_claims))
         self.team_claim = settings.auth_team_claim
+        self.verified_cache_s = settings.auth_verified_cache_s
+        self._verified: dict[str, tuple[float, CallerToken]] = {}  # token -> (trusted until, its caller)
         symmetric = settings.auth_algorithm.upper().startswith("HS")
         if symmetric and not settings.auth_hs_secret:
             raise AuthConfigError(f"CONTROLPLANE_AUTH_ALGORITHM={settings.auth_algorithm} is symmetric: it needs "
@@ -215,11 +219,24 @@ class OAuthTokens(TokenVerifier):
                                   "CONTROLPLANE_AUTH_HS_SECRET or CONTROLPLANE_AUTH_INTROSPECTION_URL")
 
     async def verify_token(self, token: str) -> CallerToken | None:
+        now = time.time()
+        hit = self._verified.get(token)
+        if hit is not None and hit[0] > now:
+            return hit[1]
         try:
-            return await self._verify(token)
+            found = await self._verify(token)
         except Exception:  # noqa: BLE001 - a verifier that breaks refuses; the log has why, never the token
             log.warning("token verification failed unexpectedly", exc_info=True)
             return None
+        if found is not None and self.verified_cache_s > 0 and self.jwt is not None and _looks_like_jwt(token):
+            # A JWT verified once is good until its exp: trust it again for a short while without
+            # the signature check (most of what verification costs a call). Refusals are never kept.
+            if len(self._verified) >= MAX_VERIFIED:
+                self._verified = {t: v for t, v in self._verified.items() if v[0] > now}
+                if len(self._verified) >= MAX_VERIFIED:
+                    self._verified.clear()
+            self._verified[token] = (min(now + self.verified_cache_s, found.expires_at or math.inf), found)
+        return found
 
     async def _verify(self, token: str) -> CallerToken | None:
         if self.static:
