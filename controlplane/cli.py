@@ -65,6 +65,7 @@ def serve(
     """Run the MCP server (stdio, or Streamable HTTP at /mcp)."""
     from controlplane.app import ControlPlane
     from controlplane.catalog import CatalogError
+    from controlplane.mcp.oauth import AuthConfigError
     from controlplane.serve import HttpServer, UnsafeBind, serve_stdio, settle_heap
 
     _logging("INFO" if transport == Transport.http else "WARNING")
@@ -74,7 +75,7 @@ def serve(
             asyncio.run(serve_stdio(cp))
             return
         server = HttpServer(cp, host, port)
-    except (CatalogError, UnsafeBind, OSError) as e:
+    except (CatalogError, UnsafeBind, AuthConfigError, OSError) as e:
         err.print(f"[red]error:[/] {e}")
         raise typer.Exit(2) from None
     settle_heap()
@@ -276,9 +277,13 @@ def _print(data: dict[str, Any], as_json: bool) -> None:
 @tasks_app.command("list")
 def tasks_list(url: UrlOpt = DEFAULT_URL, token: TokenOpt = None, state: Annotated[list[str] | None, typer.Option()] = None,
                tool: Annotated[str | None, typer.Option()] = None, tag: Annotated[list[str] | None, typer.Option()] = None,
+               owner: Annotated[str | None, typer.Option(help="Whose tasks (tasks:admin: anyone's; a team: a "
+                                                              "teammate's)")] = None,
                limit: int = 50, cursor: str | None = None, as_json: JsonOpt = False) -> None:
     """List your tasks, newest first."""
     args: dict[str, Any] = {"limit": limit}
+    if owner:
+        args["owner"] = owner
     if state:
         args["states"] = state
     if tool:

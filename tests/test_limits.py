@@ -209,3 +209,27 @@ async def test_a_caller_without_limits_costs_the_database_nothing_more(home: Pat
     on = await statements_of_calls(ControlPlane(settings_of(home, limit_submits_per_day=100, limit_tasks_in_flight=50,
                                                             limit_streams=3)))
     assert {id(s) for s in on} >= limit_statements
+
+
+async def test_limits_are_per_oauth_caller_in_both_eras(home: Path) -> None:
+    from tests.oidc import FakeIdP
+
+    idp = FakeIdP().start()
+    try:
+        cp = ControlPlane(settings_of(home, auth_issuer=idp.issuer, auth_jwks_uri=idp.jwks_uri,
+                                      limit_submits_per_minute=2))
+        async with serving(cp) as server:
+            scopes = ["tasks:submit", "tasks:read"]
+            alice = Client(server.url, auth=idp.token("alice", audience=server.url, scopes=scopes), mode="legacy")
+            bob = Client(server.url, auth=idp.token("bob", audience=server.url, scopes=scopes), mode="auto")
+            async with alice, bob:
+                for _ in range(2):
+                    assert not (await call(alice, "submit_task", tool_name="exercise", inputs={}))[0]
+                is_error, err = await call(alice, "exercise")  # 2025-11-25, a catalog tool
+                assert is_error
+                assert_refused(err, "submits_per_minute", 2, within_s=60)
+                for _ in range(2):  # bob is another caller
+                    assert not (await call(bob, "exercise"))[0]
+                assert (await call(bob, "exercise"))[1]["code"] == "LIMIT_EXCEEDED"
+    finally:
+        idp.stop()

@@ -371,3 +371,37 @@ async def test_opaque_tokens_are_introspected_and_runner_secrets_never_are(home:
     # bootstrap token or callback secret, which the task's job sent on every callback.
     assert idp.introspected and all(t.startswith("opaque-") for t in idp.introspected)
     assert jwt not in idp.introspected
+
+
+# ---- configuration ------------------------------------------------------------------------------------
+async def test_a_symmetric_algorithm_only_when_configured_with_its_secret(home: Path, idp: FakeIdP) -> None:
+    import hashlib
+    import hmac
+
+    from controlplane.mcp.oauth import AuthConfigError, build_resource_server
+    from tests.oidc import b64url
+
+    with pytest.raises(AuthConfigError, match="CONTROLPLANE_AUTH_HS_SECRET"):
+        build_resource_server(oauth_settings(home, idp, auth_algorithm="HS256"), "http://127.0.0.1:1")
+    secret = "a-shared-secret-of-enough-length-for-hs256"
+    cp = ControlPlane(oauth_settings(home, idp, auth_algorithm="HS256", auth_hs_secret=secret))
+    async with serving(cp) as srv:
+        signing_input = idp.encode({"alg": "HS256", "typ": "JWT"}, idp.claims("alice", audience=srv.url, scopes=OWN))
+        hs = signing_input.decode() + "." + b64url(hmac.new(secret.encode(), signing_input, hashlib.sha256).digest())
+        assert (await post(srv.url, hs, *submit_body("list_tasks"))).status_code == 200
+        rs = idp.token("alice", audience=srv.url, scopes=OWN)  # signed by the provider's RSA key
+        assert (await post(srv.url, rs, *submit_body("list_tasks"))).status_code == 401
+
+
+def test_a_wrong_setup_stops_the_server_with_the_setting_to_fix(home: Path, idp: FakeIdP) -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, fast_env
+
+    # An issuer that serves no discovery document: the JWKS cannot be found.
+    env = fast_env(home, auth_issuer=idp.issuer + "/nothing-here")
+    out = subprocess.run([sys.executable, "-m", "controlplane.cli", "serve", "--transport", "http", "--port", "0"],
+                         env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "CONTROLPLANE_AUTH_JWKS_URI" in out.stderr, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
