@@ -90,7 +90,7 @@ INVALID = [
     # --- unknown fields, top level and nested
     ("submit_task", {"tool_name": "exercise", "colour": "red"}, "colour"),
     ("submit_task", {"tool_name": "exercise", "resources": {"cpus": 2}}, "resources.cpus"),
-    ("list_tasks", {"owner": "bob"}, "owner"),
+    ("list_tasks", {"user": "bob"}, "user"),  # (`owner` is an argument: someone else's list is empty, test_owner)
     ("get_task_status", {"task_id": TASK, "verbose": True}, "verbose"),
     # --- the tool's own input schema
     ("submit_task", {"tool_name": "exercise", "inputs": {"sleep_s": -1}}, "inputs.sleep_s"),

@@ -85,6 +85,9 @@ async def test_each_caller_lists_only_their_own_tasks(alice: Agent, bob: Agent) 
     assert [t["task_id"] for t in (await bob.call("list_tasks", tags_any=["shared-tag"]))["tasks"]] == [b1]
     assert [t["task_id"] for t in (await bob.call("list_tasks", tool_name="exercise",
                                                   states=["succeeded"]))["tasks"]] == [b1]
+    # Naming another owner lists nothing (only team members and administrators may: test_teams.py).
+    assert (await bob.call("list_tasks", owner="alice")) == {"tasks": [], "next_cursor": None}
+    assert (await bob.call("list_tasks", owner="alice", tags_any=["shared-tag"]))["tasks"] == []
     # Paging through Alice's tasks never leaks Bob's either.
     first = await alice.call("list_tasks", limit=1)
     second = await alice.call("list_tasks", limit=1, cursor=first["next_cursor"])
