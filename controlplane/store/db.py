@@ -40,12 +40,24 @@ def _file_lock(url: str) -> threading.RLock:
         return _FILE_LOCKS.setdefault(key, threading.RLock())
 
 
+def engine_url(url: str) -> str:
+    """The URL SQLAlchemy is given: `postgresql://` (and libpq's `postgres://`) means psycopg 3,
+    whichever driver SQLAlchemy would pick for a bare `postgresql://` (psycopg2 before 2.1)."""
+    for scheme in ("postgresql://", "postgres://"):
+        if url.startswith(scheme):
+            return "postgresql+psycopg://" + url[len(scheme):]
+    return url
+
+
 class Database:
     def __init__(self, url: str, *, echo: bool = False):
+        url = engine_url(url)
         self.url = url
         self.is_sqlite = url.startswith("sqlite")
         # Triggers keep `queue_depth` on SQLite (migration 0007); elsewhere admission counts the queue.
         self.keeps_queue_depth = self.is_sqlite
+        if not self.is_sqlite and not url.startswith("postgresql+psycopg"):
+            raise ValueError("the database URL must be sqlite:/// or postgresql:// (psycopg 3)")
         if self.is_sqlite:
             path = url.split("///", 1)[-1] if "///" in url else ""
             if path and path != ":memory:":
@@ -69,7 +81,16 @@ class Database:
                                                             pool_size=4, connect_args={"check_same_thread": False})
             _install_sqlite_hooks(self.nonblocking_engine, busy_timeout_ms=0)
         else:
-            self.engine = create_engine(url, echo=echo, pool_pre_ping=True, pool_size=10)
+            # PostgreSQL through psycopg 3, pooled by SQLAlchemy's QueuePool rather than by
+            # psycopg_pool. SQLAlchemy takes psycopg_pool only as `creator` under a NullPool, so
+            # every checkout is a new connection to it: its psycopg dialect adds a notice handler
+            # to the pooled connection at each one (391 of them after 3,000 reads, a leak), and
+            # each pool runs worker threads that must be closed and that go on reconnecting to a
+            # database that went away. QueuePool bounds the connections as well (pool_size, then
+            # overflow), pre-ping replaces one the server or a proxy closed while it was idle,
+            # and a disconnect seen on one invalidates the whole pool at once (a failover).
+            self.engine = create_engine(url, echo=echo, pool_pre_ping=True, pool_size=10, max_overflow=20,
+                                        connect_args={"application_name": "controlplane"})
             self.read_engine = self.engine
         # SQLite has one writer at a time. Writers of this process queue on a lock of their own
         # and are woken the moment it is free; left to SQLite's busy handler, each would sleep
