@@ -3,15 +3,19 @@ running task until it finishes, and idempotent submits under concurrency."""
 
 from __future__ import annotations
 
+import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
 import pytest
 from fastmcp import Client
+from sqlalchemy import text
 
 from controlplane.app import ControlPlane
 from controlplane.mcp.server import build_server
 from controlplane.settings import Settings
+from controlplane.store.db import Database
 from tests.conftest import FAST, Agent, write_catalog
 
 pytestmark = pytest.mark.anyio
@@ -90,7 +94,7 @@ async def test_concurrent_duplicate_submits_make_one_task(agent: Agent, cp: Cont
     assert len({r["task_id"] for r in results}) == 1
     assert sum(1 for r in results if not r.get("deduplicated")) == 1
     with cp.db.engine.connect() as c:
-        assert c.exec_driver_sql("select count(*) from tasks").scalar() == 1
+        assert c.execute(text("select count(*) from tasks")).scalar() == 1
     # the key is scoped by tool: another tool with the same key is another task
     other = await agent.call("submit_task", tool_name="lj_relax", inputs={"n_atoms": 5},
                              idempotency_key="same-key")
@@ -105,18 +109,38 @@ async def test_reused_idempotency_key_with_other_inputs_is_refused(agent: Agent,
     assert err["code"] == "INVALID_REQUEST" and "different inputs" in err["message"]
     assert first["task_id"] in err["message"]
     with cp.db.engine.connect() as c:
-        assert c.exec_driver_sql("select count(*) from tasks").scalar() == 1
+        assert c.execute(text("select count(*) from tasks")).scalar() == 1
+
+
+def hold_queue(cp: ControlPlane, queue: str) -> Callable[[], None]:
+    """Another process's write transaction, holding what a submit into `queue` waits for (on
+    SQLite the database's write lock, on PostgreSQL the queue's admission lock); returns its commit."""
+    if cp.db.is_sqlite:
+        holder = sqlite3.connect(cp.settings.resolved_database_url.split("///", 1)[1], isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+
+        def commit() -> None:
+            holder.execute("COMMIT")
+            holder.close()
+        return commit
+    other = Database(cp.settings.resolved_database_url)
+    conn = other.engine.connect()
+    conn.begin()
+    other.lock_queue(conn, queue)
+
+    def release() -> None:
+        conn.commit()
+        conn.close()
+        other.dispose()
+    return release
 
 
 async def test_submit_waits_for_a_held_write_lock_without_blocking_other_calls(agent: Agent, cp: ControlPlane,
                                                                              settings) -> None:
     """A submit tried on the event loop finds the write lock taken, moves to a worker thread and
     waits there; meanwhile other calls are answered."""
-    import sqlite3
-
     known = await agent.submit(inputs={})
-    holder = sqlite3.connect(settings.home / "controlplane.db", isolation_level=None)
-    holder.execute("BEGIN IMMEDIATE")  # another process writing
+    release = hold_queue(cp, "cpu_small")  # another process admitting into the same queue
     result: dict = {}
 
     async def submit() -> None:
@@ -128,7 +152,6 @@ async def test_submit_waits_for_a_held_write_lock_without_blocking_other_calls(a
         assert not result  # still waiting for the lock
         st = await agent.call("get_task_status", task_id=known)  # the loop is free
         assert st["task_id"] == known
-        holder.execute("COMMIT")
-    holder.close()
+        release()
     assert result["state"] == "queued"
     assert cp.store.tasks.get(result["task_id"]) is not None
