@@ -54,8 +54,6 @@ class Database:
         url = engine_url(url)
         self.url = url
         self.is_sqlite = url.startswith("sqlite")
-        # Triggers keep `queue_depth` on SQLite (migration 0007); elsewhere admission counts the queue.
-        self.keeps_queue_depth = self.is_sqlite
         if not self.is_sqlite and not url.startswith("postgresql+psycopg"):
             raise ValueError("the database URL must be sqlite:/// or postgresql:// (psycopg 3)")
         if self.is_sqlite:
@@ -227,9 +225,11 @@ class Database:
         key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
         conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": key})
 
-    def for_update(self, stmt: Any) -> Any:
-        """Row-lock a SELECT inside a write transaction (no-op on SQLite, which locks the file)."""
-        return stmt if self.is_sqlite else stmt.with_for_update()
+    def for_update(self, stmt: Any, *, skip_locked: bool = False) -> Any:
+        """Row-lock a SELECT inside a write transaction (no-op on SQLite, which locks the file).
+        With `skip_locked`, rows another transaction holds are passed over (claiming queued work:
+        a task being cancelled meanwhile is left to its cancel)."""
+        return stmt if self.is_sqlite else stmt.with_for_update(skip_locked=skip_locked)
 
     def insert_ignore(self, table: Table) -> Any:
         if self.is_sqlite:

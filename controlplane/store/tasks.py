@@ -103,8 +103,7 @@ class TaskStore:
         if existing is not None:
             return Submitted(existing, False, None)
         self.db.lock_queue(c, new.resource_class)
-        admission = q.QUEUE_ADMISSION_KEPT if self.db.keeps_queue_depth else q.QUEUE_ADMISSION
-        [adm] = self.db.run(c, admission, {"rc": new.resource_class, "prio": new.priority})
+        [adm] = self.db.run(c, q.QUEUE_ADMISSION, {"rc": new.resource_class, "prio": new.priority})
         waiting, ahead = adm["waiting"], adm["ahead"] or 0
         if waiting >= queue_limit:
             raise QueueFull(new.resource_class, waiting)
