@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from alembic import command
@@ -35,21 +34,11 @@ TRIGGERS = {"tasks_queue_depth_insert", "tasks_queue_depth_delete", "tasks_queue
 
 
 @pytest.fixture
-def db(engine: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Database]:
+def db(empty_db_url: str) -> Iterator[Database]:
     """An empty database (no tables at all) on the test's engine."""
-    if engine == "sqlite":
-        database = Database(f"sqlite:///{tmp_path / 'cp.db'}")
-        yield database
-        database.dispose()
-        return
-    cluster = request.getfixturevalue("pg")
-    name = cluster.empty_database()
-    database = Database(cluster.url(name))
-    try:
-        yield database
-    finally:
-        database.dispose()
-        cluster.drop(name)
+    database = Database(empty_db_url)
+    yield database
+    database.dispose()
 
 
 def tables(db: Database) -> set[str]:
