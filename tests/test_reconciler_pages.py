@@ -183,3 +183,17 @@ def test_a_page_is_one_range_of_the_index_of_watched_jobs(cp: ControlPlane) -> N
     with cp.db.read() as c:
         plan = [r[-1] for r in c.exec_driver_sql("EXPLAIN QUERY PLAN " + sql, tuple(params[n] for n in names or []))]
     assert plan == ["SEARCH jobs USING INDEX ix_jobs_watched ((created_at,worker_id)>(?,?))"]
+
+
+def test_what_a_cloud_says_is_kept_whatever_its_words(cp: ControlPlane, double: PagedDouble) -> None:
+    """A status word longer than its column and a reason holding NUL (text PostgreSQL cannot
+    keep as it is) are recorded alike on every engine, and the cycle goes on."""
+    jobs = running(cp, 2)
+    odd, plain = list(jobs)
+    double.ended[odd] = JobStatus(JobPhase.PENDING, raw_status="WAITING_FOR_A_VERY_LONG_TIME_INDEED_" * 2,
+                                  waiting_reason="no capacity\x00 in the zone")
+    cp.reconciler.cycle_sync(force_poll=True)
+    got = cp.store.jobs.get(jobs[odd], 1)
+    assert (got.provider_status, got.provider_reason) == ("WAITING_FOR_A_VERY_LONG_TIME_IND",
+                                                          "no capacity\ufffd in the zone")
+    assert cp.store.jobs.get(jobs[plain], 1).provider_status == "running"

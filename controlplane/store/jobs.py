@@ -23,6 +23,10 @@ J = JobState
 _TASK_STATES = {s.value: s for s in TaskState}
 
 
+def _storable(text: Any) -> Any:
+    return text.replace("\x00", "\ufffd") if isinstance(text, str) and "\x00" in text else text
+
+
 def _tuples(_columns: list[str], tuples: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
     return tuples
 
@@ -148,10 +152,13 @@ class JobStore:
         return [j for page in self.watched_pages(2000) for j in page]
 
     def set_provider_status(self, updates: list[tuple[str, str, str | None]]) -> None:
-        """Record what the provider said, (worker id, status word, reason), many in one statement."""
+        """Record what the provider said, (worker id, status word, reason), many in one statement.
+        A cloud's words are kept as text every engine stores: the status word cut to its column
+        (32 characters, which PostgreSQL enforces) and NUL in either replaced by U+FFFD."""
         if updates:
             with self.w.tx() as c:
-                self.db.run_many(c, q.SET_PROVIDER_STATUS, [{"wid": w, "st": st, "rs": rs} for w, st, rs in updates])
+                self.db.run_many(c, q.SET_PROVIDER_STATUS, [{"wid": w, "st": _storable(st)[:32], "rs": _storable(rs)}
+                                                            for w, st, rs in updates])
 
     def mark_stop_sent(self, worker_id: str) -> float:
         now = self.w.clock()
