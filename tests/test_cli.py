@@ -97,6 +97,19 @@ def test_db_upgrade_creates_the_database_at_the_latest_revision(home: Path, engi
     assert f"database at revision {head}" in again.stderr
 
 
+def test_a_database_that_cannot_be_opened_is_named_without_its_password(tmp_path: Path) -> None:
+    url = "postgresql://cp:s3cret@127.0.0.1:9/nowhere"  # nothing listens on port 9
+    for command in (["db", "upgrade"], ["serve", "--transport", "http", "--port", "0"]):
+        done = controlplane(*command, "--home", str(tmp_path / "home"), env=user_env(CONTROLPLANE_DATABASE_URL=url))
+        said = " ".join(done.stderr.split())
+        assert done.returncode == 2, said
+        assert "cannot open the database postgresql://cp:***@127.0.0.1:9/nowhere" in said and "refused" in said
+        assert "s3cret" not in said and "Traceback" not in said
+    done = controlplane("db", "upgrade", "--home", str(tmp_path / "home"),
+                        env=user_env(CONTROLPLANE_DATABASE_URL="mysql://a@b/c"))
+    assert done.returncode == 2 and "the database URL must be sqlite:///" in done.stderr
+
+
 def test_submit_show_logs_result(cli: Cli) -> None:
     sub = cli.json("submit", "exercise", "--inputs", '{"log_lines": 3, "result": {"answer": 42}}')
     task_id = sub["task_id"]

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Table, create_engine, event, text
+from sqlalchemy import Table, create_engine, event, make_url, text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.ext.compiler import compiles
@@ -40,6 +40,11 @@ def _file_lock(url: str) -> threading.RLock:
         return _FILE_LOCKS.setdefault(key, threading.RLock())
 
 
+class CannotOpenDatabase(Exception):
+    """The database URL names no engine the store runs on, or its database could not be opened.
+    The message is for the operator: it names the database (never its password) and the reason."""
+
+
 def engine_url(url: str) -> str:
     """The URL SQLAlchemy is given: `postgresql://` (and libpq's `postgres://`) means psycopg 3,
     whichever driver SQLAlchemy would pick for a bare `postgresql://` (psycopg2 before 2.1)."""
@@ -55,7 +60,7 @@ class Database:
         self.url = url
         self.is_sqlite = url.startswith("sqlite")
         if not self.is_sqlite and not url.startswith("postgresql+psycopg"):
-            raise ValueError("the database URL must be sqlite:/// or postgresql:// (psycopg 3)")
+            raise CannotOpenDatabase("the database URL must be sqlite:///<path> or postgresql://<user>@<host>/<db>")
         if self.is_sqlite:
             path = url.split("///", 1)[-1] if "///" in url else ""
             if path and path != ":memory:":
@@ -257,7 +262,14 @@ class Database:
         cfg = Config()
         cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
         cfg.set_main_option("sqlalchemy.url", self.url.replace("%", "%%"))
-        with self.engine.connect() as conn:
+        try:
+            conn = self.engine.connect()
+        except OperationalError as e:
+            reason = " ".join(ln.strip() for ln in str(e.orig).splitlines() if ln.strip()) or type(e.orig).__name__
+            named = make_url(self.url)
+            shown = (named if self.is_sqlite else named.set(drivername="postgresql")).render_as_string(hide_password=True)
+            raise CannotOpenDatabase(f"cannot open the database {shown}: {reason}") from None
+        with conn:
             conn.execution_options(cp_write=True)
             with conn.begin():
                 if not self.is_sqlite:
