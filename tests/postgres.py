@@ -41,20 +41,21 @@ TEMPLATE = "cp_template"
 
 def bindir() -> Path | None:
     """The directory holding initdb and postgres, or None where PostgreSQL is not installed."""
-    candidates: list[str] = []
-    if os.environ.get("CONTROLPLANE_PG_BINDIR"):
-        candidates.append(os.environ["CONTROLPLANE_PG_BINDIR"])
-    if shutil.which("pg_config"):
-        try:
-            candidates.append(subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True,
-                                             timeout=10).stdout.strip())
-        except (OSError, subprocess.SubprocessError):
-            pass
-    # Debian: one directory per major version, newest first
-    candidates += sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: int(Path(p).parent.name)
-                         if Path(p).parent.name.isdigit() else 0, reverse=True)
-    if shutil.which("initdb"):
-        candidates.append(str(Path(shutil.which("initdb") or "").resolve().parent))
+    if "CONTROLPLANE_PG_BINDIR" in os.environ:  # the one place to look (nowhere, if it has no initdb)
+        candidates = [os.environ["CONTROLPLANE_PG_BINDIR"]]
+    else:
+        candidates = []
+        if shutil.which("pg_config"):  # Debian's wrapper names the newest installed version's
+            try:
+                candidates.append(subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True,
+                                                 timeout=10).stdout.strip())
+            except (OSError, subprocess.SubprocessError):
+                pass
+        # Debian: one directory per major version, newest first
+        candidates += sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True,
+                             key=lambda p: int(Path(p).parent.name) if Path(p).parent.name.isdigit() else 0)
+        if shutil.which("initdb"):
+            candidates.append(str(Path(shutil.which("initdb") or "").resolve().parent))
     for c in candidates:
         if c and (Path(c) / "initdb").exists() and (Path(c) / "postgres").exists():
             return Path(c)
@@ -155,7 +156,8 @@ def pg_cluster() -> Iterator[Cluster]:
     if bin_dir is None:
         raise FileNotFoundError("initdb")
     as_user = _run_as()
-    base = Path(tempfile.mkdtemp(prefix="cp-pg-"))  # not under pytest's tmp: root's is private (0700)
+    # Not under pytest's tmp: root's is private (0700) and deep (a unix socket path holds 107 bytes).
+    base = Path(tempfile.mkdtemp(prefix="cp-pg-", dir="/tmp" if as_user and os.path.isdir("/tmp") else None))
     proc: subprocess.Popen[bytes] | None = None
     try:
         if as_user:
