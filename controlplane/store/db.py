@@ -3,7 +3,20 @@
 Everything engine-specific lives here: SQLite's WAL/synchronous pragmas and its
 `BEGIN IMMEDIATE` write transactions, PostgreSQL's row locks and advisory locks, upserts, and
 running the alembic migrations. The store speaks portable SQLAlchemy Core and calls these
-helpers where engines differ.
+helpers where engines differ. The differences, each in one place:
+
+* connections: SQLite keeps per-thread read connections and a write engine that never waits;
+  PostgreSQL goes through psycopg 3, pooled by SQLAlchemy (`Database.__init__` says why);
+* writers: SQLite has one at a time (an in-process lock, then BEGIN IMMEDIATE), so a write may
+  run on the event loop when the lock is free; on PostgreSQL every read and write leaves the loop
+  (`WouldBlock`), rows are locked explicitly (`for_update`, claims skip locked rows) and
+  admission into a queue takes an advisory lock (`lock_queue`), as do the migrations (`upgrade`);
+* parameters: qmark for sqlite3, pyformat for psycopg (`_compiled_for`);
+* upserts: each dialect's INSERT ... ON CONFLICT (`insert_ignore`, `upsert`);
+* queue depths: kept by triggers on both, written in each engine's SQL (migrations 0007, 0009);
+* text: PostgreSQL's holds no NUL and enforces varchar lengths, SQLite's keeps anything; what
+  reaches the store is kept within both where it enters (`api`, the runner's `events`, `attempts`);
+* planner hints: `likely()` is SQLite's and plain SQL elsewhere.
 """
 
 from __future__ import annotations
@@ -144,6 +157,10 @@ class Database:
     # at import. Compiling each once per engine and handing only the parameters to the driver
     # skips SQLAlchemy's per-call statement and result machinery, which on SQLite costs more
     # than the query itself. Only plain column types are used (numbers, text, booleans).
+    # The drivers take parameters differently: sqlite3 by position (qmark: a list in the compiled
+    # statement's order), psycopg by name (pyformat: the dict; the statement carries a cast for
+    # each); `_compiled_for` says which. psycopg opens a transaction for any statement, so a
+    # PostgreSQL read ends its own (`fetch`) rather than hand the pool a connection inside one.
 
     def fetch(self, stmt: Any, params: dict[str, Any], *, into: Build | None = None) -> list[Any]:
         """Run a prebuilt SELECT on the read connection: its rows as dicts, or `into(columns,
