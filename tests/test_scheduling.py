@@ -115,51 +115,6 @@ async def test_reused_idempotency_key_with_other_inputs_is_refused(agent: Agent,
         assert c.execute(text("select count(*) from tasks")).scalar() == 1
 
 
-def hold_queue(cp: ControlPlane, queue: str) -> Callable[[], None]:
-    """Another process's write transaction, holding what a submit into `queue` waits for (on
-    SQLite the database's write lock, on PostgreSQL the queue's admission lock); returns its commit."""
-    if cp.db.is_sqlite:
-        holder = sqlite3.connect(cp.settings.resolved_database_url.split("///", 1)[1], isolation_level=None)
-        holder.execute("BEGIN IMMEDIATE")
-
-        def commit() -> None:
-            holder.execute("COMMIT")
-            holder.close()
-        return commit
-    other = Database(cp.settings.resolved_database_url)
-    conn = other.engine.connect()
-    conn.begin()
-    other.lock_queue(conn, queue)
-
-    def release() -> None:
-        conn.commit()
-        conn.close()
-        other.dispose()
-    return release
-
-
-async def test_submit_waits_for_a_held_write_lock_without_blocking_other_calls(agent: Agent, cp: ControlPlane,
-                                                                             settings) -> None:
-    """A submit tried on the event loop finds the write lock taken, moves to a worker thread and
-    waits there; meanwhile other calls are answered."""
-    known = await agent.submit(inputs={})
-    release = hold_queue(cp, "cpu_small")  # another process admitting into the same queue
-    result: dict = {}
-
-    async def submit() -> None:
-        result.update(await agent.call("submit_task", tool_name="exercise", inputs={"sleep_s": 0.1}))
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(submit)
-        await anyio.sleep(0.3)
-        assert not result  # still waiting for the lock
-        st = await agent.call("get_task_status", task_id=known)  # the loop is free
-        assert st["task_id"] == known
-        release()
-    assert result["state"] == "queued"
-    assert cp.store.tasks.get(result["task_id"]) is not None
-
-
 def two_processes(home: Path) -> list[Store]:
     """Two stores on the test's database, each with its own engine and connections, as two
     servers would have (the first migrates it)."""
@@ -209,3 +164,49 @@ def test_claims_racing_for_the_slots_fill_them_and_no_more(home: Path) -> None:
     claimed = [task.task_id for c in claims for task, _job in c]  # type: ignore[union-attr]
     assert len(claimed) == len(set(claimed)) == 3
     assert stores[0].tasks.count_by_state("cpu_small") == {"queued": 7, "scheduled": 3}
+
+
+def hold_queue(cp: ControlPlane, queue: str) -> Callable[[], None]:
+    """Another process's write transaction, holding what a submit into `queue` waits for (on
+    SQLite the database's write lock, on PostgreSQL the queue's admission lock); returns its commit."""
+    if cp.db.is_sqlite:
+        holder = sqlite3.connect(cp.settings.resolved_database_url.split("///", 1)[1], isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+
+        def commit() -> None:
+            holder.execute("COMMIT")
+            holder.close()
+        return commit
+    other = Database(cp.settings.resolved_database_url)
+    conn = other.engine.connect()
+    conn.begin()
+    other.lock_queue(conn, queue)
+
+    def release() -> None:
+        conn.commit()
+        conn.close()
+        other.dispose()
+    return release
+
+
+async def test_submit_waits_for_a_held_write_lock_without_blocking_other_calls(agent: Agent, cp: ControlPlane,
+                                                                             settings) -> None:
+    """A submit tried on the event loop finds the write lock taken, moves to a worker thread and
+    waits there; meanwhile other calls are answered."""
+    known = await agent.submit(inputs={})
+    release = hold_queue(cp, "cpu_small")  # another process admitting into the same queue
+    result: dict = {}
+
+    async def submit() -> None:
+        result.update(await agent.call("submit_task", tool_name="exercise", inputs={"sleep_s": 0.1}))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(submit)
+        await anyio.sleep(0.3)
+        assert not result  # still waiting for the lock
+        st = await agent.call("get_task_status", task_id=known)  # the loop is free
+        assert st["task_id"] == known
+        release()
+    assert result["state"] == "queued"
+    assert cp.store.tasks.get(result["task_id"]) is not None
+
