@@ -169,15 +169,16 @@ def pg_cluster() -> Iterator[Cluster]:
                                 cwd=base, **as_user).returncode  # type: ignore[call-overload]
         if rc != 0:
             raise RuntimeError(f"initdb failed: {log.read_text()[-2000:]}")
+        server_log = base / "postgres.log"
         for _ in range(3):  # the free port may be taken between finding it and binding it
             port = free_port()
-            proc = subprocess.Popen(
-                [str(bin_dir / "postgres"), "-D", str(base / "data"), "-p", str(port),
-                 "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={base}",
-                 "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
-                 "-c", "shared_buffers=32MB", "-c", "max_connections=400", "-c", "logging_collector=off",
-                 "-c", "log_min_messages=fatal"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=base, **as_user)  # type: ignore[call-overload]
+            with open(server_log, "ab") as out:
+                proc = subprocess.Popen(
+                    [str(bin_dir / "postgres"), "-D", str(base / "data"), "-p", str(port),
+                     "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={base}",
+                     "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
+                     "-c", "shared_buffers=32MB", "-c", "max_connections=400", "-c", "log_min_messages=warning"],
+                    stdout=out, stderr=subprocess.STDOUT, cwd=base, **as_user)  # type: ignore[call-overload]
             try:
                 _wait_ready(port, proc)
                 break
@@ -185,7 +186,7 @@ def pg_cluster() -> Iterator[Cluster]:
                 _stop(proc)
                 proc = None
         if proc is None:
-            raise RuntimeError("postgres did not start")
+            raise RuntimeError(f"postgres did not start: {server_log.read_text(errors='replace')[-2000:]}")
         cluster = Cluster(bin_dir, base, port, proc)
         with cluster.admin() as c:  # type: ignore[attr-defined]
             c.execute(f"CREATE DATABASE {TEMPLATE}")

@@ -163,7 +163,8 @@ async def test_concurrent_submits_over_mcp_are_each_on_disk_when_answered(home: 
         async def submit(i: int) -> None:
             tid = await agent.submit(inputs={"sleep_s": 0}, tags=[f"n{i}"])
             with fresh.engine.connect() as c:
-                on_disk.append(c.execute(text("select count(*) from tasks where task_id = :t"), {"t": tid}).scalar() == 1)
+                found = c.execute(text("select count(*) from tasks where task_id = :t"), {"t": tid}).scalar()
+            on_disk.append(found == 1)
 
         await asyncio.gather(*(submit(i) for i in range(24)))
     fresh.dispose()

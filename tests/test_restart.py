@@ -114,7 +114,8 @@ async def test_sigkill_restarts_lose_nothing_and_double_nothing(home: Path) -> N
 
     jobs = db.execute(text("select task_id, count(*) from jobs group by task_id")).all()
     assert sorted(n for _, n in jobs) == [1] * N_TASKS
-    launched = db.execute(text("select task_id, count(*) from task_events where kind='launched' group by task_id")).all()
+    launched = db.execute(text("select task_id, count(*) from task_events where kind = 'launched' "
+                               "group by task_id")).all()
     assert sorted(n for _, n in launched) == [1] * N_TASKS
     # the local provider saw exactly one launch per job
     job_dirs = list((home / "jobs").iterdir())

@@ -284,7 +284,8 @@ class Database:
         except OperationalError as e:
             reason = " ".join(ln.strip() for ln in str(e.orig).splitlines() if ln.strip()) or type(e.orig).__name__
             named = make_url(self.url)
-            shown = (named if self.is_sqlite else named.set(drivername="postgresql")).render_as_string(hide_password=True)
+            named = named if self.is_sqlite else named.set(drivername="postgresql")  # as the operator wrote it
+            shown = named.render_as_string(hide_password=True)
             raise CannotOpenDatabase(f"cannot open the database {shown}: {reason}") from None
         with conn:
             conn.execution_options(cp_write=True)

@@ -79,9 +79,10 @@ The runner's --exit-file (read by the local provider) holds the same outcome doc
 Parsing is lenient and never raises: a value of the wrong type is dropped (or its field takes
 its default); numbers must be finite (a number may also come as a string of one), integers
 within +-2**53 (seq: 1 to 2**63-1, else 0); texts have lone surrogates and NUL (U+0000, which
-PostgreSQL's text cannot hold) replaced by U+FFFD, alike on every engine; stream and level are cut to 8 characters (as the store keeps them), other texts to MAX_TEXT,
-and a log message is not cut here (the store cuts it to its own limit). The contents of
-`result` and of each artifact entry are not checked.
+PostgreSQL's text cannot hold) replaced by U+FFFD, alike on every engine; stream and level are
+cut to 8 characters (as the store keeps them), other texts to MAX_TEXT, and a log message is
+not cut here (the store cuts it to its own limit). The contents of `result` and of each artifact
+entry are not checked.
 """
 
 from __future__ import annotations
