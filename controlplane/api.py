@@ -16,7 +16,8 @@ from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic_core import PydanticCustomError
 
 from controlplane.states import TaskState
 
@@ -42,8 +43,18 @@ def _iso_second(second: int) -> str:
     return datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S")
 
 
+def _no_nul(text: str | None) -> str | None:
+    if text is not None and "\x00" in text:
+        raise PydanticCustomError("nul", "must not contain NUL (U+0000): no text the server keeps can hold it")
+    return text
+
+
 TaskId = Annotated[str, Field(min_length=4, max_length=64, description="The task id returned by submit_task")]
 Tag = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")]
+# Text the store keeps or looks up as it is (a tool's inputs are kept as JSON, where NUL is written
+# \u0000 and reaches the tool intact; PostgreSQL's text cannot hold it, so it is refused everywhere
+# else on every engine alike). A task id with NUL is simply no task (`store.tasks.could_be_task_id`).
+StoredText = AfterValidator(_no_nul)
 
 
 class _Input(BaseModel):
@@ -69,9 +80,9 @@ class SubmitTask(_Input):
     resources: Resources | None = Field(default=None, description="Resource requests and limits")
     ttl_s: int | None = Field(default=None, ge=60, description="Keep the task, its logs and artifacts this many "
                               "seconds after it finishes")
-    idempotency_key: str | None = Field(default=None, min_length=1, max_length=200,
-                                        description="A repeated submit with the same key (per caller and tool) "
-                                        "returns the existing task instead of creating another")
+    idempotency_key: Annotated[str | None, StoredText] = Field(
+        default=None, min_length=1, max_length=200, description="A repeated submit with the same key (per caller and "
+        "tool) returns the existing task instead of creating another")
     priority: int = Field(default=0, ge=-100, le=100, description="Higher runs first; FIFO within a priority")
     tags: list[Tag] = Field(default_factory=list, max_length=32, description="Labels to filter list_tasks by")
 
@@ -95,7 +106,7 @@ class TailTaskLogs(_Input):
 
 class ListTasks(_Input):
     states: list[TaskState] | None = Field(default=None, max_length=10, description="Only tasks in these states")
-    tool_name: str | None = Field(default=None, max_length=128)
+    tool_name: Annotated[str | None, StoredText] = Field(default=None, max_length=128)
     tags_any: list[Tag] | None = Field(default=None, max_length=32, description="Tasks with any of these tags")
     submitted_after: datetime | None = Field(default=None, description="ISO 8601 time")
     submitted_before: datetime | None = Field(default=None, description="ISO 8601 time")
@@ -108,7 +119,7 @@ class ListTasks(_Input):
 
 class CancelTask(_Input):
     task_id: TaskId
-    reason: str = Field(default="user-request", min_length=1, max_length=500)
+    reason: Annotated[str, StoredText] = Field(default="user-request", min_length=1, max_length=500)
 
 
 class WaitTask(_Input):

@@ -20,6 +20,7 @@ task and its job (`AttemptTx.end`). The HTTP callback route and the reconciler b
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -184,19 +185,22 @@ class Attempts:
     @staticmethod
     def _artifacts(task: TaskRow, reported: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         """The reported artifacts that belong to this attempt (a key outside its prefix, a bad
-        name, size or digest is never registered)."""
+        name, size or digest is never registered), with only the fields the store keeps: a kind
+        or content type that is not short printable text (the store's columns hold 64 and 128
+        characters, and PostgreSQL enforces it) is replaced by the default."""
         good = []
         for a in reported:
             try:
                 name = safe_artifact_name(a.get("name"))
                 if a.get("key") != artifact_key(task.task_id, task.attempt, name):
                     continue
-                int(a["size_bytes"])
-                if not isinstance(a.get("sha256"), str) or len(a["sha256"]) != 64:
+                size = int(a["size_bytes"])
+                if not 0 <= size < 2**63 or not isinstance(a.get("sha256"), str) or not SHA256.fullmatch(a["sha256"]):
                     continue
             except (UnsafeKey, KeyError, TypeError, ValueError, AttributeError):
                 continue
-            good.append(a)
+            good.append({"name": name, "key": a["key"], "size_bytes": size, "sha256": a["sha256"],
+                         "kind": _label(a.get("kind"), 64), "content_type": _label(a.get("content_type"), 128)})
         return good
 
     # ---- heartbeats: kept in memory, written in batches ---------------------------------------
@@ -208,6 +212,15 @@ class Attempts:
         with self._lock:
             beats, self._beats = self._beats, {}
         self.store.attempts.touch(beats)
+
+
+SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def _label(v: Any, limit: int) -> str | None:
+    """A runner's label (an artifact's kind or content type) if it is printable text of at most
+    `limit` characters; else None (the default)."""
+    return v if isinstance(v, str) and 0 < len(v) <= limit and v.isprintable() else None
 
 
 def _fresh(events: list[dict[str, Any]], seq: int) -> list[dict[str, Any]]:

@@ -114,7 +114,8 @@ class RetryPolicy(_Strict):
 
 
 class ResourceClass(_Strict):
-    name: str
+    # at most 64 printable characters: the store's resource_class columns (PostgreSQL refuses more)
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[^\x00-\x1f\x7f]+$")
     max_concurrency: int = Field(default=2, ge=1, le=100_000)
     max_queue_length: int = Field(default=1000, ge=0, le=10_000_000)
     cpu: float = Field(default=1, gt=0)

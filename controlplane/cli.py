@@ -66,7 +66,9 @@ def serve(
     from controlplane.app import ControlPlane
     from controlplane.catalog import CatalogError
     from controlplane.mcp.oauth import AuthConfigError
+    from controlplane.mcp.auth import TokenFileError
     from controlplane.serve import HttpServer, UnsafeBind, serve_stdio, settle_heap
+    from controlplane.store.db import CannotOpenDatabase
 
     _logging("INFO" if transport == Transport.http else "WARNING")
     try:
@@ -75,7 +77,7 @@ def serve(
             asyncio.run(serve_stdio(cp))
             return
         server = HttpServer(cp, host, port)
-    except (CatalogError, UnsafeBind, AuthConfigError, OSError) as e:
+    except (CatalogError, UnsafeBind, AuthConfigError, OSError, CannotOpenDatabase, TokenFileError) as e:
         err.print(f"[red]error:[/] {e}")
         raise typer.Exit(2) from None
     settle_heap()
@@ -100,12 +102,16 @@ def demo(
 @db_app.command("upgrade")
 def db_upgrade(home: HomeOpt = None) -> None:
     """Apply the database migrations (servers also do this when they start)."""
-    from controlplane.store.db import Database
+    from controlplane.store.db import CannotOpenDatabase, Database
 
     settings = _settings(home)
     settings.ensure_home()
-    db = Database(settings.resolved_database_url)
-    db.upgrade()
+    try:
+        db = Database(settings.resolved_database_url)
+        db.upgrade()
+    except CannotOpenDatabase as e:
+        err.print(f"[red]error:[/] {e}")
+        raise typer.Exit(2) from None
     err.print(f"database at revision {db.current_revision()}")
 
 

@@ -36,7 +36,8 @@ class Settings(BaseSettings):
     internal_port: int = 0
 
     # Identity used for callers that present no credentials (stdio, loopback HTTP without auth).
-    default_owner: str = "local"
+    # (an identity is at most 200 characters of printable text: the store's owner column)
+    default_owner: str = Field(default="local", min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")
     # File of bearer tokens: lines "token identity" or TOML table [tokens]; see auth.py.
     auth_tokens_file: Path | None = None
     # Inline tokens "tok1=alice,tok2=bob" (handy for tests and containers).

@@ -1,5 +1,16 @@
 """Shared fixtures: a control plane on a temporary home with fast loops, MCP clients that speak
-to it (in memory, over HTTP, over stdio), and helpers that read like an agent's calls."""
+to it (in memory, over HTTP, over stdio), and helpers that read like an agent's calls.
+
+Both engines. Every test that uses the `home` fixture (directly, or through `settings`, `cp`,
+`agent`, `server_process`, ...) runs twice: `[sqlite]` on the home's own SQLite file and
+`[postgres]` on a fresh database of the session's PostgreSQL cluster (`tests/postgres.py`). The
+database is handed over the way an operator does it, as CONTROLPLANE_DATABASE_URL: every
+`Settings()` the test builds reads it, and `fast_env` passes it to server subprocesses. Tests
+that do not use `home` build nothing on the store (catalogs, parsers, fakes, object stores) and
+run once. A test or module about SQLite itself (its file, locks, WAL, query plans) is marked
+`@pytest.mark.sqlite_only("why")` and runs on SQLite alone. Without PostgreSQL on the machine the
+`[postgres]` variants skip, unless CONTROLPLANE_REQUIRE_POSTGRES=1 (`.ci/run`) makes them fail.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +22,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +35,7 @@ from fastmcp.client import extension_hooks
 
 from controlplane.app import ControlPlane
 from tests.cloud import stop
+from tests.postgres import Cluster, bindir, pg_cluster, require_or_skip
 from controlplane.mcp.server import build_server
 from controlplane.settings import Settings
 
@@ -34,6 +46,68 @@ extension_hooks._internal_client_extension_factories.clear()
 
 TERMINAL = {"succeeded", "failed", "cancelled", "timed_out", "expired"}
 ROOT = Path(__file__).resolve().parent.parent
+ENGINES = ("sqlite", "postgres")
+# The tests choose the database (the `engine` fixture); one named in the shell plays no part.
+os.environ.pop("CONTROLPLANE_DATABASE_URL", None)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "sqlite_only(reason): about SQLite itself; no [postgres] variant")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "engine" in metafunc.fixturenames:
+        only = metafunc.definition.get_closest_marker("sqlite_only")
+        metafunc.parametrize("engine", ["sqlite"] if only else list(ENGINES), indirect=True)
+
+
+@pytest.fixture(scope="session")
+def pg() -> Iterator[Cluster | None]:
+    """The session's PostgreSQL cluster (None where PostgreSQL is not installed)."""
+    if bindir() is None:
+        yield None
+        return
+    with pg_cluster() as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The test's database engine: its URL is CONTROLPLANE_DATABASE_URL while the test runs."""
+    if request.param == "sqlite":
+        monkeypatch.delenv("CONTROLPLANE_DATABASE_URL", raising=False)
+        yield "sqlite"
+        return
+    cluster = request.getfixturevalue("pg")
+    if cluster is None:
+        require_or_skip("its binaries (initdb, postgres) were not found")
+    with cluster.database() as url, closing_databases(monkeypatch):
+        monkeypatch.setenv("CONTROLPLANE_DATABASE_URL", url)
+        yield "postgres"
+
+
+@contextmanager
+def closing_databases(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every `Database` opened inside is disposed at the end, before its database is dropped.
+    Left to the garbage collector, psycopg warns from `__del__` about each open connection at
+    whatever moment the collector runs (on CPython 3.11.7, in the middle of a compile, this
+    became a SystemError in a later test)."""
+    from controlplane.store.db import Database
+
+    opened: list[Database] = []
+    init = Database.__init__
+
+    def tracked(self: Database, *args: Any, **kw: Any) -> None:
+        init(self, *args, **kw)
+        opened.append(self)
+
+    monkeypatch.setattr(Database, "__init__", tracked)
+    try:
+        yield
+    finally:
+        monkeypatch.setattr(Database, "__init__", init)
+        for db in opened:
+            db.dispose()
 
 
 @pytest.fixture
@@ -45,17 +119,33 @@ FAST = dict(scheduler_interval_s=0.1, reconcile_interval_s=0.2, heartbeat_interv
             kill_grace_s=1.0, leader_lease_s=3.0)
 
 
+@pytest.fixture
+def empty_db_url(engine: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
+    """The URL of a database with nothing in it yet (no tables), on the test's engine."""
+    if engine == "sqlite":
+        yield f"sqlite:///{tmp_path / 'empty.db'}"
+        return
+    cluster = request.getfixturevalue("pg")
+    name = cluster.empty_database()
+    try:
+        yield cluster.url(name)
+    finally:
+        cluster.drop(name)
+
+
 def fast_env(home: Path, **extra: Any) -> dict[str, str]:
-    """Environment for a server subprocess with the fast test settings."""
+    """Environment for a server subprocess with the fast test settings (and the test's database)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLPLANE_")}
     env["CONTROLPLANE_HOME"] = str(home)
+    if os.environ.get("CONTROLPLANE_DATABASE_URL"):
+        env["CONTROLPLANE_DATABASE_URL"] = os.environ["CONTROLPLANE_DATABASE_URL"]
     for k, v in {**FAST, **extra}.items():
         env[f"CONTROLPLANE_{k.upper()}"] = str(v)
     return env
 
 
 @pytest.fixture
-def home(tmp_path: Path) -> Path:
+def home(tmp_path: Path, engine: str) -> Path:
     return tmp_path / "home"
 
 
@@ -238,9 +328,12 @@ def reap_jobs(home: Path) -> None:
 
 
 @pytest.fixture(autouse=True)
-def _no_leftover_jobs(home: Path) -> Iterator[None]:
+def _no_leftover_jobs(request: pytest.FixtureRequest) -> Iterator[None]:
+    # (asking for `home` in the signature would give every test an engine)
+    home = request.getfixturevalue("home") if "home" in request.fixturenames else None
     yield
-    reap_jobs(home)
+    if home is not None:
+        reap_jobs(home)
 
 
 def pid_alive(pid: int) -> bool:

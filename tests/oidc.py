@@ -91,7 +91,10 @@ class FakeIdP:
     def claims(self, sub: str, *, audience: str | list[str] | None, scopes: list[str] | None = None,
                lifetime_s: float = 600, **extra: Any) -> dict[str, Any]:
         now = int(time.time())
-        out: dict[str, Any] = {"iss": self.issuer, "sub": sub, "iat": now, "exp": now + int(lifetime_s)}
+        # A jti of its own, as identity providers give: RS256 signs deterministically, and two tokens
+        # with the same claims in the same second would be the same bytes (one already verified).
+        out: dict[str, Any] = {"iss": self.issuer, "sub": sub, "iat": now, "exp": now + int(lifetime_s),
+                               "jti": secrets.token_hex(8)}
         if audience is not None:
             out["aud"] = audience
         if scopes is not None:

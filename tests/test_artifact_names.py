@@ -43,15 +43,23 @@ async def test_forged_artifact_reports_are_not_registered(agent: Agent, cp) -> N
         {**good, "name": "stolen.bin", "key": f"tasks/{victim}/attempts/1/artifacts/data.bin"},
         {**good, "name": "ctl\x07.bin", "key": f"tasks/{tid}/attempts/1/artifacts/ctl\x07.bin"},
         {**good, "sha256": "not-a-hash"},
+        {**good, "name": "nul.bin", "key": f"tasks/{tid}/attempts/1/artifacts/nul.bin", "sha256": "\x00" * 64},
+        {**good, "name": "huge.bin", "key": f"tasks/{tid}/attempts/1/artifacts/huge.bin", "size_bytes": 2**70},
     ]
+    # labels no column can keep (too long for kind's 64 characters, a NUL in the content type):
+    # the artifact is registered with the default labels, on every engine alike
+    odd = {**good, "name": "odd.bin", "key": f"tasks/{tid}/attempts/1/artifacts/odd.bin", "kind": "k" * 65,
+           "content_type": "text/\x00plain"}
     event = {"seq": job.event_seq + 1, "type": "finished", "status": "succeeded", "exit_code": 0,
-             "result": {}, "artifacts": forged + [good]}
+             "result": {}, "artifacts": forged + [good, odd]}
     url = f"{cp.public_url}/runner/v1/tasks/{tid}/attempts/1/events"
     secret = runner_secret(cp.secret_key, tid, 1)
     async with httpx.AsyncClient() as http:
         r = await http.post(url, json={"events": [event]}, headers={"Authorization": f"Bearer {secret}"})
     assert r.status_code == 200, r.text
-    assert [a.name for a in cp.store.artifacts.of(tid)] == ["fine.bin"]
+    assert [(a.name, a.kind, a.content_type) for a in cp.store.artifacts.of(tid)] == [
+        ("fine.bin", "file", "application/octet-stream"), ("odd.bin", "file", "application/octet-stream")]
+    assert cp.store.tasks.get(tid).state == "succeeded"
     assert [a.name for a in cp.store.artifacts.of(victim)] == ["data.bin"]  # untouched
 
 

@@ -145,6 +145,13 @@ INVALID = [
     ("submit_task", {"tool_name": "exercise", "priority": 101}, "priority"),
     ("submit_task", {"tool_name": "exercise", "tags": ["t"] * 33}, "tags"),
     ("submit_task", {"tool_name": "exercise", "idempotency_key": "k" * 201}, "idempotency_key"),
+    # --- NUL (U+0000) in text the server keeps or looks up as it is: PostgreSQL's text cannot hold
+    # it, so it is refused on every engine (a tool's inputs are kept as JSON and may hold it)
+    ("submit_task", {"tool_name": "exercise", "idempotency_key": "k\x00"}, "idempotency_key"),
+    ("submit_task", {"tool_name": "exercise", "tags": ["a\x00b"]}, "tags.0"),
+    ("cancel_task", {"task_id": TASK, "reason": "no\x00pe"}, "reason"),
+    ("list_tasks", {"tool_name": "exer\x00cise"}, "tool_name"),
+    ("list_tasks", {"tags_any": ["\x00"]}, "tags_any.0"),
     ("list_tasks", {"limit": 0}, "limit"),
     ("list_tasks", {"limit": 201}, "limit"),
     ("tail_task_logs", {"task_id": TASK, "limit": 1001}, "limit"),

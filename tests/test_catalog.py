@@ -154,6 +154,15 @@ def test_bad_resource_class_field_is_named(tmp_path: Path) -> None:
     assert msg.startswith(f"{path}: resource_classes.small.max_concurrency: "), msg
 
 
+def test_a_resource_class_name_the_store_cannot_keep_is_refused(tmp_path: Path) -> None:
+    """Its name is stored with every task of the class: at most 64 printable characters."""
+    long = "c" * 65
+    path = write(tmp_path)
+    path.write_text(path.read_text().replace("[resource_classes.small]", f"[resource_classes.{long}]")
+                    .replace('resource_class = "small"', f'resource_class = "{long}"'))
+    assert load_error(path).startswith(f"{path}: resource_classes.{long}.name: ")
+
+
 def test_unreadable_and_unparsable_files_are_named(tmp_path: Path) -> None:
     missing = tmp_path / "nope.toml"
     assert load_error(missing).startswith(f"{missing}: cannot read catalog")

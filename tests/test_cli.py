@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import sqlite3
 import subprocess
 import sys
 import time
@@ -14,15 +13,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import inspect
 
+from controlplane.store.db import Database
 from tests.conftest import ROOT, TERMINAL, ServerProcess, pid_alive
 
 TASK_ID = re.compile(r"tsk_[a-z2-7]{26}")
 
 
 def user_env(**extra: str) -> dict[str, str]:
-    """The caller's environment without any CONTROLPLANE_* setting leaking in from outside."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLPLANE_")}
+    """The caller's environment without any CONTROLPLANE_* setting leaking in from outside, but
+    with the test's database (the `engine` fixture's)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLPLANE_") or k == "CONTROLPLANE_DATABASE_URL"}
     env.update(extra)
     return env
 
@@ -71,9 +73,12 @@ def cli(server: ServerProcess) -> Cli:
     return Cli(server.url)
 
 
-def test_db_upgrade_creates_the_database_at_the_latest_revision(tmp_path: Path) -> None:
-    home = tmp_path / "fresh-home"
-    done = controlplane("db", "upgrade", "--home", str(home))
+def test_db_upgrade_creates_the_database_at_the_latest_revision(home: Path, engine: str, empty_db_url: str) -> None:
+    if engine == "sqlite":  # no URL set: the default, a file in the home
+        env, url = user_env(), f"sqlite:///{home / 'controlplane.db'}"
+    else:
+        env, url = user_env(CONTROLPLANE_DATABASE_URL=empty_db_url), empty_db_url
+    done = controlplane("db", "upgrade", "--home", str(home), env=env)
     ok(done)
     from alembic.script import ScriptDirectory
 
@@ -81,15 +86,28 @@ def test_db_upgrade_creates_the_database_at_the_latest_revision(tmp_path: Path) 
 
     head = ScriptDirectory(str(MIGRATIONS_DIR)).get_current_head()
     assert f"database at revision {head}" in done.stderr
-    db = home / "controlplane.db"
-    with sqlite3.connect(db) as conn:
-        assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [(head,)]
-        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    assert {"tasks", "task_tags", "task_events", "task_logs", "artifacts", "jobs", "leases"} <= tables
+    db = Database(url)
+    assert db.current_revision() == head
+    assert {"tasks", "task_tags", "task_events", "task_logs", "artifacts", "jobs", "leases"} <= set(
+        inspect(db.engine).get_table_names())
+    db.dispose()
     # Running it again is harmless.
-    again = controlplane("db", "upgrade", "--home", str(home))
+    again = controlplane("db", "upgrade", "--home", str(home), env=env)
     ok(again)
     assert f"database at revision {head}" in again.stderr
+
+
+def test_a_database_that_cannot_be_opened_is_named_without_its_password(tmp_path: Path) -> None:
+    url = "postgresql://cp:s3cret@127.0.0.1:9/nowhere"  # nothing listens on port 9
+    for command in (["db", "upgrade"], ["serve", "--transport", "http", "--port", "0"]):
+        done = controlplane(*command, "--home", str(tmp_path / "home"), env=user_env(CONTROLPLANE_DATABASE_URL=url))
+        said = " ".join(done.stderr.split())
+        assert done.returncode == 2, said
+        assert "cannot open the database postgresql://cp:***@127.0.0.1:9/nowhere" in said and "refused" in said
+        assert "s3cret" not in said and "Traceback" not in said
+    done = controlplane("db", "upgrade", "--home", str(tmp_path / "home"),
+                        env=user_env(CONTROLPLANE_DATABASE_URL="mysql://a@b/c"))
+    assert done.returncode == 2 and "the database URL must be sqlite:///" in done.stderr
 
 
 def test_submit_show_logs_result(cli: Cli) -> None:

@@ -20,6 +20,7 @@ from urllib.parse import parse_qs, parse_qsl, quote, urlencode, urlsplit, urluns
 import httpx
 import pytest
 from fastmcp import Client
+from sqlalchemy import text
 
 from controlplane.app import ControlPlane
 from controlplane.mcp.server import build_server
@@ -207,7 +208,7 @@ async def test_task_results_and_artifacts_live_in_the_cloud_store(cloud: CloudTa
                 ("inputs.json", "result.json", "artifacts/data.bin")} <= keys
 
         with cp.db.write() as c:  # its ttl has passed
-            c.exec_driver_sql("update tasks set expires_at = 0 where task_id = ?", (tid,))
+            c.execute(text("update tasks set expires_at = 0 where task_id = :t"), {"t": tid})
         await expire_soon(cp, tid)
         assert (await agent.call("get_task_status", task_id=tid))["state"] == "expired"
         assert list(store.list(task_prefix(tid))) == []

@@ -8,6 +8,7 @@ import random
 from types import SimpleNamespace
 
 import pytest
+from sqlalchemy import text
 
 from controlplane import api
 from controlplane.app import ControlPlane
@@ -25,8 +26,8 @@ def add_run(cp: ControlPlane, n_atoms: int, runtime: float, t0: float) -> None:
         provider="local", resource_class="cpu_small", priority=0, ttl_s=3600, idempotency_key=None, tags=[],
         resources_json="{}", max_runtime_s=3600, max_attempts=1, estimate_s=8.0), queue_limit=10**6).task
     with cp.db.write() as c:
-        c.exec_driver_sql("update tasks set state='succeeded', started_at=?, completed_at=? where task_id=?",
-                          (t0, t0 + runtime, task.task_id))
+        c.execute(text("update tasks set state='succeeded', started_at=:s, completed_at=:e where task_id=:t"),
+                  {"s": t0, "e": t0 + runtime, "t": task.task_id})
 
 
 def estimate_for(cp: ControlPlane, n_atoms: int) -> float:

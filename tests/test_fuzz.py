@@ -55,7 +55,8 @@ from controlplane.mcp.completion import EXTENSION_ID
 from controlplane.mcp.server import build_server
 from controlplane.settings import Settings
 from controlplane.store.models import Task
-from tests.conftest import FAST, ROOT, catalog_text, serving
+from tests.conftest import ENGINES, FAST, ROOT, catalog_text, serving
+from tests.postgres import require_or_skip
 from tests.test_bad_input import db_state
 from tests.test_completion import RENDER_TOOL
 from tests.wire import LEGACY, MODERN, Legacy, modern_body, modern_headers
@@ -412,10 +413,10 @@ def header_value(value: str) -> str:
         return f"=?base64?{base64.b64encode(value.encode('utf-8', 'surrogatepass')).decode()}?="
 
 
-def fuzz_control_plane(home: Path) -> ControlPlane:
+def fuzz_control_plane(home: Path, database_url: str | None = None) -> ControlPlane:
     home.mkdir(parents=True, exist_ok=True)
     (home / "catalog.toml").write_text(catalog_text() + FUZZ_TOOL)
-    cp = ControlPlane(Settings(home=home, **FAST))
+    cp = ControlPlane(Settings(home=home, database_url=database_url, **FAST))
     # Someone else leads for the next hour: this server schedules nothing, so no job runs.
     assert cp.store.leases.acquire(LEADER_LEASE, "fuzz: nobody", 3600)
     return cp
@@ -463,32 +464,45 @@ class Harness:
 
 
 @contextmanager
-def harness(kind: str, era: str, home: Path) -> Iterator[Harness]:
-    cp = fuzz_control_plane(home)
-    ids, finished, cursors = seed(cp)
-    with start_blocking_portal("asyncio") as portal, \
-            portal.wrap_async_context_manager(open_route(kind, era, cp)) as route:
-        h = Harness(portal, route, cp, Pools(ids, finished, cursors, [], sorted(cp.catalog.tools)))
-        listed = h.send("tools/list", {})
-        assert listed.result is not None, listed
-        h.pools.schemas = {t["name"]: t["inputSchema"] for t in listed.result["tools"]}
-        h.pools.tool_names = sorted(h.pools.schemas)
-        assert {"submit_task", "get_task_status", "tail_task_logs", "list_tasks", "cancel_task", "get_task_result",
-                "wait_task", "exercise", "lj_relax", "render"} <= set(h.pools.tool_names)
-        yield h
+def harness(kind: str, era: str, home: Path, database_url: str | None = None) -> Iterator[Harness]:
+    cp = fuzz_control_plane(home, database_url)
+    try:
+        ids, finished, cursors = seed(cp)
+        with start_blocking_portal("asyncio") as portal, \
+                portal.wrap_async_context_manager(open_route(kind, era, cp)) as route:
+            h = Harness(portal, route, cp, Pools(ids, finished, cursors, [], sorted(cp.catalog.tools)))
+            listed = h.send("tools/list", {})
+            assert listed.result is not None, listed
+            h.pools.schemas = {t["name"]: t["inputSchema"] for t in listed.result["tools"]}
+            h.pools.tool_names = sorted(h.pools.schemas)
+            assert {"submit_task", "get_task_status", "tail_task_logs", "list_tasks", "cancel_task", "get_task_result",
+                    "wait_task", "exercise", "lj_relax", "render"} <= set(h.pools.tool_names)
+            yield h
+    finally:
+        cp.db.dispose()  # before its database is dropped
 
 
-ROUTES = [("memory", MODERN), ("memory", LEGACY), ("http", MODERN), ("http", LEGACY)]
+ROUTES = [(kind, era, engine) for engine in ENGINES
+          for kind, era in (("memory", MODERN), ("memory", LEGACY), ("http", MODERN), ("http", LEGACY))]
 
 
-ROUTE_IDS = [f"{k}-{e}" for k, e in ROUTES]
+ROUTE_IDS = [f"{k}-{e}-{engine}" for k, e, engine in ROUTES]
 
 
 @pytest.fixture(scope="module", params=ROUTES, ids=ROUTE_IDS)
 def fuzzed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
-    """One server per route for the whole module: the fuzz and the examples share it."""
-    kind, era = request.param
-    with harness(kind, era, tmp_path_factory.mktemp("fuzz") / "home") as h:
+    """One server per route and engine for the whole module: the fuzz and the examples share it
+    (on PostgreSQL, one database for the module, named in its settings)."""
+    kind, era, engine = request.param
+    home = tmp_path_factory.mktemp("fuzz") / "home"
+    if engine == "sqlite":
+        with harness(kind, era, home) as h:
+            yield h
+        return
+    cluster = request.getfixturevalue("pg")
+    if cluster is None:
+        require_or_skip("its binaries (initdb, postgres) were not found")
+    with cluster.database() as url, harness(kind, era, home, url) as h:
         yield h
 
 

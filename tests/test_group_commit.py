@@ -5,7 +5,6 @@ caller that goes away does not take the others' writes with it."""
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import anyio
 import pytest
 from fastmcp import Client
+from sqlalchemy import text
 
 from controlplane import api
 from controlplane.app import ControlPlane
@@ -20,6 +20,7 @@ from controlplane.group_commit import GroupCommit
 from controlplane.mcp.server import build_server
 from controlplane.settings import Settings
 from controlplane.store import QueueFull, Submitted
+from controlplane.store.db import Database
 from tests.conftest import FAST, Agent, write_catalog
 from tests.test_states import new_task
 
@@ -153,7 +154,7 @@ def test_a_repeated_idempotency_key_in_one_batch_answers_the_first_task(cp: Cont
 async def test_concurrent_submits_over_mcp_are_each_on_disk_when_answered(home: Path) -> None:
     write_catalog(home, queue_length=1000)
     cp = ControlPlane(Settings(home=home, **FAST))
-    db_path = cp.settings.resolved_database_url.split("///", 1)[1]
+    fresh = Database(cp.settings.resolved_database_url)  # another connection: what a restart would find
     on_disk: list[bool] = []
 
     async with Client(build_server(cp)) as client:
@@ -161,10 +162,12 @@ async def test_concurrent_submits_over_mcp_are_each_on_disk_when_answered(home: 
 
         async def submit(i: int) -> None:
             tid = await agent.submit(inputs={"sleep_s": 0}, tags=[f"n{i}"])
-            with sqlite3.connect(db_path) as fresh:  # another connection: what a restart would find
-                on_disk.append(fresh.execute("select count(*) from tasks where task_id = ?", (tid,)).fetchone()[0] == 1)
+            with fresh.engine.connect() as c:
+                found = c.execute(text("select count(*) from tasks where task_id = :t"), {"t": tid}).scalar()
+            on_disk.append(found == 1)
 
         await asyncio.gather(*(submit(i) for i in range(24)))
+    fresh.dispose()
     assert on_disk == [True] * 24
     stored = cp.store.tasks.list(cp.settings.default_owner, limit=100)
     assert len(stored) == 24 and len({t.task_id for t in stored}) == 24
@@ -172,6 +175,7 @@ async def test_concurrent_submits_over_mcp_are_each_on_disk_when_answered(home: 
     assert 0 < grouped.batches < grouped.items <= 24  # submits that came together shared commits
 
 
+@pytest.mark.sqlite_only("on a networked engine every write leaves the event loop: each submit is a group commit")
 async def test_a_submit_alone_is_written_at_once_without_a_group_commit(cp: ControlPlane) -> None:
     req = api.SubmitTask(tool_name="exercise", inputs={"sleep_s": 0})
     for _ in range(3):
@@ -229,6 +233,7 @@ async def test_over_http_submits_made_while_others_wait_are_grouped_and_a_lone_o
     assert len(cp.store.tasks.list(cp.settings.default_owner, limit=100)) == 27
 
 
+@pytest.mark.sqlite_only("a networked engine writes the whole batch in a worker thread: no transaction on the loop")
 async def test_while_a_batch_commits_off_the_loop_other_writes_wait_their_turn(cp: ControlPlane) -> None:
     """A batch's statements run on the event loop and its commit in a worker thread; while that
     commit is in flight, a write tried on the loop goes to a worker thread and waits for it (it

@@ -4,11 +4,17 @@ logs, result with a working artifact link, listing, and the audit trail behind i
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import httpx
 import pytest
+from fastmcp import Client
 
-from tests.conftest import Agent
+from controlplane.app import ControlPlane
+from controlplane.mcp.server import build_server
+from controlplane.settings import Settings
+from tests import odd_text_tool
+from tests.conftest import FAST, Agent, catalog_text
 
 pytestmark = pytest.mark.anyio
 
@@ -73,3 +79,29 @@ async def test_failed_tool_reports_exit_code(agent: Agent) -> None:
     assert st["error"]["code"] == "TOOL_FAILED" and st["error"]["exit_code"] == 3
     res = await agent.call("get_task_result", task_id=tid)
     assert res["error"]["code"] == "TOOL_FAILED"
+
+
+async def test_nul_in_inputs_comes_back_intact_and_in_output_is_kept_alike(home: Path) -> None:
+    """NUL (U+0000) reaches the tool and its result intact (both are kept as JSON), and what the tool
+    prints or reports with NUL in it is kept with U+FFFD instead on every engine (PostgreSQL's text
+    cannot hold NUL): the task succeeds either way."""
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "catalog.toml").write_text(catalog_text() + odd_text_tool.CATALOG_ENTRY)
+    async with Client(build_server(ControlPlane(Settings(home=home, **FAST)))) as client:
+        agent = Agent(client)
+        tid = await agent.submit("odd_text", inputs={"echo": "in\x00put"}, idempotency_key="nul-run")
+        st = await agent.wait(tid)
+        assert st["state"] == "succeeded", st
+        assert (st["progress"]["phase"], st["progress"]["message"]) == ("ph\ufffdase", "half\ufffdway")
+        lines = {(ln["stream"], ln["message"]) for ln in await agent.all_logs(tid)}
+        assert {("stdout", "out\ufffdin\ufffdput"), ("stderr", "err\ufffd")} <= lines
+        res = await agent.call("get_task_result", task_id=tid)
+        assert res["result"]["echo"] == "in\x00put"
+        [art] = res["artifacts"]
+        assert (art["name"], art["kind"]) == ("odd.txt", "file")
+        async with httpx.AsyncClient() as http:
+            assert (await http.get(art["download_url"])).content == b"x\x00y"
+        # the same submit again finds the same task: its inputs compare equal as they were sent
+        again = await agent.call("submit_task", tool_name="odd_text", inputs={"echo": "in\x00put"},
+                                 idempotency_key="nul-run")
+        assert again["task_id"] == tid

@@ -8,6 +8,7 @@ import random
 from typing import Any
 
 import pytest
+from sqlalchemy import text
 
 from controlplane import api
 from controlplane.app import ControlPlane
@@ -31,8 +32,9 @@ def populated(cp: ControlPlane) -> list[dict[str, Any]]:
         state = rng.choice(STATES)
         ts = 1_000_000 + rng.choice([i, i, 5])  # duplicate submission times: the pk breaks ties
         with cp.db.write() as c:
-            c.exec_driver_sql("update tasks set state=?, submitted_at=? where task_id=?", (state, ts, task.task_id))
-            c.exec_driver_sql("update task_tags set submitted_at=? where task_pk=?", (ts, task.pk))
+            c.execute(text("update tasks set state=:s, submitted_at=:ts where task_id=:t"),
+                      {"s": state, "ts": ts, "t": task.task_id})
+            c.execute(text("update task_tags set submitted_at=:ts where task_pk=:pk"), {"ts": ts, "pk": task.pk})
         made.append({"task_id": task.task_id, "pk": task.pk, "tool_name": task.tool_name, "state": state, "submitted_at": ts, "tags": tags, "owner": owner})
     return made
 

@@ -1,96 +1,151 @@
-"""The schema is owned by the alembic migrations, and the sqlmodel tables match them."""
+"""The schema is owned by the alembic migrations, on both engines: every migration upgrades and
+downgrades, from an empty database to head and back, and the sqmodel tables match the result."""
 
 from __future__ import annotations
 
 import warnings
-from pathlib import Path
+from collections.abc import Iterator
 
+import pytest
+from alembic import command
 from alembic.autogenerate import compare_metadata
+from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import inspect
+from alembic.script import ScriptDirectory
+from sqlalchemy import inspect, text
 from sqlmodel import SQLModel
 
 from controlplane.store import models  # noqa: F401  (registers the tables)
 from controlplane.store.db import MIGRATIONS_DIR, Database
 
 
-def _head() -> str:
-    from alembic.config import Config
-    from alembic.script import ScriptDirectory
-
+def _config(url: str | None = None) -> Config:
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
-    return ScriptDirectory.from_config(cfg).get_current_head()
+    if url is not None:
+        cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return cfg
 
 
-HEAD = _head()  # the newest migration
+SCRIPTS = ScriptDirectory.from_config(_config())
+HEAD = SCRIPTS.get_current_head()  # the newest migration
+REVISIONS = [s.revision for s in reversed(list(SCRIPTS.walk_revisions()))]  # oldest first
+TRIGGERS = {"tasks_queue_depth_insert", "tasks_queue_depth_delete", "tasks_queue_depth_update"}
 
 
-def test_migrations_create_exactly_the_model_schema(tmp_path: Path) -> None:
-    db = Database(f"sqlite:///{tmp_path / 'cp.db'}")
+@pytest.fixture
+def db(empty_db_url: str) -> Iterator[Database]:
+    """An empty database (no tables at all) on the test's engine."""
+    database = Database(empty_db_url)
+    yield database
+    database.dispose()
+
+
+def tables(db: Database) -> set[str]:
+    return set(inspect(db.engine).get_table_names())
+
+
+def triggers(db: Database) -> set[str]:
+    with db.engine.connect() as c:
+        if db.is_sqlite:
+            return {r[0] for r in c.execute(text("SELECT name FROM sqlite_master WHERE type = 'trigger'"))}
+        return {r[0] for r in c.execute(text("SELECT tgname FROM pg_trigger WHERE NOT tgisinternal"))}
+
+
+def test_migrations_create_exactly_the_model_schema(db: Database) -> None:
     db.upgrade()
     assert db.current_revision() == HEAD
     with db.engine.connect() as c, warnings.catch_warnings():
         warnings.simplefilter("ignore")  # SQLite cannot reflect the one expression index (priority DESC)
         diff = compare_metadata(MigrationContext.configure(c), SQLModel.metadata)
-    # SQLite cannot reflect the expression index (priority DESC): it is checked by its SQL below.
+    # Neither engine reflects the expression index (priority DESC) so that it compares equal: it
+    # is checked by its definition below.
     expression_index = [d for d in diff if d[0] in ("add_index", "remove_index") and d[1].name == "ix_tasks_dispatch"]
     assert [d for d in diff if d not in expression_index] == []
-    names = set(inspect(db.engine).get_table_names())
-    assert names >= {"tasks", "task_tags", "task_events", "task_logs", "artifacts", "jobs", "leases"}
+    assert tables(db) >= {"tasks", "task_tags", "task_events", "task_logs", "artifacts", "jobs", "leases",
+                          "queue_depth"}
     with db.engine.connect() as c:
-        sql = c.exec_driver_sql("select sql from sqlite_master where name = 'ix_tasks_dispatch'").scalar_one()
-    assert sql == "CREATE INDEX ix_tasks_dispatch ON tasks (resource_class, state, priority DESC, pk)"
+        if db.is_sqlite:
+            sql = c.execute(text("select sql from sqlite_master where name = 'ix_tasks_dispatch'")).scalar_one()
+            assert sql == "CREATE INDEX ix_tasks_dispatch ON tasks (resource_class, state, priority DESC, pk)"
+        else:
+            sql = c.execute(text("select indexdef from pg_indexes where indexname = 'ix_tasks_dispatch'")).scalar_one()
+            assert sql == ("CREATE INDEX ix_tasks_dispatch ON public.tasks USING btree "
+                           "(resource_class, state, priority DESC, pk)")
+    assert triggers(db) == TRIGGERS  # queue_depth is kept on both engines
 
 
-def test_upgrade_is_idempotent_and_downgrade_clean(tmp_path: Path) -> None:
-    db = Database(f"sqlite:///{tmp_path / 'cp.db'}")
+def test_every_migration_upgrades_and_downgrades(db: Database) -> None:
+    """From empty to head one step at a time, each step undone and redone on the way; then down
+    to nothing and up again."""
+    cfg = _config(db.url)
+    for rev in REVISIONS:
+        db.upgrade(rev)
+        assert db.current_revision() == rev
+        after_up = tables(db), triggers(db)
+        command.downgrade(cfg, "-1")
+        db.upgrade(rev)
+        assert (tables(db), triggers(db)) == after_up, f"{rev} does not downgrade to what it upgraded from"
     db.upgrade()
     db.upgrade()  # a second start changes nothing
     assert db.current_revision() == HEAD
-    from alembic import command
-    from alembic.config import Config
-
-    from controlplane.store.db import MIGRATIONS_DIR
-
-    cfg = Config()
-    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
-    cfg.set_main_option("sqlalchemy.url", db.url)
     command.downgrade(cfg, "base")
-    assert set(inspect(db.engine).get_table_names()) <= {"alembic_version"}
+    assert tables(db) <= {"alembic_version"}
+    assert triggers(db) == set()
+    if not db.is_sqlite:
+        with db.engine.connect() as c:
+            assert c.execute(text("SELECT count(*) FROM pg_proc WHERE proname = 'tasks_queue_depth'")).scalar() == 0
     db.upgrade()
     assert db.current_revision() == HEAD
 
 
-def test_upgrade_from_0001_keeps_tasks_and_gives_them_the_default_store(tmp_path: Path) -> None:
-    """A database created by the first release upgrades in place, its tasks intact."""
-    db = Database(f"sqlite:///{tmp_path / 'cp.db'}")
-    db.upgrade("0001")
+def insert_task(db: Database, task_id: str, state: str, priority: int = 0) -> None:
+    """A task row as the first release wrote it (the columns of 0001)."""
     with db.engine.begin() as c:
-        c.exec_driver_sql(
+        c.execute(text(
             "INSERT INTO tasks (task_id, owner, tool_name, inputs_json, provider, resource_class, priority, ttl_s,"
             " tags_json, resources_json, max_runtime_s, state, attempt, max_attempts, not_before, submitted_at,"
             " updated_at, cancel_requested, log_seq, log_first_seq, version)"
-            " VALUES ('tsk_old', 'me', 'exercise', '{}', 'local', 'cpu_small', 0, 60, '[]', '{}', 60, 'succeeded',"
-            " 1, 1, 0, 1.0, 1.0, 0, 0, 1, 3)")
+            " VALUES (:id, 'me', 'exercise', '{}', 'local', 'cpu_small', :prio, 60, '[]', '{}', 60, :state,"
+            " 1, 1, 0, 1.0, 1.0, false, 0, 1, 3)"), {"id": task_id, "state": state, "prio": priority})
+
+
+def test_upgrade_from_0001_keeps_tasks_and_gives_them_the_default_store(db: Database) -> None:
+    """A database created by the first release upgrades in place, its tasks intact."""
+    db.upgrade("0001")
+    insert_task(db, "tsk_old", "succeeded")
     db.upgrade()
     assert db.current_revision() == HEAD
     with db.engine.connect() as c:
-        row = c.exec_driver_sql("SELECT task_id, state, store_url FROM tasks").one()
+        row = c.execute(text("SELECT task_id, state, store_url FROM tasks")).one()
     assert tuple(row) == ("tsk_old", "succeeded", "")
 
 
-def test_upgrade_to_0005_renames_dropped_launches_and_records_abandonment(tmp_path: Path) -> None:
+def test_tasks_queued_before_the_depths_were_kept_are_counted(db: Database) -> None:
+    """Queued tasks already on file when queue_depth started being kept are in it, and the
+    triggers keep it from there."""
+    db.upgrade("0006")
+    for i, (state, prio) in enumerate([("queued", 0), ("queued", 0), ("queued", 5), ("running", 0)]):
+        insert_task(db, f"tsk_{i}", state, prio)
+    db.upgrade()
+    with db.engine.begin() as c:
+        c.execute(text("UPDATE tasks SET state = 'scheduled' WHERE task_id = 'tsk_0'"))
+        depths = dict(((r[0], r[1]), r[2]) for r in c.execute(text(
+            "SELECT resource_class, priority, waiting FROM queue_depth WHERE waiting <> 0")))
+    assert depths == {("cpu_small", 0): 1, ("cpu_small", 5): 1}
+
+
+def test_upgrade_to_0005_renames_dropped_launches_and_records_abandonment(db: Database) -> None:
     """Before 0005 `abandoned` meant a launch intent dropped before anything ran; it is `dropped`
     now, and `abandoned` (with abandoned_at) is a job that never confirmed it stopped."""
-    db = Database(f"sqlite:///{tmp_path / 'cp.db'}")
     db.upgrade("0004")
     with db.engine.begin() as c:
         for wid, state in (("w1", "abandoned"), ("w2", "done")):
-            c.exec_driver_sql(
+            c.execute(text(
                 "INSERT INTO jobs (worker_id, task_id, attempt, provider, resource_class, job_name, state, created_at,"
-                f" event_seq) VALUES ('{wid}', 'tsk_{wid}', 1, 'local', 'cpu_small', 'job-{wid}', '{state}', 1.0, 0)")
+                " event_seq) VALUES (:w, :t, 1, 'local', 'cpu_small', :j, :s, 1.0, 0)"),
+                {"w": wid, "t": f"tsk_{wid}", "j": f"job-{wid}", "s": state})
     db.upgrade()
     with db.engine.connect() as c:
-        rows = c.exec_driver_sql("SELECT worker_id, state, abandoned_at FROM jobs ORDER BY worker_id").all()
+        rows = c.execute(text("SELECT worker_id, state, abandoned_at FROM jobs ORDER BY worker_id")).all()
     assert [tuple(r) for r in rows] == [("w1", "dropped", None), ("w2", "done", None)]

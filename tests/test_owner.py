@@ -142,6 +142,15 @@ def test_serve_on_all_interfaces_without_tokens_refuses_to_start(home: Path) -> 
     assert "Traceback" not in said
 
 
+def test_an_identity_the_store_cannot_keep_is_refused_at_start(tmp_path: Path) -> None:
+    """An identity owns tasks: at most 200 printable characters (the store's owner column)."""
+    env = fast_env(tmp_path / "home", auth_tokens="tok-long=" + "x" * 201)
+    done = subprocess.run(_serve_cmd("127.0.0.1"), env=env, cwd=ROOT, capture_output=True, timeout=120)
+    said = " ".join(done.stderr.decode().split())
+    assert done.returncode != 0 and "identity must be at most 200 printable characters" in said, said
+    assert "Traceback" not in said
+
+
 def test_serve_on_all_interfaces_with_tokens_starts(home: Path) -> None:
     proc = subprocess.Popen(_serve_cmd("0.0.0.0"), env=fast_env(home, auth_tokens=TOKENS), cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

@@ -17,6 +17,7 @@ import anyio
 import psutil
 import pytest
 from fastmcp import Client
+from sqlalchemy import text
 
 from controlplane.app import ControlPlane
 from controlplane.mcp.server import build_server
@@ -131,7 +132,7 @@ async def test_provider_api_errors_never_fail_a_task(home: Path) -> None:
         assert (await agent.wait(cancel_me, timeout=90))["state"] == "cancelled"
     assert flaky.failures > 0
     with cp.db.engine.connect() as c:
-        assert c.exec_driver_sql("select count(*) from jobs").scalar() == 7  # no launch was doubled
+        assert c.execute(text("select count(*) from jobs")).scalar() == 7  # no launch was doubled
 
 
 async def test_a_job_whose_handle_cannot_be_read_does_not_stop_the_others(agent: Agent, cp: ControlPlane,
@@ -143,7 +144,7 @@ async def test_a_job_whose_handle_cannot_be_read_does_not_stop_the_others(agent:
     await agent.wait(stuck, {"running"})
     pid = runner_pid(home, stuck, 1)
     with cp.db.write() as c:
-        c.exec_driver_sql("update jobs set handle_json = '{\"job_dir\": 7}' where task_id = ?", (stuck,))
+        c.execute(text("update jobs set handle_json = :h where task_id = :t"), {"h": '{"job_dir": 7}', "t": stuck})
     try:
         assert (await agent.wait(quick, timeout=60))["state"] == "succeeded"
         await cp.reconciler.cycle(force_poll=True)  # another cycle: the damaged job is not said twice
@@ -199,7 +200,7 @@ async def test_expiry_removes_logs_artifacts_and_objects(agent: Agent, cp: Contr
     job_dir = Path(cp.settings.home) / "jobs" / cp.store.jobs.get(tid, 1).job_name
     assert job_dir.is_dir()
     with cp.db.write() as c:  # the ttl has passed
-        c.exec_driver_sql("update tasks set expires_at = 0 where task_id = ?", (tid,))
+        c.execute(text("update tasks set expires_at = 0 where task_id = :t"), {"t": tid})
     failing = FailingDeletes(store)
     cp.stores._stores[cp.stores.default_url] = failing  # type: ignore[assignment]
     await cp.reconciler.cycle()
@@ -222,7 +223,7 @@ async def test_expired_tasks_are_purged_after_retention_and_the_audit_outlives_t
     tid = await agent.submit(inputs={"log_lines": 2}, ttl_s=60)
     assert (await agent.wait(tid))["state"] == "succeeded"
     with cp.db.write() as c:  # the ttl has passed
-        c.exec_driver_sql("update tasks set expires_at = 1000 where task_id = ?", (tid,))
+        c.execute(text("update tasks set expires_at = 1000 where task_id = :t"), {"t": tid})
     await expire_soon(cp, tid)
     assert (await agent.call("get_task_status", task_id=tid))["state"] == "expired"  # the tombstone answers
     now = time.time()

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 
 from controlplane.app import ControlPlane
 from controlplane.settings import Settings
@@ -162,8 +163,8 @@ def test_a_job_past_its_timeout_and_silent_is_stopped_once(cp: ControlPlane, dou
     late = walk_order(cp)[-1]  # on the last page
     now = time.time()
     with cp.db.write() as c:
-        c.exec_driver_sql("update tasks set timeout_at = ? where task_id = ?", (now - 1, jobs[late]))
-        c.exec_driver_sql("update jobs set seen_at = ? where task_id = ?", (now - 3600, jobs[late]))
+        c.execute(text("update tasks set timeout_at = :ts where task_id = :t"), {"ts": now - 1, "t": jobs[late]})
+        c.execute(text("update jobs set seen_at = :ts where task_id = :t"), {"ts": now - 3600, "t": jobs[late]})
     cp.reconciler.started_at = now - 7200  # silent since before this server started, too
     cp.reconciler.cycle_sync(force_poll=True)
     cp.reconciler.cycle_sync(force_poll=True)  # within STOP_RESEND_S: not again
@@ -191,7 +192,7 @@ def test_a_job_with_an_unreadable_handle_is_named_once_and_forgotten_once_not_wa
     jobs = running(cp, 10)
     damaged = walk_order(cp)[3]
     with cp.db.write() as c:
-        c.exec_driver_sql("update jobs set handle_json = '{\"job\": 7}' where task_id = ?", (jobs[damaged],))
+        c.execute(text("update jobs set handle_json = '{\"job\": 7}' where task_id = :t"), {"t": jobs[damaged]})
     for _ in range(3):
         cp.reconciler.cycle_sync(force_poll=True)
     said = [r for r in caplog.records if "cannot be polled or stopped" in r.getMessage()]
@@ -211,6 +212,7 @@ def test_a_page_of_handles_decodes_together_and_a_bad_one_is_named_alone(double:
     assert isinstance(out[2], MalformedHandle)
 
 
+@pytest.mark.sqlite_only("SQLite's planner, which has no statistics, is what `likely` steers")
 def test_a_page_is_one_range_of_the_index_of_watched_jobs(cp: ControlPlane) -> None:
     assert WATCHED_JOBS_WHERE == "state IN (%s)" % ", ".join(f"'{s.value}'" for s in sorted(WATCHED))
     sql, names, fixed = cp.db._compiled_for(q.WATCHED_PAGE, {"after_ts": 0.0, "after_wid": "", "lim": PAGE})
@@ -218,3 +220,17 @@ def test_a_page_is_one_range_of_the_index_of_watched_jobs(cp: ControlPlane) -> N
     with cp.db.read() as c:
         plan = [r[-1] for r in c.exec_driver_sql("EXPLAIN QUERY PLAN " + sql, tuple(params[n] for n in names or []))]
     assert plan == ["SEARCH jobs USING INDEX ix_jobs_watched ((created_at,worker_id)>(?,?))"]
+
+
+def test_what_a_cloud_says_is_kept_whatever_its_words(cp: ControlPlane, double: PagedDouble) -> None:
+    """A status word longer than its column and a reason holding NUL (text PostgreSQL cannot
+    keep as it is) are recorded alike on every engine, and the cycle goes on."""
+    jobs = running(cp, 2)
+    odd, plain = list(jobs)
+    double.ended[odd] = JobStatus(JobPhase.PENDING, raw_status="WAITING_FOR_A_VERY_LONG_TIME_INDEED_" * 2,
+                                  waiting_reason="no capacity\x00 in the zone")
+    cp.reconciler.cycle_sync(force_poll=True)
+    got = cp.store.jobs.get(jobs[odd], 1)
+    assert (got.provider_status, got.provider_reason) == ("WAITING_FOR_A_VERY_LONG_TIME_IND",
+                                                          "no capacity\ufffd in the zone")
+    assert cp.store.jobs.get(jobs[plain], 1).provider_status == "running"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import random
-import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -13,7 +12,10 @@ from pathlib import Path
 import anyio
 import pytest
 from fastmcp import Client
+from sqlalchemy import text
 
+from controlplane.settings import Settings
+from controlplane.store.db import Database
 from tests.conftest import ServerProcess, fast_env, write_catalog
 
 pytestmark = pytest.mark.anyio
@@ -102,16 +104,18 @@ async def test_sigkill_restarts_lose_nothing_and_double_nothing(home: Path) -> N
     finally:
         srv.stop()
 
-    db = sqlite3.connect(home / "controlplane.db")
-    rows = db.execute("select task_id, idempotency_key, state, attempt from tasks").fetchall()
+    on_file = Database(Settings(home=home).resolved_database_url)  # what the last server left
+    db = on_file.engine.connect()
+    rows = db.execute(text("select task_id, idempotency_key, state, attempt from tasks")).all()
     assert len(rows) == N_TASKS  # nothing doubled, nothing lost
     assert {r[1]: r[0] for r in rows} == submitted
     assert {r[2] for r in rows} == {"succeeded"}, rows
     assert {r[3] for r in rows} == {1}
 
-    jobs = db.execute("select task_id, count(*) from jobs group by task_id").fetchall()
+    jobs = db.execute(text("select task_id, count(*) from jobs group by task_id")).all()
     assert sorted(n for _, n in jobs) == [1] * N_TASKS
-    launched = db.execute("select task_id, count(*) from task_events where kind='launched' group by task_id").fetchall()
+    launched = db.execute(text("select task_id, count(*) from task_events where kind = 'launched' "
+                               "group by task_id")).all()
     assert sorted(n for _, n in launched) == [1] * N_TASKS
     # the local provider saw exactly one launch per job
     job_dirs = list((home / "jobs").iterdir())
@@ -121,5 +125,8 @@ async def test_sigkill_restarts_lose_nothing_and_double_nothing(home: Path) -> N
         assert len(launches) == 1, d.name
     # every log line arrived exactly once, in order, across all the restarts
     for task_id, _key, _state, _attempt in rows:
-        msgs = [m for (m,) in db.execute("select message from task_logs where task_id=? order by seq", (task_id,))]
+        msgs = [m for (m,) in db.execute(text("select message from task_logs where task_id = :t order by seq"),
+                                         {"t": task_id})]
         assert msgs == [f"line {i}" for i in range(20)], task_id
+    db.close()
+    on_file.dispose()

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import event
+from sqlalchemy import event, text
 
 from controlplane.app import ControlPlane
 from controlplane.objectstore.base import task_prefix
@@ -38,10 +38,11 @@ def finished(cp: ControlPlane, n: int, *, log_lines: int = 0, past_ttl: bool = T
         cp.stores.default.put_bytes(f"{task_prefix(tid)}attempts/1/result.json", b"{}", content_type="application/json")
         with cp.db.write() as c:
             if log_lines:
-                c.exec_driver_sql("INSERT INTO task_logs (task_id, seq, attempt, ts, stream, level, message) "
-                                  "VALUES (?, ?, 1, 0, 'stdout', 'info', 'x')", [(tid, s) for s in range(1, log_lines + 1)])
-            c.exec_driver_sql("UPDATE tasks SET log_seq = ?, expires_at = ? WHERE task_id = ?",
-                              (log_lines, time.time() - 60 if past_ttl else time.time() + DAY, tid))
+                c.execute(text("INSERT INTO task_logs (task_id, seq, attempt, ts, stream, level, message) "
+                               "VALUES (:t, :s, 1, 0, 'stdout', 'info', 'x')"),
+                          [{"t": tid, "s": s} for s in range(1, log_lines + 1)])
+            c.execute(text("UPDATE tasks SET log_seq = :n, expires_at = :e WHERE task_id = :t"),
+                      {"n": log_lines, "e": time.time() - 60 if past_ttl else time.time() + DAY, "t": tid})
         ids.append(tid)
     return ids
 
@@ -52,11 +53,11 @@ def states(cp: ControlPlane, ids: list[str]) -> list[str | None]:
 
 def log_count(cp: ControlPlane) -> int:
     with cp.db.read() as c:
-        return c.exec_driver_sql("SELECT COUNT(*) FROM task_logs").scalar_one()
+        return c.execute(text("SELECT COUNT(*) FROM task_logs")).scalar_one()
 
 
-def test_a_backlog_larger_than_a_batch_expires_over_cycles(tmp_path: Path) -> None:
-    cp = control_plane(tmp_path, retention_batch=3, retention_cycle_s=0)  # one batch per cycle
+def test_a_backlog_larger_than_a_batch_expires_over_cycles(home: Path) -> None:
+    cp = control_plane(home, retention_batch=3, retention_cycle_s=0)  # one batch per cycle
     due = finished(cp, 7, log_lines=2)
     live = finished(cp, 2, past_ttl=False)
     swept = [cp.reconciler.retention.sweep(time.time()) for _ in range(3)]
@@ -69,8 +70,8 @@ def test_a_backlog_larger_than_a_batch_expires_over_cycles(tmp_path: Path) -> No
     assert cp.reconciler.retention.sweep(time.time()).expired == 0
 
 
-def test_each_batch_is_a_transaction_of_its_own(tmp_path: Path) -> None:
-    cp = control_plane(tmp_path, retention_batch=3, retention_cycle_s=60)  # the whole backlog in one cycle
+def test_each_batch_is_a_transaction_of_its_own(home: Path) -> None:
+    cp = control_plane(home, retention_batch=3, retention_cycle_s=60)  # the whole backlog in one cycle
     due = finished(cp, 7)
     commits = []
     event.listen(cp.db.engine, "commit", lambda conn: commits.append(conn))
@@ -80,8 +81,8 @@ def test_each_batch_is_a_transaction_of_its_own(tmp_path: Path) -> None:
     assert states(cp, due) == ["expired"] * 7
 
 
-def test_a_long_log_is_deleted_in_slices(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    cp = control_plane(tmp_path, retention_batch=10, retention_cycle_s=60)
+def test_a_long_log_is_deleted_in_slices(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cp = control_plane(home, retention_batch=10, retention_cycle_s=60)
     retention = cp.reconciler.retention
     monkeypatch.setattr(retention, "log_rows_per_tx", 20)
     long_log, *short = finished(cp, 3, log_lines=50)
@@ -116,8 +117,8 @@ class FailingFor:
         return self.inner.delete_prefix(prefix)
 
 
-def test_a_failed_deletion_is_retried_next_cycle_and_holds_up_no_other_task(tmp_path: Path) -> None:
-    cp = control_plane(tmp_path, retention_batch=3, retention_cycle_s=60)
+def test_a_failed_deletion_is_retried_next_cycle_and_holds_up_no_other_task(home: Path) -> None:
+    cp = control_plane(home, retention_batch=3, retention_cycle_s=60)
     due = finished(cp, 7)
     store = FailingFor(cp.stores.default, due[1])
     cp.stores._stores[cp.stores.default_url] = store  # type: ignore[assignment]
@@ -130,13 +131,13 @@ def test_a_failed_deletion_is_retried_next_cycle_and_holds_up_no_other_task(tmp_
     assert states(cp, due) == ["expired"] * 7 and list(store.list(task_prefix(due[1]))) == []
 
 
-def test_purge_takes_tombstones_and_old_events_in_batches_and_keeps_the_audit_of_live_tasks(tmp_path: Path) -> None:
-    cp = control_plane(tmp_path, retention_batch=3, retention_cycle_s=0, purge_after_s=0,
+def test_purge_takes_tombstones_and_old_events_in_batches_and_keeps_the_audit_of_live_tasks(home: Path) -> None:
+    cp = control_plane(home, retention_batch=3, retention_cycle_s=0, purge_after_s=0,
                        audit_retention_s=DAY)
     gone = finished(cp, 5)
     live = finished(cp, 2, past_ttl=False)
     with cp.db.write() as c:  # the tombstones' audit is older than the audit period
-        c.exec_driver_sql(f"UPDATE task_events SET ts = 1000 WHERE task_id IN ({','.join('?' * 5)})", tuple(gone))
+        c.execute(text("UPDATE task_events SET ts = 1000 WHERE task_id = :t"), [{"t": t} for t in gone])
     live_audit = {t: [e.kind for e in cp.store.logs.events(t)] for t in live}
     tombstones, events = [], []
     for _ in range(10):

@@ -169,6 +169,10 @@ def test_hostile_examples() -> None:
                         "ts": float("nan"), "truncated": "yes"})
     assert log == events.Log(message="a\ufffdb\ufffd", stream="x" * 8, level="info")
     assert events.parse({"type": "log", "message": "\ud83d\ude00"}).message == "\U0001F600"  # a split pair joins
+    nul = events.parse({"type": "log", "message": "a\x00b", "stream": "std\x00out", "level": "\x00"})
+    assert nul == events.Log(message="a\ufffdb", stream="std\ufffdout", level="\ufffd")  # stored alike on every engine
+    assert events.parse({"type": "progress", "message": "\x00é"}).as_dict() == {"message": "\ufffdé"}
+    assert events.parse_outcome({"status": "failed", "error": "no\x00pe"}).error == "no\ufffdpe"
     assert events.parse({"type": "log", "message": 10**5000}).message == ""
     assert events.parse({"type": "log", "message": nested}).message == ""
     assert events.parse({"type": "log", "message": 3.5}).message == "3.5"
@@ -226,7 +230,7 @@ def _text_ok(v: Any, limit: int | None = None, *, empty: bool = True) -> bool:
     if not isinstance(v, str) or (not empty and not v) or (limit is not None and len(v) > limit):
         return False
     v.encode("utf-8")  # raises for a lone surrogate
-    return True
+    return "\x00" not in v  # which PostgreSQL's text cannot hold
 
 
 def _float_ok(v: Any) -> bool:

@@ -3,16 +3,23 @@ running task until it finishes, and idempotent submits under concurrency."""
 
 from __future__ import annotations
 
+import sqlite3
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
 import pytest
 from fastmcp import Client
+from sqlalchemy import text
 
 from controlplane.app import ControlPlane
 from controlplane.mcp.server import build_server
 from controlplane.settings import Settings
+from controlplane.store import QueueFull, Store, Submitted
+from controlplane.store.db import Database
 from tests.conftest import FAST, Agent, write_catalog
+from tests.test_states import new_task
 
 pytestmark = pytest.mark.anyio
 
@@ -90,7 +97,7 @@ async def test_concurrent_duplicate_submits_make_one_task(agent: Agent, cp: Cont
     assert len({r["task_id"] for r in results}) == 1
     assert sum(1 for r in results if not r.get("deduplicated")) == 1
     with cp.db.engine.connect() as c:
-        assert c.exec_driver_sql("select count(*) from tasks").scalar() == 1
+        assert c.execute(text("select count(*) from tasks")).scalar() == 1
     # the key is scoped by tool: another tool with the same key is another task
     other = await agent.call("submit_task", tool_name="lj_relax", inputs={"n_atoms": 5},
                              idempotency_key="same-key")
@@ -105,18 +112,89 @@ async def test_reused_idempotency_key_with_other_inputs_is_refused(agent: Agent,
     assert err["code"] == "INVALID_REQUEST" and "different inputs" in err["message"]
     assert first["task_id"] in err["message"]
     with cp.db.engine.connect() as c:
-        assert c.exec_driver_sql("select count(*) from tasks").scalar() == 1
+        assert c.execute(text("select count(*) from tasks")).scalar() == 1
+
+
+def two_processes(home: Path) -> list[Store]:
+    """Two stores on the test's database, each with its own engine and connections, as two
+    servers would have (the first migrates it)."""
+    ControlPlane(Settings(home=home, **FAST)).db.dispose()
+    url = Settings(home=home).resolved_database_url
+    return [Store(Database(url)) for _ in range(2)]
+
+
+def at_once(n: int, fn: Callable[[int], object]) -> list[object]:
+    """`fn(0..n-1)` from n threads released together; each one's result or exception."""
+    out: list[object] = [None] * n
+    gate = threading.Barrier(n)
+
+    def run(i: int) -> None:
+        gate.wait()
+        try:
+            out[i] = fn(i)
+        except Exception as e:  # noqa: BLE001 - the caller looks at it
+            out[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return out
+
+
+def test_a_queue_admits_its_length_and_no_more_whoever_submits(home: Path) -> None:
+    """Submits racing from two processes into one queue: admission is serialised per queue, so
+    exactly `max_queue_length` get in and the others are refused."""
+    stores = two_processes(home)
+    outcomes = at_once(16, lambda i: stores[i % 2].tasks.submit(new_task(), queue_limit=5))
+    assert sum(isinstance(o, Submitted) for o in outcomes) == 5
+    assert all(isinstance(o, Submitted | QueueFull) for o in outcomes), outcomes
+    assert stores[0].tasks.count_by_state("cpu_small") == {"queued": 5}
+
+
+def test_claims_racing_for_the_slots_fill_them_and_no_more(home: Path) -> None:
+    """Two schedulers claiming from one queue at once take each task once and never more tasks
+    than the class has slots."""
+    stores = two_processes(home)
+    for _ in range(10):
+        stores[0].tasks.submit(new_task(), queue_limit=100)
+    claims = at_once(8, lambda i: stores[i % 2].jobs.claim_for_launch("cpu_small", capacity=3))
+    assert not [c for c in claims if isinstance(c, Exception)], claims
+    claimed = [task.task_id for c in claims for task, _job in c]  # type: ignore[union-attr]
+    assert len(claimed) == len(set(claimed)) == 3
+    assert stores[0].tasks.count_by_state("cpu_small") == {"queued": 7, "scheduled": 3}
+
+
+def hold_queue(cp: ControlPlane, queue: str) -> Callable[[], None]:
+    """Another process's write transaction, holding what a submit into `queue` waits for (on
+    SQLite the database's write lock, on PostgreSQL the queue's admission lock); returns its commit."""
+    if cp.db.is_sqlite:
+        holder = sqlite3.connect(cp.settings.resolved_database_url.split("///", 1)[1], isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+
+        def commit() -> None:
+            holder.execute("COMMIT")
+            holder.close()
+        return commit
+    other = Database(cp.settings.resolved_database_url)
+    conn = other.engine.connect()
+    conn.begin()
+    other.lock_queue(conn, queue)
+
+    def release() -> None:
+        conn.commit()
+        conn.close()
+        other.dispose()
+    return release
 
 
 async def test_submit_waits_for_a_held_write_lock_without_blocking_other_calls(agent: Agent, cp: ControlPlane,
                                                                              settings) -> None:
     """A submit tried on the event loop finds the write lock taken, moves to a worker thread and
     waits there; meanwhile other calls are answered."""
-    import sqlite3
-
     known = await agent.submit(inputs={})
-    holder = sqlite3.connect(settings.home / "controlplane.db", isolation_level=None)
-    holder.execute("BEGIN IMMEDIATE")  # another process writing
+    release = hold_queue(cp, "cpu_small")  # another process admitting into the same queue
     result: dict = {}
 
     async def submit() -> None:
@@ -128,8 +206,7 @@ async def test_submit_waits_for_a_held_write_lock_without_blocking_other_calls(a
         assert not result  # still waiting for the lock
         st = await agent.call("get_task_status", task_id=known)  # the loop is free
         assert st["task_id"] == known
-        holder.execute("COMMIT")
-    holder.close()
+        release()
     assert result["state"] == "queued"
     assert cp.store.tasks.get(result["task_id"]) is not None
 

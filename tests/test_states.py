@@ -105,9 +105,7 @@ def test_transition_and_its_event_commit_together(cp: ControlPlane, pair: tuple[
     task_id = task_in(cp, src)
     before = cp.store.tasks.get(task_id)
     events_before = cp.store.logs.events(task_id)
-    with cp.db.engine.begin() as c:
-        c.execute(text("CREATE TRIGGER refuse_events BEFORE INSERT ON task_events "
-                       "BEGIN SELECT RAISE(ABORT, 'task_events refused'); END"))
+    refuse_inserts(cp, "task_events", "task_events refused")
 
     with pytest.raises(DBAPIError, match="task_events refused"):
         cp.store.tasks.transition(task_id, dst)
@@ -131,6 +129,19 @@ def test_illegal_transition_is_refused_and_changes_nothing(cp: ControlPlane, pai
     assert cp.store.logs.events(task_id) == events_before
 
 
+def refuse_inserts(cp: ControlPlane, table: str, message: str) -> None:
+    """A trigger that makes every insert into `table` fail with `message` (in each engine's SQL)."""
+    with cp.db.engine.begin() as c:
+        if cp.db.is_sqlite:
+            c.execute(text(f"CREATE TRIGGER refuse_inserts BEFORE INSERT ON {table} "
+                           f"BEGIN SELECT RAISE(ABORT, '{message}'); END"))
+        else:
+            c.execute(text(f"CREATE FUNCTION refuse_inserts() RETURNS trigger LANGUAGE plpgsql AS "
+                           f"$$ BEGIN RAISE EXCEPTION '{message}'; END $$"))
+            c.execute(text(f"CREATE TRIGGER refuse_inserts BEFORE INSERT ON {table} "
+                           f"FOR EACH ROW EXECUTE FUNCTION refuse_inserts()"))
+
+
 def test_only_from_guard_leaves_a_moved_task_alone(cp: ControlPlane) -> None:
     task_id = task_in(cp, TaskState.RUNNING)
     before = cp.store.tasks.get(task_id)
@@ -147,7 +158,7 @@ def job_in(cp: ControlPlane, state: JobState):
     cp.store.tasks.submit(new_task(), queue_limit=1000)
     [(_task, job)] = cp.store.jobs.claim_for_launch("cpu_small", 1000, limit=1)
     with cp.db.write() as c:
-        c.exec_driver_sql("update jobs set state=? where worker_id=?", (state.value, job.worker_id))
+        c.execute(text("update jobs set state = :s where worker_id = :w"), {"s": state.value, "w": job.worker_id})
     return cp.store.jobs.get(job.task_id, job.attempt)
 
 
@@ -200,8 +211,8 @@ def test_the_queue_depth_admission_reads_follows_every_transition(cp: ControlPla
     kept, counted = queue_depths(cp)
     assert kept == counted and sum(counted.values()) == 2 + (dst == TaskState.QUEUED)
     with cp.db.write() as c:
-        c.exec_driver_sql("UPDATE tasks SET priority = 5 WHERE task_id = ?", (others[0],))
-        c.exec_driver_sql("DELETE FROM task_events WHERE task_id = ?", (others[1],))
-        c.exec_driver_sql("DELETE FROM tasks WHERE task_id = ?", (others[1],))
+        c.execute(text("UPDATE tasks SET priority = 5 WHERE task_id = :t"), {"t": others[0]})
+        c.execute(text("DELETE FROM task_events WHERE task_id = :t"), {"t": others[1]})
+        c.execute(text("DELETE FROM tasks WHERE task_id = :t"), {"t": others[1]})
     kept, counted = queue_depths(cp)
     assert kept == counted and counted[("cpu_small", 5)] == 1

@@ -26,6 +26,18 @@ class TokenFileError(ValueError):
     pass
 
 
+MAX_IDENTITY = 200  # characters of the store's owner column (PostgreSQL refuses more)
+
+
+def _identity(ident: object, where: str) -> str:
+    """An identity as the store keeps it as the owner of tasks: 1 to 200 printable characters."""
+    if not isinstance(ident, str) or not ident:
+        raise TokenFileError(f"{where}: identity must be a string")
+    if len(ident) > MAX_IDENTITY or not ident.isprintable():
+        raise TokenFileError(f"{where}: identity must be at most {MAX_IDENTITY} printable characters")
+    return ident
+
+
 def digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
@@ -38,7 +50,7 @@ def load_tokens(settings: Settings) -> dict[str, str]:
             token, sep, ident = pair.strip().partition("=")
             if not sep or not token or not ident:
                 raise TokenFileError("CONTROLPLANE_AUTH_TOKENS must be 'token=identity,...'")
-            out[digest(token)] = ident
+            out[digest(token)] = _identity(ident, "CONTROLPLANE_AUTH_TOKENS")
     if settings.auth_tokens_file:
         try:
             data = tomllib.loads(settings.auth_tokens_file.read_text())
@@ -48,8 +60,7 @@ def load_tokens(settings: Settings) -> dict[str, str]:
         if not isinstance(table, dict):
             raise TokenFileError(f"{settings.auth_tokens_file}: expected a [tokens] table")
         for token, ident in table.items():
-            if not isinstance(ident, str) or not ident:
-                raise TokenFileError(f"{settings.auth_tokens_file}: tokens.{token[:8]}...: identity must be a string")
+            ident = _identity(ident, f"{settings.auth_tokens_file}: tokens.{token[:8]}...")
             out[token.removeprefix("sha256:").lower() if token.startswith("sha256:") else digest(token)] = ident
     return out
 

@@ -3,7 +3,20 @@
 Everything engine-specific lives here: SQLite's WAL/synchronous pragmas and its
 `BEGIN IMMEDIATE` write transactions, PostgreSQL's row locks and advisory locks, upserts, and
 running the alembic migrations. The store speaks portable SQLAlchemy Core and calls these
-helpers where engines differ.
+helpers where engines differ. The differences, each in one place:
+
+* connections: SQLite keeps per-thread read connections and a write engine that never waits;
+  PostgreSQL goes through psycopg 3, pooled by SQLAlchemy (`Database.__init__` says why);
+* writers: SQLite has one at a time (an in-process lock, then BEGIN IMMEDIATE), so a write may
+  run on the event loop when the lock is free; on PostgreSQL every read and write leaves the loop
+  (`WouldBlock`), rows are locked explicitly (`for_update`, claims skip locked rows) and
+  admission into a queue takes an advisory lock (`lock_queue`), as do the migrations (`upgrade`);
+* parameters: qmark for sqlite3, pyformat for psycopg (`_compiled_for`);
+* upserts: each dialect's INSERT ... ON CONFLICT (`insert_ignore`, `upsert`);
+* queue depths: kept by triggers on both, written in each engine's SQL (migrations 0007, 0009);
+* text: PostgreSQL's holds no NUL and enforces varchar lengths, SQLite's keeps anything; what
+  reaches the store is kept within both where it enters (`api`, the runner's `events`, `attempts`);
+* planner hints: `likely()` is SQLite's and plain SQL elsewhere.
 """
 
 from __future__ import annotations
@@ -18,7 +31,7 @@ from typing import Any, TypeVar
 
 import anyio.to_thread
 
-from sqlalchemy import Table, create_engine, event, text
+from sqlalchemy import Table, create_engine, event, make_url, text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.ext.compiler import compiles
@@ -44,12 +57,27 @@ def _file_lock(url: str) -> threading.RLock:
         return _FILE_LOCKS.setdefault(key, threading.RLock())
 
 
+class CannotOpenDatabase(Exception):
+    """The database URL names no engine the store runs on, or its database could not be opened.
+    The message is for the operator: it names the database (never its password) and the reason."""
+
+
+def engine_url(url: str) -> str:
+    """The URL SQLAlchemy is given: `postgresql://` (and libpq's `postgres://`) means psycopg 3,
+    whichever driver SQLAlchemy would pick for a bare `postgresql://` (psycopg2 before 2.1)."""
+    for scheme in ("postgresql://", "postgres://"):
+        if url.startswith(scheme):
+            return "postgresql+psycopg://" + url[len(scheme):]
+    return url
+
+
 class Database:
     def __init__(self, url: str, *, echo: bool = False):
+        url = engine_url(url)
         self.url = url
         self.is_sqlite = url.startswith("sqlite")
-        # Triggers keep `queue_depth` on SQLite (migration 0007); elsewhere admission counts the queue.
-        self.keeps_queue_depth = self.is_sqlite
+        if not self.is_sqlite and not url.startswith("postgresql+psycopg"):
+            raise CannotOpenDatabase("the database URL must be sqlite:///<path> or postgresql://<user>@<host>/<db>")
         if self.is_sqlite:
             path = url.split("///", 1)[-1] if "///" in url else ""
             if path and path != ":memory:":
@@ -73,7 +101,16 @@ class Database:
                                                             pool_size=4, connect_args={"check_same_thread": False})
             _install_sqlite_hooks(self.nonblocking_engine, busy_timeout_ms=0)
         else:
-            self.engine = create_engine(url, echo=echo, pool_pre_ping=True, pool_size=10)
+            # PostgreSQL through psycopg 3, pooled by SQLAlchemy's QueuePool rather than by
+            # psycopg_pool. SQLAlchemy takes psycopg_pool only as `creator` under a NullPool, so
+            # every checkout is a new connection to it: its psycopg dialect adds a notice handler
+            # to the pooled connection at each one (391 of them after 3,000 reads, a leak), and
+            # each pool runs worker threads that must be closed and that go on reconnecting to a
+            # database that went away. QueuePool bounds the connections as well (pool_size, then
+            # overflow), pre-ping replaces one the server or a proxy closed while it was idle,
+            # and a disconnect seen on one invalidates the whole pool at once (a failover).
+            self.engine = create_engine(url, echo=echo, pool_pre_ping=True, pool_size=10, max_overflow=20,
+                                        connect_args={"application_name": "controlplane"})
             self.read_engine = self.engine
         # SQLite has one writer at a time. Writers of this process queue on a lock of their own
         # and are woken the moment it is free; left to SQLite's busy handler, each would sleep
@@ -166,6 +203,10 @@ class Database:
     # at import. Compiling each once per engine and handing only the parameters to the driver
     # skips SQLAlchemy's per-call statement and result machinery, which on SQLite costs more
     # than the query itself. Only plain column types are used (numbers, text, booleans).
+    # The drivers take parameters differently: sqlite3 by position (qmark: a list in the compiled
+    # statement's order), psycopg by name (pyformat: the dict; the statement carries a cast for
+    # each); `_compiled_for` says which. psycopg opens a transaction for any statement, so a
+    # PostgreSQL read ends its own (`fetch`) rather than hand the pool a connection inside one.
 
     def fetch(self, stmt: Any, params: dict[str, Any], *, into: Build | None = None) -> list[Any]:
         """Run a prebuilt SELECT on the read connection: its rows as dicts, or `into(columns,
@@ -264,9 +305,11 @@ class Database:
         key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
         conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": key})
 
-    def for_update(self, stmt: Any) -> Any:
-        """Row-lock a SELECT inside a write transaction (no-op on SQLite, which locks the file)."""
-        return stmt if self.is_sqlite else stmt.with_for_update()
+    def for_update(self, stmt: Any, *, skip_locked: bool = False) -> Any:
+        """Row-lock a SELECT inside a write transaction (no-op on SQLite, which locks the file).
+        With `skip_locked`, rows another transaction holds are passed over (claiming queued work:
+        a task being cancelled meanwhile is left to its cancel)."""
+        return stmt if self.is_sqlite else stmt.with_for_update(skip_locked=skip_locked)
 
     def insert_ignore(self, table: Table) -> Any:
         if self.is_sqlite:
@@ -294,7 +337,15 @@ class Database:
         cfg = Config()
         cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
         cfg.set_main_option("sqlalchemy.url", self.url.replace("%", "%%"))
-        with self.engine.connect() as conn:
+        try:
+            conn = self.engine.connect()
+        except OperationalError as e:
+            reason = " ".join(ln.strip() for ln in str(e.orig).splitlines() if ln.strip()) or type(e.orig).__name__
+            named = make_url(self.url)
+            named = named if self.is_sqlite else named.set(drivername="postgresql")  # as the operator wrote it
+            shown = named.render_as_string(hide_password=True)
+            raise CannotOpenDatabase(f"cannot open the database {shown}: {reason}") from None
+        with conn:
             conn.execution_options(cp_write=True)
             with conn.begin():
                 if not self.is_sqlite:

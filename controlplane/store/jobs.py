@@ -23,6 +23,10 @@ J = JobState
 _TASK_STATES = {s.value: s for s in TaskState}
 
 
+def _storable(text: Any) -> Any:
+    return text.replace("\x00", "\ufffd") if isinstance(text, str) and "\x00" in text else text
+
+
 def _tuples(_columns: list[str], tuples: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
     return tuples
 
@@ -31,22 +35,29 @@ class JobStore:
     def __init__(self, writer: Writer):
         self.w = writer
         self.db = writer.db
+        self.next_queued = self.db.for_update(q.NEXT_QUEUED, skip_locked=True)
 
     # ---- launching ----------------------------------------------------------------------------
     def claim_for_launch(self, resource_class: str, capacity: int,
                          limit: int | None = None) -> list[tuple[TaskRow, JobRow]]:
         """Move the next queued tasks of a class into free slots: each gets a job row in state
         `launching` (the launch intent, recorded before any provider call) and becomes
-        `scheduled`, in one transaction."""
+        `scheduled`, in one transaction.
+
+        Where writers are not serialised (PostgreSQL) the claim holds the queue's lock, as a
+        submit's admission does, so that slots are counted by one claim at a time and it cannot
+        deadlock with a submit on the rows of `queue_depth`; and it locks the tasks it takes,
+        skipping any that another transaction (a cancel) holds."""
         now = self.w.clock()
         with self.w.tx() as c:
+            self.db.lock_queue(c, resource_class)
             free = capacity - c.execute(q.SLOTS_BUSY, {"rc": resource_class}).scalar_one()
             if limit is not None:
                 free = min(free, limit)
             if free <= 0:
                 return []
             claimed = []
-            for r in self.db.run(c, q.NEXT_QUEUED, {"rc": resource_class, "now": now, "lim": free}):
+            for r in self.db.run(c, self.next_queued, {"rc": resource_class, "now": now, "lim": free}):
                 task = TaskRow.from_row(r)
                 job = JobRow(worker_id=ids.new_worker_id(), task_id=task.task_id, attempt=task.attempt,
                              provider=task.provider, resource_class=resource_class,
@@ -141,10 +152,13 @@ class JobStore:
         return [j for page in self.watched_pages(2000) for j in page]
 
     def set_provider_status(self, updates: list[tuple[str, str, str | None]]) -> None:
-        """Record what the provider said, (worker id, status word, reason), many in one statement."""
+        """Record what the provider said, (worker id, status word, reason), many in one statement.
+        A cloud's words are kept as text every engine stores: the status word cut to its column
+        (32 characters, which PostgreSQL enforces) and NUL in either replaced by U+FFFD."""
         if updates:
             with self.w.tx() as c:
-                self.db.run_many(c, q.SET_PROVIDER_STATUS, [{"wid": w, "st": st, "rs": rs} for w, st, rs in updates])
+                self.db.run_many(c, q.SET_PROVIDER_STATUS, [{"wid": w, "st": _storable(st)[:32], "rs": _storable(rs)}
+                                                            for w, st, rs in updates])
 
     def mark_stop_sent(self, worker_id: str) -> float:
         now = self.w.clock()

@@ -21,6 +21,12 @@ from controlplane.store.writer import Writer
 S = TaskState
 
 
+def could_be_task_id(text: str) -> bool:
+    """Task ids are printable ASCII (`ids.new_task_id`): other text names no task and is never
+    looked up (PostgreSQL could not even be asked about text holding NUL)."""
+    return text.isascii() and text.isprintable()
+
+
 class QueueFull(Exception):
     def __init__(self, queue: str, length: int):
         super().__init__(f"queue {queue} is full ({length} tasks waiting)")
@@ -135,8 +141,7 @@ class TaskStore:
         if new.limits is not None:
             self._check_limits(c, new.owner, new.limits, now)
         self.db.lock_queue(c, new.resource_class)
-        admission = q.QUEUE_ADMISSION_KEPT if self.db.keeps_queue_depth else q.QUEUE_ADMISSION
-        [adm] = self.db.run(c, admission, {"rc": new.resource_class, "prio": new.priority})
+        [adm] = self.db.run(c, q.QUEUE_ADMISSION, {"rc": new.resource_class, "prio": new.priority})
         waiting, ahead = adm["waiting"], adm["ahead"] or 0
         if waiting >= queue_limit:
             raise QueueFull(new.resource_class, waiting)
@@ -196,6 +201,8 @@ class TaskStore:
     # ---- reads --------------------------------------------------------------------------------
     def get(self, task_id: str, owner: str | None = None) -> TaskRow | None:
         """The task, or None when unknown or (with `owner`) someone else's."""
+        if not could_be_task_id(task_id):
+            return None
         if owner is None:
             rows = self.db.fetch(q.GET_TASK, {"task_id": task_id})
         else:
@@ -227,8 +234,8 @@ class TaskStore:
 
     def task_ids(self, owner: str, prefix: str, limit: int) -> list[str]:
         """The owner's task ids that start with `prefix`, newest first (for completion)."""
-        if not prefix.isascii():
-            return []  # task ids are ASCII
+        if not could_be_task_id(prefix):
+            return []
         stmt, filtered = q.task_ids_by_prefix(owner, prefix, limit)
         with self.db.read() as c:
             rows = list(c.execute(stmt))
@@ -271,6 +278,8 @@ class TaskStore:
         scheduled or running one goes to cancel_requested for the reconciler to stop its job; a
         finished one is left as it is (acknowledged=False). `admin`: the administrator who asked
         for another owner's task; the audit names them, for a cancel that changed nothing too."""
+        if not could_be_task_id(task_id):
+            return None, False
         now = self.w.clock()
         with self.w.tx() as c:
             task = self.w.lock_task(c, task_id)

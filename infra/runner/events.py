@@ -78,10 +78,11 @@ The runner's --exit-file (read by the local provider) holds the same outcome doc
 
 Parsing is lenient and never raises: a value of the wrong type is dropped (or its field takes
 its default); numbers must be finite (a number may also come as a string of one), integers
-within +-2**53 (seq: 1 to 2**63-1, else 0); texts have lone surrogates replaced by U+FFFD;
-stream and level are cut to 8 characters (as the store keeps them), other texts to MAX_TEXT,
-and a log message is not cut here (the store cuts it to its own limit). The contents of
-`result` and of each artifact entry are not checked.
+within +-2**53 (seq: 1 to 2**63-1, else 0); texts have lone surrogates and NUL (U+0000, which
+PostgreSQL's text cannot hold) replaced by U+FFFD, alike on every engine; stream and level are
+cut to 8 characters (as the store keeps them), other texts to MAX_TEXT, and a log message is
+not cut here (the store cuts it to its own limit). The contents of `result` and of each artifact
+entry are not checked.
 """
 
 from __future__ import annotations
@@ -313,7 +314,10 @@ def _finished(obj: dict[str, Any], seq: int, ts: float | None) -> Finished:
 
 # ---- coercion ---------------------------------------------------------------------------------
 def _clean(s: str) -> str:
-    """`s` as text that encodes to UTF-8: lone surrogates become U+FFFD (and split pairs join)."""
+    """`s` as text every store keeps as it is: text that encodes to UTF-8 (lone surrogates become
+    U+FFFD, and split pairs join), without NUL (U+FFFD too)."""
+    if "\x00" in s:
+        s = s.replace("\x00", "\ufffd")
     if s.isascii():
         return s
     try:

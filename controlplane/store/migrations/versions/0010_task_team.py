@@ -5,7 +5,7 @@ whose members may read the task; NULL for a task shared with nobody. Nothing is 
 a task is read by id and listed by owner, and the team only filters what those find.
 
 Revision ID: 0010
-Revises: 0008
+Revises: 0009
 Create Date: 2026-11-24
 """
 
@@ -13,7 +13,7 @@ from alembic import op
 import sqlalchemy as sa
 
 revision = '0010'
-down_revision = '0008'
+down_revision = '0009'
 branch_labels = None
 depends_on = None
 
