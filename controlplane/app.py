@@ -41,7 +41,7 @@ from controlplane.reconciler import Reconciler
 from controlplane.scheduler import Scheduler
 from controlplane.service import TaskService
 from controlplane.settings import Settings
-from controlplane.store.db import Database
+from controlplane.store.db import ChangeFeed, Database
 from controlplane.store import Store
 from controlplane.store.rows import JobRow, TaskRow
 from providers import registry
@@ -89,6 +89,7 @@ class ControlPlane:
         self.service.limits.refresh()  # operators' limits per caller; read again by the loop below
         self.hub = ProgressHub(self.store.tasks.get)  # pushes task changes to connected clients
         self.store.on_change = self.hub.on_change
+        self.change_feed: ChangeFeed | None = None  # set while running, on PostgreSQL
         self.public_url: str | None = self.settings.public_url
         self.serves_http_routes = False  # True when the MCP HTTP app carries the runner/download routes
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
@@ -174,6 +175,10 @@ class ControlPlane:
             tg.start_soon(self._scheduler_loop)
             tg.start_soon(self._reconciler_loop)
             tg.start_soon(self._limits_loop)
+            # Changes committed by other replicas (PostgreSQL's LISTEN/NOTIFY); None on SQLite.
+            self.change_feed = self.db.change_feed(self.hub.on_change, self.hub.refresh)
+            if self.change_feed is not None:
+                tg.start_soon(self.change_feed.run)
 
     def _bind_internal_http(self) -> tuple[Listener, Any]:
         """Bind the runner/download listener now (so its URL is known), serve it later."""

@@ -1,7 +1,7 @@
 """Pushed progress: task updates fanned out to whoever watches a task.
 
 `ProgressHub` hears from the store after every committed change to a task (its state or its
-progress) and hands the task's latest row to whoever subscribed to it. A subscription keeps
+progress), made by this process or, on PostgreSQL, by another replica (`store.db.ChangeFeed`), and hands the task's latest row to whoever subscribed to it. A subscription keeps
 only the newest update (older ones are coalesced away), so a slow watcher never holds up the
 others or the store. What a watcher makes of it (MCP progress notifications, resource updates)
 lives in `controlplane.mcp`.
@@ -115,6 +115,18 @@ class ProgressHub:
         if task_id not in self._subs or loop is None or loop.is_closed():
             return
         loop.call_soon_threadsafe(self._changed, task_id)
+
+    def refresh(self) -> None:
+        """From any thread: read every watched task again and deliver what changed. Called when
+        changes may have gone unheard (the cross-replica change feed reconnected)."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        loop.call_soon_threadsafe(self._refresh_all)
+
+    def _refresh_all(self) -> None:
+        for task_id in list(self._subs):
+            self._changed(task_id)
 
     def _changed(self, task_id: str) -> None:
         if task_id not in self._subs:

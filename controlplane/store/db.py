@@ -16,12 +16,17 @@ helpers where engines differ. The differences, each in one place:
 * queue depths: kept by triggers on both, written in each engine's SQL (migrations 0007, 0009);
 * text: PostgreSQL's holds no NUL and enforces varchar lengths, SQLite's keeps anything; what
   reaches the store is kept within both where it enters (`api`, the runner's `events`, `attempts`);
-* planner hints: `likely()` is SQLite's and plain SQL elsewhere.
+* planner hints: `likely()` is SQLite's and plain SQL elsewhere;
+* change notification across processes: on PostgreSQL a write transaction NOTIFYs the ids of the
+  tasks it changed (`notify_changed`) and every replica LISTENs (`ChangeFeed`); SQLite runs in one
+  process (its writers share a file on one machine) and keeps the in-process path alone.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import logging
 import threading
 from operator import itemgetter
 from collections.abc import Callable, Iterator
@@ -41,6 +46,10 @@ from sqlalchemy.sql.elements import ColumnElement
 from controlplane.blocking import WouldBlock, is_inline, must_not_block
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+log = logging.getLogger("controlplane.store.db")
+# The PostgreSQL channel on which a committed change to a task is announced; the payload is the
+# task's id (an `ids` id: far below NOTIFY's 8000-byte limit on a payload).
+CHANGES_CHANNEL = "controlplane_task_changed"
 T = TypeVar("T")
 Build = Callable[[list[str], list[tuple[Any, ...]]], list[Any]]  # (column names, driver tuples) -> rows
 
@@ -305,6 +314,22 @@ class Database:
         key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
         conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": key})
 
+    def notify_changed(self, conn: Connection, task_ids: list[str]) -> None:
+        """Inside a write transaction, just before it commits: announce to every replica that
+        these tasks changed. PostgreSQL delivers a NOTIFY only if its transaction commits, and
+        after the commit, so a listener that reads the task on hearing of it reads the new row;
+        identical notifications of one transaction are delivered once. No-op on SQLite, whose
+        writers are this process (the in-process `Writer.on_change` is the whole path)."""
+        if self.is_sqlite or not task_ids:
+            return
+        conn.execute(text("SELECT pg_notify(:channel, id) FROM unnest(CAST(:ids AS text[])) AS id"),
+                     {"channel": CHANGES_CHANNEL, "ids": task_ids})
+
+    def change_feed(self, on_change: Callable[[str], None], on_connect: Callable[[], None]) -> ChangeFeed | None:
+        """What feeds this process's progress hub with changes committed by other processes:
+        a `ChangeFeed` on PostgreSQL, None on SQLite (nothing to listen to)."""
+        return None if self.is_sqlite else ChangeFeed(self, on_change, on_connect)
+
     def for_update(self, stmt: Any, *, skip_locked: bool = False) -> Any:
         """Row-lock a SELECT inside a write transaction (no-op on SQLite, which locks the file).
         With `skip_locked`, rows another transaction holds are passed over (claiming queued work:
@@ -364,6 +389,74 @@ class Database:
         self.read_engine.dispose()
         if self.is_sqlite:
             self.nonblocking_engine.dispose()
+
+
+class ChangeFeed:
+    """LISTEN on PostgreSQL for tasks changed by any replica (`Database.notify_changed`) and hand
+    each task id to `on_change` (the progress hub's, which reads the task again).
+
+    One dedicated connection, outside the pool: a LISTEN belongs to a session, and a pooled
+    connection is handed to other work (and reset) between checkouts. It is psycopg's async
+    connection, run as a task of the event loop (`run()`), so stopping it is a cancellation, not a
+    thread to wake; the hub's `on_change` is safe to call from the loop. SQLAlchemy has no LISTEN
+    API, so this is the one place the store talks to psycopg itself; the connection arguments are
+    SQLAlchemy's own for the URL (`create_connect_args`), so both connect alike.
+
+    A dropped connection (a restarted or failed-over server, an idle timeout of a proxy) is
+    reconnected with exponential backoff. Notifications sent while it was away are lost, and so
+    `on_connect` is called after every (re)connect: the hub reads every watched task again
+    (`ProgressHub.refresh`). A connection that died without a word (no FIN, a black-holed network)
+    is found by a ping after `PING_S` without a notification, and by TCP keepalives."""
+
+    PING_S = 5.0
+    BACKOFF_MIN_S = 0.1
+    BACKOFF_MAX_S = 5.0
+
+    def __init__(self, db: Database, on_change: Callable[[str], None], on_connect: Callable[[], None]):
+        self.db = db
+        self.on_change = on_change
+        self.on_connect = on_connect
+        self.connected = asyncio.Event()  # set while LISTENing (tests wait for it)
+        self.connects = 0
+
+    def _connect_args(self) -> tuple[list[Any], dict[str, Any]]:
+        engine = self.db.engine
+        cargs, cparams = engine.dialect.create_connect_args(engine.url)
+        cparams = {**cparams, "application_name": "controlplane-changes", "autocommit": True,
+                   "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3}
+        return list(cargs), cparams
+
+    async def run(self) -> None:
+        """Listen until cancelled, reconnecting whenever the connection is lost."""
+        import psycopg
+
+        cargs, cparams = self._connect_args()
+        delay = self.BACKOFF_MIN_S
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(*cargs, **cparams)
+            except psycopg.Error as e:
+                log.warning("change feed: cannot connect (%s); again in %.1fs", type(e).__name__, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.BACKOFF_MAX_S)
+                continue
+            try:
+                async with conn:
+                    await conn.execute(f"LISTEN {CHANGES_CHANNEL}")
+                    self.connects += 1
+                    self.connected.set()
+                    delay = self.BACKOFF_MIN_S
+                    self.on_connect()  # what was missed while away (or before the first LISTEN)
+                    while True:
+                        async for note in conn.notifies(timeout=self.PING_S):
+                            self.on_change(note.payload)
+                        await conn.execute("SELECT 1")  # quiet for PING_S: is the server still there?
+            except psycopg.Error as e:
+                log.warning("change feed: connection lost (%s); reconnecting in %.1fs", type(e).__name__, delay)
+            finally:
+                self.connected.clear()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.BACKOFF_MAX_S)
 
 
 class likely(ColumnElement[bool]):

@@ -1,7 +1,8 @@
 """Write transactions and the one function that changes a task's state.
 
 Every aggregate of the store writes through a `Writer`: `tx()` opens a write transaction and,
-after it commits, tells `on_change` (the progress hub) of every task it changed; `transition`
+after it commits, tells `on_change` (the progress hub) of every task it changed (on PostgreSQL, other processes hear
+of them through `Database.notify_changed`); `transition`
 checks the move against the state machine (`controlplane.states`), bumps the row's version and
 writes its task_event in the same transaction; `move_job` does the same for a job.
 """
@@ -49,6 +50,9 @@ class Writer:
         try:
             with self.db.write() as c:
                 yield c
+                # Other replicas hear of the changes through the database, in this transaction
+                # (delivered only if it commits); this process's hub below, after the commit.
+                self.db.notify_changed(c, list(dict.fromkeys(changed)))
         finally:
             self._local.changed = outer
         if self.on_change is not None:
@@ -58,7 +62,8 @@ class Writer:
     async def tx_on_loop(self, fn: Callable[[Connection], T]) -> T:
         """`fn(conn)` in a write transaction run on the event loop, committed in a worker thread
         (`Database.write_on_loop`: raises WouldBlock when it cannot be had at once); after the
-        commit, `on_change` hears of every task it changed, as with `tx()`."""
+        commit, `on_change` hears of every task it changed, as with `tx()`. (SQLite only:
+        `write_on_loop` refuses other engines, so there is no other process to notify.)"""
         changed: list[str] = []
 
         def body(c: Connection) -> T:
