@@ -42,6 +42,7 @@ from controlplane.scheduler import Scheduler
 from controlplane.service import TaskService
 from controlplane.settings import Settings
 from controlplane.store.db import ChangeFeed, Database
+from controlplane.store.leases import Fence
 from controlplane.store import Store
 from controlplane.store.rows import JobRow, TaskRow
 from providers import registry
@@ -84,7 +85,8 @@ class ControlPlane:
         self.service = TaskService(self.settings, self.store, self.catalog, self.stores, self.estimator, self.providers,
                                    wake=self.wake)
         self.scheduler = Scheduler(self.store, self.catalog, self.providers, self.stores, self.attempts,
-                                   self.build_spec)
+                                   self.build_spec, fence=lambda: self.fence,
+                                   launch_margin_s=self.settings.leader_lease_s / 3)
         self.reconciler = Reconciler(self.store, self.providers, self.stores, self.attempts, self.settings)
         self.service.limits.refresh()  # operators' limits per caller; read again by the loop below
         self.hub = ProgressHub(self.store.tasks.get)  # pushes task changes to connected clients
@@ -94,6 +96,8 @@ class ControlPlane:
         self.serves_http_routes = False  # True when the MCP HTTP app carries the runner/download routes
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         self.is_leader = False
+        self.fence: Fence | None = None  # the leader lease's fence while this process leads
+        self._lease_until = 0.0  # (monotonic) when the lease this process holds runs out
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sched_wake: anyio.Event | None = None
         self._recon_wake: anyio.Event | None = None
@@ -210,20 +214,31 @@ class ControlPlane:
         os.replace(tmp, path)
 
     # ---- loops --------------------------------------------------------------------------------
+    def leads(self) -> bool:
+        """This process holds the leader lease, by its own clock too: a process paused past its
+        lease (SIGSTOP, a frozen VM) wakes with `is_leader` still set and its loops due at once;
+        the monotonic clock ran on meanwhile, so they stand down before the lease is asked again.
+        (The fence in the store refuses what slips past this: `store.leases`.)"""
+        return self.is_leader and time.monotonic() < self._lease_until
+
     async def _leader_loop(self) -> None:
         lease = self.settings.leader_lease_s
         while True:
             try:
                 was = self.is_leader
-                self.is_leader = await anyio.to_thread.run_sync(self.store.leases.acquire, LEADER_LEASE,
-                                                                self.holder, lease)
+                asked = time.monotonic()
+                epoch = await anyio.to_thread.run_sync(self.store.leases.acquire, LEADER_LEASE, self.holder, lease)
+                self.is_leader = epoch is not None
+                self.fence = Fence(LEADER_LEASE, self.holder, epoch) if epoch is not None else None
+                self._lease_until = asked + lease if epoch is not None else 0.0
                 if self.is_leader and not was:
-                    log.info("this process leads scheduling and reconciling (%s)", self.holder)
+                    log.info("this process leads scheduling and reconciling (%s, epoch %s)", self.holder, epoch)
                     self.reconciler.started_at = time.time()
                     self._set_wake()
             except Exception:  # noqa: BLE001
                 log.exception("leader lease renewal failed")
                 self.is_leader = False
+                self.fence = None
             await anyio.sleep(lease / 3)
 
     async def _wait(self, which: str, interval: float) -> None:
@@ -239,7 +254,7 @@ class ControlPlane:
     async def _scheduler_loop(self) -> None:
         while True:
             await self._wait("sched", self.settings.scheduler_interval_s)
-            if not self.is_leader:
+            if not self.leads():
                 continue
             try:
                 await self.scheduler.tick()
@@ -263,7 +278,7 @@ class ControlPlane:
         while True:
             await self._wait("recon", self.settings.reconcile_interval_s)
             try:
-                if self.is_leader:
+                if self.leads():
                     stats = await self.reconciler.cycle()
                     if (stats.finished or stats.lost or stats.expired) and self._sched_wake is not None:
                         self._sched_wake.set()

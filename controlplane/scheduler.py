@@ -5,6 +5,10 @@ within a priority) into free slots and records a launch intent for each, all in 
 transaction. Only then is the provider called. An intent this process did not just create
 (a restart, or a launch attempt that failed in an unknown way) is first looked up with
 `provider.find(job_name)`, so a job is never launched twice for one attempt.
+
+Across replicas, the leader's claims, its last look before each provider call and its record of
+each launch are fenced by its lease epoch (`store.leases`, which says why claims alone are not
+enough): a leader paused past its lease wakes to find its writes refused and launches nothing.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from controlplane.objectstore.registry import StoreRegistry
 from controlplane.outcomes import cancelled_error
 from controlplane.states import JobState, TaskState
 from controlplane.store import Store
+from controlplane.store.leases import Fence, Fenced
 from controlplane.store.rows import JobRow, TaskRow
 from providers.base import LaunchSpec, PermanentProviderError, Provider
 
@@ -34,8 +39,11 @@ LAUNCH_CONCURRENCY = 8
 
 class Scheduler:
     def __init__(self, store: Store, catalog: Catalog, providers: dict[str, Provider], stores: StoreRegistry,
-                 attempts: Attempts, build_spec: Callable[[TaskRow, JobRow], LaunchSpec]):
+                 attempts: Attempts, build_spec: Callable[[TaskRow, JobRow], LaunchSpec],
+                 fence: Callable[[], Fence | None] = lambda: None, launch_margin_s: float = 0.0):
         self.store = store
+        self.fence = fence  # the leader's lease fence now (None: unfenced, a single process)
+        self.launch_margin_s = launch_margin_s  # lease to spare before a provider call
         self.catalog = catalog
         self.attempts = attempts
         self.providers = providers
@@ -52,7 +60,12 @@ class Scheduler:
         for rc in self.catalog.resource_classes.values():
             if not await blocking.call(self.store.jobs.has_work, rc.name, rc.max_concurrency):
                 continue  # slots full or nothing ready: no write transaction
-            claimed = await anyio.to_thread.run_sync(self.store.jobs.claim_for_launch, rc.name, rc.max_concurrency)
+            try:
+                claimed = await anyio.to_thread.run_sync(self.store.jobs.claim_for_launch, rc.name,
+                                                         rc.max_concurrency, None, self.fence())
+            except Fenced as e:
+                log.warning("claims left to the new leader: %s", e)
+                return 0
             self._fresh.update(job.worker_id for _task, job in claimed)
         pending = await blocking.call(self.store.jobs.launch_intents)
         now = time.monotonic()
@@ -69,6 +82,9 @@ class Scheduler:
         try:
             async with self._limiter:
                 await self._launch(job)
+            self._forget(wid)
+        except Fenced as e:  # no longer the leader: leave the intent to the one who is
+            log.warning("launch of %s left to the new leader: %s", job.job_name, e)
             self._forget(wid)
         except PermanentProviderError as e:
             log.warning("launch of %s refused: %s", job.job_name, e)
@@ -113,8 +129,12 @@ class Scheduler:
             return
         if handle is None:
             await anyio.to_thread.run_sync(self._write_inputs, task)
+            fence = self.fence()
+            if fence is not None and not await anyio.to_thread.run_sync(self.store.leases.holds, fence,
+                                                                         self.launch_margin_s):
+                raise Fenced(f"lease epoch {fence.epoch} no longer held with {self.launch_margin_s}s to spare")
             handle = await anyio.to_thread.run_sync(provider.launch, spec)
-        await anyio.to_thread.run_sync(self.store.jobs.record_launch, wid, handle.encode())
+        await anyio.to_thread.run_sync(self.store.jobs.record_launch, wid, handle.encode(), self.fence())
 
     def _write_inputs(self, task: TaskRow) -> None:
         self.stores.get(task.store_url).put_bytes(inputs_key(task.task_id, task.attempt), task.inputs_json.encode(),

@@ -336,6 +336,11 @@ class Database:
         a task being cancelled meanwhile is left to its cancel)."""
         return stmt if self.is_sqlite else stmt.with_for_update(skip_locked=skip_locked)
 
+    def for_share(self, stmt: Any) -> Any:
+        """A SELECT that keeps the rows it read from being changed until the transaction ends
+        (FOR SHARE; no-op on SQLite, whose writers are serialised)."""
+        return stmt if self.is_sqlite else stmt.with_for_update(read=True)
+
     def insert_ignore(self, table: Table) -> Any:
         if self.is_sqlite:
             from sqlalchemy.dialects.sqlite import insert
@@ -343,13 +348,17 @@ class Database:
             from sqlalchemy.dialects.postgresql import insert
         return insert(table).on_conflict_do_nothing()
 
-    def upsert(self, table: Table, values: dict[str, Any], keys: list[str], where: Any = None) -> Any:
+    def upsert(self, table: Table, values: dict[str, Any], keys: list[str], where: Any = None,
+               set_: dict[str, Any] | None = None) -> Any:
+        """INSERT `values`, or on a conflict on `keys` update the other columns to the new values
+        (`set_` overrides some with expressions of the row as it was), if `where` holds."""
         if self.is_sqlite:
             from sqlalchemy.dialects.sqlite import insert
         else:
             from sqlalchemy.dialects.postgresql import insert
         stmt = insert(table).values(**values)
         update = {k: stmt.excluded[k] for k in values if k not in keys}
+        update.update(set_ or {})
         return stmt.on_conflict_do_update(index_elements=keys, set_=update, where=where)
 
     # ---- schema -----------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from typing import Any
 from controlplane import ids
 from controlplane.states import FINAL, JobState, TaskState
 from controlplane.store import queries as q
+from controlplane.store.leases import Fence, LeaseStore
 from controlplane.store.rows import JobRow, TaskRow, WatchedJob
 from controlplane.store.writer import Writer
 
@@ -35,11 +36,12 @@ class JobStore:
     def __init__(self, writer: Writer):
         self.w = writer
         self.db = writer.db
+        self.leases = LeaseStore(writer)  # (its fence checks)
         self.next_queued = self.db.for_update(q.NEXT_QUEUED, skip_locked=True)
 
     # ---- launching ----------------------------------------------------------------------------
-    def claim_for_launch(self, resource_class: str, capacity: int,
-                         limit: int | None = None) -> list[tuple[TaskRow, JobRow]]:
+    def claim_for_launch(self, resource_class: str, capacity: int, limit: int | None = None,
+                         fence: Fence | None = None) -> list[tuple[TaskRow, JobRow]]:
         """Move the next queued tasks of a class into free slots: each gets a job row in state
         `launching` (the launch intent, recorded before any provider call) and becomes
         `scheduled`, in one transaction.
@@ -47,9 +49,12 @@ class JobStore:
         Where writers are not serialised (PostgreSQL) the claim holds the queue's lock, as a
         submit's admission does, so that slots are counted by one claim at a time and it cannot
         deadlock with a submit on the rows of `queue_depth`; and it locks the tasks it takes,
-        skipping any that another transaction (a cancel) holds."""
+        skipping any that another transaction (a cancel) holds. With a `fence` (the leader's),
+        nothing is claimed unless the lease is still held (raises `leases.Fenced`)."""
         now = self.w.clock()
         with self.w.tx() as c:
+            if fence is not None:
+                self.leases.check(c, fence)
             self.db.lock_queue(c, resource_class)
             free = capacity - c.execute(q.SLOTS_BUSY, {"rc": resource_class}).scalar_one()
             if limit is not None:
@@ -85,9 +90,13 @@ class JobStore:
         with self.db.read() as c:
             return [JobRow.from_row(r) for r in c.execute(q.LAUNCH_INTENTS).mappings()]
 
-    def record_launch(self, worker_id: str, handle: dict[str, Any]) -> bool:
+    def record_launch(self, worker_id: str, handle: dict[str, Any], fence: Fence | None = None) -> bool:
+        """The job was launched (launching -> active with its handle). With a `fence`, only while
+        the lease is still held (raises `leases.Fenced`: the successor finds the job by its name)."""
         now = self.w.clock()
         with self.w.tx() as c:
+            if fence is not None:
+                self.leases.check(c, fence)
             rows = self.db.run(c, q.GET_JOB_BY_WORKER, {"worker_id": worker_id})
             job = JobRow.from_row(rows[0]) if rows else None
             if job is None or job.state != J.LAUNCHING:

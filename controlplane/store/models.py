@@ -198,6 +198,9 @@ class Lease(SQLModel, table=True):
     name: str = Field(sa_column=Column(String(64), primary_key=True))
     holder: str = Field(sa_column=Column(String(128), nullable=False))
     expires_at: float
+    # Goes up by one at each takeover (another holder, or the first): the fencing token the
+    # leader's writes carry (`leases.Fence`). A release keeps the row, so it never goes back.
+    epoch: int = Field(default=0, sa_column=Column(Integer, nullable=False, server_default="0"))
 
 
 class QueueDepth(SQLModel, table=True):

@@ -166,8 +166,13 @@ JOB_HEARTBEAT = update(JOBS).where(JOBS.c.task_id == _bp("_tid"), JOBS.c.attempt
                                    JOBS.c.state == JobState.ACTIVE.value).values(seen_at=_bp("_ts"))
 
 # ==== leases ===================================================================================
-LEASE_HOLDER = select(LEASES.c.holder).where(LEASES.c.name == _bp("name"))
-RELEASE_LEASE = delete(LEASES).where(LEASES.c.name == _bp("name"), LEASES.c.holder == _bp("holder"))
+LEASE_HOLDER = select(LEASES.c.holder, LEASES.c.epoch).where(LEASES.c.name == _bp("name"))
+# A fence holds while its holder still has the lease, in the same epoch, for at least `until`.
+LEASE_FENCE = select(LEASES.c.epoch).where(LEASES.c.name == _bp("name"), LEASES.c.holder == _bp("holder"),
+                                           LEASES.c.epoch == _bp("epoch"), LEASES.c.expires_at > _bp("until"))
+# A release ends the lease now and keeps the row (and its epoch, which must never go back).
+RELEASE_LEASE = update(LEASES).where(LEASES.c.name == _bp("_name"), LEASES.c.holder == _bp("_holder")).values(
+    expires_at=0.0)
 
 
 # ==== callers ==================================================================================
