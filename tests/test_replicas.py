@@ -154,3 +154,53 @@ async def test_wait_task_on_one_replica_follows_a_task_running_on_another(pg_url
         for srv in (a, b):
             srv.stop()
             reap_jobs(srv.home)
+
+
+async def test_a_leader_stopped_past_its_lease_and_resumed_launches_nothing_twice(pg_url: str, tmp_path: Path) -> None:
+    import os
+    import random
+    import signal
+
+    from tests.conftest import TERMINAL, write_catalog
+    from tests.test_fencing import _launches
+
+    key = secrets.token_hex(32)
+    homes = [tmp_path / "a", tmp_path / "b"]
+    for h in homes:
+        write_catalog(h, concurrency=4)
+    a, b = (_replica(h, key, leader_lease_s=1.5) for h in homes)
+    try:
+        a.start()
+        deadline = time.monotonic() + 10
+        while _leader_pid(pg_url) != a.proc.pid:
+            assert time.monotonic() < deadline, "replica A never took the leader lease"
+            await anyio.sleep(0.05)
+        b.start()
+        async with Client(b.url) as cb:
+            agent = Agent(cb)
+            tids = [await agent.submit(inputs={"sleep_s": 1}) for _ in range(8)]
+            await anyio.sleep(random.uniform(0.0, 0.2))  # somewhere in A's claims and launches
+            os.kill(a.proc.pid, signal.SIGSTOP)
+            try:
+                deadline = time.monotonic() + 15
+                while _leader_pid(pg_url) != b.proc.pid:  # B takes over once A's lease ran out
+                    assert time.monotonic() < deadline, "replica B never took over"
+                    await anyio.sleep(0.05)
+                await anyio.sleep(1.0)  # B launches what A left
+            finally:
+                os.kill(a.proc.pid, signal.SIGCONT)
+            final = [await agent.wait(t, TERMINAL, timeout=60) for t in tids]
+        launches = _launches(*homes)
+        assert len(launches) == len(tids) and set(launches.values()) == {1}, launches
+        by_b = len(_launches(homes[1]))
+        assert by_b >= 1  # B did take over and launch
+        states = [f["state"] for f in final]
+        print(f"\nafter SIGSTOP/SIGCONT of the leader: {len(launches)} jobs, each started once "
+              f"({len(launches) - by_b} by A, {by_b} by B); states {states}")
+        assert all(s == "succeeded" for s in states), final
+    finally:
+        for srv in (a, b):
+            if srv.proc is not None and srv.proc.poll() is None:
+                os.kill(srv.proc.pid, signal.SIGCONT)
+            srv.stop()
+            reap_jobs(srv.home)
