@@ -180,6 +180,9 @@ class ControlPlane:
             tg.start_soon(self._reconciler_loop)
             tg.start_soon(self._limits_loop)
             # Changes committed by other replicas (PostgreSQL's LISTEN/NOTIFY); None on SQLite.
+            # This process's own changes come back through it too: the hub then reads a watched
+            # task once more (bursts coalesce), a cost kept for the sake of one path that does not
+            # depend on telling our own notifications from others'.
             self.change_feed = self.db.change_feed(self.hub.on_change, self.hub.refresh)
             if self.change_feed is not None:
                 tg.start_soon(self.change_feed.run)
