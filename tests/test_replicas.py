@@ -204,3 +204,29 @@ async def test_a_leader_stopped_past_its_lease_and_resumed_launches_nothing_twic
                 os.kill(srv.proc.pid, signal.SIGCONT)
             srv.stop()
             reap_jobs(srv.home)
+
+
+def test_a_stopped_process_cannot_hold_its_locks_for_ever(pg_url: str) -> None:
+    """Every PostgreSQL session of the store has the server end it once it sits idle inside a
+    transaction (a process stopped mid-transaction): otherwise a paused leader holding the lease
+    row would keep every other replica from taking over (see the SIGSTOP test above)."""
+    from controlplane.store.db import IDLE_IN_TRANSACTION_S, Database
+
+    db = Database(pg_url)
+    try:
+        with db.engine.connect() as c:
+            shown = c.exec_driver_sql("SHOW idle_in_transaction_session_timeout").scalar()
+        assert shown == f"{int(IDLE_IN_TRANSACTION_S)}s"
+        conn = db.engine.raw_connection()
+        try:
+            cur = conn.cursor()
+            cur.execute("SET idle_in_transaction_session_timeout = '200ms'")  # (the same rule, faster)
+            cur.execute("BEGIN")
+            cur.execute("SELECT 1")
+            time.sleep(0.6)  # stopped, mid-transaction
+            with pytest.raises(psycopg.errors.IdleInTransactionSessionTimeout):
+                cur.execute("SELECT 1")  # the server ended the session: its locks are gone
+        finally:
+            conn.invalidate()
+    finally:
+        db.dispose()

@@ -51,6 +51,7 @@ log = logging.getLogger("controlplane.store.db")
 # task's id (an `ids` id: far below NOTIFY's 8000-byte limit on a payload).
 CHANGES_CHANNEL = "controlplane_task_changed"
 T = TypeVar("T")
+IDLE_IN_TRANSACTION_S = 5.0  # PostgreSQL: a session idle inside a transaction this long is ended
 Build = Callable[[list[str], list[tuple[Any, ...]]], list[Any]]  # (column names, driver tuples) -> rows
 
 
@@ -118,8 +119,14 @@ class Database:
             # database that went away. QueuePool bounds the connections as well (pool_size, then
             # overflow), pre-ping replaces one the server or a proxy closed while it was idle,
             # and a disconnect seen on one invalidates the whole pool at once (a failover).
+            # A transaction left open by a process that stopped (SIGSTOP, a VM paused, a GC pause
+            # gone wrong) keeps its row and advisory locks: the lease row a paused leader holds
+            # FOR SHARE would keep every other replica from taking over. The server ends such a
+            # session after IDLE_IN_TRANSACTION_S; our transactions never sit idle that long.
             self.engine = create_engine(url, echo=echo, pool_pre_ping=True, pool_size=10, max_overflow=20,
-                                        connect_args={"application_name": "controlplane"})
+                                        connect_args={"application_name": "controlplane", "options":
+                                                      f"-c idle_in_transaction_session_timeout="
+                                                      f"{int(IDLE_IN_TRANSACTION_S * 1000)}"})
             self.read_engine = self.engine
         # SQLite has one writer at a time. Writers of this process queue on a lock of their own
         # and are woken the moment it is free; left to SQLite's busy handler, each would sleep
