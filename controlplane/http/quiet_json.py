@@ -17,8 +17,9 @@ import json
 from typing import Any
 
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from controlplane.http.body import read_body
 from controlplane.mcp import compat
 
 VERSION_HEADER = b"mcp-protocol-version"
@@ -55,21 +56,12 @@ class QuietJsonRouter:
                 or version.decode("latin-1") in HANDSHAKE_PROTOCOL_VERSIONS):
             await self.inner(scope, receive, send)
             return
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":  # gone before the body arrived
-                await self.inner(scope, _replay([], message, receive), send)
-                return
-            chunks.append(message.get("body", b""))
-            size += len(chunks[-1])
-            if not message.get("more_body", False):
-                break
-        body = b"".join(chunks)
-        replay = _replay([body], None, receive)
+        body, complete, replay = await read_body(receive)
+        if not complete:  # gone before the body arrived
+            await self.inner(scope, replay, send)
+            return
         try:
-            quiet = size <= MAX_PEEK and not may_stream(json.loads(body), self.streaming_tools)
+            quiet = len(body) <= MAX_PEEK and not may_stream(json.loads(body), self.streaming_tools)
         except (ValueError, RecursionError):
             quiet = False  # the SDK answers malformed bodies itself
         if not quiet:
@@ -78,16 +70,3 @@ class QuietJsonRouter:
         self.json_answers += 1
         # The manager's own arguments, with JSON answers on: the same handler, without the stream.
         await compat.answer_modern_as_json(manager, scope, replay, send)
-
-
-def _replay(bodies: list[bytes], pending: Message | None, receive: Receive) -> Receive:
-    """A receive() that gives back what was already read, then reads on."""
-    queue: list[Message] = [{"type": "http.request", "body": b, "more_body": False} for b in bodies]
-    if pending is not None:
-        queue.append(pending)
-
-    async def replay() -> Message:
-        if queue:
-            return queue.pop(0)
-        return await receive()
-    return replay

@@ -21,8 +21,9 @@ from typing import Any
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.shared.inbound import decode_header_value
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from controlplane.http.body import read_body
 from controlplane.mcp.oauth import Scopes
 
 VERSION_HEADER = b"mcp-protocol-version"
@@ -50,7 +51,7 @@ class ScopeGate:
             name = decode_header_value(headers[NAME_HEADER].decode("latin-1")) if NAME_HEADER in headers else None
             missing = self._missing([(method, name)], held)
         else:
-            body, receive = await _read_body(receive)
+            body, _complete, receive = await read_body(receive)
             missing = self._missing(_operations(body), held)
         if missing:
             self.refused += 1
@@ -90,28 +91,3 @@ def _operations(body: bytes) -> list[tuple[str, str | None]]:
         name = params.get("name") if isinstance(params, dict) else None
         out.append((method, name if isinstance(name, str) else None))
     return out
-
-
-async def _read_body(receive: Receive) -> tuple[bytes, Receive]:
-    """The whole body, and a receive() that gives it back first."""
-    chunks: list[bytes] = []
-    pending: Message | None = None
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":  # gone before the body arrived
-            pending = message
-            break
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            break
-    body = b"".join(chunks)
-    queue: list[Message] = [] if pending is not None and not chunks else [
-        {"type": "http.request", "body": body, "more_body": False}]
-    if pending is not None:
-        queue.append(pending)
-
-    async def replay() -> Message:
-        if queue:
-            return queue.pop(0)
-        return await receive()
-    return body, replay
