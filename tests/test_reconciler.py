@@ -5,6 +5,7 @@ task's logs, artifacts and objects (retrying a deletion that failed)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -40,10 +41,15 @@ def runner_pid(home: Path, task_id: str, attempt: int) -> int:
 
 
 def kill_tree(pid: int) -> list[int]:
+    """Kill the runner and everything of its process group (the job vanishes). A snapshot of its
+    children alone missed a grandchild the tool was spawning at that moment, which then slept on
+    for ever after the test; the group's kill takes it too."""
     p = psutil.Process(pid)
     victims = [p, *p.children(recursive=True)]
-    for v in victims:
-        v.kill()
+    os.killpg(os.getpgid(pid), signal.SIGKILL)  # the local provider starts each runner as a group leader
+    for v in victims:  # (any that left the group)
+        with contextlib.suppress(psutil.NoSuchProcess):
+            v.kill()
     return [v.pid for v in victims]
 
 
