@@ -44,41 +44,46 @@ class Writer:
     @contextmanager
     def tx(self) -> Iterator[Connection]:
         """A write transaction; after it commits, `on_change` hears of every task it changed."""
-        changed: list[str] = []
-        outer = getattr(self._local, "changed", None)
-        self._local.changed = changed
-        try:
+        with self._collecting() as changed:
             with self.db.write() as c:
                 yield c
                 # Other replicas hear of the changes through the database, in this transaction
                 # (delivered only if it commits); this process's hub below, after the commit.
                 self.db.notify_changed(c, list(dict.fromkeys(changed)))
-        finally:
-            self._local.changed = outer
-        if self.on_change is not None:
-            for task_id in dict.fromkeys(changed):
-                self.on_change(task_id)
+        self._announce(changed)
 
     async def tx_on_loop(self, fn: Callable[[Connection], T]) -> T:
         """`fn(conn)` in a write transaction run on the event loop, committed in a worker thread
         (`Database.write_on_loop`: raises WouldBlock when it cannot be had at once); after the
-        commit, `on_change` hears of every task it changed, as with `tx()`. (SQLite only:
-        `write_on_loop` refuses other engines, so there is no other process to notify.)"""
+        commit, `on_change` hears of every task it changed, as with `tx()`."""
         changed: list[str] = []
 
         def body(c: Connection) -> T:
-            outer = getattr(self._local, "changed", None)
-            self._local.changed = changed
-            try:
-                return fn(c)
-            finally:
-                self._local.changed = outer
+            with self._collecting(changed):
+                out = fn(c)
+                self.db.notify_changed(c, list(dict.fromkeys(changed)))
+                return out
 
         out = await self.db.write_on_loop(body)
+        self._announce(changed)
+        return out
+
+    @contextmanager
+    def _collecting(self, changed: list[str] | None = None) -> Iterator[list[str]]:
+        """While inside, `changed()` collects into the list yielded (this thread's, nested ones
+        restored on the way out)."""
+        changed = [] if changed is None else changed
+        outer = getattr(self._local, "changed", None)
+        self._local.changed = changed
+        try:
+            yield changed
+        finally:
+            self._local.changed = outer
+
+    def _announce(self, changed: list[str]) -> None:
         if self.on_change is not None:
             for task_id in dict.fromkeys(changed):
                 self.on_change(task_id)
-        return out
 
     def changed(self, task_id: str) -> None:
         changed = getattr(self._local, "changed", None)
