@@ -160,14 +160,7 @@ class Database:
             raise WouldBlock()
         try:
             with (self.nonblocking_engine if nonblocking else self.engine).connect() as conn:
-                conn.execution_options(cp_write=True)
-                try:
-                    tx = conn.begin()
-                except OperationalError as e:
-                    if nonblocking and "locked" in str(e.orig):
-                        raise WouldBlock() from None
-                    raise
-                with tx:
+                with _begin_write(conn, nonblocking):
                     yield conn
         finally:
             if lock is not None:
@@ -189,13 +182,7 @@ class Database:
         self._loop_tx = threading.get_ident()
         try:
             with self.nonblocking_engine.connect() as conn:
-                conn.execution_options(cp_write=True)
-                try:
-                    tx = conn.begin()
-                except OperationalError as e:
-                    if "locked" in str(e.orig):  # another process holds SQLite's write lock
-                        raise WouldBlock() from None
-                    raise
+                tx = _begin_write(conn, nonblocking=True)
                 try:
                     out = fn(conn)
                 except BaseException:
@@ -473,6 +460,18 @@ class ChangeFeed:
                 self.connected.clear()
             await asyncio.sleep(delay)
             delay = min(delay * 2, self.BACKOFF_MAX_S)
+
+
+def _begin_write(conn: Connection, nonblocking: bool) -> Any:
+    """Begin a write transaction on `conn` (BEGIN IMMEDIATE on SQLite: `_install_sqlite_hooks`).
+    On a connection that must not wait, another process holding SQLite's write lock is WouldBlock."""
+    conn.execution_options(cp_write=True)
+    try:
+        return conn.begin()
+    except OperationalError as e:
+        if nonblocking and "locked" in str(e.orig):
+            raise WouldBlock() from None
+        raise
 
 
 class likely(ColumnElement[bool]):
