@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from controlplane.objectstore.base import events_prefix, inputs_key, result_key
+from controlplane.objectstore.base import artifact_key, events_prefix, inputs_key, result_key
 from controlplane.objectstore.local import LocalObjectStore
 from infra.runner import events
 from tests.conftest import ROOT
@@ -310,7 +310,7 @@ toolkit.result({"ok": True, "n": 3})
 TASK = "t-events-1"
 
 
-def run_runner(tmp: Path, command: list[str], *, callback: str | None = None,
+def run_runner(tmp: Path, command: list[str], *, callback: str | None = None, workdir: bool = True,
                timeout: float = 60) -> tuple[subprocess.CompletedProcess[str], LocalObjectStore]:
     store = LocalObjectStore(tmp / "store")
     store.put_bytes(inputs_key(TASK, 1), json.dumps({"n": 3}).encode())
@@ -319,8 +319,11 @@ def run_runner(tmp: Path, command: list[str], *, callback: str | None = None,
                CONTROLPLANE_KILL_GRACE_S="2", CONTROLPLANE_HEARTBEAT_S="0.2", PYTHONPATH=str(ROOT))
     if callback:
         env.update(CONTROLPLANE_CALLBACK_URL=callback, CONTROLPLANE_BOOTSTRAP_TOKEN="bootstrap")
-    done = subprocess.run([sys.executable, "-m", "infra.runner", "--job-name", "cp-events", "--workdir",
-                           str(tmp / "work"), "--exit-file", str(tmp / "exit.json"), "--", *command],
+    env["TMPDIR"] = str(tmp / "tmp")  # where a runner without --workdir makes its scratch directory
+    (tmp / "tmp").mkdir(exist_ok=True)
+    where = ["--workdir", str(tmp / "work")] if workdir else []
+    done = subprocess.run([sys.executable, "-m", "infra.runner", "--job-name", "cp-events", *where,
+                           "--exit-file", str(tmp / "exit.json"), "--", *command],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     return done, store
 
@@ -383,6 +386,17 @@ def test_the_runner_writes_only_events_the_parser_knows(tmp_path: Path) -> None:
     assert set(result_json) == set(events.OUTCOME_FIELDS)
     assert events.parse_outcome(result_json) == dataclasses.replace(finished, seq=0, ts=None)
     assert json.loads((tmp_path / "exit.json").read_text()) == result_json
+
+
+def test_a_runner_without_a_workdir_leaves_no_scratch_behind(tmp_path: Path) -> None:
+    """A cloud job's runner makes its own scratch directory (no --workdir); the tool runs in it,
+    its artifacts are uploaded from it, and it is gone once the runner exits."""
+    done, store = run_runner(tmp_path, [sys.executable, "-c", TOOL], workdir=False)
+    assert done.returncode == 0, done.stderr
+    finished = check_stream(spilled(store))[-1]
+    assert finished.status == events.SUCCEEDED and [a["name"] for a in finished.artifacts] == ["out.txt"]
+    assert store.get_bytes(artifact_key(TASK, 1, "out.txt")) == b"hi"
+    assert list((tmp_path / "tmp").iterdir()) == []
 
 
 def test_a_tool_that_cannot_start(tmp_path: Path) -> None:

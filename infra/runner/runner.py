@@ -95,8 +95,16 @@ class Runner:
     # ---- main -----------------------------------------------------------------------------
     def run(self) -> int:
         proc.become_subreaper()
-        workdir = Path(self.args.workdir or tempfile.mkdtemp(prefix="cp-job-"))
-        workdir.mkdir(parents=True, exist_ok=True)
+        if self.args.workdir:  # the caller's directory (the local provider's job dir): it keeps it
+            workdir = Path(self.args.workdir)
+            workdir.mkdir(parents=True, exist_ok=True)
+            return self._run_in(workdir)
+        # A scratch directory of its own goes when the run ends: a cloud job's container is thrown
+        # away anyway, but a runner started on a host (a test, a VM) would leave one per task.
+        with tempfile.TemporaryDirectory(prefix="cp-job-") as scratch:
+            return self._run_in(Path(scratch))
+
+    def _run_in(self, workdir: Path) -> int:
         artifacts_dir = workdir / "artifacts"
         artifacts_dir.mkdir(exist_ok=True)
         inputs_file = workdir / "inputs.json"
