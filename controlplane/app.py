@@ -59,10 +59,14 @@ class ControlPlane:
         self.settings = settings or Settings()
         self.settings.ensure_home()
         self.db = Database(self.settings.resolved_database_url)
-        if migrate:
+        if migrate and self.settings.migrate_on_start:
             self.db.upgrade()
+        elif migrate:
+            self.db.require_current()
         self.store = Store(self.db)
-        self.catalog = catalog or ensure_catalog(self.settings.resolved_catalog_path)
+        self.catalog = catalog or (
+            Catalog.parse(self.settings.catalog_json, source="CONTROLPLANE_CATALOG_JSON", fmt="yaml")
+            if self.settings.catalog_json else ensure_catalog(self.settings.resolved_catalog_path))
         for tool in self.catalog.tools.values():
             if tool.ttl_s and tool.ttl_s > self.settings.max_ttl_s:
                 raise CatalogError(f"{self.catalog.source}: tools.{tool.name}.ttl_s: {tool.ttl_s} exceeds the "

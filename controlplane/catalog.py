@@ -1,6 +1,6 @@
 """The tool catalog: the tools operators allow agents to run, and the queues they run in.
 
-A catalog is a TOML or YAML file with two tables:
+A catalog is a TOML or YAML (or JSON) file with two tables:
 
     [resource_classes.cpu_small]        # one queue per resource class
     max_concurrency = 2                 # slots: tasks scheduled or running at once
@@ -233,18 +233,15 @@ class Catalog:
     # ---- loading --------------------------------------------------------------------------
     @classmethod
     def load(cls, path: Path) -> Catalog:
-        try:
-            raw_text = path.read_text()
-        except OSError as e:
-            raise CatalogError(f"{path}: cannot read catalog: {e.strerror}") from None
-        return cls.parse(raw_text, source=str(path), fmt="yaml" if path.suffix in (".yaml", ".yml") else "toml")
+        return cls.from_data(read_data(path), source=str(path))
 
     @classmethod
     def parse(cls, text: str, *, source: str = "<catalog>", fmt: Literal["toml", "yaml"] = "toml") -> Catalog:
-        try:
-            data = tomllib.loads(text) if fmt == "toml" else (yaml.safe_load(text) or {})
-        except (tomllib.TOMLDecodeError, yaml.YAMLError) as e:
-            raise CatalogError(f"{source}: not valid {fmt.upper()}: {e}") from None
+        return cls.from_data(parse_data(text, source=source, fmt=fmt), source=source)
+
+    @classmethod
+    def from_data(cls, data: Any, *, source: str) -> Catalog:
+        """A catalog from its decoded tables (TOML, YAML or JSON: JSON is YAML)."""
         if not isinstance(data, dict):
             raise CatalogError(f"{source}: the catalog must be a table of tables")
         unknown = set(data) - {"tools", "resource_classes"}
@@ -269,6 +266,22 @@ class Catalog:
                 )
             tools[name] = spec
         return cls(tools, classes, source)
+
+
+def read_data(path: Path) -> Any:
+    """A catalog file's decoded tables, unvalidated: YAML (or JSON) by its suffix, else TOML."""
+    try:
+        raw_text = path.read_text()
+    except OSError as e:
+        raise CatalogError(f"{path}: cannot read catalog: {e.strerror}") from None
+    return parse_data(raw_text, source=str(path), fmt="yaml" if path.suffix in (".yaml", ".yml", ".json") else "toml")
+
+
+def parse_data(text: str, *, source: str, fmt: Literal["toml", "yaml"]) -> Any:
+    try:
+        return tomllib.loads(text) if fmt == "toml" else (yaml.safe_load(text) or {})
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as e:
+        raise CatalogError(f"{source}: not valid {fmt.upper()}: {e}") from None
 
 
 def _provider_options(tool: ToolSpec, rc: ResourceClass, source: str) -> ProviderOptions:

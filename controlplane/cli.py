@@ -3,7 +3,9 @@
     controlplane serve [--transport stdio|http] [--host 127.0.0.1] [--port 8000] [--home DIR]
     controlplane demo [--home DIR]
     controlplane tasks list|show|logs|cancel|result|submit ...   (against a running server)
-    controlplane db upgrade [--home DIR]
+    controlplane db upgrade [--home DIR]   (the one-shot migration of a deployment)
+    controlplane catalog export CATALOG [--default-image IMAGE] [--format json|yaml]   (for terraform/)
+    controlplane catalog check CATALOG OUTPUTS.json   (a catalog against `terraform output -json`)
     controlplane jobs [--state abandoned] [--home DIR]   (the operator's view of the jobs table)
     controlplane limits list | set OWNER [--submits-per-minute N ...] | clear OWNER   (per caller)
 """
@@ -27,10 +29,13 @@ app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="mcp-controlplane: run heavy compute as durable tasks for AI agents.")
 tasks_app = typer.Typer(no_args_is_help=True, help="Work with the tasks of a running server (over MCP).")
 db_app = typer.Typer(no_args_is_help=True, help="Database maintenance.")
+catalog_app = typer.Typer(no_args_is_help=True, help="The tool catalog and the cloud jobs deployed for it "
+                                                     "(terraform/README.md).")
 limits_app = typer.Typer(no_args_is_help=True, help="Limits per caller, in the database (every replica reads "
                                                    "them within CONTROLPLANE_LIMITS_REFRESH_S).")
 app.add_typer(tasks_app, name="tasks")
 app.add_typer(db_app, name="db")
+app.add_typer(catalog_app, name="catalog")
 app.add_typer(limits_app, name="limits")
 
 err = Console(stderr=True)
@@ -58,8 +63,9 @@ def _logging(level: str = "WARNING") -> None:
 @app.command()
 def serve(
     transport: Annotated[Transport, typer.Option(help="MCP transport")] = Transport.stdio,
-    host: Annotated[str, typer.Option(help="HTTP bind address")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="HTTP port")] = 8000,
+    host: Annotated[str, typer.Option(help="HTTP bind address", envvar="CONTROLPLANE_HOST")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="HTTP port (a container platform's $PORT)",
+                                      envvar=["CONTROLPLANE_PORT", "PORT"])] = 8000,
     home: HomeOpt = None,
 ) -> None:
     """Run the MCP server (stdio, or Streamable HTTP at /mcp)."""
@@ -113,6 +119,64 @@ def db_upgrade(home: HomeOpt = None) -> None:
         err.print(f"[red]error:[/] {e}")
         raise typer.Exit(2) from None
     err.print(f"database at revision {db.current_revision()}")
+
+
+CatalogArg = Annotated[Path, typer.Argument(help="The catalog (TOML, YAML or JSON)")]
+ImageOpt = Annotated[str | None, typer.Option(help="Image of the tools that name none (e.g. the example tools' "
+                                                   "image, infra/tools/Dockerfile)")]
+
+
+class CatalogFormat(StrEnum):
+    json = "json"
+    yaml = "yaml"
+
+
+@catalog_app.command("export")
+def catalog_export(catalog: CatalogArg, default_image: ImageOpt = None,
+                   fmt: Annotated[CatalogFormat, typer.Option("--format")] = CatalogFormat.json,
+                   output: Annotated[Path | None, typer.Option("--output", "-o", help="File to write (default: "
+                                                                                      "stdout)")] = None) -> None:
+    """Validate a catalog and write it as the Terraform modules read it (their `catalog` input):
+    one job per tool with its image, cpu and memory, and the catalog the server is given."""
+    from controlplane.catalog import CatalogError
+    from controlplane.deployment import DeploymentError, dumps, export
+
+    try:
+        text = dumps(export(catalog, default_image=default_image), fmt.value)
+    except (CatalogError, DeploymentError) as e:
+        err.print(f"[red]error:[/] {e}", markup=True, highlight=False)
+        raise typer.Exit(2) from None
+    if output:
+        output.write_text(text)
+    else:
+        sys.stdout.write(text)
+
+
+@catalog_app.command("check")
+def catalog_check(catalog: CatalogArg,
+                  outputs: Annotated[str, typer.Argument(help="`terraform output -json` of the deployment, as a file, "
+                                                              "or - for stdin")],
+                  default_image: ImageOpt = None) -> None:
+    """Check that a deployment made exactly one job per catalog tool, with the tool's image, cpu and
+    memory. Exits 1 listing every difference, 2 when the catalog or the outputs cannot be read."""
+    from controlplane.catalog import CatalogError
+    from controlplane.deployment import DeploymentError, check
+
+    try:
+        raw = sys.stdin.read() if outputs == "-" else Path(outputs).read_text()
+        problems = check(catalog, json.loads(raw), default_image=default_image)
+    except OSError as e:
+        err.print(f"[red]error:[/] {outputs}: cannot read the outputs: {e.strerror}", highlight=False)
+        raise typer.Exit(2) from None
+    except ValueError as e:  # CatalogError, DeploymentError, JSONDecodeError
+        shown = f"{outputs}: not JSON: {e}" if isinstance(e, json.JSONDecodeError) else str(e)
+        err.print(f"[red]error:[/] {shown}", highlight=False)
+        raise typer.Exit(2) from None
+    for problem in problems:
+        err.print(f"[red]mismatch:[/] {problem}", highlight=False)
+    if problems:
+        raise typer.Exit(1)
+    err.print("every catalog tool has its job, with the catalog's image, cpu and memory")
 
 
 @app.command("jobs")

@@ -25,6 +25,13 @@ class Settings(BaseSettings):
     # The database URL is the only place the storage engine is named. None = SQLite under home.
     database_url: str | None = None
     catalog_path: Path | None = None
+    # The catalog itself (JSON or YAML text), instead of a file: what a container is given by its
+    # deployment (the Terraform modules in terraform/ set it from the catalog they made jobs for).
+    catalog_json: str | None = None
+    # Apply the database migrations when the server starts. The container images turn this off:
+    # there a one-shot `controlplane db upgrade` migrates, and a server whose database is behind
+    # refuses to start instead of migrating under replicas still running the old code.
+    migrate_on_start: bool = True
     # Where task inputs, results and artifacts live, as a URL (file://, later s3:// gs:// az://).
     object_store_url: str | None = None
     # Base URL that runners call back and that artifact links point at. None = the URL the

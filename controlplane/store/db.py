@@ -360,26 +360,48 @@ class Database:
         """Apply the alembic migrations. Safe when several processes start at once: SQLite runs
         them inside one IMMEDIATE transaction, PostgreSQL under an advisory lock."""
         from alembic import command
-        from alembic.config import Config
 
-        cfg = Config()
-        cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+        cfg = self._alembic_config()
         cfg.set_main_option("sqlalchemy.url", self.url.replace("%", "%%"))
-        try:
-            conn = self.engine.connect()
-        except OperationalError as e:
-            reason = " ".join(ln.strip() for ln in str(e.orig).splitlines() if ln.strip()) or type(e.orig).__name__
-            named = make_url(self.url)
-            named = named if self.is_sqlite else named.set(drivername="postgresql")  # as the operator wrote it
-            shown = named.render_as_string(hide_password=True)
-            raise CannotOpenDatabase(f"cannot open the database {shown}: {reason}") from None
-        with conn:
+        with self._connect() as conn:
             conn.execution_options(cp_write=True)
             with conn.begin():
                 if not self.is_sqlite:
                     conn.execute(text("SELECT pg_advisory_xact_lock(7245531)"))
                 cfg.attributes["connection"] = conn
                 command.upgrade(cfg, revision)
+
+    def require_current(self) -> None:
+        """CannotOpenDatabase unless the schema is at the newest migration this code has (for
+        servers that do not migrate on start: `controlplane db upgrade` is their one-shot)."""
+        from alembic.runtime.migration import MigrationContext
+        from alembic.script import ScriptDirectory
+
+        head = ScriptDirectory.from_config(self._alembic_config()).get_current_head()
+        with self._connect() as conn:
+            current = MigrationContext.configure(conn).get_current_revision()
+        if current != head:
+            raise CannotOpenDatabase(f"the database is at revision {current or '(none)'}, this server needs {head}: "
+                                     "run `controlplane db upgrade` first (CONTROLPLANE_MIGRATE_ON_START is off)")
+
+    @staticmethod
+    def _alembic_config() -> Any:
+        from alembic.config import Config
+
+        cfg = Config()
+        cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+        return cfg
+
+    def _connect(self) -> Any:
+        """A connection, or CannotOpenDatabase naming the database (never its password) and why."""
+        try:
+            return self.engine.connect()
+        except OperationalError as e:
+            reason = " ".join(ln.strip() for ln in str(e.orig).splitlines() if ln.strip()) or type(e.orig).__name__
+            named = make_url(self.url)
+            named = named if self.is_sqlite else named.set(drivername="postgresql")  # as the operator wrote it
+            shown = named.render_as_string(hide_password=True)
+            raise CannotOpenDatabase(f"cannot open the database {shown}: {reason}") from None
 
     def current_revision(self) -> str | None:
         from alembic.runtime.migration import MigrationContext

@@ -1,0 +1,105 @@
+"""The catalog as a cloud deployment reads it, and the check of a deployment against a catalog.
+
+The Terraform modules (`terraform/modules/*`) make one cloud job per catalog tool. They cannot read
+TOML, so `controlplane catalog export` converts the operator's catalog into the JSON they
+`jsondecode`:
+
+    {"format": 1,
+     "jobs":    {"<tool>": {"image", "cpu", "memory_mb", "gpu", "max_runtime_s", "resource_class"}},
+     "catalog": {the catalog's own tables, each tool's image filled in}}
+
+`jobs` is what the modules' one `for_each` makes jobs from (the resource class's cpu and memory
+taken onto each tool); `catalog` is what the module hands the server (CONTROLPLANE_CATALOG_JSON),
+after pointing each tool's provider and provider_options at the job made for it. Both come from
+one validated catalog, so the jobs and the tools the server offers cannot disagree.
+
+`check` compares a catalog with a deployment's `terraform output -json` (its `jobs` output:
+tool -> the job's name, id, image, cpu and memory as the cloud resource has them) and lists
+every difference. This module reads and compares; it never calls a cloud.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from controlplane.catalog import Catalog, read_data
+
+FORMAT = 1
+
+
+class DeploymentError(ValueError):
+    """The catalog cannot be deployed as it is, or the outputs are not a deployment's."""
+
+
+def export(path: Path, *, default_image: str | None = None) -> dict[str, Any]:
+    """The catalog at `path`, validated, in the form the Terraform modules read."""
+    data = read_data(path)
+    catalog = Catalog.from_data(data, source=str(path))
+    jobs: dict[str, dict[str, Any]] = {}
+    for name, tool in sorted(catalog.tools.items()):
+        image = tool.image or default_image
+        if not image:
+            raise DeploymentError(f"{path}: tools.{name}.image: a cloud job runs an image; set one for the tool, "
+                                  "or give --default-image for the tools without one")
+        rc = catalog.resource_classes[tool.resource_class]
+        jobs[name] = {"image": image, "cpu": _number(rc.cpu), "memory_mb": rc.memory_mb, "gpu": rc.gpu,
+                      "max_runtime_s": tool.max_runtime_s, "resource_class": rc.name}
+        data["tools"][name]["image"] = image
+    return {"format": FORMAT, "jobs": jobs, "catalog": data}
+
+
+def check(path: Path, outputs: Any, *, default_image: str | None = None) -> list[str]:
+    """Every difference between the catalog at `path` and a deployment's outputs (empty: none).
+
+    `outputs` is `terraform output -json` (every output, each `{"value": ...}`) or
+    `terraform output -json jobs` (that output's value alone)."""
+    wanted = export(path, default_image=default_image)["jobs"]
+    deployed = _jobs_output(outputs)
+    problems = [f"tool '{name}': no job in the deployment (apply the module with this catalog)"
+                for name in sorted(set(wanted) - set(deployed))]
+    problems += [f"job for '{name}' ({_job_name(deployed[name])}): no such tool in the catalog"
+                 for name in sorted(set(deployed) - set(wanted))]
+    for name in sorted(set(wanted) & set(deployed)):
+        job = deployed[name]
+        for field in ("image", "cpu", "memory_mb"):
+            have, want = job.get(field), wanted[name][field]
+            if not _same(have, want):
+                problems.append(f"tool '{name}': {field} is {want!r} in the catalog but {have!r} in job "
+                                f"{_job_name(job)}")
+    return problems
+
+
+def _jobs_output(outputs: Any) -> dict[str, dict[str, Any]]:
+    if isinstance(outputs, dict) and isinstance(outputs.get("jobs"), dict) and "value" in outputs["jobs"]:
+        outputs = outputs["jobs"]["value"]
+    if not isinstance(outputs, dict) or not all(isinstance(v, dict) for v in outputs.values()):
+        raise DeploymentError("the outputs have no `jobs` map (tool -> job): give `terraform output -json` of a "
+                              "root module that passes the module's `jobs` output on")
+    return outputs
+
+
+def _job_name(job: dict[str, Any]) -> str:
+    return str(job.get("id") or job.get("name") or "?")
+
+
+def _number(v: float) -> float | int:
+    return int(v) if float(v).is_integer() else v
+
+
+def _same(have: Any, want: Any) -> bool:
+    if isinstance(want, int | float) and not isinstance(want, bool):
+        try:
+            return float(have) == float(want)  # Terraform outputs numbers as numbers or strings
+        except (TypeError, ValueError):
+            return False
+    return bool(have == want)
+
+
+def dumps(doc: dict[str, Any], fmt: str) -> str:
+    if fmt == "yaml":
+        import yaml
+
+        return str(yaml.safe_dump(doc, sort_keys=True))
+    return json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n"
