@@ -1,0 +1,264 @@
+# Identities and what each may do (README.md, "Identities"). Actions are scoped to this
+# deployment's resources wherever the API allows it; the few that AWS authorizes only on "*"
+# (Batch's Describe/List calls, ECR's token) say so where they are granted.
+
+locals {
+  batch_arn     = "arn:${local.partition}:batch:${local.region}:${local.account}"
+  job_def_arns  = [for tool, name in module.settings.job_names : "${local.batch_arn}:job-definition/${name}:*"]
+  ecr_pull      = length(var.ecr_repository_arns) > 0
+  tasks_objects = "${aws_s3_bucket.objects.arn}/tasks/*"
+}
+
+data "aws_iam_policy_document" "ecs_tasks_assume" {
+  statement {
+    actions = ["sts:AssumeRole"]
+    principals {
+      type        = "Service"
+      identifiers = ["ecs-tasks.amazonaws.com"]
+    }
+    condition {
+      test     = "StringEquals"
+      variable = "aws:SourceAccount"
+      values   = [local.account]
+    }
+  }
+}
+
+# ---- the control plane (ECS task role) ---------------------------------------------------------
+resource "aws_iam_role" "server" {
+  name               = "${var.name}-server"
+  assume_role_policy = data.aws_iam_policy_document.ecs_tasks_assume.json
+  tags               = local.tags
+}
+
+data "aws_iam_policy_document" "server" {
+  statement {
+    sid       = "SubmitToItsQueueWithItsJobDefinitions"
+    actions   = ["batch:SubmitJob"]
+    resources = concat([aws_batch_job_queue.this.arn], local.job_def_arns)
+  }
+  statement {
+    sid       = "TagAndStopJobs" # job ARNs carry an id Batch picks: they can be named no closer
+    actions   = ["batch:TagResource", "batch:TerminateJob"]
+    resources = ["${local.batch_arn}:job/*"]
+  }
+  statement {
+    sid       = "ReadJobs" # Batch authorizes these on "*" only
+    actions   = ["batch:DescribeJobs", "batch:ListJobs", "batch:DescribeJobDefinitions"]
+    resources = ["*"]
+  }
+  statement {
+    sid       = "ReadItsJobsLogs"
+    actions   = ["logs:GetLogEvents", "logs:FilterLogEvents"]
+    resources = ["${aws_cloudwatch_log_group.jobs.arn}:log-stream:*", aws_cloudwatch_log_group.jobs.arn]
+  }
+  statement {
+    sid       = "ItsBucket"
+    actions   = ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"]
+    resources = ["${aws_s3_bucket.objects.arn}/*"]
+  }
+  statement {
+    sid       = "ListItsBucket"
+    actions   = ["s3:ListBucket"]
+    resources = [aws_s3_bucket.objects.arn]
+  }
+  statement {
+    sid       = "ItsKey"
+    actions   = ["kms:Decrypt", "kms:GenerateDataKey"]
+    resources = [aws_kms_key.this.arn]
+  }
+}
+
+resource "aws_iam_role_policy" "server" {
+  name   = "controlplane"
+  role   = aws_iam_role.server.id
+  policy = data.aws_iam_policy_document.server.json
+}
+
+# ---- ECS execution role (pulls the image, writes the service's logs, reads its two secrets) ------
+resource "aws_iam_role" "execution" {
+  name               = "${var.name}-execution"
+  assume_role_policy = data.aws_iam_policy_document.ecs_tasks_assume.json
+  tags               = local.tags
+}
+
+data "aws_iam_policy_document" "execution" {
+  statement {
+    sid       = "WriteServiceLogs"
+    actions   = ["logs:CreateLogStream", "logs:PutLogEvents"]
+    resources = ["${aws_cloudwatch_log_group.service.arn}:log-stream:*"]
+  }
+  statement {
+    sid       = "ReadItsSecrets"
+    actions   = ["secretsmanager:GetSecretValue"]
+    resources = [aws_secretsmanager_secret.database_url.arn, aws_secretsmanager_secret.secret_key.arn]
+  }
+  statement {
+    sid       = "DecryptItsSecrets"
+    actions   = ["kms:Decrypt"]
+    resources = [aws_kms_key.this.arn]
+  }
+  dynamic "statement" {
+    for_each = local.ecr_pull ? [1] : []
+    content {
+      sid       = "PullImages"
+      actions   = ["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer"]
+      resources = var.ecr_repository_arns
+    }
+  }
+  dynamic "statement" {
+    for_each = local.ecr_pull ? [1] : []
+    content {
+      sid       = "RegistryToken" # ECR authorizes GetAuthorizationToken on "*" only
+      actions   = ["ecr:GetAuthorizationToken"]
+      resources = ["*"]
+    }
+  }
+}
+
+resource "aws_iam_role_policy" "execution" {
+  name   = "execution"
+  role   = aws_iam_role.execution.id
+  policy = data.aws_iam_policy_document.execution.json
+}
+
+# ---- Batch jobs -------------------------------------------------------------------------------
+# The job role: what the runner (and the tool) can do with AWS. Inputs, results, events and
+# artifacts live under tasks/<task id>/ in the bucket; the job may read and write there and
+# nowhere else. IAM cannot narrow this to the job's own task (Batch gives a job no session tags
+# to condition on), so jobs of one deployment share the tasks/ prefix: see README.md.
+resource "aws_iam_role" "job" {
+  name               = "${var.name}-job"
+  assume_role_policy = data.aws_iam_policy_document.ecs_tasks_assume.json
+  tags               = local.tags
+}
+
+data "aws_iam_policy_document" "job" {
+  statement {
+    sid       = "TaskObjects"
+    actions   = ["s3:GetObject", "s3:PutObject"]
+    resources = [local.tasks_objects]
+  }
+  statement {
+    sid       = "TaskObjectsKey"
+    actions   = ["kms:Decrypt", "kms:GenerateDataKey"]
+    resources = [aws_kms_key.this.arn]
+    condition {
+      test     = "StringEquals"
+      variable = "kms:ViaService"
+      values   = ["s3.${local.region}.amazonaws.com"]
+    }
+  }
+}
+
+resource "aws_iam_role_policy" "job" {
+  name   = "job"
+  role   = aws_iam_role.job.id
+  policy = data.aws_iam_policy_document.job.json
+}
+
+resource "aws_iam_role" "job_execution" {
+  name               = "${var.name}-job-execution"
+  assume_role_policy = data.aws_iam_policy_document.ecs_tasks_assume.json
+  tags               = local.tags
+}
+
+data "aws_iam_policy_document" "job_execution" {
+  statement {
+    sid       = "WriteJobLogs"
+    actions   = ["logs:CreateLogStream", "logs:PutLogEvents"]
+    resources = ["${aws_cloudwatch_log_group.jobs.arn}:log-stream:*"]
+  }
+  dynamic "statement" {
+    for_each = local.ecr_pull ? [1] : []
+    content {
+      sid       = "PullImages"
+      actions   = ["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer"]
+      resources = var.ecr_repository_arns
+    }
+  }
+  dynamic "statement" {
+    for_each = local.ecr_pull ? [1] : []
+    content {
+      sid       = "RegistryToken" # ECR authorizes GetAuthorizationToken on "*" only
+      actions   = ["ecr:GetAuthorizationToken"]
+      resources = ["*"]
+    }
+  }
+}
+
+resource "aws_iam_role_policy" "job_execution" {
+  name   = "job-execution"
+  role   = aws_iam_role.job_execution.id
+  policy = data.aws_iam_policy_document.job_execution.json
+}
+
+# ---- RDS enhanced monitoring -----------------------------------------------------------------
+data "aws_iam_policy_document" "rds_monitoring_assume" {
+  statement {
+    actions = ["sts:AssumeRole"]
+    principals {
+      type        = "Service"
+      identifiers = ["monitoring.rds.amazonaws.com"]
+    }
+  }
+}
+
+resource "aws_iam_role" "rds_monitoring" {
+  name               = "${var.name}-rds-monitoring"
+  assume_role_policy = data.aws_iam_policy_document.rds_monitoring_assume.json
+  tags               = local.tags
+}
+
+resource "aws_iam_role_policy_attachment" "rds_monitoring" {
+  role       = aws_iam_role.rds_monitoring.name
+  policy_arn = "arn:${local.partition}:iam::aws:policy/service-role/AmazonRDSEnhancedMonitoringRole"
+}
+
+# ---- resource policies -------------------------------------------------------------------------
+data "aws_iam_policy_document" "bucket" {
+  statement {
+    sid     = "DenyPlainHttp"
+    effect  = "Deny"
+    actions = ["s3:*"]
+    resources = [aws_s3_bucket.objects.arn, "${aws_s3_bucket.objects.arn}/*"]
+    principals {
+      type        = "*"
+      identifiers = ["*"]
+    }
+    condition {
+      test     = "Bool"
+      variable = "aws:SecureTransport"
+      values   = ["false"]
+    }
+  }
+}
+
+data "aws_iam_policy_document" "kms" {
+  #checkov:skip=CKV_AWS_111:This is a key policy: its "*" resource is this one key, and the account-root statement is the AWS default that lets IAM policies (iam.tf) grant use of it.
+  #checkov:skip=CKV_AWS_356:This is a key policy: "*" names the key the policy is attached to, nothing else.
+  #checkov:skip=CKV_AWS_109:This is a key policy: administration is left to the account's IAM (the AWS default key policy), not opened to anyone.
+  statement {
+    sid       = "AccountAdministersTheKey"
+    actions   = ["kms:*"]
+    resources = ["*"] # in a key policy "*" is this key
+    principals {
+      type        = "AWS"
+      identifiers = ["arn:${local.partition}:iam::${local.account}:root"]
+    }
+  }
+  statement {
+    sid       = "CloudWatchLogsEncryptsItsGroups"
+    actions   = ["kms:Encrypt", "kms:Decrypt", "kms:ReEncrypt*", "kms:GenerateDataKey*", "kms:DescribeKey"]
+    resources = ["*"] # in a key policy "*" is this key
+    principals {
+      type        = "Service"
+      identifiers = ["logs.${local.region}.amazonaws.com"]
+    }
+    condition {
+      test     = "ArnLike"
+      variable = "kms:EncryptionContext:aws:logs:arn"
+      values   = ["arn:${local.partition}:logs:${local.region}:${local.account}:log-group:*"]
+    }
+  }
+}

@@ -1,0 +1,13 @@
+terraform {
+  required_version = ">= 1.5"
+  required_providers {
+    aws = {
+      source  = "hashicorp/aws"
+      version = ">= 5.40, < 7"
+    }
+    random = {
+      source  = "hashicorp/random"
+      version = ">= 3.5, < 4"
+    }
+  }
+}

@@ -1,0 +1,115 @@
+# Service accounts and what each may do (README.md, "Identities"). Grants are on the resource
+# (a job, the bucket, a secret, a service account) wherever Google Cloud allows it.
+
+resource "google_service_account" "server" {
+  project      = var.project
+  account_id   = "${var.name}-server"
+  display_name = "${var.name}: the control plane"
+}
+
+resource "google_service_account" "jobs" {
+  project      = var.project
+  account_id   = "${var.name}-jobs"
+  display_name = "${var.name}: tool jobs (the runner)"
+}
+
+resource "google_service_account" "migrate" {
+  project      = var.project
+  account_id   = "${var.name}-migrate"
+  display_name = "${var.name}: the one-shot database migration"
+}
+
+# ---- the control plane -------------------------------------------------------------------------
+# Run, watch and cancel executions of its own jobs, granted on each job (not the project).
+resource "google_project_iam_custom_role" "job_runner" {
+  project     = var.project
+  role_id     = replace("${var.name}_job_runner", "-", "_")
+  title       = "${var.name}: run and watch its tool jobs"
+  description = "Run a job with per-execution overrides, read and cancel its executions."
+  permissions = ["run.jobs.get", "run.jobs.run", "run.jobs.runWithOverrides", "run.executions.get",
+  "run.executions.list", "run.executions.cancel"]
+}
+
+resource "google_cloud_run_v2_job_iam_member" "server" {
+  for_each = google_cloud_run_v2_job.tool
+  project  = var.project
+  location = var.region
+  name     = each.value.name
+  role     = google_project_iam_custom_role.job_runner.id
+  member   = google_service_account.server.member
+}
+
+# Running a job with overrides acts as the job's service account.
+resource "google_service_account_iam_member" "server_acts_as_jobs" {
+  service_account_id = google_service_account.jobs.name
+  role               = "roles/iam.serviceAccountUser"
+  member             = google_service_account.server.member
+}
+
+# Cloud Logging authorizes reading entries per project (a log view cannot select one job's
+# executions by name), so this one grant is project-wide: read log entries, nothing else.
+resource "google_project_iam_custom_role" "log_reader" {
+  project     = var.project
+  role_id     = replace("${var.name}_log_reader", "-", "_")
+  title       = "${var.name}: read job logs"
+  description = "Read log entries (the provider tails its executions' logs)."
+  permissions = ["logging.logEntries.list"]
+}
+
+resource "google_project_iam_member" "server_logs" {
+  project = var.project
+  role    = google_project_iam_custom_role.log_reader.id
+  member  = google_service_account.server.member
+}
+
+resource "google_storage_bucket_iam_member" "server" {
+  bucket = google_storage_bucket.objects.name
+  role   = "roles/storage.objectUser"
+  member = google_service_account.server.member
+}
+
+# Signed artifact links on Cloud Run are signed through IAM signBlob as the service's own account.
+resource "google_service_account_iam_member" "server_signs_as_itself" {
+  service_account_id = google_service_account.server.name
+  role               = "roles/iam.serviceAccountTokenCreator"
+  member             = google_service_account.server.member
+}
+
+resource "google_secret_manager_secret_iam_member" "server" {
+  for_each  = { database_url = google_secret_manager_secret.database_url.id, secret_key = google_secret_manager_secret.secret_key.id }
+  project   = var.project
+  secret_id = each.value
+  role      = "roles/secretmanager.secretAccessor"
+  member    = google_service_account.server.member
+}
+
+# ---- tool jobs ---------------------------------------------------------------------------------
+# Read and create objects under tasks/ of the bucket, nothing else (no list, no delete, no other
+# bucket). IAM conditions cannot name the execution's own task, so jobs share the tasks/ prefix.
+resource "google_storage_bucket_iam_member" "jobs_read" {
+  bucket = google_storage_bucket.objects.name
+  role   = "roles/storage.objectViewer"
+  member = google_service_account.jobs.member
+  condition {
+    title      = "tasks-only"
+    expression = "resource.name.startsWith(\"projects/_/buckets/${google_storage_bucket.objects.name}/objects/tasks/\")"
+  }
+}
+
+resource "google_storage_bucket_iam_member" "jobs_write" {
+  bucket = google_storage_bucket.objects.name
+  role   = "roles/storage.objectCreator"
+  member = google_service_account.jobs.member
+  condition {
+    title      = "tasks-only"
+    expression = "resource.name.startsWith(\"projects/_/buckets/${google_storage_bucket.objects.name}/objects/tasks/\")"
+  }
+}
+
+# ---- the migration -----------------------------------------------------------------------------
+resource "google_secret_manager_secret_iam_member" "migrate" {
+  project   = var.project
+  secret_id = google_secret_manager_secret.database_url.id
+  role      = "roles/secretmanager.secretAccessor"
+  member    = google_service_account.migrate.member
+}

@@ -1,0 +1,13 @@
+terraform {
+  required_version = ">= 1.5"
+  required_providers {
+    google = {
+      source  = "hashicorp/google"
+      version = ">= 6.0, < 8"
+    }
+    random = {
+      source  = "hashicorp/random"
+      version = ">= 3.5, < 4"
+    }
+  }
+}

@@ -1,0 +1,40 @@
+# What every cloud module gives the control plane, written once: the jobs the operator's catalog
+# asks for, the catalog the server is given (each tool pointed at the job made for it), and the
+# CONTROLPLANE_* environment. No cloud resources: the cloud modules make those.
+
+locals {
+  exported = try(jsondecode(var.catalog), yamldecode(var.catalog))
+
+  # The catalog drives the jobs: one job per tool, named after it (lowercased, '_' -> '-').
+  jobs      = local.exported.jobs
+  job_names = { for tool, job in local.jobs : tool => "${var.name}-${replace(lower(tool), "_", "-")}" }
+
+  wait_options = ["stuck_after_s", "on_stuck"] # provider_options that are not about where a job runs
+  server_catalog = merge(local.exported.catalog, {
+    resource_classes = { for rc_name, rc in local.exported.catalog.resource_classes :
+    rc_name => merge(rc, { provider_options = {} }) }
+    tools = { for tool, spec in local.exported.catalog.tools : tool => merge(spec, {
+      provider = var.provider_name
+      provider_options = merge(
+        { for k, v in try(spec.provider_options, {}) : k => v if contains(local.wait_options, k) },
+        var.provider_options[tool],
+      )
+    }) }
+  })
+
+  mcp_url = "${var.public_url}/mcp"
+  auth_env = merge(
+    {
+      CONTROLPLANE_AUTH_ISSUER          = var.oauth.issuer
+      CONTROLPLANE_AUTH_ISSUER_ALIASES  = join(",", var.oauth.issuer_aliases)
+      CONTROLPLANE_AUTH_EXTRA_AUDIENCES = join(",", var.oauth.extra_audiences)
+      CONTROLPLANE_AUTH_REQUIRED_CLAIMS = join(",", [for k, v in var.oauth.required_claims : "${k}=${v}"])
+      CONTROLPLANE_AUTH_IMPLICIT_SCOPES = join(",", var.oauth.implicit_scopes)
+    },
+    var.oauth.jwks_uri == null ? {} : { CONTROLPLANE_AUTH_JWKS_URI = var.oauth.jwks_uri },
+    var.oauth.audience == null ? {} : { CONTROLPLANE_AUTH_AUDIENCE = var.oauth.audience },
+    var.oauth.audience_claim == null ? {} : { CONTROLPLANE_AUTH_AUDIENCE_CLAIM = var.oauth.audience_claim },
+    var.oauth.scope_request_prefix == null ? {} : { CONTROLPLANE_AUTH_SCOPE_REQUEST_PREFIX = var.oauth.scope_request_prefix },
+    var.oauth.team_claim == null ? {} : { CONTROLPLANE_AUTH_TEAM_CLAIM = var.oauth.team_claim },
+  )
+}

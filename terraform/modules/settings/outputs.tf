@@ -1,0 +1,45 @@
+output "jobs" {
+  description = "Tool -> what its job runs: image, cpu, memory_mb, gpu, max_runtime_s, resource_class (from the catalog)."
+  value       = local.jobs
+}
+
+output "job_names" {
+  description = "Tool -> the name of its job (<name>-<tool>)."
+  value       = local.job_names
+}
+
+output "job_names_unique" {
+  description = "Whether every tool has a job name of its own (two tools differing only in case or '_'/'-' would share one)."
+  value       = length(distinct(values(local.job_names))) == length(local.job_names)
+}
+
+output "environment" {
+  description = "The CONTROLPLANE_* settings of the server (secrets aside: the cloud module adds the database URL and the secret key from its secret store)."
+  value = merge(local.auth_env, {
+    CONTROLPLANE_PUBLIC_URL       = var.public_url
+    CONTROLPLANE_CATALOG_JSON     = jsonencode(local.server_catalog)
+    CONTROLPLANE_MIGRATE_ON_START = "false"
+    CONTROLPLANE_LOG_LEVEL        = "INFO"
+  })
+}
+
+output "catalog_sha256" {
+  description = "Digest of the catalog the server is given."
+  value       = sha256(jsonencode(local.server_catalog))
+}
+
+output "oauth" {
+  description = "What to give MCP clients and the identity provider: the resource (the token audience), the metadata URL, the scopes."
+  value = {
+    issuer                      = var.oauth.issuer
+    resource                    = local.mcp_url
+    audience                    = coalesce(var.oauth.audience, local.mcp_url)
+    protected_resource_metadata = "${var.public_url}/.well-known/oauth-protected-resource/mcp"
+    scopes                      = ["tasks:submit", "tasks:read", "tasks:cancel", "tasks:admin"]
+  }
+}
+
+output "mcp_url" {
+  description = "The MCP endpoint agents connect to."
+  value       = local.mcp_url
+}

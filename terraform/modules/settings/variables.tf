@@ -1,0 +1,48 @@
+variable "name" {
+  description = "The deployment's name: job names are <name>-<tool>."
+  type        = string
+}
+
+variable "catalog" {
+  description = "The tool catalog as `controlplane catalog export` writes it (JSON or YAML text)."
+  type        = string
+  validation {
+    condition     = can(try(jsondecode(var.catalog), yamldecode(var.catalog)).jobs) && try(try(jsondecode(var.catalog), yamldecode(var.catalog)).format, 0) == 1
+    error_message = "catalog: not the output of `controlplane catalog export` (format 1, with `jobs` and `catalog`)."
+  }
+}
+
+variable "provider_name" {
+  description = "The control plane's provider every tool runs on: aws_batch, cloud_run or container_apps."
+  type        = string
+  validation {
+    condition     = contains(["aws_batch", "cloud_run", "container_apps"], var.provider_name)
+    error_message = "provider_name: one of aws_batch, cloud_run, container_apps."
+  }
+}
+
+variable "provider_options" {
+  description = "Tool -> the provider_options that point it at the job made for it (the cloud module's jobs)."
+  type        = map(map(string))
+}
+
+variable "oauth" {
+  description = "The identity provider clients bring access tokens from; attributes map onto CONTROLPLANE_AUTH_*."
+  type = object({
+    issuer               = string
+    issuer_aliases       = optional(list(string), [])
+    jwks_uri             = optional(string)
+    audience             = optional(string)
+    extra_audiences      = optional(list(string), [])
+    audience_claim       = optional(string)
+    scope_request_prefix = optional(string)
+    required_claims      = optional(map(string), {})
+    implicit_scopes      = optional(list(string), [])
+    team_claim           = optional(string)
+  })
+}
+
+variable "public_url" {
+  description = "The control plane's public base URL (https://host); the MCP endpoint is <public_url>/mcp."
+  type        = string
+}
