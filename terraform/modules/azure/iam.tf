@@ -1,0 +1,120 @@
+# Managed identities and what each may do (README.md, "Identities"). Every role is assigned on the
+# narrowest scope Azure offers for it: a job, a secret, the container, the workspace.
+
+resource "azurerm_user_assigned_identity" "server" {
+  name                = "${var.name}-server"
+  resource_group_name = azurerm_resource_group.this.name
+  location            = azurerm_resource_group.this.location
+  tags                = local.tags
+}
+
+resource "azurerm_user_assigned_identity" "migrate" {
+  name                = "${var.name}-migrate"
+  resource_group_name = azurerm_resource_group.this.name
+  location            = azurerm_resource_group.this.location
+  tags                = local.tags
+}
+
+# ---- the control plane -------------------------------------------------------------------------
+# Start, read and stop executions of its own jobs: a role of exactly those operations, assigned
+# on each tool job.
+resource "azurerm_role_definition" "job_runner" {
+  name        = "${var.name}-job-runner"
+  scope       = azurerm_resource_group.this.id
+  description = "Start a Container Apps job, read it and its executions, stop its executions."
+  permissions {
+    actions = ["Microsoft.App/jobs/read", "Microsoft.App/jobs/*/read", "Microsoft.App/jobs/start/action",
+    "Microsoft.App/jobs/stop/action"]
+  }
+  assignable_scopes = [azurerm_resource_group.this.id]
+}
+
+resource "azurerm_role_assignment" "server_runs_jobs" {
+  for_each           = azurerm_container_app_job.tool
+  scope              = each.value.id
+  role_definition_id = azurerm_role_definition.job_runner.role_definition_resource_id
+  principal_id       = azurerm_user_assigned_identity.server.principal_id
+}
+
+# The jobs' console logs, in the deployment's own workspace.
+resource "azurerm_role_assignment" "server_reads_logs" {
+  scope                = azurerm_log_analytics_workspace.this.id
+  role_definition_name = "Log Analytics Reader"
+  principal_id         = azurerm_user_assigned_identity.server.principal_id
+}
+
+resource "azurerm_role_assignment" "server_objects" {
+  scope                = azurerm_storage_container.objects.id
+  role_definition_name = "Storage Blob Data Contributor"
+  principal_id         = azurerm_user_assigned_identity.server.principal_id
+}
+
+# Artifact links are signed with a user-delegation key (no account keys exist).
+resource "azurerm_role_assignment" "server_delegates" {
+  scope                = azurerm_storage_account.objects.id
+  role_definition_name = "Storage Blob Delegator"
+  principal_id         = azurerm_user_assigned_identity.server.principal_id
+}
+
+resource "azurerm_role_assignment" "server_secrets" {
+  for_each             = { database_url = azurerm_key_vault_secret.database_url.resource_versionless_id, secret_key = azurerm_key_vault_secret.secret_key.resource_versionless_id }
+  scope                = each.value
+  role_definition_name = "Key Vault Secrets User"
+  principal_id         = azurerm_user_assigned_identity.server.principal_id
+}
+
+# ---- tool jobs ---------------------------------------------------------------------------------
+# Read and write blobs under tasks/ of the container: no delete, no list, nothing elsewhere. The
+# condition cannot name the execution's own task, so jobs share the tasks/ prefix.
+resource "azurerm_role_definition" "task_objects" {
+  name        = "${var.name}-task-objects"
+  scope       = azurerm_resource_group.this.id
+  description = "Read and write blobs (no delete, no list)."
+  permissions {
+    data_actions = [
+      "Microsoft.Storage/storageAccounts/blobServices/containers/blobs/read",
+      "Microsoft.Storage/storageAccounts/blobServices/containers/blobs/write",
+      "Microsoft.Storage/storageAccounts/blobServices/containers/blobs/add/action",
+    ]
+  }
+  assignable_scopes = [azurerm_resource_group.this.id]
+}
+
+resource "azurerm_role_assignment" "jobs_task_objects" {
+  for_each           = azurerm_container_app_job.tool
+  scope              = azurerm_storage_container.objects.id
+  role_definition_id = azurerm_role_definition.task_objects.role_definition_resource_id
+  principal_id       = each.value.identity[0].principal_id
+  condition_version  = "2.0"
+  condition          = <<-EOT
+    (
+      (
+        !(ActionMatches{'Microsoft.Storage/storageAccounts/blobServices/containers/blobs/read'})
+        AND !(ActionMatches{'Microsoft.Storage/storageAccounts/blobServices/containers/blobs/write'})
+        AND !(ActionMatches{'Microsoft.Storage/storageAccounts/blobServices/containers/blobs/add/action'})
+      )
+      OR
+      (
+        @Resource[Microsoft.Storage/storageAccounts/blobServices/containers/blobs:path] StringStartsWith 'tasks/'
+      )
+    )
+  EOT
+}
+
+# ---- the migration -----------------------------------------------------------------------------
+resource "azurerm_role_assignment" "migrate_secret" {
+  scope                = azurerm_key_vault_secret.database_url.resource_versionless_id
+  role_definition_name = "Key Vault Secrets User"
+  principal_id         = azurerm_user_assigned_identity.migrate.principal_id
+}
+
+# ---- image pulls (a private registry) ----------------------------------------------------------
+resource "azurerm_role_assignment" "acr_pull" {
+  for_each = var.registry == null ? {} : merge(
+    { server = azurerm_user_assigned_identity.server.principal_id, migrate = azurerm_user_assigned_identity.migrate.principal_id },
+    { for tool, job in azurerm_container_app_job.tool : "job-${tool}" => job.identity[0].principal_id },
+  )
+  scope                = var.registry.id
+  role_definition_name = "AcrPull"
+  principal_id         = each.value
+}

@@ -1,0 +1,472 @@
+# The control plane on Azure: Container Apps (the service and one manual-trigger job per catalog
+# tool) in a VNet-integrated environment, PostgreSQL Flexible Server on a private subnet, a storage
+# account, Log Analytics and Key Vault, with managed identities (iam.tf).
+
+data "azurerm_client_config" "current" {}
+
+locals {
+  tags       = merge({ "controlplane-deployment" = var.name }, var.tags)
+  app_fqdn   = "${var.name}.${azurerm_container_app_environment.this.default_domain}"
+  public_url = "https://${coalesce(var.public_hostname, local.app_fqdn)}"
+  # storage account names: 3-24 lowercase letters and digits, unique in Azure
+  storage_name = substr("${replace(var.name, "-", "")}${substr(sha256(azurerm_resource_group.this.id), 0, 12)}", 0, 24)
+
+  server_env = merge(module.settings.environment, {
+    CONTROLPLANE_OBJECT_STORE_URL                 = "az://${azurerm_storage_account.objects.name}/${azurerm_storage_container.objects.name}"
+    CONTROLPLANE_CONTAINER_APPS_SUBSCRIPTION_ID   = data.azurerm_client_config.current.subscription_id
+    CONTROLPLANE_CONTAINER_APPS_WORKSPACE_ID      = azurerm_log_analytics_workspace.this.workspace_id
+    AZURE_CLIENT_ID                               = azurerm_user_assigned_identity.server.client_id
+  })
+}
+
+# The catalog drives the jobs: one Container Apps job per tool (below), and the server's catalog
+# points each tool at its own.
+module "settings" {
+  source        = "../settings"
+  name          = var.name
+  catalog       = var.catalog
+  provider_name = "container_apps"
+  provider_options = { for tool, job in azurerm_container_app_job.tool : tool => {
+    job = job.id
+  } }
+  oauth      = var.oauth
+  public_url = local.public_url
+}
+
+resource "azurerm_resource_group" "this" {
+  name     = var.resource_group_name
+  location = var.location
+  tags     = local.tags
+}
+
+resource "azurerm_log_analytics_workspace" "this" {
+  name                = "${var.name}-logs"
+  resource_group_name = azurerm_resource_group.this.name
+  location            = azurerm_resource_group.this.location
+  sku                 = "PerGB2018"
+  retention_in_days   = var.log_retention_days
+  tags                = local.tags
+}
+
+# ---- network: the apps' subnet, and the database's (private, delegated) -------------------------
+resource "azurerm_virtual_network" "this" {
+  name                = var.name
+  resource_group_name = azurerm_resource_group.this.name
+  location            = azurerm_resource_group.this.location
+  address_space       = [var.address_space]
+  tags                = local.tags
+}
+
+resource "azurerm_subnet" "apps" {
+  name                 = "apps"
+  resource_group_name  = azurerm_resource_group.this.name
+  virtual_network_name = azurerm_virtual_network.this.name
+  address_prefixes     = [cidrsubnet(var.address_space, 1, 0)]
+  delegation {
+    name = "container-apps"
+    service_delegation {
+      name    = "Microsoft.App/environments"
+      actions = ["Microsoft.Network/virtualNetworks/subnets/join/action"]
+    }
+  }
+}
+
+resource "azurerm_subnet" "db" {
+  name                 = "db"
+  resource_group_name  = azurerm_resource_group.this.name
+  virtual_network_name = azurerm_virtual_network.this.name
+  address_prefixes     = [cidrsubnet(var.address_space, 2, 2)]
+  delegation {
+    name = "postgres"
+    service_delegation {
+      name    = "Microsoft.DBforPostgreSQL/flexibleServers"
+      actions = ["Microsoft.Network/virtualNetworks/subnets/join/action"]
+    }
+  }
+}
+
+resource "azurerm_network_security_group" "db" {
+  name                = "${var.name}-db"
+  resource_group_name = azurerm_resource_group.this.name
+  location            = azurerm_resource_group.this.location
+  tags                = local.tags
+  security_rule {
+    name                       = "postgres-from-apps"
+    priority                   = 100
+    direction                  = "Inbound"
+    access                     = "Allow"
+    protocol                   = "Tcp"
+    source_port_range          = "*"
+    destination_port_range     = "5432"
+    source_address_prefix      = azurerm_subnet.apps.address_prefixes[0]
+    destination_address_prefix = azurerm_subnet.db.address_prefixes[0]
+  }
+  security_rule {
+    name                       = "deny-other-vnet-inbound"
+    priority                   = 4000
+    direction                  = "Inbound"
+    access                     = "Deny"
+    protocol                   = "*"
+    source_port_range          = "*"
+    destination_port_range     = "*"
+    source_address_prefix      = "VirtualNetwork"
+    destination_address_prefix = "*"
+  }
+}
+
+resource "azurerm_subnet_network_security_group_association" "db" {
+  subnet_id                 = azurerm_subnet.db.id
+  network_security_group_id = azurerm_network_security_group.db.id
+}
+
+resource "azurerm_network_security_group" "apps" {
+  name                = "${var.name}-apps"
+  resource_group_name = azurerm_resource_group.this.name
+  location            = azurerm_resource_group.this.location
+  tags                = local.tags
+}
+
+resource "azurerm_subnet_network_security_group_association" "apps" {
+  subnet_id                 = azurerm_subnet.apps.id
+  network_security_group_id = azurerm_network_security_group.apps.id
+}
+
+resource "azurerm_private_dns_zone" "db" {
+  name                = "${var.name}.private.postgres.database.azure.com"
+  resource_group_name = azurerm_resource_group.this.name
+  tags                = local.tags
+}
+
+resource "azurerm_private_dns_zone_virtual_network_link" "db" {
+  name                  = "${var.name}-db"
+  resource_group_name   = azurerm_resource_group.this.name
+  private_dns_zone_name = azurerm_private_dns_zone.db.name
+  virtual_network_id    = azurerm_virtual_network.this.id
+  tags                  = local.tags
+}
+
+# ---- database ----------------------------------------------------------------------------------
+resource "random_password" "db" {
+  length  = 40
+  special = false # it is part of a URL
+}
+
+resource "random_password" "secret_key" {
+  length  = 64
+  special = false
+}
+
+resource "azurerm_postgresql_flexible_server" "this" {
+  #checkov:skip=CKV2_AZURE_57:The server is VNet-integrated instead (a delegated private subnet, public access off, private DNS): Azure offers private endpoints only to servers with public access networking.
+  name                          = "${var.name}-${substr(sha256(azurerm_resource_group.this.id), 0, 8)}"
+  resource_group_name           = azurerm_resource_group.this.name
+  location                      = azurerm_resource_group.this.location
+  version                       = "16"
+  sku_name                      = var.db_sku
+  storage_mb                    = 32768
+  delegated_subnet_id           = azurerm_subnet.db.id
+  private_dns_zone_id           = azurerm_private_dns_zone.db.id
+  public_network_access_enabled = false
+  administrator_login           = "controlplane"
+  administrator_password        = random_password.db.result
+  backup_retention_days         = 14
+  geo_redundant_backup_enabled  = true
+  zone                          = "1"
+  dynamic "high_availability" {
+    for_each = var.db_high_availability ? [1] : []
+    content {
+      mode                      = "ZoneRedundant"
+      standby_availability_zone = "2"
+    }
+  }
+  tags       = local.tags
+  depends_on = [azurerm_private_dns_zone_virtual_network_link.db]
+}
+
+resource "azurerm_postgresql_flexible_server_configuration" "tls" {
+  server_id = azurerm_postgresql_flexible_server.this.id
+  name      = "require_secure_transport"
+  value     = "on"
+}
+
+resource "azurerm_postgresql_flexible_server_database" "this" {
+  name      = "controlplane"
+  server_id = azurerm_postgresql_flexible_server.this.id
+  charset   = "UTF8"
+  collation = "en_US.utf8"
+}
+
+resource "azurerm_management_lock" "db" {
+  count      = var.deletion_protection ? 1 : 0
+  name       = "${var.name}-db"
+  scope      = azurerm_postgresql_flexible_server.this.id
+  lock_level = "CanNotDelete"
+  notes      = "The control plane's tasks; set deletion_protection = false to remove it."
+}
+
+# ---- secrets -----------------------------------------------------------------------------------
+resource "azurerm_key_vault" "this" {
+  #checkov:skip=CKV_AZURE_109:Container Apps resolves Key Vault references from outside the VNet (it is not a trusted service for the vault firewall); access is by Azure RBAC, granted per secret to the identities in iam.tf.
+  #checkov:skip=CKV_AZURE_189:As above: the vault keeps its public endpoint for Container Apps' secret references and for Terraform; RBAC per secret guards it.
+  #checkov:skip=CKV2_AZURE_32:No private endpoint, for the reason above.
+  name                       = "${var.name}-${substr(sha256(azurerm_resource_group.this.id), 0, 8)}"
+  resource_group_name        = azurerm_resource_group.this.name
+  location                   = azurerm_resource_group.this.location
+  tenant_id                  = data.azurerm_client_config.current.tenant_id
+  sku_name                   = "standard"
+  rbac_authorization_enabled = true
+  purge_protection_enabled   = var.deletion_protection
+  soft_delete_retention_days = 7
+  tags                       = local.tags
+  network_acls {
+    default_action = "Allow"
+    bypass         = "AzureServices"
+  }
+}
+
+# Terraform itself writes the two secrets.
+resource "azurerm_role_assignment" "deployer_writes_secrets" {
+  scope                = azurerm_key_vault.this.id
+  role_definition_name = "Key Vault Secrets Officer"
+  principal_id         = data.azurerm_client_config.current.object_id
+}
+
+resource "azurerm_key_vault_secret" "database_url" {
+  #checkov:skip=CKV_AZURE_41:The URL embeds the database's password, rotated by replacing random_password.db and applying; an expiry would stop the control plane at a date rather than at a rotation.
+  name         = "database-url"
+  key_vault_id = azurerm_key_vault.this.id
+  content_type = "text/uri"
+  value        = "postgresql://controlplane:${random_password.db.result}@${azurerm_postgresql_flexible_server.this.fqdn}:5432/controlplane?sslmode=require"
+  depends_on   = [azurerm_role_assignment.deployer_writes_secrets]
+}
+
+resource "azurerm_key_vault_secret" "secret_key" {
+  #checkov:skip=CKV_AZURE_41:The key signs artifact links and runner credentials of tasks in flight; it is rotated deliberately (replace random_password.secret_key), not by expiry.
+  name         = "secret-key"
+  key_vault_id = azurerm_key_vault.this.id
+  content_type = "text/plain"
+  value        = random_password.secret_key.result
+  depends_on   = [azurerm_role_assignment.deployer_writes_secrets]
+}
+
+# ---- object store ------------------------------------------------------------------------------
+resource "azurerm_storage_account" "objects" {
+  #checkov:skip=CKV_AZURE_59:Agents download artifacts through signed links to the blob endpoint, from outside Azure; the account admits no anonymous access and no shared keys.
+  #checkov:skip=CKV2_AZURE_33:No private endpoint: the blob endpoint serves signed artifact links to agents on the internet.
+  #checkov:skip=CKV2_AZURE_1:Encrypted at rest with Microsoft-managed keys plus infrastructure encryption; a customer-managed key would need a Key Vault key and its own rotation.
+  #checkov:skip=CKV_AZURE_33:The account has no queues.
+  #checkov:skip=CKV_AZURE_43:The name is computed (the name without hyphens and a digest of the resource group id, cut to 24): lowercase letters and digits, as the rule asks; checkov cannot evaluate it.
+  #checkov:skip=CKV_AZURE_206:Task objects expire with their tasks; zone-redundant storage keeps them through a zone failure, which is what the control plane needs.
+  name                              = local.storage_name
+  resource_group_name               = azurerm_resource_group.this.name
+  location                          = azurerm_resource_group.this.location
+  account_tier                      = "Standard"
+  account_replication_type          = "ZRS"
+  account_kind                      = "StorageV2"
+  min_tls_version                   = "TLS1_2"
+  https_traffic_only_enabled        = true
+  shared_access_key_enabled         = false # links are signed with user-delegation keys
+  allow_nested_items_to_be_public   = false
+  infrastructure_encryption_enabled = true
+  local_user_enabled                = false
+  tags                              = local.tags
+  blob_properties {
+    delete_retention_policy {
+      days = 7
+    }
+    container_delete_retention_policy {
+      days = 7
+    }
+  }
+  sas_policy {
+    expiration_period = "07.00:00:00" # artifact links live at most 7 days (max_artifact_url_ttl_s)
+    expiration_action = "Log"
+  }
+}
+
+resource "azurerm_storage_container" "objects" {
+  #checkov:skip=CKV2_AZURE_21:Blob reads are authorized per identity (iam.tf) and by signed link; turn on the account's diagnostic settings to log them.
+  name                  = "objects"
+  storage_account_id    = azurerm_storage_account.objects.id
+  container_access_type = "private"
+}
+
+# ---- Container Apps ----------------------------------------------------------------------------
+resource "azurerm_container_app_environment" "this" {
+  name                       = var.name
+  resource_group_name        = azurerm_resource_group.this.name
+  location                   = azurerm_resource_group.this.location
+  log_analytics_workspace_id = azurerm_log_analytics_workspace.this.id
+  infrastructure_subnet_id   = azurerm_subnet.apps.id
+  workload_profile {
+    name                  = "Consumption"
+    workload_profile_type = "Consumption"
+  }
+  tags = local.tags
+}
+
+# One manual-trigger job per catalog tool. Each start carries the container in full (the provider
+# replaces the template: image, args, the runner's env, cpu and memory); this is its default.
+resource "azurerm_container_app_job" "tool" {
+  for_each                     = module.settings.jobs
+  name                         = module.settings.job_names[each.key]
+  resource_group_name          = azurerm_resource_group.this.name
+  location                     = azurerm_resource_group.this.location
+  container_app_environment_id = azurerm_container_app_environment.this.id
+  workload_profile_name        = "Consumption"
+  replica_timeout_in_seconds   = each.value.max_runtime_s + 600 # a backstop: the control plane stops executions itself
+  replica_retry_limit          = 0                              # the control plane retries by its catalog's policy
+  tags                         = merge(local.tags, { "controlplane-tool" = each.key })
+  manual_trigger_config {
+    parallelism              = 1
+    replica_completion_count = 1
+  }
+  # Its own identity (system-assigned: no client id to pass, since each start replaces the env).
+  identity {
+    type = "SystemAssigned"
+  }
+  dynamic "registry" {
+    for_each = var.registry == null ? [] : [var.registry]
+    content {
+      server   = registry.value.server
+      identity = "System"
+    }
+  }
+  template {
+    container {
+      name   = "runner"
+      image  = each.value.image
+      cpu    = each.value.cpu
+      memory = format("%gGi", each.value.memory_mb / 1024)
+    }
+  }
+  lifecycle {
+    precondition {
+      condition     = module.settings.job_names_unique && length(module.settings.job_names[each.key]) <= 32
+      error_message = "Job names are <name>-<tool>, lowercased with '_' as '-', at most 32 characters (Azure's limit), one per tool: shorten or rename the tool, or the name."
+    }
+  }
+}
+
+# The one-shot migration (`controlplane db upgrade`): start it with the `migrate_command` output
+# after the first apply and before a new image's replicas roll out; replicas never migrate.
+resource "azurerm_container_app_job" "migrate" {
+  name                         = "${var.name}-migrate"
+  resource_group_name          = azurerm_resource_group.this.name
+  location                     = azurerm_resource_group.this.location
+  container_app_environment_id = azurerm_container_app_environment.this.id
+  workload_profile_name        = "Consumption"
+  replica_timeout_in_seconds   = 600
+  replica_retry_limit          = 1
+  tags                         = local.tags
+  manual_trigger_config {
+    parallelism              = 1
+    replica_completion_count = 1
+  }
+  identity {
+    type         = "UserAssigned"
+    identity_ids = [azurerm_user_assigned_identity.migrate.id]
+  }
+  dynamic "registry" {
+    for_each = var.registry == null ? [] : [var.registry]
+    content {
+      server   = registry.value.server
+      identity = azurerm_user_assigned_identity.migrate.id
+    }
+  }
+  secret {
+    name                = "database-url"
+    key_vault_secret_id = azurerm_key_vault_secret.database_url.versionless_id
+    identity            = azurerm_user_assigned_identity.migrate.id
+  }
+  template {
+    container {
+      name    = "migrate"
+      image   = var.control_plane_image
+      command = ["controlplane", "db", "upgrade"]
+      cpu     = 0.5
+      memory  = "1Gi"
+      env {
+        name        = "CONTROLPLANE_DATABASE_URL"
+        secret_name = "database-url"
+      }
+    }
+  }
+  depends_on = [azurerm_role_assignment.migrate_secret]
+}
+
+resource "azurerm_container_app" "server" {
+  name                         = var.name
+  resource_group_name          = azurerm_resource_group.this.name
+  container_app_environment_id = azurerm_container_app_environment.this.id
+  revision_mode                = "Single"
+  workload_profile_name        = "Consumption"
+  tags                         = local.tags
+  identity {
+    type         = "UserAssigned"
+    identity_ids = [azurerm_user_assigned_identity.server.id]
+  }
+  dynamic "registry" {
+    for_each = var.registry == null ? [] : [var.registry]
+    content {
+      server   = registry.value.server
+      identity = azurerm_user_assigned_identity.server.id
+    }
+  }
+  secret {
+    name                = "database-url"
+    key_vault_secret_id = azurerm_key_vault_secret.database_url.versionless_id
+    identity            = azurerm_user_assigned_identity.server.id
+  }
+  secret {
+    name                = "secret-key"
+    key_vault_secret_id = azurerm_key_vault_secret.secret_key.versionless_id
+    identity            = azurerm_user_assigned_identity.server.id
+  }
+  ingress {
+    external_enabled           = true
+    target_port                = 8080
+    transport                  = "http"
+    allow_insecure_connections = false
+    traffic_weight {
+      latest_revision = true
+      percentage      = 100
+    }
+  }
+  template {
+    min_replicas = var.min_replicas
+    max_replicas = var.max_replicas
+    container {
+      name   = "controlplane"
+      image  = var.control_plane_image
+      cpu    = 0.5
+      memory = "1Gi"
+      dynamic "env" {
+        for_each = local.server_env
+        content {
+          name  = env.key
+          value = env.value
+        }
+      }
+      env {
+        name        = "CONTROLPLANE_DATABASE_URL"
+        secret_name = "database-url"
+      }
+      env {
+        name        = "CONTROLPLANE_SECRET_KEY"
+        secret_name = "secret-key"
+      }
+      liveness_probe {
+        transport = "HTTP"
+        port      = 8080
+        path      = "/healthz"
+      }
+      readiness_probe {
+        transport = "HTTP"
+        port      = 8080
+        path      = "/healthz"
+      }
+    }
+  }
+  depends_on = [azurerm_role_assignment.server_secrets]
+}

@@ -1,0 +1,40 @@
+output "mcp_url" {
+  description = "The MCP endpoint agents connect to."
+  value       = module.settings.mcp_url
+}
+
+output "oauth" {
+  description = "What to configure in MCP clients and the identity provider: the resource (token audience), the protected resource metadata URL, the scopes."
+  value       = module.settings.oauth
+}
+
+output "app_fqdn" {
+  description = "The control plane's default name (bind public_hostname to the app to use your own)."
+  value       = azurerm_container_app.server.ingress[0].fqdn
+}
+
+output "jobs" {
+  description = "Tool -> the Container Apps job made for it, as applied (read by `controlplane catalog check`)."
+  value = { for tool, job in azurerm_container_app_job.tool : tool => {
+    name      = job.name
+    id        = job.id
+    image     = job.template[0].container[0].image
+    cpu       = job.template[0].container[0].cpu
+    memory_mb = tonumber(trimsuffix(job.template[0].container[0].memory, "Gi")) * 1024
+  } }
+}
+
+output "catalog_sha256" {
+  description = "Digest of the catalog the server was given (CONTROLPLANE_CATALOG_JSON)."
+  value       = module.settings.catalog_sha256
+}
+
+output "migrate_command" {
+  description = "Runs the one-shot migration (`controlplane db upgrade`): once after the first apply, and before a new image's replicas roll out."
+  value       = "az containerapp job start --name ${azurerm_container_app_job.migrate.name} --resource-group ${azurerm_resource_group.this.name}"
+}
+
+output "storage_account" {
+  description = "The object store's storage account."
+  value       = azurerm_storage_account.objects.name
+}

@@ -1,0 +1,108 @@
+variable "name" {
+  description = "Prefix of every resource's name (lowercase letters and digits, and hyphens; job names must stay within Azure's 32 characters)."
+  type        = string
+  default     = "controlplane"
+  validation {
+    condition     = can(regex("^[a-z][a-z0-9-]{1,11}$", var.name))
+    error_message = "name: 2 to 12 lowercase letters, digits or hyphens, starting with a letter."
+  }
+}
+
+variable "location" {
+  description = "Azure region."
+  type        = string
+}
+
+variable "resource_group_name" {
+  description = "Resource group made for the deployment."
+  type        = string
+}
+
+variable "catalog" {
+  description = "The tool catalog as `controlplane catalog export` writes it (JSON or YAML text): one Container Apps job is made per tool. Tools run on the Consumption profile: cpu 0.25 to 4 in steps of 0.25 with 2 GiB per vCPU."
+  type        = string
+}
+
+variable "control_plane_image" {
+  description = "The control plane's image (infra/controlplane/Dockerfile), by tag or digest."
+  type        = string
+}
+
+variable "registry" {
+  description = "An Azure Container Registry the images come from (its login server and resource id): the identities get AcrPull on it. null for public images."
+  type = object({
+    server = string
+    id     = string
+  })
+  default = null
+}
+
+variable "address_space" {
+  description = "Address space of the virtual network made for the deployment (a /22 or larger: a /23 for Container Apps, a /24 for the database)."
+  type        = string
+  default     = "10.42.0.0/22"
+}
+
+variable "public_hostname" {
+  description = "A custom domain bound to the control plane's container app (you bind it and its certificate); null to use the app's default azurecontainerapps.io name."
+  type        = string
+  default     = null
+}
+
+variable "oauth" {
+  description = "The identity provider clients bring access tokens from (README: Authorization); attributes map onto CONTROLPLANE_AUTH_* (issuer_aliases: ..._ISSUER_ALIASES, and so on). Entra ID: scope_request_prefix api://<client id>/, extra_audiences [<client id>]."
+  type = object({
+    issuer               = string
+    issuer_aliases       = optional(list(string), [])
+    jwks_uri             = optional(string)
+    audience             = optional(string)
+    extra_audiences      = optional(list(string), [])
+    audience_claim       = optional(string)
+    scope_request_prefix = optional(string)
+    required_claims      = optional(map(string), {})
+    implicit_scopes      = optional(list(string), [])
+    team_claim           = optional(string)
+  })
+}
+
+variable "min_replicas" {
+  description = "Replicas kept running (1: the scheduler and reconciler always run)."
+  type        = number
+  default     = 1
+}
+
+variable "max_replicas" {
+  description = "Most replicas of the control plane."
+  type        = number
+  default     = 4
+}
+
+variable "db_sku" {
+  description = "SKU of the PostgreSQL Flexible Server."
+  type        = string
+  default     = "GP_Standard_D2ds_v5"
+}
+
+variable "db_high_availability" {
+  description = "A zone-redundant standby for the database."
+  type        = bool
+  default     = true
+}
+
+variable "log_retention_days" {
+  description = "How long Log Analytics keeps the service's and the jobs' logs."
+  type        = number
+  default     = 90
+}
+
+variable "deletion_protection" {
+  description = "A delete lock on the database server, and purge protection on the Key Vault (a purged vault name stays reserved for its retention)."
+  type        = bool
+  default     = true
+}
+
+variable "tags" {
+  description = "Tags on every resource."
+  type        = map(string)
+  default     = {}
+}
