@@ -1,0 +1,24 @@
+output "mcp_url" {
+  description = "The MCP URL to give agents."
+  value       = module.controlplane.mcp_url
+}
+
+output "oauth" {
+  description = "OAuth settings for clients and the identity provider (resource / audience, metadata URL, scopes)."
+  value       = module.controlplane.oauth
+}
+
+output "jobs" {
+  description = "Tool -> its Batch job definition (for `controlplane catalog check`)."
+  value       = module.controlplane.jobs
+}
+
+output "migrate_command" {
+  description = "The one-shot database migration to run after apply."
+  value       = module.controlplane.migrate_command
+}
+
+output "load_balancer_dns_name" {
+  description = "Where public_hostname must point (when route53_zone_id is null)."
+  value       = module.controlplane.load_balancer_dns_name
+}

@@ -1,0 +1,95 @@
+variable "project" {
+  description = "Google Cloud project id."
+  type        = string
+  validation {
+    condition     = can(regex("^[a-z][a-z0-9-]{4,28}[a-z0-9]$", var.project))
+    error_message = "project: a project id (6 to 30 lowercase letters, digits or hyphens)."
+  }
+}
+
+variable "region" {
+  description = "Region of everything (e.g. europe-west1)."
+  type        = string
+  validation {
+    condition     = can(regex("^[a-z]+-[a-z]+[0-9]$", var.region))
+    error_message = "region: a Google Cloud region such as europe-west1."
+  }
+}
+
+variable "name" {
+  description = "Prefix of every resource's name."
+  type        = string
+  default     = "controlplane"
+  validation {
+    condition     = can(regex("^[a-z][a-z0-9-]{1,19}$", var.name))
+    error_message = "name: 2 to 20 lowercase letters, digits or hyphens, starting with a letter."
+  }
+}
+
+variable "catalog_file" {
+  description = "Path of the catalog as `controlplane catalog export` wrote it (JSON or YAML)."
+  type        = string
+  validation {
+    condition     = fileexists(var.catalog_file)
+    error_message = "catalog_file: no such file; write it with `controlplane catalog export CATALOG -o FILE`."
+  }
+}
+
+variable "control_plane_image" {
+  description = "The control plane's image in Artifact Registry, e.g. <region>-docker.pkg.dev/<project>/<repo>/controlplane:0.1.0."
+  type        = string
+  validation {
+    condition     = length(trimspace(var.control_plane_image)) > 0
+    error_message = "control_plane_image: required."
+  }
+}
+
+variable "network" {
+  description = "Self link (or projects/<p>/global/networks/<n>) of the VPC network for the database's private IP."
+  type        = string
+  validation {
+    condition     = can(regex("networks/[a-z0-9-]+$", var.network))
+    error_message = "network: a VPC network's self link or id."
+  }
+}
+
+variable "subnetwork" {
+  description = "Self link of a subnetwork of `network` in `region`, for the service's Direct VPC egress."
+  type        = string
+  validation {
+    condition     = can(regex("subnetworks/[a-z0-9-]+$", var.subnetwork))
+    error_message = "subnetwork: a subnetwork's self link or id."
+  }
+}
+
+variable "public_hostname" {
+  description = "A custom domain you map to the service; null for its run.app URL."
+  type        = string
+  default     = null
+}
+
+variable "oauth" {
+  description = "The identity provider (README: Authorization), e.g. Google: { issuer = \"https://accounts.google.com\", issuer_aliases = [\"accounts.google.com\"], extra_audiences = [\"<client id>\"], implicit_scopes = [\"tasks:submit\", \"tasks:read\", \"tasks:cancel\"], required_claims = { hd = \"example.com\" } }."
+  type = object({
+    issuer               = string
+    issuer_aliases       = optional(list(string), [])
+    jwks_uri             = optional(string)
+    audience             = optional(string)
+    extra_audiences      = optional(list(string), [])
+    audience_claim       = optional(string)
+    scope_request_prefix = optional(string)
+    required_claims      = optional(map(string), {})
+    implicit_scopes      = optional(list(string), [])
+    team_claim           = optional(string)
+  })
+  validation {
+    condition     = startswith(var.oauth.issuer, "https://")
+    error_message = "oauth.issuer: the identity provider's issuer URL (https://...)."
+  }
+}
+
+variable "deletion_protection" {
+  description = "Protect the database and the service from deletion; set false and apply before `terraform destroy`."
+  type        = bool
+  default     = true
+}
