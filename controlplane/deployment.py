@@ -72,8 +72,8 @@ def check(path: Path, outputs: Any, *, default_image: str | None = None) -> list
 
 
 def _jobs_output(outputs: Any) -> dict[str, dict[str, Any]]:
-    if isinstance(outputs, dict) and isinstance(outputs.get("jobs"), dict) and "value" in outputs["jobs"]:
-        outputs = outputs["jobs"]["value"]
+    if isinstance(outputs, dict) and outputs and all(isinstance(v, dict) and "value" in v for v in outputs.values()):
+        outputs = outputs.get("jobs", {}).get("value")  # every output, each {"value", "type", "sensitive"}
     if not isinstance(outputs, dict) or not all(isinstance(v, dict) for v in outputs.values()):
         raise DeploymentError("the outputs have no `jobs` map (tool -> job): give `terraform output -json` of a "
                               "root module that passes the module's `jobs` output on")

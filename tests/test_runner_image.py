@@ -4,42 +4,19 @@ runner that starts, with the entrypoint the Dockerfile names."""
 
 from __future__ import annotations
 
-import json
-import shlex
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+from tests import dockerfile
 from tests.conftest import ROOT
 
 DOCKERFILE = ROOT / "infra" / "runner" / "Dockerfile"
 
 
-def instructions() -> list[tuple[str, str]]:
-    """(instruction, arguments), with backslash-continued lines joined."""
-    out: list[tuple[str, str]] = []
-    pending = ""
-    for raw in DOCKERFILE.read_text().splitlines():
-        line = raw.strip()
-        if not pending and (not line or line.startswith("#")):
-            continue
-        if line.endswith("\\"):
-            pending += line[:-1] + " "
-            continue
-        line, pending = pending + line, ""
-        op, _, rest = line.partition(" ")
-        out.append((op, " ".join(rest.split())))
-    return out
-
-
 def copies() -> list[tuple[Path, str]]:
-    found = []
-    for op, rest in instructions():
-        if op == "COPY":
-            *sources, dest = shlex.split(rest)
-            found += [(ROOT / src, dest) for src in sources]
-    return found
+    return dockerfile.copies(DOCKERFILE, ROOT)
 
 
 def test_every_copied_path_exists() -> None:
@@ -49,10 +26,8 @@ def test_every_copied_path_exists() -> None:
 
 
 def test_entrypoint_is_the_runner() -> None:
-    [entry] = [json.loads(rest) for op, rest in instructions() if op == "ENTRYPOINT"]
-    assert entry == ["python", "-m", "infra.runner", "--"]
-    [env] = [rest for op, rest in instructions() if op == "ENV" and "PYTHONPATH" in rest] or [""]
-    assert "PYTHONPATH=/opt/controlplane" in env
+    assert dockerfile.exec_form(DOCKERFILE, "ENTRYPOINT") == ["python", "-m", "infra.runner", "--"]
+    assert dockerfile.env(DOCKERFILE)["PYTHONPATH"] == "/opt/controlplane"
 
 
 def test_the_copied_files_alone_make_a_working_runner(tmp_path: Path) -> None:

@@ -56,8 +56,9 @@ resource "aws_s3_bucket" "objects" {
   #checkov:skip=CKV_AWS_144:Task inputs, results and artifacts expire with their task; a replica in another region would outlive the retention the control plane enforces.
   #checkov:skip=CKV_AWS_21:Objects are written once and deleted when their task is purged; versioning would keep purged task data that retention must remove.
   #checkov:skip=CKV2_AWS_62:Nothing reacts to object events: the runner reports to the control plane itself.
-  bucket = local.bucket_name
-  tags   = local.tags
+  bucket        = local.bucket_name
+  force_destroy = !var.deletion_protection
+  tags          = local.tags
 }
 
 resource "aws_s3_bucket_public_access_block" "objects" {
