@@ -65,20 +65,9 @@ variable "registry" {
 
 variable "oauth" {
   description = "The identity provider (README: Authorization), e.g. Entra ID: { issuer = \"https://login.microsoftonline.com/<tenant>/v2.0\", extra_audiences = [\"<api client id>\"], scope_request_prefix = \"api://<api client id>/\", required_claims = { tid = \"<tenant>\" } }."
-  type = object({
-    issuer               = string
-    issuer_aliases       = optional(list(string), [])
-    jwks_uri             = optional(string)
-    audience             = optional(string)
-    extra_audiences      = optional(list(string), [])
-    audience_claim       = optional(string)
-    scope_request_prefix = optional(string)
-    required_claims      = optional(map(string), {})
-    implicit_scopes      = optional(list(string), [])
-    team_claim           = optional(string)
-  })
+  type        = any # the attributes of the module's `oauth` (its README); checked there
   validation {
-    condition     = startswith(var.oauth.issuer, "https://")
+    condition     = startswith(try(var.oauth.issuer, ""), "https://")
     error_message = "oauth.issuer: the identity provider's issuer URL (https://...)."
   }
 }

@@ -70,20 +70,9 @@ variable "public_hostname" {
 
 variable "oauth" {
   description = "The identity provider (README: Authorization), e.g. Google: { issuer = \"https://accounts.google.com\", issuer_aliases = [\"accounts.google.com\"], extra_audiences = [\"<client id>\"], implicit_scopes = [\"tasks:submit\", \"tasks:read\", \"tasks:cancel\"], required_claims = { hd = \"example.com\" } }."
-  type = object({
-    issuer               = string
-    issuer_aliases       = optional(list(string), [])
-    jwks_uri             = optional(string)
-    audience             = optional(string)
-    extra_audiences      = optional(list(string), [])
-    audience_claim       = optional(string)
-    scope_request_prefix = optional(string)
-    required_claims      = optional(map(string), {})
-    implicit_scopes      = optional(list(string), [])
-    team_claim           = optional(string)
-  })
+  type        = any # the attributes of the module's `oauth` (its README); checked there
   validation {
-    condition     = startswith(var.oauth.issuer, "https://")
+    condition     = startswith(try(var.oauth.issuer, ""), "https://")
     error_message = "oauth.issuer: the identity provider's issuer URL (https://...)."
   }
 }

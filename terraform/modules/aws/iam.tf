@@ -82,22 +82,8 @@ resource "aws_iam_role" "execution" {
   tags               = local.tags
 }
 
-data "aws_iam_policy_document" "execution" {
-  statement {
-    sid       = "WriteServiceLogs"
-    actions   = ["logs:CreateLogStream", "logs:PutLogEvents"]
-    resources = ["${aws_cloudwatch_log_group.service.arn}:log-stream:*"]
-  }
-  statement {
-    sid       = "ReadItsSecrets"
-    actions   = ["secretsmanager:GetSecretValue"]
-    resources = [aws_secretsmanager_secret.database_url.arn, aws_secretsmanager_secret.secret_key.arn]
-  }
-  statement {
-    sid       = "DecryptItsSecrets"
-    actions   = ["kms:Decrypt"]
-    resources = [aws_kms_key.this.arn]
-  }
+# Pulling the images from ECR (none needed for images in public registries).
+data "aws_iam_policy_document" "ecr_pull" {
   dynamic "statement" {
     for_each = local.ecr_pull ? [1] : []
     content {
@@ -113,6 +99,25 @@ data "aws_iam_policy_document" "execution" {
       actions   = ["ecr:GetAuthorizationToken"]
       resources = ["*"]
     }
+  }
+}
+
+data "aws_iam_policy_document" "execution" {
+  source_policy_documents = [data.aws_iam_policy_document.ecr_pull.json]
+  statement {
+    sid       = "WriteServiceLogs"
+    actions   = ["logs:CreateLogStream", "logs:PutLogEvents"]
+    resources = ["${aws_cloudwatch_log_group.service.arn}:log-stream:*"]
+  }
+  statement {
+    sid       = "ReadItsSecrets"
+    actions   = ["secretsmanager:GetSecretValue"]
+    resources = [aws_secretsmanager_secret.database_url.arn, aws_secretsmanager_secret.secret_key.arn]
+  }
+  statement {
+    sid       = "DecryptItsSecrets"
+    actions   = ["kms:Decrypt"]
+    resources = [aws_kms_key.this.arn]
   }
 }
 
@@ -164,26 +169,11 @@ resource "aws_iam_role" "job_execution" {
 }
 
 data "aws_iam_policy_document" "job_execution" {
+  source_policy_documents = [data.aws_iam_policy_document.ecr_pull.json]
   statement {
     sid       = "WriteJobLogs"
     actions   = ["logs:CreateLogStream", "logs:PutLogEvents"]
     resources = ["${aws_cloudwatch_log_group.jobs.arn}:log-stream:*"]
-  }
-  dynamic "statement" {
-    for_each = local.ecr_pull ? [1] : []
-    content {
-      sid       = "PullImages"
-      actions   = ["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer"]
-      resources = var.ecr_repository_arns
-    }
-  }
-  dynamic "statement" {
-    for_each = local.ecr_pull ? [1] : []
-    content {
-      sid       = "RegistryToken" # ECR authorizes GetAuthorizationToken on "*" only
-      actions   = ["ecr:GetAuthorizationToken"]
-      resources = ["*"]
-    }
   }
 }
 

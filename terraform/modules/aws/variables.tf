@@ -57,18 +57,7 @@ variable "allowed_cidrs" {
 
 variable "oauth" {
   description = "The identity provider clients bring access tokens from (README: Authorization); attributes map onto CONTROLPLANE_AUTH_* (issuer_aliases: ..._ISSUER_ALIASES, and so on)."
-  type = object({
-    issuer               = string
-    issuer_aliases       = optional(list(string), [])
-    jwks_uri             = optional(string)
-    audience             = optional(string)
-    extra_audiences      = optional(list(string), [])
-    audience_claim       = optional(string)
-    scope_request_prefix = optional(string)
-    required_claims      = optional(map(string), {})
-    implicit_scopes      = optional(list(string), [])
-    team_claim           = optional(string)
-  })
+  type        = any # an object of the attributes listed in the README, typed and defaulted by ../settings
 }
 
 variable "desired_count" {
