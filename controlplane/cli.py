@@ -23,6 +23,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
@@ -144,7 +145,7 @@ def catalog_export(catalog: CatalogArg, default_image: ImageOpt = None,
     try:
         text = dumps(export(catalog, default_image=default_image), fmt.value)
     except (CatalogError, DeploymentError) as e:
-        err.print(f"[red]error:[/] {e}", markup=True, highlight=False)
+        err.print(f"[red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     if output:
         output.write_text(text)
@@ -166,14 +167,15 @@ def catalog_check(catalog: CatalogArg,
         raw = sys.stdin.read() if outputs == "-" else Path(outputs).read_text()
         problems = check(catalog, json.loads(raw), default_image=default_image)
     except OSError as e:
-        err.print(f"[red]error:[/] {outputs}: cannot read the outputs: {e.strerror}", highlight=False)
+        err.print(f"[red]error:[/] {escape(outputs)}: cannot read the outputs: {e.strerror}", highlight=False,
+                  soft_wrap=True)
         raise typer.Exit(2) from None
     except ValueError as e:  # CatalogError, DeploymentError, JSONDecodeError
         shown = f"{outputs}: not JSON: {e}" if isinstance(e, json.JSONDecodeError) else str(e)
-        err.print(f"[red]error:[/] {shown}", highlight=False)
+        err.print(f"[red]error:[/] {escape(shown)}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     for problem in problems:
-        err.print(f"[red]mismatch:[/] {problem}", highlight=False)
+        err.print(f"[red]mismatch:[/] {escape(problem)}", highlight=False, soft_wrap=True)
     if problems:
         raise typer.Exit(1)
     err.print("every catalog tool has its job, with the catalog's image, cpu and memory")

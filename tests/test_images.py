@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import time
 from pathlib import Path
 
 import anyio
+import httpx
 import pytest
 from fastmcp import Client
 
@@ -75,10 +77,26 @@ def test_the_control_plane_image_serves_http_on_the_platforms_port_and_does_not_
     assert [rest for op, rest in dockerfile.final_stage(CONTROL_PLANE) if op == "EXPOSE"] == ["8080"]
 
 
+def deployment_env() -> dict[str, str]:
+    """The plain settings every Terraform module gives the server (modules/settings), those that
+    are literal strings there."""
+    import hcl2
+
+    with (ROOT / "terraform" / "modules" / "settings" / "outputs.tf").open() as f:
+        [environment] = [o['"environment"'] for o in hcl2.load(f)["output"] if '"environment"' in o]
+    with (ROOT / "terraform" / "modules" / "settings" / "main.tf").open() as f:
+        local = hcl2.load(f)["locals"][0]
+    found = dict(re.findall(r'(CONTROLPLANE_\w+) = "([^"$]*)"', environment["value"]))
+    found["CONTROLPLANE_ALLOWED_HOSTS"] = local["probe_hosts"].strip('"')
+    assert "local.probe_hosts" in environment["value"]
+    return found
+
+
 def image_env(tmp_path: Path, database_url: str, port: int, catalog_json: str) -> dict[str, str]:
-    """The image's environment, as a platform would complete it, but bound to 127.0.0.1."""
+    """The image's environment, as a deployment completes it, but bound to 127.0.0.1."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLPLANE_")}
     env.update(dockerfile.env(CONTROL_PLANE))
+    env.update(deployment_env())
     env.update({
         "PATH": f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}",  # `controlplane` and `python` of this venv
         "CONTROLPLANE_HOST": "127.0.0.1",  # tests bind loopback; the image binds 0.0.0.0
@@ -126,5 +144,11 @@ def test_the_control_plane_image_migrates_once_then_serves_and_answers_its_healt
 
         offered = anyio.run(tools)
         assert "exercise" in offered and "lj_relax" not in offered and "submit_task" in offered
+
+        # A load balancer's health check names the replica by its private IP and port: answered.
+        # A name that is neither the public URL's nor private is refused (DNS-rebinding guard).
+        health_url = f"http://127.0.0.1:{port}/healthz"
+        assert httpx.get(health_url, headers={"Host": "10.0.3.7:8080"}).status_code == 200
+        assert httpx.get(health_url, headers={"Host": "attacker.example"}).status_code == 421
     finally:
         stop(server)

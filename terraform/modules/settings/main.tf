@@ -23,6 +23,10 @@ locals {
   })
 
   mcp_url = "${var.public_url}/mcp"
+  # Host names (ports aside) the server answers besides its public URL's: load balancers' and the
+  # platforms' health probes address a replica by its private IP, which the DNS-rebinding guard
+  # would otherwise refuse (421). Patterns: the RFC 1918 ranges and link-local.
+  probe_hosts = "10.*,172.1[6-9].*,172.2[0-9].*,172.3[01].*,192.168.*,169.254.*"
   auth_env = merge(
     {
       CONTROLPLANE_AUTH_ISSUER          = var.oauth.issuer

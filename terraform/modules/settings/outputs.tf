@@ -19,6 +19,7 @@ output "environment" {
     CONTROLPLANE_PUBLIC_URL       = var.public_url
     CONTROLPLANE_CATALOG_JSON     = jsonencode(local.server_catalog)
     CONTROLPLANE_MIGRATE_ON_START = "false"
+    CONTROLPLANE_ALLOWED_HOSTS    = local.probe_hosts
     CONTROLPLANE_LOG_LEVEL        = "INFO"
   })
 }
