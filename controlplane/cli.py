@@ -108,7 +108,8 @@ def demo(
 
 @db_app.command("upgrade")
 def db_upgrade(home: HomeOpt = None) -> None:
-    """Apply the database migrations (servers also do this when they start)."""
+    """Apply the database migrations (servers also do this when they start, unless
+    CONTROLPLANE_MIGRATE_ON_START=false: then this is the deployment's one-shot step)."""
     from controlplane.store.db import CannotOpenDatabase, Database
 
     settings = _settings(home)
