@@ -116,7 +116,15 @@ class ControlPlane:
     def wake(self, *, scheduler: bool = True, reconciler: bool = True) -> None:
         """Run the scheduler and/or the reconciler soon (callable from any thread)."""
         loop = self._loop
-        if loop is not None and not loop.is_closed():
+        if loop is None or loop.is_closed():
+            return
+        try:
+            here = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            here = False
+        if here:  # (every submit on the loop: no write to the loop's wake-up pipe and no extra turn)
+            self._set_wake(scheduler, reconciler)
+        else:
             loop.call_soon_threadsafe(self._set_wake, scheduler, reconciler)
 
     def _set_wake(self, scheduler: bool = True, reconciler: bool = True) -> None:
