@@ -29,7 +29,7 @@ import hashlib
 import logging
 import threading
 from operator import itemgetter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -325,10 +325,18 @@ class Database:
 
         SQLite already serialises writers (BEGIN IMMEDIATE); PostgreSQL takes a transaction-
         scoped advisory lock keyed by the queue name."""
+        self.lock_queues(conn, [name])
+
+    def lock_queues(self, conn: Connection, names: Iterable[str]) -> None:
+        """`lock_queue` for each of `names`, always in one order (sorted): a transaction that holds
+        one and waits for another can then never be waited for by one that holds the other (two
+        replicas' group commits naming two queues in opposite orders deadlocked, and PostgreSQL
+        aborted one of them with every submit in it). A transaction takes all of its locks so."""
         if self.is_sqlite:
             return
-        key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
-        conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": key})
+        for name in sorted(set(names)):
+            key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+            conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": key})
 
     def notify_changed(self, conn: Connection, task_ids: list[str]) -> None:
         """Inside a write transaction, just before it commits: announce to every replica that
