@@ -36,6 +36,7 @@ from controlplane.http.listener import Listener
 from controlplane.http.routes import RouteDeps, routes
 from controlplane.launch import build_launch_spec
 from controlplane.objectstore.registry import StoreRegistry
+from controlplane.ops import metrics, traces
 from controlplane.progress import ProgressHub
 from controlplane.reconciler import Reconciler
 from controlplane.scheduler import Scheduler
@@ -58,6 +59,8 @@ class ControlPlane:
                  providers: dict[str, Provider] | None = None, migrate: bool = True):
         self.settings = settings or Settings()
         self.settings.ensure_home()
+        metrics.enable() if self.settings.metrics else metrics.disable()  # process-wide (ops/metrics.py)
+        traces.configure(self.settings.otel)
         self.db = Database(self.settings.resolved_database_url)
         if migrate:
             self.db.upgrade()

@@ -263,6 +263,20 @@ class TaskStore:
         with self.db.read() as c:
             return {s: n for s, n in c.execute(q.count_by_state(resource_class))}
 
+    def count_by_tool_and_state(self) -> dict[tuple[str, str], int]:
+        """{(state, tool): tasks on file}."""
+        with self.db.read() as c:
+            return {(state, tool): n for tool, state, n in c.execute(q.COUNT_BY_TOOL_STATE)}
+
+    def queue_depths(self) -> dict[str, int]:
+        """{resource class: tasks waiting in it}, from the depths the triggers keep."""
+        with self.db.read() as c:
+            return {rc: int(n or 0) for rc, n in c.execute(q.QUEUE_DEPTHS)}
+
+    def slots_busy(self, resource_class: str) -> int:
+        """Tasks holding a slot of the class (scheduled until terminal)."""
+        return int(self.db.fetch(q.SLOTS_BUSY, {"rc": resource_class})[0]["busy"])
+
     # ---- writes -------------------------------------------------------------------------------
     def transition(self, task_id: str, to: TaskState, *, only_from: Iterable[TaskState] | None = None,
                    kind: str | None = None, detail: dict[str, Any] | None = None,
