@@ -59,7 +59,10 @@ class ControlPlane:
                  providers: dict[str, Provider] | None = None, migrate: bool = True):
         self.settings = settings or Settings()
         self.settings.ensure_home()
-        metrics.enable() if self.settings.metrics else metrics.disable()  # process-wide (ops/metrics.py)
+        if self.settings.metrics:  # process-wide (ops/metrics.py)
+            metrics.enable()
+        else:
+            metrics.disable()
         traces.configure(self.settings.otel)
         self.db = Database(self.settings.resolved_database_url)
         if migrate:

@@ -20,6 +20,7 @@ unexpected error is logged and answered with a plain 500 page.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -28,9 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
-from jinja2 import Environment, FileSystemLoader, select_autoescape
 from pydantic import ValidationError
-from sse_starlette import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
@@ -62,8 +61,16 @@ STREAM_PAGES = 5  # log pages sent per wake-up of a stream (the rest follow at o
 STATES = [s.value for s in TaskState]
 ENDED = {s.value for s in TERMINAL} | {TaskState.EXPIRED.value}
 
-templates = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(["html"]),
-                        trim_blocks=True, lstrip_blocks=True)
+
+
+@functools.cache
+def templates() -> Any:
+    """The page templates, loaded on the first page asked for: jinja2 (and sse_starlette, for the
+    live pages) are imported then, not at every server's start (start-up is a target, issue 13)."""
+    from jinja2 import Environment, FileSystemLoader, select_autoescape
+
+    return Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(["html"]),
+                       trim_blocks=True, lstrip_blocks=True)
 
 
 def routes(cp: ControlPlane, auth: AuthProvider | None) -> list[Route]:
@@ -84,7 +91,7 @@ def routes(cp: ControlPlane, auth: AuthProvider | None) -> list[Route]:
         return local if auth is None else sessions.read(request.cookies.get(COOKIE))
 
     def page(name: str, status: int = 200, **context: Any) -> HTMLResponse:
-        return HTMLResponse(templates.get_template(name).render(**context), status_code=status, headers=HEADERS)
+        return HTMLResponse(templates().get_template(name).render(**context), status_code=status, headers=HEADERS)
 
     def guarded(handler: Callable[[Request, Session], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
         """Loopback (or opened), signed in, and no internals in an error."""
@@ -220,6 +227,8 @@ def routes(cp: ControlPlane, auth: AuthProvider | None) -> list[Route]:
                     if not more:
                         await changes.__anext__()  # a change, or a quiet second
                     status = await call(svc.status, session.caller, api.GetTaskStatus(task_id=task_id))
+
+        from sse_starlette import EventSourceResponse
 
         return EventSourceResponse(events(), ping=15, headers=HEADERS)
 
