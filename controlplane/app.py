@@ -36,6 +36,7 @@ from controlplane.http.listener import Listener
 from controlplane.http.routes import RouteDeps, routes
 from controlplane.launch import build_launch_spec
 from controlplane.objectstore.registry import StoreRegistry
+from controlplane.ops import metrics, traces
 from controlplane.progress import ProgressHub
 from controlplane.reconciler import Reconciler
 from controlplane.scheduler import Scheduler
@@ -58,6 +59,11 @@ class ControlPlane:
                  providers: dict[str, Provider] | None = None, migrate: bool = True):
         self.settings = settings or Settings()
         self.settings.ensure_home()
+        if self.settings.metrics:  # process-wide (ops/metrics.py)
+            metrics.enable()
+        else:
+            metrics.disable()
+        traces.configure(self.settings.otel)
         self.db = Database(self.settings.resolved_database_url)
         if migrate and self.settings.migrate_on_start:
             self.db.upgrade()
@@ -120,7 +126,15 @@ class ControlPlane:
     def wake(self, *, scheduler: bool = True, reconciler: bool = True) -> None:
         """Run the scheduler and/or the reconciler soon (callable from any thread)."""
         loop = self._loop
-        if loop is not None and not loop.is_closed():
+        if loop is None or loop.is_closed():
+            return
+        try:
+            here = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            here = False
+        if here:  # (every submit on the loop: no write to the loop's wake-up pipe and no extra turn)
+            self._set_wake(scheduler, reconciler)
+        else:
             loop.call_soon_threadsafe(self._set_wake, scheduler, reconciler)
 
     def _set_wake(self, scheduler: bool = True, reconciler: bool = True) -> None:

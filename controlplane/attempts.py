@@ -29,9 +29,10 @@ from typing import Any
 from controlplane.catalog import Catalog, RetryPolicy
 from controlplane.objectstore.base import UnsafeKey, artifact_key, events_prefix, result_key, safe_artifact_name
 from controlplane.objectstore.registry import StoreRegistry
+from controlplane.ops import metrics, traces
 from controlplane.outcomes import Decision, decide, decide_launch_failure, decide_lost, decide_provider_failure
 from controlplane.settings import Settings
-from controlplane.states import JobState, TaskState
+from controlplane.states import TERMINAL, JobState, TaskState
 from controlplane.store import AttemptTx, StaleAttempt, Store
 from controlplane.store.rows import TaskRow, WatchedJob
 from infra.runner import events as ev
@@ -179,8 +180,12 @@ class Attempts:
         assert a.task is not None
         if ran and a.task.state == S.SCHEDULED and not d.is_retry:  # it ran, unseen
             a.start({"source": "outcome"})
-        return a.end(d.state, error=d.error, result=d.result, note=d.note, retry=d.retry,
-                     not_before=a.now + d.backoff_s, artifacts=artifacts, job_state=job_state)
+        row = a.end(d.state, error=d.error, result=d.result, note=d.note, retry=d.retry,
+                    not_before=a.now + d.backoff_s, artifacts=artifacts, job_state=job_state)
+        if row.state in TERMINAL:
+            metrics.COMPLETIONS.labels(row.tool_name, row.state).inc()
+        traces.ended(row)
+        return row
 
     @staticmethod
     def _artifacts(task: TaskRow, reported: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -2,7 +2,7 @@
 
     controlplane serve [--transport stdio|http] [--host 127.0.0.1] [--port 8000] [--home DIR]
     controlplane demo [--home DIR]
-    controlplane tasks list|show|logs|cancel|result|submit ...   (against a running server)
+    controlplane tasks list|show|logs|cancel|result|submit|watch ...   (against a running server)
     controlplane db upgrade [--home DIR]   (the one-shot migration of a deployment)
     controlplane catalog export CATALOG [--default-image IMAGE] [--format json|yaml]   (for terraform/)
     controlplane catalog check CATALOG OUTPUTS.json   (a catalog against `terraform output -json`)
@@ -379,6 +379,30 @@ def tasks_list(url: UrlOpt = DEFAULT_URL, token: TokenOpt = None, state: Annotat
     Console(width=max(200, Console().width)).print(table)
     if data.get("next_cursor"):
         err.print(f"more: --cursor {data['next_cursor']}")
+
+
+@tasks_app.command("watch")
+def tasks_watch(url: UrlOpt = DEFAULT_URL, token: TokenOpt = None,
+                state: Annotated[list[str] | None, typer.Option(help="Only tasks in these states")] = None,
+                tool: Annotated[str | None, typer.Option()] = None, limit: int = 20,
+                interval: Annotated[float, typer.Option(help="Seconds between refreshes")] = 1.0,
+                until_done: Annotated[bool, typer.Option("--until-done", help="Stop once every task shown has "
+                                                         "ended")] = False) -> None:
+    """A live table of your newest tasks with progress bars (Ctrl-C to stop)."""
+    from controlplane.watch import watch
+
+    args: dict[str, Any] = {"limit": limit}
+    if state:
+        args["states"] = state
+    if tool:
+        args["tool_name"] = tool
+    try:
+        asyncio.run(watch(url, token, args, Console(), interval=interval, until_done=until_done))
+    except KeyboardInterrupt:
+        pass
+    except Exception as e:  # noqa: BLE001 - connection problems are the user's to see, briefly
+        err.print(f"[red]cannot reach {url}:[/] {type(e).__name__}: {e}")
+        raise typer.Exit(3) from None
 
 
 @tasks_app.command("show")

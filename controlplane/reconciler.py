@@ -35,6 +35,8 @@ from tenacity import Retrying, retry_if_not_exception_type, stop_after_attempt, 
 
 from controlplane.attempts import Attempts
 from controlplane.objectstore.registry import StoreRegistry
+from controlplane.ops import metrics
+from controlplane.ops.health import ProviderHealth
 from controlplane.retention import Retention, Swept
 from controlplane.settings import Settings
 from controlplane.states import JobState, TaskState
@@ -100,6 +102,7 @@ class Reconciler:
         self._unreadable_now: dict[str, str] = {}  # ... seen so in this cycle
         self._status_room = self.status_budget  # statuses this cycle may still record
         self.retention = Retention(store, stores, providers, settings)
+        self.health = ProviderHealth()  # what the polls looked like, for the operator (ops/health.py)
 
     async def cycle(self, force_poll: bool = False) -> CycleStats:
         return await anyio.to_thread.run_sync(self.cycle_sync, force_poll)
@@ -111,6 +114,7 @@ class Reconciler:
         poll by (provider, poll key); a queue is polled and its statuses applied as soon as it
         fills a batch, and what is left once every page is read, so the calls are the same as
         over all jobs at once (ceil(n / poll_batch_size) per group)."""
+        started = time.perf_counter()
         stats = CycleStats()
         self.attempts.flush_beats()
         now = time.time()
@@ -153,6 +157,7 @@ class Reconciler:
         # A polled provider's watched jobs were all decoded: those it no longer has are forgotten.
         self._unreadable = {w: p for w, p in said.items() if p not in polled} | self._unreadable_now
         self._expire(now, stats)
+        metrics.RECONCILE.observe(time.perf_counter() - started)
         return stats
 
     # ---- stopping -----------------------------------------------------------------------------
@@ -180,7 +185,7 @@ class Reconciler:
         if handle is None:
             return
         try:
-            self._call(provider.cancel, handle, reason)
+            self._call(provider, "cancel", handle, reason)
             stats.provider_calls[f"{provider.name}.cancel"] += 1
             stats.stops += 1
         except Exception as e:  # noqa: BLE001 - retried next cycle
@@ -193,9 +198,11 @@ class Reconciler:
         """One poll call for a batch of jobs with one poll key (a provider that lists per job,
         Cloud Run, answers each job's executions with one paged list), then what it said."""
         try:
-            statuses = self._call(provider.poll, handles)
+            statuses = self._call(provider, "poll", handles)
+            self.health.polled(provider.name, len(jobs))
         except Exception as e:  # noqa: BLE001 - a failed poll changes nothing
             log.warning("poll of %d %s jobs (%s) failed: %s", len(jobs), provider.name, key, e)
+            self.health.polled(provider.name, len(jobs), e)
             statuses = [None] * len(jobs)
         stats.provider_calls[f"{provider.name}.poll"] += 1
         self._apply(jobs, statuses, now, stats, changed)
@@ -216,13 +223,14 @@ class Reconciler:
         self._unreadable_now[j.worker_id] = j.provider
 
     @staticmethod
-    def _call(fn: Any, *args: Any) -> Any:
-        """A provider call, tried three times (a provider retries its own transient errors
-        inside; these tries cover a call that failed as a whole, e.g. a dropped connection)."""
+    def _call(provider: Provider, op: str, *args: Any) -> Any:
+        """A provider call (`op`: poll or cancel), tried three times (a provider retries its own
+        transient errors inside; these tries cover a call that failed as a whole, e.g. a dropped
+        connection). Each try is counted (`controlplane.ops.metrics`)."""
         for attempt in Retrying(stop=stop_after_attempt(3), wait=wait_exponential(multiplier=0.2, max=2),
                                 retry=retry_if_not_exception_type(PermanentProviderError), reraise=True):
             with attempt:
-                return fn(*args)
+                return metrics.provider_call(provider.name, op, getattr(provider, op), *args)
         return None  # pragma: no cover
 
     def _apply(self, jobs: list[WatchedJob], statuses: list[JobStatus | None], now: float,

@@ -25,6 +25,7 @@ from controlplane.attempts import Attempts
 from controlplane.catalog import Catalog
 from controlplane.objectstore.base import inputs_key
 from controlplane.objectstore.registry import StoreRegistry
+from controlplane.ops import metrics, traces
 from controlplane.outcomes import cancelled_error
 from controlplane.states import JobState, TaskState
 from controlplane.store import Store
@@ -67,6 +68,10 @@ class Scheduler:
                 log.warning("claims left to the new leader: %s", e)
                 return 0
             self._fresh.update(job.worker_id for _task, job in claimed)
+            now = time.time()
+            for task, _job in claimed:  # how long each waited for its slot
+                metrics.QUEUE_WAIT.labels(rc.name).observe(max(0.0, now - max(task.submitted_at, task.not_before)))
+                traces.queued(task, now)
         pending = await blocking.call(self.store.jobs.launch_intents)
         now = time.monotonic()
         todo = [j for j in pending if j.worker_id not in self._inflight and self._retry_at.get(j.worker_id, 0) <= now]
@@ -119,7 +124,7 @@ class Scheduler:
         fresh = wid in self._fresh
         self._fresh.discard(wid)
         if not fresh:  # a launch that may have happened is looked up before it is repeated
-            handle = await anyio.to_thread.run_sync(provider.find, spec)
+            handle = await anyio.to_thread.run_sync(metrics.provider_call, provider.name, "find", provider.find, spec)
         if task.state != TaskState.SCHEDULED:  # cancelled before its job started
             if handle is not None:
                 await anyio.to_thread.run_sync(self.store.jobs.record_launch, wid, handle.encode())  # the reconciler stops it
@@ -133,7 +138,11 @@ class Scheduler:
             if fence is not None and not await anyio.to_thread.run_sync(self.store.leases.holds, fence,
                                                                          self.launch_margin_s):
                 raise Fenced(f"lease epoch {fence.epoch} no longer held with {self.launch_margin_s}s to spare")
-            handle = await anyio.to_thread.run_sync(provider.launch, spec)
+            started = time.perf_counter()
+            with traces.launching(task, provider.name, job.job_name):
+                handle = await anyio.to_thread.run_sync(metrics.provider_call, provider.name, "launch",
+                                                        provider.launch, spec)
+            metrics.LAUNCH.labels(provider.name).observe(time.perf_counter() - started)
         await anyio.to_thread.run_sync(self.store.jobs.record_launch, wid, handle.encode(), self.fence())
 
     def _write_inputs(self, task: TaskRow) -> None:

@@ -1,7 +1,8 @@
 """Running the MCP server on a transport: stdio, or Streamable HTTP at /mcp.
 
 Over HTTP the same app also serves the runner callback API and signed downloads, so runners and
-agents reach one address. Binding anywhere but loopback requires auth: static bearer tokens, or
+agents reach one address, and the operator's dashboard and /metrics (`controlplane.dashboard`,
+loopback clients only by default). Binding anywhere but loopback requires auth: static bearer tokens, or
 OAuth access tokens (`controlplane.mcp.oauth`, with each request's scope checked by
 `controlplane.http.scopes`).
 
@@ -21,6 +22,7 @@ from urllib.parse import urlsplit
 
 
 from controlplane.app import ControlPlane
+from controlplane.dashboard import routes as dashboard
 from controlplane.http.listener import Listener
 from controlplane.http.load import CountCalls
 from controlplane.http.quiet_json import QuietJsonRouter
@@ -30,6 +32,7 @@ from controlplane.mcp import compat
 from controlplane.mcp.auth import load_tokens
 from controlplane.mcp.oauth import ResourceServer
 from controlplane.mcp.server import build_server
+from controlplane.ops import metrics
 
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
 
@@ -64,6 +67,9 @@ def http_app(cp: ControlPlane, listener: Listener, host: str) -> Any:
                        allowed_origins=origins, event_store=events)
     app.state.quiet_json = route_quiet_calls_as_json(app) if settings.json_responses else None
     compat.wrap_mcp_endpoint(app, "/mcp", lambda inner: CountCalls(inner, cp.service.load))
+    if settings.metrics:
+        compat.wrap_mcp_endpoint(app, "/mcp", metrics.TimeMcpCalls)
+    app.router.routes.extend(dashboard.routes(cp, mcp.auth))  # /dashboard and /metrics (loopback by default)
     auth = mcp.auth
     # OAuth: the scope each request needs, checked before the rest (outermost inside the token check).
     app.state.scope_gate = compat.wrap_mcp_endpoint(

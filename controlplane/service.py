@@ -13,6 +13,7 @@ import math
 import re
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import PurePosixPath
 from typing import Any
@@ -26,6 +27,7 @@ from controlplane.estimates import Estimator
 from controlplane.identity import Caller, may_cancel, may_read
 from controlplane.limits import Limits, Streams, limit_exceeded
 from controlplane.objectstore.registry import StoreRegistry
+from controlplane.ops import metrics
 from controlplane.settings import Settings
 from controlplane.states import TERMINAL, TaskState
 from controlplane.outcomes import cancelled_error
@@ -144,6 +146,7 @@ class TaskService:
         task, created = sub.task, sub.created
         if created:
             self.wake(reconciler=False)  # a new task needs a slot, not a reconcile
+            metrics.SUBMITS.labels(task.tool_name).inc()
         elif task.inputs_json != new.inputs_json and task.state != TaskState.EXPIRED:
             raise invalid(f"idempotency_key '{new.idempotency_key}' was already used for task {task.task_id} "
                           "with different inputs", hint="use a new key for a different request")
@@ -378,6 +381,8 @@ class TaskService:
             raise not_found()
         if acknowledged:
             self.wake(scheduler=False)  # the reconciler stops the job
+            if task.state == TaskState.CANCELLED:  # a queued task ends here, not in Attempts
+                metrics.COMPLETIONS.labels(task.tool_name, task.state).inc()
         out = {"task_id": task.task_id, "state": task.state, "acknowledged": acknowledged}
         if not acknowledged:
             out["message"] = f"the task is already {task.state}; nothing to cancel"
@@ -450,3 +455,33 @@ class TaskService:
             "message": (f"{tool_name} queued as task {sub['task_id']} (estimated runtime {est:.0f} s). "
                         "Follow it with get_task_status, tail_task_logs and get_task_result."),
         }
+
+    # ==== the operator's view (controlplane.dashboard, /metrics) ===============================
+    def timeline(self, owner: str, task_id: str) -> list[dict[str, Any]]:
+        """A task's audit (every transition, retry, launch and cancel), oldest first, for a
+        caller who may read the task (NOT_FOUND otherwise, as for every read)."""
+        task = self._owned(owner, task_id)
+        return [{"ts": iso(e.ts), "kind": e.kind, "attempt": e.attempt, "from": e.from_state, "to": e.to_state,
+                 "detail": e.detail} for e in self.store.logs.events(task.task_id)]
+
+    def overview(self) -> Overview:
+        """Every queue's depth and slots, and the tasks on file by state and tool: numbers about
+        everyone's tasks, never a task itself."""
+        depths = self.store.tasks.queue_depths()
+        queues = [QueueView(rc.name, depths.get(rc.name, 0), self.store.tasks.slots_busy(rc.name), rc.max_concurrency)
+                  for rc in self.catalog.resource_classes.values()]
+        return Overview(self.store.tasks.count_by_tool_and_state(), queues)
+
+
+@dataclass(frozen=True)
+class QueueView:
+    name: str
+    waiting: int
+    busy: int
+    slots: int
+
+
+@dataclass(frozen=True)
+class Overview:
+    tasks: dict[tuple[str, str], int]  # (state, tool) -> tasks
+    queues: list[QueueView]

@@ -120,6 +120,18 @@ class Settings(BaseSettings):
     event_store_max_events: int = 10_000
     event_store_ttl_s: int = 600
 
+    # The operator's view (controlplane/ops, controlplane/dashboard). /metrics and the dashboard
+    # answer loopback clients only unless opened (the dashboard still asks for a token when auth
+    # is configured; /metrics has none: open it only to a network your scraper is on).
+    metrics: bool = True
+    metrics_open: bool = False
+    dashboard: bool = True
+    dashboard_open: bool = False
+    # A dashboard sign-in lasts this long (never past an OAuth token's own expiry).
+    dashboard_session_s: int = Field(default=3600, gt=0)
+    # OpenTelemetry traces of tasks (controlplane/ops/traces.py; the `otel` extra).
+    otel: bool = False
+
     # Loops.
     scheduler_interval_s: float = 0.5
     reconcile_interval_s: float = 2.0

@@ -253,8 +253,10 @@ class _LimiterPolicy:
 
     def send(self, request: Any) -> Any:
         method = request.http_request.method.upper()
-        with ratelimit.held(self.reads if method in ("GET", "HEAD") else self.writes):
-            return self.next.send(request)
+        with ratelimit.held(self.reads if method in ("GET", "HEAD") else self.writes) as held:
+            response = self.next.send(request)
+            held.status = response.http_response.status_code
+            return response
 
 
 class _StartRetriedOnlyOn429(RetryPolicy):

@@ -129,7 +129,8 @@ class LocalProvider(Provider[LocalHandle]):
         env["PYTHONPATH"] = os.pathsep.join(p for p in (PROJECT_ROOT, env.get("PYTHONPATH")) if p)
         env["PYTHONUNBUFFERED"] = "1"
         argv = [self.python, "-m", "infra.runner", "--job-name", spec.job_name,
-                "--workdir", str(job_dir / "work"), "--exit-file", str(job_dir / "exit.json"), "--", *command]
+                "--workdir", str(job_dir / "work"), "--exit-file", str(job_dir / "exit.json"),
+                "--tool-pid-file", str(job_dir / "tool.pid"), "--", *command]
         with open(job_dir / "console.log", "ab") as console:
             console.write(f"# launching {spec.job_name} at {time.time():.3f}\n".encode())
             console.flush()
@@ -176,6 +177,7 @@ class LocalProvider(Provider[LocalHandle]):
         if outcome is None:  # it may have finished between the two looks
             outcome = _read_json(job_dir / "exit.json")
         if outcome is None:
+            _kill_remains(job_dir)  # gone means gone: no tool of a lost attempt runs beside its retry
             return JobStatus(JobPhase.GONE, reason="the runner process ended without reporting an outcome",
                              raw_status="gone")
         code = outcome.get("exit_code")
@@ -208,6 +210,7 @@ class LocalProvider(Provider[LocalHandle]):
     # ---- cancel ---------------------------------------------------------------------------
     def cancel(self, handle: LocalHandle, reason: str = "cancelled") -> None:
         if not self._alive(handle):
+            _kill_remains(Path(handle.job_dir))
             return
         job_dir = Path(handle.job_dir)
         marker = job_dir / "cancel_requested_at"
@@ -288,6 +291,29 @@ def _create_time(pid: int) -> float:
         return psutil.Process(pid).create_time()
     except psutil.NoSuchProcess:
         return 0.0
+
+
+def _kill_remains(job_dir: Path) -> None:
+    """Kill what is left of a job whose runner died without stopping its tool (the tool runs in a
+    process group of its own, which outlives a runner killed with SIGKILL or by the OOM killer).
+
+    The runner wrote the group's id (the tool's pid) and when it started (`tool.pid`). The group is
+    the tool's while its leader is that process (its start time matches), or while the leader is
+    gone but members remain: Linux does not hand out a pid still in use as a process group id. A
+    leader with another start time is someone else's process that got the number: left alone."""
+    recorded = _read_json(job_dir / "tool.pid")
+    if not recorded or not isinstance(recorded.get("pgid"), int) or recorded["pgid"] <= 1:
+        return
+    pgid = recorded["pgid"]
+    try:
+        leader_started = psutil.Process(pgid).create_time()
+    except psutil.NoSuchProcess:
+        leader_started = None
+    except psutil.AccessDenied:
+        return
+    if leader_started is not None and abs(leader_started - float(recorded.get("started_at") or 0)) > 2.0:
+        return
+    _signal_group(pgid, signal.SIGKILL)
 
 
 def _signal_group(pgid: int, sig: int) -> None:

@@ -16,7 +16,10 @@ requests are in flight or ended within the last window. Any window at the servic
 most `rate` arrivals (the last of them to start saw all the others still holding a place).
 
 Limiters are registered by name (e.g. "batch:us-east-1:<endpoint>") so that all clients of the
-same API in one process share one.
+same API in one process share one. Each counts what passed it (`calls`; `waits` and `waited_s`
+spent waiting for a place; `rate_limited`, answers 429; `errors`, requests that raised or answered
+an error status, told at `release`): the operator's metrics read these counts at scrape time
+(`controlplane.ops.metrics.LimiterCollector`), so every cloud request is counted in this one place.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 _registry: dict[str, SlidingWindowLimiter] = {}
 _registry_lock = threading.Lock()
@@ -40,7 +44,10 @@ class SlidingWindowLimiter:
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self.calls = 0
+        self.waits = 0  # requests that had to wait for a place (client-side throttling)
         self.waited_s = 0.0
+        self.rate_limited = 0  # answers 429: the service throttled us
+        self.errors = 0  # requests that raised, or answered a status >= 400
 
     def _take(self, now: float) -> int | None:
         """Under the lock: forget places whose window has passed, then take one if any is free."""
@@ -56,14 +63,17 @@ class SlidingWindowLimiter:
 
     def acquire(self) -> int:
         """Block until a request may start; returns a token to `release` when it has ended."""
+        waited = False
         while True:
             with self._lock:
                 now = time.monotonic()
                 token = self._take(now)
                 if token is not None:
+                    self.waits += waited
                     return token
                 ends = [e for e in self._holders.values() if e != _IN_FLIGHT]
                 wait = (min(ends) + self.window_s - now + 1e-4) if ends else 0.01
+            waited = True
             self.waited_s += wait
             time.sleep(max(wait, 1e-3))
 
@@ -82,10 +92,13 @@ class SlidingWindowLimiter:
             ends = [e for e in live if e != _IN_FLIGHT]
             return max(0.0, min(ends) + self.window_s - now) if ends else self.window_s
 
-    def release(self, token: int) -> None:
+    def release(self, token: int, *, status: int | None = None, failed: bool = False) -> None:
+        """The request has ended; `status` (its HTTP status, if known) or `failed` (it raised) count it."""
         with self._lock:
             if token in self._holders:
                 self._holders[token] = time.monotonic()
+            self.rate_limited += status == 429
+            self.errors += failed or (status is not None and status >= 400)
 
 
 class BotocoreHook:
@@ -106,27 +119,54 @@ class BotocoreHook:
         self._end()
         self._local.token = self.limiter.acquire()
 
-    def _end(self, **_: object) -> None:
+    def _end(self, response: Any = None, caught_exception: object = None, **_: object) -> None:
         token = getattr(self._local, "token", None)
         if token is not None:
             self._local.token = None
-            self.limiter.release(token)
+            http = response[0] if isinstance(response, tuple) and response else None
+            self.limiter.release(token, status=getattr(http, "status_code", None),
+                                 failed=caught_exception is not None)
+
+
+class Request:
+    """One request holding a place; set `status` to the HTTP status it was answered with."""
+
+    status: int | None = None
 
 
 @contextmanager
-def held(limiter: SlidingWindowLimiter) -> Iterator[None]:
+def held(limiter: SlidingWindowLimiter) -> Iterator[Request]:
     """Hold a place in `limiter` for one request: from before it starts until it has ended."""
     token = limiter.acquire()
+    request = Request()
     try:
-        yield
-    finally:
-        limiter.release(token)
+        yield request
+    except BaseException as e:
+        limiter.release(token, status=status_of(e), failed=True)
+        raise
+    limiter.release(token, status=request.status)
+
+
+def status_of(e: BaseException) -> int | None:
+    """The HTTP status an SDK's exception carries (google-api-core: `code`; azure-core and
+    httpx: `status_code`, or the response's)."""
+    for value in (getattr(e, "code", None), getattr(e, "status_code", None),
+                  getattr(getattr(e, "response", None), "status_code", None)):
+        if isinstance(value, int):
+            return value
+    return None
 
 
 def key(api: str, *, account: str | None = None, region: str | None = None, endpoint: str | None = None) -> str:
     """The name of the limiter for one API of one account (or project) and region. The endpoint is
     part of it so that an emulator or a private endpoint never shares a budget with the cloud."""
     return ":".join([api, account or "-", region or "-", endpoint or "-"])
+
+
+def limiters() -> list[tuple[str, SlidingWindowLimiter]]:
+    """Every limiter of the process, by name."""
+    with _registry_lock:
+        return sorted(_registry.items())
 
 
 def shared(name: str, rate: float, window_s: float = 1.0) -> SlidingWindowLimiter:

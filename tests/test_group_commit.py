@@ -5,6 +5,7 @@ caller that goes away does not take the others' writes with it."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -19,7 +20,7 @@ from controlplane.app import ControlPlane
 from controlplane.group_commit import GroupCommit
 from controlplane.mcp.server import build_server
 from controlplane.settings import Settings
-from controlplane.store import QueueFull, Submitted
+from controlplane.store import NewTask, QueueFull, Submitted
 from controlplane.store.db import Database
 from tests.conftest import FAST, Agent, write_catalog
 from tests.test_states import new_task
@@ -267,3 +268,29 @@ async def test_while_a_batch_commits_off_the_loop_other_writes_wait_their_turn(c
     assert seen == ["statements on the loop thread", "cancelled"]
     assert cp.store.tasks.get(out["task_id"]).state == "queued"
     assert cp.store.tasks.get(first_id).state == "cancelled"
+
+
+def test_batches_that_touch_the_same_queues_in_opposite_orders_never_deadlock(cp: ControlPlane) -> None:
+    """On PostgreSQL each submit locks its queue (and, with limits, its caller) until its batch
+    commits. Two replicas' batches naming two queues in opposite orders would each hold one
+    lock and wait for the other's, and the server would abort one batch (every caller in it
+    answered with an error); a batch takes all its locks first, in one order."""
+    ab = [new_task("alice"), dataclasses.replace(new_task("bob"), resource_class="cpu_standard")]
+    errors: list[BaseException] = []
+    created = []
+
+    def submitter(items: list[NewTask]) -> None:
+        try:
+            for _ in range(40):
+                outs = cp.store.tasks.submit_many([(t, 10**6) for t in items])
+                created.extend(o for o in outs if not isinstance(o, Exception))
+                errors.extend(o for o in outs if isinstance(o, Exception))
+        except Exception as e:  # noqa: BLE001 - the whole batch failed
+            errors.append(e)
+
+    threads = [threading.Thread(target=submitter, args=(order,)) for order in (ab, ab[::-1])]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert errors == [] and len(created) == 160

@@ -153,3 +153,59 @@ def test_release_deletes_only_job_directories(tmp_path: Path) -> None:
     (precious / "notes.txt").write_text("keep")
     assert h.provider.release(LocalHandle(pid=0, create_time=0.0, job_dir=str(precious))) is True
     assert (precious / "notes.txt").read_text() == "keep"
+
+
+TOOL_WITH_CHILD = ("import subprocess, sys, time; "
+                   "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); time.sleep(120)")
+
+
+def _tool_group(handle: LocalHandle, timeout: float = 15) -> list[psutil.Process]:
+    """The tool's process group (the tool and its child), once the runner has started both."""
+    deadline = time.monotonic() + timeout
+    while True:
+        recorded = json.loads((Path(handle.job_dir) / "tool.pid").read_text()) \
+            if (Path(handle.job_dir) / "tool.pid").exists() else None
+        if recorded is not None:
+            group = [p for p in psutil.process_iter() if _pgid(p.pid) == recorded["pgid"]]
+            if len(group) == 2:
+                return group
+        assert time.monotonic() < deadline, "the tool and its child never both started"
+        time.sleep(0.05)
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
+
+
+def test_a_runner_killed_outright_leaves_no_tool_running(tmp_path: Path) -> None:
+    """A runner killed with SIGKILL (or by the OOM killer) cannot stop its tool, which runs in a
+    process group of its own. The provider reports the job gone only with nothing of it left:
+    the tool and its child are killed, so a retry never runs beside the lost attempt (seed 003)."""
+    h = LocalHarness(tmp_path / "home")
+    handle = h.provider.launch(h.spec("cp-orphan-a1", TOOL_WITH_CHILD))
+    group = _tool_group(handle)
+    os.kill(handle.pid, signal.SIGKILL)
+    assert wait_for(h.provider, handle, {JobPhase.GONE}, timeout=15).phase == JobPhase.GONE
+    _gone, alive = psutil.wait_procs(group, timeout=10)
+    assert alive == []
+
+
+def test_a_recorded_group_whose_number_went_to_another_process_is_left_alone(tmp_path: Path) -> None:
+    """The tool's pid is only a number once it is gone: a process that got it later (another start
+    time) is not the tool's, and a lost job's clean-up does not touch it."""
+    h = LocalHarness(tmp_path / "home")
+    bystander = psutil.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        job_dir = h.provider.jobs_dir / "cp-reused-a1"
+        (job_dir / "work").mkdir(parents=True)
+        (job_dir / "tool.pid").write_text(json.dumps({"pgid": bystander.pid, "started_at": time.time() - 3600}))
+        handle = LocalHandle(pid=0, create_time=0.0, job_dir=str(job_dir))
+        assert poll_one(h.provider, handle).phase == JobPhase.GONE
+        h.provider.cancel(handle)
+        assert bystander.is_running() and bystander.status() != psutil.STATUS_ZOMBIE
+    finally:
+        bystander.kill()
+        bystander.wait(5)

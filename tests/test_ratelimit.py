@@ -35,3 +35,30 @@ def test_arrivals_never_exceed_the_rate_in_any_second() -> None:
         t.join()
     assert len(arrivals) == 24 and limiter.calls == 24
     assert most_in_one_second(arrivals) <= 5
+
+
+def test_a_limiter_counts_waits_throttling_and_errors_for_the_metrics() -> None:
+    from controlplane.ops.metrics import LimiterCollector
+    from providers import ratelimit
+
+    limiter = ratelimit.shared(ratelimit.key("counted", account="acct", region="r1"), rate=1, window_s=0.2)
+
+    class TooMany(Exception):
+        code = 429
+
+    with ratelimit.held(limiter) as request:
+        request.status = 200
+    try:
+        with ratelimit.held(limiter):  # waits for the window: one place per 0.2 s
+            raise TooMany()
+    except TooMany:
+        pass
+    with ratelimit.held(limiter) as request:
+        request.status = 503
+    assert (limiter.calls, limiter.waits, limiter.rate_limited, limiter.errors) == (3, 2, 1, 2)
+    assert limiter.waited_s > 0
+    samples = {(s.name, s.labels.get("api")): s.value for fam in LimiterCollector().collect() for s in fam.samples}
+    assert samples[("controlplane_provider_requests_total", "counted")] == 3
+    assert samples[("controlplane_provider_throttled_total", "counted")] == 2
+    assert samples[("controlplane_provider_rate_limited_total", "counted")] == 1
+    assert samples[("controlplane_provider_request_errors_total", "counted")] == 2

@@ -230,3 +230,26 @@ def test_a_stopped_process_cannot_hold_its_locks_for_ever(pg_url: str) -> None:
             conn.invalidate()
     finally:
         db.dispose()
+
+
+def test_reads_go_on_after_the_server_dropped_every_connection(pg_url: str, tmp_path: Path) -> None:
+    """A restart or failover of the database (here: every session of the store ended by the server)
+    costs a status read nothing: it is one autocommit statement, and on a dead connection it is
+    tried once more on a fresh one. Reads leave no transaction open behind them."""
+    cp = ControlPlane(Settings(home=tmp_path / "a", **{**FAST, **SLOW_LOOPS}))
+    tid = _submit_queued(cp)
+    for _ in range(3):  # the read pool holds a few connections now
+        assert cp.service.status("local", api.GetTaskStatus(task_id=tid))["state"] == "queued"
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        states = admin.execute("SELECT state FROM pg_stat_activity WHERE application_name = 'controlplane' "
+                               "AND datname = current_database()").fetchall()
+        assert states and all(s == ("idle",) for s in states), states  # not "idle in transaction"
+        killed = admin.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                               "WHERE application_name = 'controlplane' AND datname = current_database()").fetchone()
+    assert killed is not None and killed[0] >= 1
+    assert cp.service.status("local", api.GetTaskStatus(task_id=tid))["state"] == "queued"
+    page = cp.service.list("local", api.ListTasks())
+    assert [t["task_id"] for t in page["tasks"]] == [tid]
+    cp.service.cancel("local", api.CancelTask(task_id=tid))  # writes find their pool fresh (pre-ping)
+    assert cp.service.status("local", api.GetTaskStatus(task_id=tid))["state"] == "cancelled"
+    cp.db.dispose()

@@ -13,6 +13,7 @@ import pytest
 from fastmcp import Client
 from sqlalchemy import text
 
+from controlplane import api
 from controlplane.app import ControlPlane
 from controlplane.mcp.server import build_server
 from controlplane.settings import Settings
@@ -238,3 +239,23 @@ async def test_a_launch_refused_for_good_after_transient_failures_leaves_no_retr
     assert tries == ["try", "try"]
     assert cp.store.tasks.get(tid).state == "failed"
     assert sched._failures == {} and sched._retry_at == {}
+
+
+async def test_a_submit_wakes_the_scheduler_from_the_loop_and_from_a_thread(home: Path) -> None:
+    """The scheduler looks at its queues every `scheduler_interval_s` (here a minute) and at once
+    after each submit: one made on the event loop (a tool call) and one made in a worker thread
+    both reach a running job in seconds, not at the next interval."""
+    write_catalog(home, concurrency=2)
+    cp = ControlPlane(Settings(home=home, **{**FAST, "scheduler_interval_s": 60.0}))
+    owner = cp.settings.default_owner
+    async with Client(build_server(cp)) as client:
+        agent = Agent(client)
+        await anyio.sleep(0.5)  # past the scheduler's first look, which finds nothing
+        on_loop = await agent.submit(inputs={"sleep_s": 30})
+        await agent.wait(on_loop, {"running"}, timeout=15)
+        req = api.SubmitTask(tool_name="exercise", inputs={"sleep_s": 30})
+        in_thread = (await anyio.to_thread.run_sync(cp.service.submit, owner, req))["task_id"]
+        await agent.wait(in_thread, {"running"}, timeout=15)
+        for task_id in (on_loop, in_thread):
+            await agent.call("cancel_task", task_id=task_id)
+            await agent.wait(task_id)

@@ -28,6 +28,7 @@ from starlette.routing import Route
 
 from controlplane.launch import bootstrap_token, nonce_digest, runner_secret
 from controlplane.objectstore.base import UnsafeKey, guess_content_type
+from controlplane.ops import metrics
 from controlplane.states import FINAL
 from controlplane.store import StaleAttempt
 
@@ -149,8 +150,10 @@ def routes(cp: RouteDeps) -> list[Route]:
         return JSONResponse({"ok": True})
 
     return [
-        Route("/runner/v1/tasks/{task_id}/attempts/{attempt}/claim", runner_claim, methods=["POST"]),
-        Route("/runner/v1/tasks/{task_id}/attempts/{attempt}/events", runner_events, methods=["POST"]),
+        Route("/runner/v1/tasks/{task_id}/attempts/{attempt}/claim", metrics.timed_callback("claim", runner_claim),
+              methods=["POST"]),
+        Route("/runner/v1/tasks/{task_id}/attempts/{attempt}/events", metrics.timed_callback("events", runner_events),
+              methods=["POST"]),
         Route("/objects/{store}/{key:path}", download, methods=["GET", "HEAD"]),
         Route("/healthz", healthz, methods=["GET"]),
     ]

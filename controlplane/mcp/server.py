@@ -29,6 +29,7 @@ from controlplane.mcp.streaming import Followers, wait_tool
 from controlplane.mcp.subscriptions import TaskSubscriptions
 from controlplane.mcp.tasks import ControlPlaneTasks
 from controlplane.mcp.tools import canonical_tool, catalog_tool, error
+from controlplane.ops import traces
 
 if TYPE_CHECKING:
     from controlplane.app import ControlPlane
@@ -49,6 +50,25 @@ class UnknownToolAsError(Middleware):
         except NotFoundError:
             return error(invalid(f"unknown tool '{context.message.name}'", hint="see tools/list"),
                          time.perf_counter())
+
+
+class TraceSubmits(Middleware):
+    """With task traces on (`controlplane.ops.traces`), a call that created a task records the
+    task's submit span inside the request span fastmcp made for it, linked both ways. Installed
+    only then: off, calls pass nothing more."""
+
+    def __init__(self, submits: frozenset[str]):
+        self.submits = submits
+
+    async def on_call_tool(self, context: MiddlewareContext, call_next: CallNext) -> ToolResult:
+        result = await call_next(context)
+        out = getattr(result, "structured_content", None)
+        if context.message.name in self.submits and isinstance(out, dict) and isinstance(out.get("task_id"), str) \
+                and not out.get("deduplicated"):
+            name = context.message.name
+            tool = (context.message.arguments or {}).get("tool_name", name) if name == "submit_task" else name
+            traces.submitted(out["task_id"], str(tool), str(out.get("state") or out.get("status")))
+        return result
 
 
 X_MCP_HEADER = "x-mcp-header"  # the 2026-07-28 schema keyword that maps an argument to a header
@@ -127,6 +147,8 @@ def build_server(cp: ControlPlane, *, with_auth: bool = True) -> FastMCP:
     compat.set_input_schema_lookup(mcp, headers.get)
     mcp.add_middleware(JsonOnly(cp.catalog))  # first: past it, every value is JSON (mcp/guard.py)
     mcp.add_middleware(UnknownToolAsError())
+    if traces.enabled():
+        mcp.add_middleware(TraceSubmits(frozenset({"submit_task", *cp.catalog.tools})))
     mcp.add_extension(ControlPlaneTasks(cp))  # native tasks, from our own store
     resources.install(mcp, cp)  # task:// and tool://
     prompts.install(mcp, cp)  # one prompt per catalog tool

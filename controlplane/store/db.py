@@ -29,7 +29,7 @@ import hashlib
 import logging
 import threading
 from operator import itemgetter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -105,6 +105,7 @@ class Database:
             self.read_engine: Engine = create_engine(url, echo=echo, poolclass=SingletonThreadPool,
                                                      pool_size=64, connect_args={"check_same_thread": False})
             _install_sqlite_hooks(self.read_engine)
+            self.fetch_engine = self.read_engine
             # Writes tried on the event loop itself never wait for the lock (busy timeout 0):
             # when another writer holds it, the caller retries in a worker thread instead.
             self.nonblocking_engine: Engine = create_engine(url, echo=echo, poolclass=SingletonThreadPool,
@@ -123,11 +124,17 @@ class Database:
             # gone wrong) keeps its row and advisory locks: the lease row a paused leader holds
             # FOR SHARE would keep every other replica from taking over. The server ends such a
             # session after IDLE_IN_TRANSACTION_S; our transactions never sit idle that long.
+            connect_args = {"application_name": "controlplane",
+                            "options": f"-c idle_in_transaction_session_timeout={int(IDLE_IN_TRANSACTION_S * 1000)}"}
             self.engine = create_engine(url, echo=echo, pool_pre_ping=True, pool_size=10, max_overflow=20,
-                                        connect_args={"application_name": "controlplane", "options":
-                                                      f"-c idle_in_transaction_session_timeout="
-                                                      f"{int(IDLE_IN_TRANSACTION_S * 1000)}"})
+                                        connect_args=connect_args)
             self.read_engine = self.engine
+            # The prebuilt reads (`fetch`: a task by id, a page of tasks or logs) have a pool of their
+            # own, in autocommit and without pre-ping: one round trip per read, where a checkout's
+            # ping, the query inside a transaction and its rollback made three. A connection found
+            # dead is replaced and the read, which changes nothing, is tried once more (`fetch`).
+            self.fetch_engine: Engine = create_engine(url, echo=echo, isolation_level="AUTOCOMMIT", pool_size=4,
+                                                      max_overflow=8, connect_args=connect_args)
         # SQLite has one writer at a time. Writers of this process queue on a lock of their own
         # and are woken the moment it is free; left to SQLite's busy handler, each would sleep
         # 1, 2, 5, 10 ... ms between tries, and 16 concurrent submits spent most of their time
@@ -214,13 +221,28 @@ class Database:
     def fetch(self, stmt: Any, params: dict[str, Any], *, into: Build | None = None) -> list[Any]:
         """Run a prebuilt SELECT on the read connection: its rows as dicts, or `into(columns,
         tuples)` (a typed row's `many`, which skips the dicts)."""
-        if not self.is_sqlite:
-            must_not_block()
-        raw = self.read_engine.raw_connection()
+        if self.is_sqlite:
+            return self._fetch(stmt, params, into)
+        must_not_block()
         try:
-            rows = self._run(raw.driver_connection, stmt, params, into)
-            if not self.is_sqlite:
-                raw.rollback()
+            return self._fetch(stmt, params, into)
+        except DBAPIError as e:
+            if not e.connection_invalidated:
+                raise
+            return self._fetch(stmt, params, into)  # on a new connection: the pool was emptied
+
+    def _fetch(self, stmt: Any, params: dict[str, Any], into: Build | None) -> list[Any]:
+        raw = self.fetch_engine.raw_connection()
+        try:
+            try:
+                rows = self._run(raw.driver_connection, stmt, params, into)
+            except DBAPIError as e:
+                if not self.is_sqlite and self.fetch_engine.dialect.is_disconnect(e.orig, raw.driver_connection, None):
+                    # The server or a proxy dropped it (a restart, a failover): so were its pool mates.
+                    raw.invalidate(e.orig)
+                    self.fetch_engine.dispose()
+                    e.connection_invalidated = True
+                raise
             return rows or []
         finally:
             raw.close()
@@ -303,10 +325,18 @@ class Database:
 
         SQLite already serialises writers (BEGIN IMMEDIATE); PostgreSQL takes a transaction-
         scoped advisory lock keyed by the queue name."""
+        self.lock_queues(conn, [name])
+
+    def lock_queues(self, conn: Connection, names: Iterable[str]) -> None:
+        """`lock_queue` for each of `names`, always in one order (sorted): a transaction that holds
+        one and waits for another can then never be waited for by one that holds the other (two
+        replicas' group commits naming two queues in opposite orders deadlocked, and PostgreSQL
+        aborted one of them with every submit in it). A transaction takes all of its locks so."""
         if self.is_sqlite:
             return
-        key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
-        conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": key})
+        for name in sorted(set(names)):
+            key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+            conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": key})
 
     def notify_changed(self, conn: Connection, task_ids: list[str]) -> None:
         """Inside a write transaction, just before it commits: announce to every replica that
@@ -412,6 +442,7 @@ class Database:
     def dispose(self) -> None:
         self.engine.dispose()
         self.read_engine.dispose()
+        self.fetch_engine.dispose()
         if self.is_sqlite:
             self.nonblocking_engine.dispose()
 

@@ -75,6 +75,9 @@ RECENT_RUNS = (select(T.c.input_size, T.c.started_at, T.c.completed_at)
 RECENT_INPUTS = (select(T.c.inputs_json).where(T.c.owner == _bp("owner"), T.c.tool_name == _bp("tool"))
                  .order_by(T.c.submitted_at.desc(), T.c.pk.desc()).limit(_bp("lim")))
 COUNT_BY_STATE = select(T.c.state, func.count().label("n")).group_by(T.c.state)
+# The operator's view (/metrics, the dashboard): along ix_tasks_tool_state, and the few rows of queue_depth.
+COUNT_BY_TOOL_STATE = select(T.c.tool_name, T.c.state, func.count().label("n")).group_by(T.c.tool_name, T.c.state)
+QUEUE_DEPTHS = select(QD.c.resource_class, func.sum(QD.c.waiting).label("waiting")).group_by(QD.c.resource_class)
 # A caller's limits (controlplane.limits): the off-th newest of its submits since a time (along
 # ix_tasks_owner), and up to lim of its tasks in flight (ix_tasks_owner_state).
 NTH_NEWEST_SUBMIT = (select(T.c.submitted_at).where(T.c.owner == _bp("owner"), T.c.submitted_at > _bp("since"))

@@ -113,6 +113,9 @@ class TaskStore:
     def _submit_all(self, c: Any, items: Sequence[tuple[NewTask, int]]) -> list[Submitted | Exception]:
         now = self.w.clock()
         out: list[Submitted | Exception] = []
+        # Admission into a queue, and a caller's limits, are serialised across replicas by locks
+        # held to the commit: all of the batch's, first, in one order (Database.lock_queues).
+        self.db.lock_queues(c, [name for new, _ in items for name in self._locks_of(new)])
         for new, queue_limit in items:
             self.db.command(c, "SAVEPOINT submit_one")
             try:
@@ -127,6 +130,10 @@ class TaskStore:
             out.append(res)
         return out
 
+    @staticmethod
+    def _locks_of(new: NewTask) -> list[str]:
+        return [new.resource_class, *([f"caller:{new.owner}"] if new.limits is not None else [])]
+
     def _idempotent(self, c: Any, new: NewTask) -> TaskRow | None:
         if new.idempotency_key is None:
             return None
@@ -140,7 +147,6 @@ class TaskStore:
             return Submitted(existing, False, None)
         if new.limits is not None:
             self._check_limits(c, new.owner, new.limits, now)
-        self.db.lock_queue(c, new.resource_class)
         [adm] = self.db.run(c, q.QUEUE_ADMISSION, {"rc": new.resource_class, "prio": new.priority})
         waiting, ahead = adm["waiting"], adm["ahead"] or 0
         if waiting >= queue_limit:
@@ -168,9 +174,9 @@ class TaskStore:
         """Raise LimitReached if one more task of `owner` would break one of `limits`. Counted
         from the owner's tasks on file, in this transaction: SQLite serialises writers, and on
         PostgreSQL the owner's submits queue on a lock of their own, so concurrent submits of
-        one caller, on any replica, each see the ones before them. Each count walks at most
-        `limit` index entries (ix_tasks_owner, ix_tasks_owner_state)."""
-        self.db.lock_queue(c, f"caller:{owner}")
+        one caller, on any replica, each see the ones before them (the lock is taken with the
+        batch's: `_locks_of`). Each count walks at most `limit` index entries (ix_tasks_owner,
+        ix_tasks_owner_state)."""
         for name, window, limit in (("submits_per_minute", 60.0, limits.per_minute),
                                     ("submits_per_day", 86400.0, limits.per_day)):
             if limit is None:
@@ -256,6 +262,20 @@ class TaskStore:
     def count_by_state(self, resource_class: str | None = None) -> dict[str, int]:
         with self.db.read() as c:
             return {s: n for s, n in c.execute(q.count_by_state(resource_class))}
+
+    def count_by_tool_and_state(self) -> dict[tuple[str, str], int]:
+        """{(state, tool): tasks on file}."""
+        with self.db.read() as c:
+            return {(state, tool): n for tool, state, n in c.execute(q.COUNT_BY_TOOL_STATE)}
+
+    def queue_depths(self) -> dict[str, int]:
+        """{resource class: tasks waiting in it}, from the depths the triggers keep."""
+        with self.db.read() as c:
+            return {rc: int(n or 0) for rc, n in c.execute(q.QUEUE_DEPTHS)}
+
+    def slots_busy(self, resource_class: str) -> int:
+        """Tasks holding a slot of the class (scheduled until terminal)."""
+        return int(self.db.fetch(q.SLOTS_BUSY, {"rc": resource_class})[0]["busy"])
 
     # ---- writes -------------------------------------------------------------------------------
     def transition(self, task_id: str, to: TaskState, *, only_from: Iterable[TaskState] | None = None,

@@ -47,6 +47,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--workdir", default=None, help="scratch directory (default: a new temp dir)")
     p.add_argument("--exit-file", default=os.environ.get("CONTROLPLANE_EXIT_FILE"),
                    help="write the outcome here too (the local provider reads it)")
+    p.add_argument("--tool-pid-file", default=None,
+                   help="write the tool's process group and start time here (the local provider kills "
+                        "what is left of it if this runner dies first)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- tool command and arguments")
     args = p.parse_args(argv)
     if args.command and args.command[0] == "--":
@@ -145,6 +148,8 @@ class Runner:
                                 error=f"cannot start tool: {e.strerror}", result=None, artifacts=[])
         os.close(write_fd)
         pgid = child.pid
+        if self.args.tool_pid_file:
+            Path(self.args.tool_pid_file).write_text(json.dumps({"pgid": pgid, "started_at": time.time()}))
         self.reporter.emit(events.started(pid=child.pid, job_name=self.args.job_name))
 
         readers = [
