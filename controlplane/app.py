@@ -218,7 +218,8 @@ class ControlPlane:
     def route_deps(self) -> RouteDeps:
         """What the runner and download routes use."""
         return RouteDeps(secret_key=self.secret_key, store=self.store, attempts=self.attempts, stores=self.stores,
-                         wake=self.wake)
+                         wake=self.wake, grant_ttl_s=self.settings.grant_url_ttl_s,
+                         grant_run_margin_s=self.settings.grant_run_margin_s)
 
     def set_public_url(self, url: str) -> None:
         """The MCP HTTP app serves the runner and download routes at `url`."""

@@ -58,6 +58,8 @@ def build_launch_spec(task: TaskRow, job: JobRow, catalog: Catalog, settings: Se
         "CONTROLPLANE_HEARTBEAT_S": str(settings.heartbeat_interval_s),
         "CONTROLPLANE_KILL_GRACE_S": str(settings.kill_grace_s),
     })
+    if settings.job_store_access != "identity":
+        env["CONTROLPLANE_STORE_ACCESS"] = settings.job_store_access
     if callback_url:
         env["CONTROLPLANE_CALLBACK_URL"] = callback_url
         env["CONTROLPLANE_BOOTSTRAP_TOKEN"] = bootstrap_token(secret_key, task.task_id, task.attempt)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import secrets
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -176,6 +177,17 @@ class Settings(BaseSettings):
     # Artifact links.
     artifact_url_ttl_s: int = 3600
     max_artifact_url_ttl_s: int = 7 * 24 * 3600
+
+    # How a job reaches the object store. `identity`: with the cloud identity it runs as (which
+    # then needs read and write on the bucket). `grants`: with no storage credential at all, only
+    # URLs the control plane signs for its own attempt's keys (POST .../grants on the runner API);
+    # the Terraform modules deploy this way.
+    job_store_access: Literal["identity", "grants"] = "identity"
+    # Lifetime of a grant asked for as it is needed (inputs.json, artifacts).
+    grant_url_ttl_s: int = Field(default=900, gt=0)
+    # Grants asked for ahead (result.json and a pool of event-spill keys, used when the callback
+    # is down) live for the task's max runtime plus this margin (capped by the store's signing).
+    grant_run_margin_s: int = Field(default=1800, ge=0)
 
     # Job runners keep their own settings (CONTROLPLANE_<PROVIDER>_*, in each provider module).
 

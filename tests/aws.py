@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -99,9 +100,12 @@ def keep_submitted(monkeypatch: Any = None) -> None:
 
 
 class BatchExecutor:
-    def __init__(self, moto_url: str, *, start_jobs: bool = True):
+    def __init__(self, moto_url: str, *, start_jobs: bool = True,
+                 job_env: Callable[[dict[str, str]], dict[str, str]] | None = None):
         self.moto_url = moto_url
         self.start_jobs = start_jobs  # False: jobs wait in RUNNABLE (no capacity)
+        self.job_env = job_env  # what a job's container environment becomes (e.g. no credentials)
+        self.envs: dict[str, dict[str, str]] = {}  # job name -> the environment its runner got
         self.logs = client("logs", moto_url)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.seen: set[str] = set()
@@ -156,6 +160,9 @@ class BatchExecutor:
         overrides = job.container_overrides
         env = {**os.environ, "PYTHONPATH": str(ROOT), "AWS_BATCH_JOB_ID": job.job_id}
         env.update({e["name"]: e["value"] for e in overrides.get("environment", [])})
+        if self.job_env is not None:
+            env = self.job_env(env)
+        self.envs[job.job_name] = env
         command = [sys.executable if c == "python" else c for c in overrides.get("command", [])]
         job.job_started_at = datetime.now()
         job.log_stream_name = job._stream_name

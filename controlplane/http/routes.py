@@ -2,6 +2,7 @@
 
     POST /runner/v1/tasks/{task_id}/attempts/{attempt}/claim    runner: bootstrap token -> secret
     POST /runner/v1/tasks/{task_id}/attempts/{attempt}/events   runner -> control plane
+    POST /runner/v1/tasks/{task_id}/attempts/{attempt}/grants   runner: signed URLs for its own keys
     GET  /objects/{store}/{key}?expires=&filename=&signature=    signed download (a local store)
     GET  /healthz
 
@@ -28,6 +29,7 @@ from starlette.routing import Route
 
 from controlplane.launch import bootstrap_token, nonce_digest, runner_secret
 from controlplane.objectstore.base import UnsafeKey, guess_content_type
+from controlplane.objectstore.grants import MAX_NAMES, grant_method, sign_grants
 from controlplane.ops import metrics
 from controlplane.states import FINAL
 from controlplane.store import StaleAttempt
@@ -41,8 +43,8 @@ log = logging.getLogger("controlplane.http")
 MAX_EVENTS_BODY = 16 * 1024 * 1024
 
 
-def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status)
+def _error(status: int, message: str, code: str | None = None) -> JSONResponse:
+    return JSONResponse({"error": message, **({"code": code} if code else {})}, status_code=status)
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,8 @@ class RouteDeps:
     attempts: Attempts  # where a runner's events and heartbeats go
     stores: StoreRegistry  # local object stores, for signed downloads
     wake: Callable[[], None]  # nudges the loops after a finished or cancelled attempt
+    grant_ttl_s: int = 900  # lifetime of a grant asked for as it is needed
+    grant_run_margin_s: int = 1800  # a grant asked for ahead lives the task's max runtime plus this
 
 
 def routes(cp: RouteDeps) -> list[Route]:
@@ -127,6 +131,45 @@ def routes(cp: RouteDeps) -> list[Route]:
             cp.wake()
         return JSONResponse({"ack_seq": result.ack_seq, "cancel": result.cancel})
 
+    async def runner_grants(request: Request) -> Response:
+        """Signed URLs for keys of the caller's own attempt (`controlplane.objectstore.grants`):
+        `{"names": [...], "ahead": false}` -> `{"grants": {name: {method, url, headers}},
+        "expires_in": s}`. `ahead: true` asks for grants that last the task's whole run (result.json
+        and spill keys, used if the callback goes down)."""
+        who = authenticate(request, runner_secret)
+        if isinstance(who, Response):
+            return who
+        task_id, attempt = who
+        body = await request.body()
+        try:
+            payload = json.loads(body[:64 * 1024] or b"{}")
+            names, ahead = payload.get("names"), payload.get("ahead", False)
+            if not isinstance(names, list) or not 1 <= len(names) <= MAX_NAMES or not isinstance(ahead, bool):
+                raise ValueError
+        except (ValueError, AttributeError):
+            return _error(400, f"body must be {{\"names\": [1 to {MAX_NAMES} names], \"ahead\": bool}}",
+                          "INVALID_REQUEST")
+        for name in names:
+            try:
+                grant_method(name)
+            except UnsafeKey as e:
+                return _error(400, f"cannot grant {str(name)[:100]!r}: {e}", "INVALID_REQUEST")
+        task = await anyio.to_thread.run_sync(cp.store.tasks.get, task_id)
+        if task is None or task.attempt != attempt or task.state in FINAL:
+            return _error(409, "this attempt is no longer current")
+        objects = cp.stores.get(task.store_url)
+        ttl = task.max_runtime_s + cp.grant_run_margin_s if ahead else cp.grant_ttl_s
+        ttl = min(ttl, objects.max_url_ttl_s)
+        try:
+            grants = await anyio.to_thread.run_sync(
+                lambda: sign_grants(objects, task_id, attempt, names, expires_in=ttl))
+        except NotImplementedError:
+            return _error(409, "this task's object store cannot sign uploads", "CAPABILITY_MISSING")
+        except Exception:  # noqa: BLE001
+            log.exception("signing grants for %s/%s failed", task_id, attempt)
+            return _error(503, "could not sign; retry later", "INTERNAL")
+        return JSONResponse({"grants": grants, "expires_in": ttl}, headers={"Cache-Control": "no-store"})
+
     async def download(request: Request) -> Response:
         store = cp.stores.local(request.path_params["store"])
         key = request.path_params["key"]
@@ -153,6 +196,8 @@ def routes(cp: RouteDeps) -> list[Route]:
         Route("/runner/v1/tasks/{task_id}/attempts/{attempt}/claim", metrics.timed_callback("claim", runner_claim),
               methods=["POST"]),
         Route("/runner/v1/tasks/{task_id}/attempts/{attempt}/events", metrics.timed_callback("events", runner_events),
+              methods=["POST"]),
+        Route("/runner/v1/tasks/{task_id}/attempts/{attempt}/grants", metrics.timed_callback("grants", runner_grants),
               methods=["POST"]),
         Route("/objects/{store}/{key:path}", download, methods=["GET", "HEAD"]),
         Route("/healthz", healthz, methods=["GET"]),

@@ -6,7 +6,8 @@ account key in `AZURE_STORAGE_KEY` (development), otherwise azure-identity's
 DefaultAzureCredential (the job's managed identity in production).
 
 Writes stream as 8 MiB blocks with `If-None-Match: *` (a second write of a name is refused by
-the service). Links are SAS URLs for reading one blob: signed with the account key in
+the service). Links are SAS URLs for reading one blob (or, for jobs that hold no credentials, for
+creating one): signed with the account key in
 development, with a user-delegation key in production (requested from the service with the
 identity's token and cached until shortly before it expires; at most 7 days).
 """
@@ -28,6 +29,7 @@ from controlplane.objectstore.base import (
     ObjectExists,
     ObjectInfo,
     ObjectStore,
+    SignedRequest,
     check_key,
     content_disposition,
     join_key,
@@ -135,14 +137,24 @@ class AzureBlobObjectStore(ObjectStore):
 
     # ---- links --------------------------------------------------------------------------------
     def signed_url(self, key: str, *, expires_in: int, filename: str) -> str:
+        return self._sas_url(key, expires_in, BlobSasPermissions(read=True),
+                             content_disposition=content_disposition(filename))
+
+    def signed_put(self, key: str, *, expires_in: int) -> SignedRequest:
+        """A SAS for creating this one blob (Put Blob, single request: up to 5000 MiB); the upload
+        says `If-None-Match: *`, so the service refuses a second one."""
+        url = self._sas_url(key, expires_in, BlobSasPermissions(create=True, write=True))
+        return SignedRequest("PUT", url, {"x-ms-blob-type": "BlockBlob", "If-None-Match": "*"})
+
+    def _sas_url(self, key: str, expires_in: int, permission: BlobSasPermissions, **extra: Any) -> str:
         check_key(key)
         now = datetime.datetime.now(UTC)
         expiry = now + datetime.timedelta(seconds=min(int(expires_in), self.max_url_ttl_s))
         name = self._name(key)
         common = dict(account_name=self.account, container_name=self.container, blob_name=name,
-                      permission=BlobSasPermissions(read=True), expiry=expiry,
+                      permission=permission, expiry=expiry,
                       start=now - datetime.timedelta(minutes=5),  # tolerate clock skew
-                      content_disposition=content_disposition(filename))
+                      **extra)
         if self.account_key:
             sas = generate_blob_sas(account_key=self.account_key, **common)
         else:

@@ -30,6 +30,19 @@ class ObjectExists(Exception):
 
 
 @dataclass(frozen=True)
+class SignedRequest:
+    """One HTTP request a holder of no credentials may make: `method` to `url`, sending `headers`
+    (those the signature covers or the backend needs, e.g. Azure's `x-ms-blob-type`)."""
+
+    method: str
+    url: str
+    headers: dict[str, str]
+
+    def as_dict(self) -> dict[str, object]:
+        return {"method": self.method, "url": self.url, "headers": dict(self.headers)}
+
+
+@dataclass(frozen=True)
 class ObjectInfo:
     key: str
     size_bytes: int
@@ -163,6 +176,12 @@ class ObjectStore(ABC):
     @abstractmethod
     def signed_url(self, key: str, *, expires_in: int, filename: str) -> str:
         """A URL that downloads exactly this object until `expires_in` seconds from now."""
+
+    def signed_put(self, key: str, *, expires_in: int) -> SignedRequest:
+        """A request that uploads exactly this object (once: a second upload is refused where the
+        backend can enforce it) until `expires_in` seconds from now. The cloud stores sign one;
+        the local store cannot (jobs that write to it run beside it, with its path)."""
+        raise NotImplementedError(f"the {self.url.split(':', 1)[0]}:// store cannot sign uploads")
 
 
 def split_store_url(url: str) -> tuple[str, str, str]:

@@ -47,6 +47,7 @@ from controlplane.objectstore.base import (
     ObjectExists,
     ObjectInfo,
     ObjectStore,
+    SignedRequest,
     check_key,
     content_disposition,
     join_key,
@@ -289,6 +290,18 @@ class GcsObjectStore(ObjectStore):
             "expiration": datetime.timedelta(seconds=min(int(expires_in), self.max_url_ttl_s)),
             "response_disposition": content_disposition(filename),
         }
+        return self._sign(key, kwargs)
+
+    def signed_put(self, key: str, *, expires_in: int) -> SignedRequest:
+        """A V4 signed PUT (the XML API's single-request upload). The signature covers
+        `x-goog-if-generation-match: 0`, so the upload must send it, and GCS refuses a second one."""
+        check_key(key)
+        headers = {"x-goog-if-generation-match": "0"}
+        url = self._sign(key, {"version": "v4", "method": "PUT", "headers": headers,
+                               "expiration": datetime.timedelta(seconds=min(int(expires_in), self.max_url_ttl_s))})
+        return SignedRequest("PUT", url, headers)
+
+    def _sign(self, key: str, kwargs: dict[str, Any]) -> str:
         if self.emulator:
             kwargs["api_access_endpoint"] = self.emulator.rstrip("/")
         kwargs.update(self._signing_kwargs())

@@ -4,8 +4,9 @@ Credentials, region and endpoint come from boto3's standard chain (the job's IAM
 Batch, `AWS_ENDPOINT_URL_S3` for an emulator). Writes stream: objects up to one part go in one
 PutObject, larger ones as a multipart upload of 8 MiB parts, hashing as they go, so a file of
 several GiB never sits in memory. Immutability is enforced by S3 itself (`If-None-Match: *`
-on PutObject and CompleteMultipartUpload). Links are SigV4 presigned GETs, at most 7 days:
-they stop working early when the credentials that signed them (an STS session) expire.
+on PutObject and CompleteMultipartUpload). Links are SigV4 presigned GETs (and, for jobs that hold
+no credentials, presigned PUTs), at most 7 days: they stop working early when the credentials that
+signed them (an STS session, such as an ECS task role's, rotated every few hours) expire.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from controlplane.objectstore.base import (
     ObjectExists,
     ObjectInfo,
     ObjectStore,
+    SignedRequest,
     check_key,
     content_disposition,
     join_key,
@@ -145,6 +147,15 @@ class S3ObjectStore(ObjectStore):
                     "ResponseContentDisposition": content_disposition(filename)},
             ExpiresIn=min(int(expires_in), self.max_url_ttl_s),
         )
+
+    def signed_put(self, key: str, *, expires_in: int) -> SignedRequest:
+        """A presigned PutObject (single request: up to 5 GiB). `If-None-Match: *` makes S3 refuse
+        a second upload of the key; it is an ordinary header, which the signature need not cover."""
+        check_key(key)
+        url = self.client.generate_presigned_url(
+            "put_object", Params={"Bucket": self.bucket, "Key": self._key(key)},
+            ExpiresIn=min(int(expires_in), self.max_url_ttl_s))
+        return SignedRequest("PUT", url, {"If-None-Match": "*"})
 
 
 def _read_full(stream: BinaryIO, n: int) -> bytes:

@@ -211,33 +211,65 @@ class Reporter:
                                  content_type="application/x-ndjson")
         except ObjectExists:
             pass  # the same events were spilled before (idempotent by seq)
+        except OSError as e:  # e.g. no grant for a spill key: keep the events for the next try
+            print(f"runner: could not spill events to the object store: {e}", file=sys.stderr)
+            return
         self.spilled += len(chunk)
         self._unacked = []
 
+    # ---- grants (a job without storage credentials) -------------------------------------------
+    def grants(self, names: list[str], *, ahead: bool = False) -> dict[str, dict[str, Any]] | None:
+        """Signed requests for `names` of this attempt (`controlplane.objectstore.grants`), or None
+        when the control plane cannot be asked (no callback, unreachable, refused). Called from
+        the runner's threads, so it uses a connection of its own, not the delivery thread's."""
+        if not self.callback_url:
+            return None
+        if self.secret is None:  # claimed with this runner's nonce, so a second claim is answered too
+            status, body = self._post({"nonce": self._nonce}, "claim", self.bootstrap, shared=False)
+            if status != 200 or not isinstance(body.get("secret"), str):
+                return None
+            self.secret = body["secret"]
+        status, body = self._post({"names": names, "ahead": ahead}, "grants", shared=False)
+        if status == 200 and isinstance(body.get("grants"), dict):
+            return body["grants"]
+        if status is not None:
+            print(f"runner: the control plane refused grants for {names[:3]} ({status}: {body.get('code')})",
+                  file=sys.stderr)
+        return None
+
     # ---- HTTP ---------------------------------------------------------------------------------
-    def _post(self, payload: dict[str, Any], route: str = "events",
-              credential: str | None = None) -> tuple[int | None, dict[str, Any]]:
+    def _post(self, payload: dict[str, Any], route: str = "events", credential: str | None = None, *,
+              shared: bool = True) -> tuple[int | None, dict[str, Any]]:
+        """POST to the runner API on the delivery thread's keep-alive connection (`shared`), or on
+        a connection of its own for a call from another thread."""
         url = urlsplit(self.callback_url or "")
         path = f"{url.path.rstrip('/')}/tasks/{self.task_id}/attempts/{self.attempt}/{route}"
         body = json.dumps(payload, separators=(",", ":")).encode()
         headers = {"Content-Type": "application/json", "Authorization": f"Bearer {credential or self.secret}"}
+        conn = self._conn if shared else None
         for _ in range(2):  # one retry on a dropped keep-alive connection
             try:
-                if self._conn is None:
+                if conn is None:
                     cls = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
-                    self._conn = cls(url.hostname or "127.0.0.1", url.port, timeout=15)
-                self._conn.request("POST", path, body=body, headers=headers)
-                resp = self._conn.getresponse()
+                    conn = cls(url.hostname or "127.0.0.1", url.port, timeout=15)
+                    if shared:
+                        self._conn = conn
+                conn.request("POST", path, body=body, headers=headers)
+                resp = conn.getresponse()
                 raw = resp.read()
                 try:
                     data = json.loads(raw) if raw else {}
                 except ValueError:
                     data = {}
+                if not shared:
+                    conn.close()
                 return resp.status, data if isinstance(data, dict) else {}
             except (OSError, http.client.HTTPException):
-                if self._conn is not None:
-                    self._conn.close()
-                self._conn = None
+                if conn is not None:
+                    conn.close()
+                conn = None
+                if shared:
+                    self._conn = None
         return None, {}
 
     def _rediscover(self) -> None:

@@ -33,6 +33,7 @@ from controlplane.objectstore.base import (
     safe_artifact_name,
 )
 from infra.runner import events, proc
+from infra.runner.granted import GrantedStore, NoGrant
 from infra.runner.reporter import Reporter
 
 LEVEL_PREFIXES = {
@@ -74,7 +75,7 @@ class Runner:
         self.attempt = int(env.get("CONTROLPLANE_ATTEMPT", "1"))
         self.grace_s = float(env.get("CONTROLPLANE_KILL_GRACE_S", "10"))
         store_url = env.get("CONTROLPLANE_STORE_URL")
-        self.store: ObjectStore | None = open_store(store_url) if store_url else None
+        self.store: ObjectStore | None = None
         self.stop_requested = threading.Event()
         self.stop_reason: str | None = None
         self.artifact_decls: dict[str, dict[str, Any]] = {}
@@ -88,6 +89,11 @@ class Runner:
             heartbeat_s=float(env.get("CONTROLPLANE_HEARTBEAT_S", "10")),
             on_stop=self.request_stop,
         )
+        if store_url and env.get("CONTROLPLANE_STORE_ACCESS") == "grants":
+            self.store = GrantedStore(store_url, self.task_id, self.attempt, self.reporter.grants)
+        elif store_url:
+            self.store = open_store(store_url)
+        self.reporter.store = self.store
         self.base_env = {k: v for k, v in env.items() if k != "CONTROLPLANE_BOOTSTRAP_TOKEN"}
 
     def request_stop(self, reason: str) -> None:
@@ -114,6 +120,8 @@ class Runner:
         result_file = workdir / "result.json"
         result_file.unlink(missing_ok=True)
 
+        if isinstance(self.store, GrantedStore):
+            self.store.prefetch()  # what the fallback path writes, while the control plane answers
         self.reporter.start()
         started = time.time()
         try:
@@ -261,6 +269,10 @@ class Runner:
                 info = self.store.put_file(key, str(path), content_type=ctype)
             except ObjectExists:
                 self.reporter.emit(events.log(f"runner: artifact {name!r} already uploaded; kept the first",
+                                              stream=events.STDERR, level=events.WARNING))
+                continue
+            except NoGrant as e:
+                self.reporter.emit(events.log(f"runner: artifact {name!r} not uploaded: {e}",
                                               stream=events.STDERR, level=events.WARNING))
                 continue
             out.append(events.artifact(name=name, kind=decl.get("kind") or _kind_of(name), key=key,
