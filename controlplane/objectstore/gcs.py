@@ -297,7 +297,7 @@ class GcsObjectStore(ObjectStore):
         `x-goog-if-generation-match: 0`, so the upload must send it, and GCS refuses a second one."""
         check_key(key)
         headers = {"x-goog-if-generation-match": "0"}
-        url = self._sign(key, {"version": "v4", "method": "PUT", "headers": headers,
+        url = self._sign(key, {"version": "v4", "method": "PUT", "headers": dict(headers),  # the library adds Host to it
                                "expiration": datetime.timedelta(seconds=min(int(expires_in), self.max_url_ttl_s))})
         return SignedRequest("PUT", url, headers)
 
