@@ -264,3 +264,17 @@ def test_default_endpoint(bucket: str) -> None:
     store = GcsObjectStore(bucket, client=token_client())
     assert store.iam_endpoint == DEFAULT_IAM_ENDPOINT == "https://iamcredentials.googleapis.com"
     assert store.signer_email is None
+
+
+def test_an_upload_grant_is_signed_by_signblob_too(bucket: str, iam: FakeIam, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job without credentials uploads with a PUT signed the same way as links (Cloud Run's
+    control plane holds no key)."""
+    monkeypatch.setenv("CONTROLPLANE_GCS_IAM_ENDPOINT", iam.url)
+    monkeypatch.setenv("CONTROLPLANE_GCS_SIGNER_EMAIL", SIGNER)
+    store = GcsObjectStore(bucket, "runs", client=token_client())
+    put = store.signed_put("t/attempts/1/result.json", expires_in=600)
+    assert len(iam.calls) == 1 and iam.calls[0]["payload"].startswith(b"GOOG4-RSA-SHA256\n")
+    q = verify_gcs_v4(put.url, iam.service_account(), "PUT", put.headers)
+    assert q["X-Goog-Credential"].startswith(f"{SIGNER}/") and q["X-Goog-Expires"] == "600"
+    r = httpx.put(put.url, content=b"{}", headers={**put.headers, "Content-Type": "application/octet-stream"})
+    assert r.status_code == 200 and store.get_bytes("t/attempts/1/result.json") == b"{}"
