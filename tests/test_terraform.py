@@ -315,3 +315,35 @@ def test_the_catalog_the_server_is_given_loads_on_that_clouds_provider(cloud: st
         spec["provider_options"] = options(f"controlplane-{tool.replace('_', '-')}")
     catalog = Catalog.from_data(data, source=f"{cloud} server catalog")
     assert {t.provider for t in catalog.tools.values()} == {provider}
+
+
+# ---- jobs hold no storage permission ---------------------------------------------------------
+JOB_IDENTITY = {"aws": r"aws_iam_role\.job\.", "gcp": r"google_service_account\.jobs\.",
+                "azure": r"identity\[0\]\.principal_id|job-"}  # Azure: each job's system-assigned identity
+STORAGE_GRANTS = {  # what could give an identity a way into the bucket
+    "aws": ("aws_iam_role_policy", "aws_iam_role_policy_attachment", "aws_iam_policy_attachment"),
+    "gcp": ("google_storage_bucket_iam_member", "google_storage_bucket_iam_binding", "google_project_iam_member"),
+    "azure": ("azurerm_role_assignment",),
+}
+
+
+@pytest.mark.parametrize("cloud", sorted(CLOUDS))
+def test_job_identities_hold_no_storage_permission_and_jobs_use_grants(cloud: str) -> None:
+    """A job reaches only its own attempt's keys, through URLs the control plane signs
+    (CONTROLPLANE_JOB_STORE_ACCESS=grants, set for every cloud by the settings module): no policy,
+    role or bucket binding names a job identity, except Azure's AcrPull to pull its image."""
+    directory = TERRAFORM / "modules" / cloud
+    for rtype, name, body in resources(directory):
+        if rtype not in STORAGE_GRANTS[cloud]:
+            continue
+        text = json.dumps(body)
+        if re.search(JOB_IDENTITY[cloud], text):
+            assert cloud == "azure" and unquote(body.get("role_definition_name", "")) == "AcrPull", \
+                f"{rtype}.{name} grants a job"
+    if cloud == "aws":  # the job role has no policy document at all
+        docs = {unquote(name) for tf in directory.glob("*.tf") for block in parsed(tf).get("data", [])
+                for rtype, named in block.items() if unquote(rtype) == "aws_iam_policy_document" for name in named}
+        assert "job_execution" in docs and "job" not in docs
+    [env] = [body["value"] for name, body in blocks(TERRAFORM / "modules" / "settings", "output").items()
+             if name == "environment"]
+    assert re.search(r'CONTROLPLANE_JOB_STORE_ACCESS"?\s*[:=]\s*"grants"', json.dumps(env).replace('\\"', '"'))

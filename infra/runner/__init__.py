@@ -14,6 +14,9 @@ Environment the control plane gives the runner:
                                                  callback secret (POST .../claim with a nonce), so
                                                  a copy read later from the job's spec is dead
     CONTROLPLANE_ENDPOINT_FILE                   (local) file naming the current callback URL
+    CONTROLPLANE_STORE_ACCESS                    `grants`: no cloud credentials; read and write
+                                                 through URLs signed by the control plane
+                                                 (`infra.runner.granted`)
     CONTROLPLANE_HEARTBEAT_S, CONTROLPLANE_KILL_GRACE_S
 
 Environment the runner gives the tool (the job contract a tool is written against):

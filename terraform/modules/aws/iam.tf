@@ -6,7 +6,6 @@ locals {
   batch_arn     = "arn:${local.partition}:batch:${local.region}:${local.account}"
   job_def_arns  = [for tool, name in module.settings.job_names : "${local.batch_arn}:job-definition/${name}:*"]
   ecr_pull      = length(var.ecr_repository_arns) > 0
-  tasks_objects = "${aws_s3_bucket.objects.arn}/tasks/*"
 }
 
 data "aws_iam_policy_document" "ecs_tasks_assume" {
@@ -53,7 +52,7 @@ data "aws_iam_policy_document" "server" {
     resources = ["${aws_cloudwatch_log_group.jobs.arn}:log-stream:*", aws_cloudwatch_log_group.jobs.arn]
   }
   statement {
-    sid       = "ItsBucket"
+    sid       = "ItsBucket" # PutObject and GetObject also sign the jobs' upload and input URLs
     actions   = ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"]
     resources = ["${aws_s3_bucket.objects.arn}/*"]
   }
@@ -128,38 +127,14 @@ resource "aws_iam_role_policy" "execution" {
 }
 
 # ---- Batch jobs -------------------------------------------------------------------------------
-# The job role: what the runner (and the tool) can do with AWS. Inputs, results, events and
-# artifacts live under tasks/<task id>/ in the bucket; the job may read and write there and
-# nowhere else. IAM cannot narrow this to the job's own task (Batch gives a job no session tags
-# to condition on), so jobs of one deployment share the tasks/ prefix: see README.md.
+# The job role: what the runner (and the tool) can do with AWS, which is nothing. A job reads its
+# inputs and writes its result, events and artifacts through URLs the control plane presigns for
+# its own attempt's keys (CONTROLPLANE_JOB_STORE_ACCESS=grants), so it holds no S3 or KMS
+# permission and cannot reach another task's objects.
 resource "aws_iam_role" "job" {
   name               = "${var.name}-job"
   assume_role_policy = data.aws_iam_policy_document.ecs_tasks_assume.json
   tags               = local.tags
-}
-
-data "aws_iam_policy_document" "job" {
-  statement {
-    sid       = "TaskObjects"
-    actions   = ["s3:GetObject", "s3:PutObject"]
-    resources = [local.tasks_objects]
-  }
-  statement {
-    sid       = "TaskObjectsKey"
-    actions   = ["kms:Decrypt", "kms:GenerateDataKey"]
-    resources = [aws_kms_key.this.arn]
-    condition {
-      test     = "StringEquals"
-      variable = "kms:ViaService"
-      values   = ["s3.${local.region}.amazonaws.com"]
-    }
-  }
-}
-
-resource "aws_iam_role_policy" "job" {
-  name   = "job"
-  role   = aws_iam_role.job.id
-  policy = data.aws_iam_policy_document.job.json
 }
 
 resource "aws_iam_role" "job_execution" {

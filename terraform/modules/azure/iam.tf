@@ -64,42 +64,10 @@ resource "azurerm_role_assignment" "server_secrets" {
 }
 
 # ---- tool jobs ---------------------------------------------------------------------------------
-# Read and write blobs under tasks/ of the container: no delete, no list, nothing elsewhere. The
-# condition cannot name the execution's own task, so jobs share the tasks/ prefix.
-resource "azurerm_role_definition" "task_objects" {
-  name        = "${var.name}-task-objects"
-  scope       = azurerm_resource_group.this.id
-  description = "Read and write blobs (no delete, no list)."
-  permissions {
-    data_actions = [
-      "Microsoft.Storage/storageAccounts/blobServices/containers/blobs/read",
-      "Microsoft.Storage/storageAccounts/blobServices/containers/blobs/write",
-      "Microsoft.Storage/storageAccounts/blobServices/containers/blobs/add/action",
-    ]
-  }
-  assignable_scopes = [azurerm_resource_group.this.id]
-}
-
-resource "azurerm_role_assignment" "jobs_task_objects" {
-  for_each           = azurerm_container_app_job.tool
-  scope              = azurerm_storage_container.objects.id
-  role_definition_id = azurerm_role_definition.task_objects.role_definition_resource_id
-  principal_id       = each.value.identity[0].principal_id
-  condition_version  = "2.0"
-  condition          = <<-EOT
-    (
-      (
-        !(ActionMatches{'Microsoft.Storage/storageAccounts/blobServices/containers/blobs/read'})
-        AND !(ActionMatches{'Microsoft.Storage/storageAccounts/blobServices/containers/blobs/write'})
-        AND !(ActionMatches{'Microsoft.Storage/storageAccounts/blobServices/containers/blobs/add/action'})
-      )
-      OR
-      (
-        @Resource[Microsoft.Storage/storageAccounts/blobServices/containers/blobs:path] StringStartsWith 'tasks/'
-      )
-    )
-  EOT
-}
+# None on the storage account: a job reads its inputs and writes its result, events and artifacts
+# through SAS URLs the control plane signs with a user delegation key for its own attempt's blobs
+# (CONTROLPLANE_JOB_STORE_ACCESS=grants), so it cannot reach another task's objects. A job's
+# identity pulls its image (AcrPull, below) and nothing else.
 
 # ---- the migration -----------------------------------------------------------------------------
 resource "azurerm_role_assignment" "migrate_secret" {

@@ -84,27 +84,9 @@ resource "google_secret_manager_secret_iam_member" "server" {
 }
 
 # ---- tool jobs ---------------------------------------------------------------------------------
-# Read and create objects under tasks/ of the bucket, nothing else (no list, no delete, no other
-# bucket). IAM conditions cannot name the execution's own task, so jobs share the tasks/ prefix.
-resource "google_storage_bucket_iam_member" "jobs_read" {
-  bucket = google_storage_bucket.objects.name
-  role   = "roles/storage.objectViewer"
-  member = google_service_account.jobs.member
-  condition {
-    title      = "tasks-only"
-    expression = "resource.name.startsWith(\"projects/_/buckets/${google_storage_bucket.objects.name}/objects/tasks/\")"
-  }
-}
-
-resource "google_storage_bucket_iam_member" "jobs_write" {
-  bucket = google_storage_bucket.objects.name
-  role   = "roles/storage.objectCreator"
-  member = google_service_account.jobs.member
-  condition {
-    title      = "tasks-only"
-    expression = "resource.name.startsWith(\"projects/_/buckets/${google_storage_bucket.objects.name}/objects/tasks/\")"
-  }
-}
+# None on the bucket: a job reads its inputs and writes its result, events and artifacts through
+# URLs the control plane signs (signBlob, above) for its own attempt's keys
+# (CONTROLPLANE_JOB_STORE_ACCESS=grants), so it cannot reach another task's objects.
 
 # ---- the migration -----------------------------------------------------------------------------
 resource "google_secret_manager_secret_iam_member" "migrate" {

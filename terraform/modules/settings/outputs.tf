@@ -21,6 +21,9 @@ output "environment" {
     CONTROLPLANE_MIGRATE_ON_START = "false"
     CONTROLPLANE_ALLOWED_HOSTS    = local.probe_hosts
     CONTROLPLANE_LOG_LEVEL        = "INFO"
+    # Jobs hold no storage permission: they read and write their own attempt's keys through
+    # URLs the control plane signs (README: "Jobs without storage credentials").
+    CONTROLPLANE_JOB_STORE_ACCESS = "grants"
   })
 }
 
