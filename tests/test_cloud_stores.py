@@ -261,3 +261,52 @@ async def test_task_results_and_artifacts_live_in_the_cloud_store(cloud: CloudTa
         assert (await agent.call("get_task_status", task_id=tid))["state"] == "expired"
         assert list(store.list(task_prefix(tid))) == []
         assert httpx.get(art["download_url"]).status_code in (403, 404)
+
+
+def test_a_jobs_granted_store_reads_and_writes_only_through_grants(azure: CloudTarget) -> None:
+    """The runner's GrantedStore against azurite, which checks every SAS: grants signed by the
+    control plane's own code (`sign_grants`), handed over as the grants route would. A grant
+    that died early (a 403) is asked for again once; with no answer, a spill takes a key granted
+    ahead; a name outside the attempt is refused before any request."""
+    from controlplane.objectstore.base import attempt_prefix, inputs_key, result_key
+    from controlplane.objectstore.grants import sign_grants
+    from infra.runner.granted import GrantedStore, NoGrant
+
+    store = open_store(azure.url)
+    store.put_bytes(inputs_key("tsk_1", 1), b'{"n": 1}')
+    asked: list[tuple[list[str], bool]] = []
+    state = {"up": True, "ttl": -60}  # the first grants are already dead
+
+    def ask(names: list[str], *, ahead: bool = False) -> dict[str, dict[str, object]] | None:
+        asked.append((names, ahead))
+        if not state["up"]:
+            return None
+        ttl, state["ttl"] = state["ttl"], 300
+        grants = sign_grants(store, "tsk_1", 1, names, expires_in=ttl)
+        # dead already, but said to live (as an S3 URL whose signing session ended early)
+        return {n: {**g, "expires_in": 300} for n, g in grants.items()}
+
+    job = GrantedStore(azure.url, "tsk_1", 1, ask, pool=2)
+    assert job.prefetch()  # result.json and two spill keys, ahead (dead ones, here)
+    assert asked[-1] == (["result.json", "events/spill-0000.jsonl", "events/spill-0001.jsonl"], True)
+    job.put_bytes(result_key("tsk_1", 1), b'{"status": "succeeded"}')  # 403, asked again, written
+    assert asked[-1] == (["result.json"], False)
+    assert store.get_bytes(result_key("tsk_1", 1)) == b'{"status": "succeeded"}'
+    with pytest.raises(ObjectExists):
+        job.put_bytes(result_key("tsk_1", 1), b"again")
+    assert job.get_bytes(inputs_key("tsk_1", 1)) == b'{"n": 1}'
+
+    state["up"] = False  # the control plane is unreachable: spills go to the pool
+    with pytest.raises(OSError):  # the pool's grants died as well (signed with ttl -60)
+        job.put_bytes(attempt_prefix("tsk_1", 1) + "events/000000000001.jsonl", b"{}\n")
+    state["up"] = True
+    fresh = GrantedStore(azure.url, "tsk_1", 1, ask, pool=2)
+    assert fresh.prefetch()
+    state["up"] = False
+    fresh.put_bytes(attempt_prefix("tsk_1", 1) + "events/000000000001.jsonl", b'{"seq": 1}\n')
+    assert list(store.list(attempt_prefix("tsk_1", 1) + "events")) == [
+        attempt_prefix("tsk_1", 1) + "events/spill-0000.jsonl"]
+    with pytest.raises(NoGrant):
+        fresh.put_bytes(attempt_prefix("tsk_1", 1) + "artifacts/a.bin", b"x")  # no pool for artifacts
+    with pytest.raises(UnsafeKey):
+        fresh.put_bytes(result_key("tsk_2", 1), b"{}")  # another task's key: no request at all

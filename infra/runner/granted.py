@@ -107,19 +107,29 @@ class GrantedStore(ObjectStore):
         except (AttributeError, OSError, io.UnsupportedOperation):
             data = stream.read()  # not a file: small (the runner passes files and bytes)
             stream, size = io.BytesIO(data), len(data)
-        _, grant = self._grant(name)
-        body = HashingReader(stream)
-        headers = {**grant.get("headers", {}), "Content-Type": content_type or "application/octet-stream",
-                   "Content-Length": str(size)}
-        req = urllib.request.Request(grant["url"], data=body, method=grant.get("method", "PUT"), headers=headers)
-        try:
-            with urllib.request.urlopen(req, timeout=self._timeout) as resp:
-                resp.read()
-        except urllib.error.HTTPError as e:
-            if e.code in (409, 412):  # S3 and GCS say 412, Azure 409 BlobAlreadyExists
-                raise ObjectExists(key) from None
-            raise OSError(f"upload of {name} refused ({e.code})") from None
+        start = stream.tell() if getattr(stream, "seekable", lambda: False)() else None
+        for retry in (False, True):
+            slot, grant = self._grant(name)
+            body = HashingReader(stream)
+            headers = {**grant.get("headers", {}), "Content-Type": content_type or "application/octet-stream",
+                       "Content-Length": str(size)}
+            req = urllib.request.Request(grant["url"], data=body, method=grant.get("method", "PUT"), headers=headers)
+            try:
+                with urllib.request.urlopen(req, timeout=self._timeout) as resp:
+                    resp.read()
+                break
+            except urllib.error.HTTPError as e:
+                if e.code in (409, 412):  # S3 and GCS say 412, Azure 409 BlobAlreadyExists
+                    raise ObjectExists(key) from None
+                # 403: the grant died early (on S3 with the session that signed it): ask again, once
+                if e.code != 403 or retry or start is None or not self._forget(slot):
+                    raise OSError(f"upload of {name} refused ({e.code})") from None
+                stream.seek(start)
         return ObjectInfo(key=key, size_bytes=body.size, sha256=body.sha.hexdigest(), content_type=content_type)
+
+    def _forget(self, name: str) -> bool:
+        with self._lock:
+            return self._grants.pop(name, None) is not None
 
     def open(self, key: str) -> BinaryIO:
         name = self._name(key)
