@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import boto3
+import pytest
 
 from tests.cloud import AWS_ENV, ROOT, exercise_catalog
 
@@ -76,6 +77,21 @@ def register_fargate_definition(moto_url: str, name: str, storage_gib: int | Non
     return client("batch", moto_url).register_job_definition(
         jobDefinitionName=name, type="container", platformCapabilities=["FARGATE"],
         containerProperties=props)["jobDefinitionArn"]
+
+
+@pytest.fixture
+def moto(moto_server: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """moto's server as a Batch account: reset, jobs kept SUBMITTED for the executor, a queue and a
+    job definition, its endpoint and credentials in the environment, the provider polling fast."""
+    reset_moto(moto_server)
+    keep_submitted(monkeypatch)
+    create_batch(moto_server)
+    for k, v in aws_env(moto_server).items():
+        monkeypatch.setenv(k, v)
+    # The provider's own settings (CONTROLPLANE_AWS_BATCH_*), fast for tests.
+    monkeypatch.setenv("CONTROLPLANE_AWS_BATCH_POLL_INTERVAL_S", "0.2")
+    monkeypatch.setenv("CONTROLPLANE_AWS_BATCH_MAX_TPS", "500")
+    return moto_server
 
 
 def backend() -> Any:

@@ -31,25 +31,13 @@ from controlplane.settings import Settings
 from providers.aws_batch import AwsBatchOptions, AwsBatchProvider, BatchHandle
 from providers.base import JobPhase, LaunchSpec, PermanentProviderError
 from tests import aws
+from tests.aws import moto  # noqa: F401  (fixture)
 from tests.cloud import moto_server  # noqa: F401  (fixture)
 from tests.conftest import FAST, Agent, most_in_one_second
 from tests.provider_contract import Harness, ProviderContract
 
 pytestmark = pytest.mark.anyio
 
-
-
-@pytest.fixture
-def moto(moto_server: str, monkeypatch: pytest.MonkeyPatch) -> str:  # noqa: F811
-    aws.reset_moto(moto_server)
-    aws.keep_submitted(monkeypatch)
-    aws.create_batch(moto_server)
-    for k, v in aws.aws_env(moto_server).items():
-        monkeypatch.setenv(k, v)
-    # The provider's own settings (CONTROLPLANE_AWS_BATCH_*), fast for tests.
-    monkeypatch.setenv("CONTROLPLANE_AWS_BATCH_POLL_INTERVAL_S", "0.2")
-    monkeypatch.setenv("CONTROLPLANE_AWS_BATCH_MAX_TPS", "500")
-    return moto_server
 
 
 @pytest.fixture

@@ -30,6 +30,7 @@ from controlplane.mcp.server import build_server
 from controlplane.objectstore.base import attempt_prefix, events_prefix, result_key
 from controlplane.settings import Settings
 from tests import aws
+from tests.aws import moto  # noqa: F401  (fixture)
 from tests.cloud import moto_server  # noqa: F401  (fixture)
 from tests.conftest import FAST, Agent
 
@@ -87,18 +88,6 @@ class Grants:
     switch: CallbackSwitch
     moto: str
     bucket: str
-
-
-@pytest.fixture
-def moto(moto_server: str, monkeypatch: pytest.MonkeyPatch) -> str:  # noqa: F811
-    aws.reset_moto(moto_server)
-    aws.keep_submitted(monkeypatch)
-    aws.create_batch(moto_server)
-    for k, v in aws.aws_env(moto_server).items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.setenv("CONTROLPLANE_AWS_BATCH_POLL_INTERVAL_S", "0.2")
-    monkeypatch.setenv("CONTROLPLANE_AWS_BATCH_MAX_TPS", "500")
-    return moto_server
 
 
 @pytest.fixture
@@ -197,8 +186,9 @@ async def test_the_grants_route_signs_only_the_attempts_own_keys(grants: Grants)
         status, refused = (await post(url, {"names": [bad]}, secret))
         assert (status, refused["code"]) == (400, "INVALID_REQUEST"), bad
         assert "Traceback" not in refused["error"]
-    status, refused = (await post(url, {"names": "result.json"}, secret))
-    assert (status, refused["code"]) == (400, "INVALID_REQUEST")
+    for body in ({"names": "result.json"}, {"names": []}, {"names": ["result.json"], "ahead": "yes"}, ["result.json"]):
+        status, refused = (await post(url, body, secret))
+        assert (status, refused["code"]) == (400, "INVALID_REQUEST"), body
     # another task's keys: this attempt's secret does not open its route
     assert (await post(f"{base}/tasks/{other}/attempts/1/grants", {"names": ["result.json"]}, secret))[0] == 401
     # another attempt of this task: its own secret is refused while it is not current
@@ -209,3 +199,10 @@ async def test_the_grants_route_signs_only_the_attempts_own_keys(grants: Grants)
     await agent.wait(tid, timeout=60)
     await agent.wait(other, timeout=60)
     assert (await post(url, {"names": ["result.json"]}, secret))[0] == 409  # an ended attempt is granted nothing
+
+
+def test_grants_need_object_stores_that_sign_uploads(home: Path) -> None:
+    """A local store cannot sign an upload, so a control plane told to run jobs on grants refuses
+    to start with one rather than fail every job."""
+    with pytest.raises(ValueError, match=r"needs object stores that sign uploads .*file:// does not"):
+        ControlPlane(Settings(home=home, job_store_access="grants"))

@@ -20,7 +20,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
 from starlette.requests import Request
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from controlplane.attempts import Attempts
     from controlplane.objectstore.registry import StoreRegistry
     from controlplane.store import Store
+    from controlplane.store.rows import TaskRow
 
 log = logging.getLogger("controlplane.http")
 MAX_EVENTS_BODY = 16 * 1024 * 1024
@@ -74,16 +75,31 @@ def routes(cp: RouteDeps) -> list[Route]:
             return _error(401, "bad runner credentials")
         return task_id, attempt
 
-    async def runner_claim(request: Request) -> Response:
-        who = authenticate(request, bootstrap_token)
+    async def current(task_id: str, attempt: int) -> TaskRow | None:
+        """The task, if `attempt` is its current one and it has not ended."""
+        task = await anyio.to_thread.run_sync(cp.store.tasks.get, task_id)
+        return task if task is not None and task.attempt == attempt and task.state not in FINAL else None
+
+    async def small_json(request: Request, credential: Callable[[bytes, str, int], str],
+                         limit: int) -> tuple[str, int, dict[str, Any]] | Response:
+        """(task id, attempt, body) of an authenticated call whose body is a small JSON object
+        (past `limit` bytes or not an object: an empty one, which the route then refuses)."""
+        who = authenticate(request, credential)
         if isinstance(who, Response):
             return who
-        task_id, attempt = who
         body = await request.body()
         try:
-            nonce = json.loads(body[:4096] or b"{}").get("nonce")
-        except (ValueError, AttributeError):
-            nonce = None
+            payload = json.loads(body[:limit] or b"{}")
+        except ValueError:
+            payload = None
+        return *who, payload if isinstance(payload, dict) else {}
+
+    async def runner_claim(request: Request) -> Response:
+        call = await small_json(request, bootstrap_token, 4096)
+        if isinstance(call, Response):
+            return call
+        task_id, attempt, payload = call
+        nonce = payload.get("nonce")
         if not isinstance(nonce, str) or not 32 <= len(nonce) <= 256:
             return _error(400, "body must be {\"nonce\": a random string of 32 to 256 characters}")
         claimed = await anyio.to_thread.run_sync(cp.store.jobs.claim_runner_secret, task_id, attempt, nonce_digest(nonce))
@@ -114,8 +130,8 @@ def routes(cp: RouteDeps) -> list[Route]:
             return _error(400, "body must be {\"events\": [objects]}")
 
         if not events:  # a heartbeat: cheap, buffered, written in batches
-            task = await anyio.to_thread.run_sync(cp.store.tasks.get, task_id)
-            if task is None or task.attempt != attempt or task.state in FINAL:
+            task = await current(task_id, attempt)
+            if task is None:
                 return _error(409, "this attempt is no longer current")
             cp.attempts.beat(task_id, attempt, time.time())
             job = await anyio.to_thread.run_sync(cp.store.jobs.get, task_id, attempt)
@@ -136,17 +152,12 @@ def routes(cp: RouteDeps) -> list[Route]:
         `{"names": [...], "ahead": false}` -> `{"grants": {name: {method, url, headers}},
         "expires_in": s}`. `ahead: true` asks for grants that last the task's whole run (result.json
         and spill keys, used if the callback goes down)."""
-        who = authenticate(request, runner_secret)
-        if isinstance(who, Response):
-            return who
-        task_id, attempt = who
-        body = await request.body()
-        try:
-            payload = json.loads(body[:64 * 1024] or b"{}")
-            names, ahead = payload.get("names"), payload.get("ahead", False)
-            if not isinstance(names, list) or not 1 <= len(names) <= MAX_NAMES or not isinstance(ahead, bool):
-                raise ValueError
-        except (ValueError, AttributeError):
+        call = await small_json(request, runner_secret, 64 * 1024)
+        if isinstance(call, Response):
+            return call
+        task_id, attempt, payload = call
+        names, ahead = payload.get("names"), payload.get("ahead", False)
+        if not isinstance(names, list) or not 1 <= len(names) <= MAX_NAMES or not isinstance(ahead, bool):
             return _error(400, f"body must be {{\"names\": [1 to {MAX_NAMES} names], \"ahead\": bool}}",
                           "INVALID_REQUEST")
         for name in names:
@@ -154,8 +165,8 @@ def routes(cp: RouteDeps) -> list[Route]:
                 grant_method(name)
             except UnsafeKey as e:
                 return _error(400, f"cannot grant {str(name)[:100]!r}: {e}", "INVALID_REQUEST")
-        task = await anyio.to_thread.run_sync(cp.store.tasks.get, task_id)
-        if task is None or task.attempt != attempt or task.state in FINAL:
+        task = await current(task_id, attempt)
+        if task is None:
             return _error(409, "this attempt is no longer current")
         objects = cp.stores.get(task.store_url)
         ttl = task.max_runtime_s + cp.grant_run_margin_s if ahead else cp.grant_ttl_s

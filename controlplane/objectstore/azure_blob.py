@@ -62,6 +62,8 @@ class _Reader:
 
 
 class AzureBlobObjectStore(ObjectStore):
+    signs_uploads = True
+
     def __init__(self, account: str, container: str, prefix: str = "", *, endpoint: str | None = None,
                  account_key: str | None = None, credential: Any = None):
         self.account = account

@@ -138,6 +138,8 @@ class ObjectStore(ABC):
     # through IAM signBlob, Azure for a user delegation key) says False, and a get_task_result
     # with its artifacts leaves the event loop for a worker thread.
     signs_locally: bool = False
+    # Whether `signed_put` works: a job without storage credentials can only use such a store.
+    signs_uploads: bool = False
 
     @abstractmethod
     def put_stream(

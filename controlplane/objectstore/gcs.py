@@ -191,6 +191,8 @@ def _excerpt(text: str, token: str | None) -> str:
 
 
 class GcsObjectStore(ObjectStore):
+    signs_uploads = True
+
     def __init__(self, bucket: str, prefix: str = "", *, client: Any = None, signing_key_file: str | None = None,
                  iam_endpoint: str | None = None, signer_email: str | None = None):
         self.bucket_name = bucket

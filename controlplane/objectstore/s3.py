@@ -40,6 +40,8 @@ def _code(e: ClientError) -> str:
 
 
 class S3ObjectStore(ObjectStore):
+    signs_uploads = True
+
     def __init__(self, bucket: str, prefix: str = "", *, client: Any = None):
         self.bucket = bucket
         self.prefix = prefix
