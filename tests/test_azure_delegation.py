@@ -342,3 +342,19 @@ def test_link_downloads_the_blob(case: Case) -> None:
     assert headers2.get("Content-Disposition") == 'attachment; filename="report.txt"'
     pytest.xfail(f"azurite refuses the SDK's user-delegation SAS (sv={q['sv']}): it verifies sv >= 2025-07-05 "
                  "without the srh/srq lines (seen with azurite 3.35.0, azure-storage-blob 12.31.1)")
+
+
+def test_an_upload_grant_is_a_user_delegation_sas_to_create_one_blob(case: Case) -> None:
+    """A job without credentials uploads with a SAS signed by the same delegation key as links:
+    create and write on one blob, nothing to read; its signature verifies with that key."""
+    n0 = case.server.delegation_key_requests()
+    case.store.signed_url(case.key, expires_in=600, filename="a.txt")
+    put = case.store.signed_put("tasks/t/attempts/1/result.json", expires_in=900)
+    assert case.server.delegation_key_requests(at_least=n0 + 1) == n0 + 1  # the cached key signs it
+    assert put.method == "PUT" and put.headers == {"x-ms-blob-type": "BlockBlob", "If-None-Match": "*"}
+    q = query(put.url)
+    assert q["sp"] == "cw" and q["sr"] == "b" and "rscd" not in q
+    assert q["skoid"] == case.token.oid and when(q["se"]) <= when(q["ske"])
+    sts = string_to_sign(q, AZURITE_ACCOUNT, case.store.container, "runs/tasks/t/attempts/1/result.json")
+    assert hmac_sign(delegation_key_value(case, q), sts) == q["sig"]
+    assert hmac_sign(delegation_key_value(case, q), sts.replace("/attempts/1/", "/attempts/2/")) != q["sig"]
