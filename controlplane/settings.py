@@ -25,6 +25,8 @@ class Settings(BaseSettings):
     # The database URL is the only place the storage engine is named. None = SQLite under home.
     database_url: str | None = None
     catalog_path: Path | None = None
+    # The operator's prices over the defaults (controlplane/prices.py); None = home/prices.toml, if it exists.
+    prices_file: Path | None = None
     # Where task inputs, results and artifacts live, as a URL (file://, later s3:// gs:// az://).
     object_store_url: str | None = None
     # Base URL that runners call back and that artifact links point at. None = the URL the
@@ -175,6 +177,10 @@ class Settings(BaseSettings):
     @property
     def resolved_catalog_path(self) -> Path:
         return self.catalog_path or self.home / "catalog.toml"
+
+    @property
+    def resolved_prices_path(self) -> Path:
+        return self.prices_file or self.home / "prices.toml"
 
     @property
     def resolved_object_store_url(self) -> str:

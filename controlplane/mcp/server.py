@@ -112,6 +112,9 @@ def build_server(cp: ControlPlane, *, with_auth: bool = True) -> FastMCP:
         canonical_tool("get_task_result", "The result of a finished task, its artifacts with signed download "
                        "links (sha256, size, expiry) and its error, if any.", api.GetTaskResult, svc.result,
                        default_owner=owner, read_only=True, inline=True),
+        canonical_tool("usage_report", "What your tasks used (vCPU-, GiB- and GPU-seconds) and their estimated "
+                       "cost at list prices, summed by tool, tag and/or owner over a period (default: this month).",
+                       api.UsageReport, svc.usage_report, default_owner=owner, read_only=True),
         wait_tool(cp, owner),
     ]
     for spec in cp.catalog.tools.values():
