@@ -69,22 +69,24 @@ class Attempts:
         return tool.retry if tool else RetryPolicy()
 
     # ---- the runner's events ------------------------------------------------------------------
-    def apply(self, task_id: str, attempt: int, events: list[dict[str, Any]]) -> Applied:
+    def apply(self, task_id: str, attempt: int, events: list[dict[str, Any]],
+              ran_at: tuple[float | None, float | None] = (None, None)) -> Applied:
         """Apply a batch; if earlier events are missing (a batch starting past the job's last
         seq + 1), they are read from the object store first. Raises StaleAttempt for an
-        attempt that is no longer current."""
+        attempt that is no longer current. `ran_at`: the job's start and end as its provider
+        reports them (preferred to the runner's for its usage), when the provider ended it."""
         with self.store.attempts.open(task_id, attempt, reporting=True) as a:
             assert a.task is not None and a.job is not None
             fresh = _fresh(events, a.job.event_seq)
             if not fresh or ev.seq_of(fresh[0]) == a.job.event_seq + 1:
-                return self._apply(a, fresh)
+                return self._apply(a, fresh, ran_at)
             store_url, from_seq = a.task.store_url, a.job.event_seq + 1
         missing = self.read_spilled(store_url, task_id, attempt, from_seq)
         with self.store.attempts.open(task_id, attempt, reporting=True) as a:
             assert a.job is not None
-            return self._apply(a, _fresh(missing + events, a.job.event_seq))
+            return self._apply(a, _fresh(missing + events, a.job.event_seq), ran_at)
 
-    def _apply(self, a: AttemptTx, fresh: list[dict[str, Any]]) -> Applied:
+    def _apply(self, a: AttemptTx, fresh: list[dict[str, Any]], ran_at: tuple[float | None, float | None]) -> Applied:
         assert a.task is not None and a.job is not None
         seq = before = a.job.event_seq
         lines: list[tuple[float | None, str, str, str]] = []
@@ -107,7 +109,8 @@ class Attempts:
         cancel = a.task.cancel_requested
         if outcome is not None:
             self._end(a, decide(a.task, outcome.as_outcome(), self.policy(a.task.tool_name)),
-                      self._artifacts(a.task, outcome.artifacts), ran_at=(outcome.started_at, outcome.finished_at))
+                      self._artifacts(a.task, outcome.artifacts),
+                      ran_at=(ran_at[0] or outcome.started_at, ran_at[1] or outcome.finished_at))
         return Applied(ack_seq=seq, cancel=cancel, finished=outcome is not None)
 
     def read_spilled(self, store_url: str, task_id: str, attempt: int, from_seq: int) -> list[dict[str, Any]]:
@@ -137,10 +140,11 @@ class Attempts:
         task_id, attempt = job.task_id, job.attempt
         task = self.store.tasks.get(task_id)  # its store (the reconciler does not read it for every job)
         outcome = None
+        ran_at = (status.started_at, status.finished_at)  # the provider's record of the run
         try:  # events the runner could not deliver by callback are in the object store
             if task is not None:
                 spilled = self.read_spilled(task.store_url, task_id, attempt, job.event_seq + 1)
-                if spilled and self.apply(task_id, attempt, spilled).finished:
+                if spilled and self.apply(task_id, attempt, spilled, ran_at).finished:
                     return "finished"
                 outcome = self.read_outcome(task.store_url, task_id, attempt)
         except StaleAttempt:
@@ -150,10 +154,8 @@ class Attempts:
                 a.retire_job()  # the task moved on: the job ended, nothing more to decide
                 return "stale"
             policy = self.policy(a.task.tool_name)
-            ran_at = (status.started_at, status.finished_at)  # the provider's record of the run
             if outcome is not None:
-                if None in ran_at:
-                    ran_at = (ran_at[0] or outcome.started_at, ran_at[1] or outcome.finished_at)
+                ran_at = (ran_at[0] or outcome.started_at, ran_at[1] or outcome.finished_at)
                 self._end(a, decide(a.task, outcome.as_outcome(), policy), self._artifacts(a.task, outcome.artifacts),
                           ran_at=ran_at)
                 return "finished"
