@@ -175,6 +175,28 @@ async def test_job_that_never_starts_fails_as_launch_failed(moto: str, bucket: s
     assert "CannotPullContainerError" in st["error"]["message"]
 
 
+async def test_usage_of_an_attempt_batch_ended_is_batchs_own_record_of_the_run(moto: str, bucket: str,
+                                                                              home: Path) -> None:
+    """A runner that cannot reach the control plane (a dead callback URL) leaves its events in the
+    object store; the attempt ends when Batch reports the job stopped, and what it used is
+    counted from Batch's startedAt and stoppedAt (DescribeJobs), times the class's shape."""
+    aws.batch_catalog(home)  # (its class: 2 vCPUs, 2048 MiB)
+    cp = ControlPlane(Settings(home=home, object_store_url=bucket, public_url="http://127.0.0.1:9", **FAST))
+    with aws.BatchExecutor(moto):
+        async with Client(build_server(cp)) as client:
+            agent = Agent(client)
+            tid = await agent.submit(inputs={"sleep_s": 1.0, "result": {"via": "store"}})
+            st = await agent.wait(tid, timeout=90)
+    assert st["state"] == "succeeded", st
+    job = batch_job(tid)
+    ran_s = (job["stoppedAt"] - job["startedAt"]) / 1000
+    assert ran_s >= 1.0
+    assert st["usage"] == {"run_seconds": pytest.approx(ran_s, abs=0.001), "vcpu_seconds": pytest.approx(2 * ran_s, abs=0.002),
+                           "memory_gib_seconds": pytest.approx(2 * ran_s, abs=0.002), "gpu_seconds": 0}
+    # At Fargate's list price in us-east-1 (the client's region), the default table's.
+    assert st["estimated_cost"]["amount"] == pytest.approx(ran_s * (2 * 0.04048 + 2 * 0.004445) / 3600, abs=2e-6)
+
+
 # ---- every Batch status -----------------------------------------------------------------------
 def spec(job_name: str, **options: Any) -> LaunchSpec:
     options.setdefault("job_definition", aws.JOB_DEFINITION)
