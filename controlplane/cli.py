@@ -250,10 +250,15 @@ def limits_set(owner: Annotated[str, typer.Argument(help="The caller: a static t
 def limits_clear(owner: str, home: HomeOpt = None) -> None:
     """Remove a caller's overrides: the defaults apply to it again."""
     _settings_, callers = _caller_store(home)
-    if not callers.clear_override(owner):
-        err.print(f"{owner}: no overrides")
+    _cleared(callers.clear_override(owner), owner, "no overrides", "the defaults apply")
+
+
+def _cleared(done: bool, what: str, nothing: str, after: str) -> None:
+    """Say what a `clear` did; exit 1 when there was nothing to clear."""
+    if not done:
+        err.print(f"{what}: {nothing}")
         raise typer.Exit(1)
-    err.print(f"{owner}: the defaults apply")
+    err.print(f"{what}: {after}")
 
 
 # ---- budgets and usage --------------------------------------------------------------------------
@@ -320,10 +325,7 @@ def budgets_clear(owner: OwnerOpt = None, tag: TagOpt = None, home: HomeOpt = No
     """Remove one caller's or tag's budget."""
     scope, subject = _budget_subject(owner, tag)
     _settings_, store = _store(home)
-    if not store.usage.clear_budget(scope, subject):
-        err.print(f"{scope} {subject}: no budget")
-        raise typer.Exit(1)
-    err.print(f"{scope} {subject}: no budget any more")
+    _cleared(store.usage.clear_budget(scope, subject), f"{scope} {subject}", "no budget", "no budget any more")
 
 
 class GroupBy(StrEnum):

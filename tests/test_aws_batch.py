@@ -31,7 +31,7 @@ from controlplane.settings import Settings
 from providers.aws_batch import AwsBatchOptions, AwsBatchProvider, BatchHandle
 from providers.base import JobPhase, LaunchSpec, PermanentProviderError
 from tests import aws
-from tests.cloud import moto_server  # noqa: F401  (fixture)
+from tests.cloud import moto_server, run_without_callback, usage_of  # noqa: F401  (fixture)
 from tests.conftest import FAST, Agent, most_in_one_second
 from tests.provider_contract import Harness, ProviderContract
 
@@ -181,18 +181,11 @@ async def test_usage_of_an_attempt_batch_ended_is_batchs_own_record_of_the_run(m
     object store; the attempt ends when Batch reports the job stopped, and what it used is
     counted from Batch's startedAt and stoppedAt (DescribeJobs), times the class's shape."""
     aws.batch_catalog(home)  # (its class: 2 vCPUs, 2048 MiB)
-    cp = ControlPlane(Settings(home=home, object_store_url=bucket, public_url="http://127.0.0.1:9", **FAST))
     with aws.BatchExecutor(moto):
-        async with Client(build_server(cp)) as client:
-            agent = Agent(client)
-            tid = await agent.submit(inputs={"sleep_s": 1.0, "result": {"via": "store"}})
-            st = await agent.wait(tid, timeout=90)
-    assert st["state"] == "succeeded", st
-    job = batch_job(tid)
+        st = await run_without_callback(home, bucket, {"sleep_s": 1.0})
+    job = batch_job(st["task_id"])
     ran_s = (job["stoppedAt"] - job["startedAt"]) / 1000
-    assert ran_s >= 1.0
-    assert st["usage"] == {"run_seconds": pytest.approx(ran_s, abs=0.001), "vcpu_seconds": pytest.approx(2 * ran_s, abs=0.002),
-                           "memory_gib_seconds": pytest.approx(2 * ran_s, abs=0.002), "gpu_seconds": 0}
+    assert ran_s >= 1.0 and st["usage"] == usage_of(ran_s, 2, 2)
     # At Fargate's list price in us-east-1 (the client's region), the default table's.
     assert st["estimated_cost"]["amount"] == pytest.approx(ran_s * (2 * 0.04048 + 2 * 0.004445) / 3600, abs=2e-6)
 

@@ -27,7 +27,7 @@ from providers import ratelimit
 from providers.base import JobPhase
 from providers.cloud_run import CloudRunHandle, CloudRunOptions, CloudRunProvider, execution_status
 from tests import gcp
-from tests.cloud import CloudTarget, gcs_server, gcs_target  # noqa: F401  (fixture)
+from tests.cloud import CloudTarget, gcs_server, gcs_target, run_without_callback, usage_of  # noqa: F401  (fixture)
 from tests.conftest import FAST, Agent
 from tests.provider_contract import Harness, ProviderContract, still_watched
 
@@ -145,17 +145,10 @@ async def test_usage_of_an_attempt_cloud_run_ended_is_the_executions_own_record(
     attempt ends when Cloud Run reports the execution completed, and what it used is counted
     from the execution's startTime and completionTime, times the class's shape (1 vCPU, 512 MiB)."""
     gcp.cloud_run_catalog(home)
-    cp = ControlPlane(Settings(home=home, object_store_url=gcs.url, public_url="http://127.0.0.1:9", **FAST))
-    async with Client(build_server(cp)) as client:
-        agent = Agent(client)
-        tid = await agent.submit(inputs={"sleep_s": 1.0})
-        st = await agent.wait(tid, timeout=90)
-    assert st["state"] == "succeeded", st
-    ex = fake.execution_json(execution_of(fake, tid, final=True)["name"])
+    st = await run_without_callback(home, gcs.url, {"sleep_s": 1.0})
+    ex = fake.execution_json(execution_of(fake, st["task_id"], final=True)["name"])
     ran_s = (datetime.fromisoformat(ex["completionTime"]) - datetime.fromisoformat(ex["startTime"])).total_seconds()
-    assert ran_s >= 1.0
-    assert st["usage"] == {"run_seconds": pytest.approx(ran_s, abs=0.001), "vcpu_seconds": pytest.approx(ran_s, abs=0.001),
-                           "memory_gib_seconds": pytest.approx(ran_s / 2, abs=0.001), "gpu_seconds": 0}
+    assert ran_s >= 1.0 and st["usage"] == usage_of(ran_s, 1, 0.5)
     # Cloud Run's Tier 1 list prices (the execution's region), per second.
     assert st["estimated_cost"]["amount"] == pytest.approx(ran_s * (0.000018 + 0.000002 / 2), abs=2e-6)
 

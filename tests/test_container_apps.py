@@ -33,7 +33,7 @@ from providers import ratelimit
 from providers.base import JobPhase
 from providers.container_apps import ContainerAppsHandle, ContainerAppsOptions, ContainerAppsProvider, kql
 from tests import azure
-from tests.cloud import CloudTarget, azure_target, azurite_server  # noqa: F401  (fixture)
+from tests.cloud import CloudTarget, azure_target, azurite_server, run_without_callback, usage_of  # noqa: F401  (fixture)
 from tests.conftest import FAST, Agent
 from tests.provider_contract import Harness, ProviderContract, still_watched
 
@@ -278,18 +278,10 @@ async def test_usage_of_an_attempt_azure_ended_is_the_executions_own_record(fake
     execution's startTime and endTime, times the class's shape (0.5 vCPU, 1 GiB), at the prices
     of the region its catalog entry names."""
     catalog(home, options=', region = "eastus"')
-    cp = ControlPlane(Settings(home=home, object_store_url=blob.url, public_url="http://127.0.0.1:9", **FAST))
-    async with Client(build_server(cp)) as client:
-        agent = Agent(client)
-        tid = await agent.submit(inputs={"sleep_s": 1.0})
-        st = await agent.wait(tid, timeout=90)
-    assert st["state"] == "succeeded", st
-    props = fake.execution_json(execution_of(fake, tid, final=True)["name"])["properties"]
+    st = await run_without_callback(home, blob.url, {"sleep_s": 1.0})
+    props = fake.execution_json(execution_of(fake, st["task_id"], final=True)["name"])["properties"]
     ran_s = (datetime.fromisoformat(props["endTime"]) - datetime.fromisoformat(props["startTime"])).total_seconds()
-    assert ran_s >= 1.0
-    assert st["usage"] == {"run_seconds": pytest.approx(ran_s, abs=0.001),
-                           "vcpu_seconds": pytest.approx(ran_s / 2, abs=0.001),
-                           "memory_gib_seconds": pytest.approx(ran_s, abs=0.001), "gpu_seconds": 0}
+    assert ran_s >= 1.0 and st["usage"] == usage_of(ran_s, 0.5, 1)
     # The Consumption plan's active-usage list prices in East US, per second.
     assert st["estimated_cost"]["amount"] == pytest.approx(ran_s * (0.000024 / 2 + 0.000003), abs=2e-6)
 

@@ -26,7 +26,7 @@ from controlplane.mcp.server import build_server
 from controlplane.prices import PriceError, PriceTable, Usage
 from controlplane.settings import Settings
 from controlplane.store import queries as q
-from tests.conftest import FAST, ROOT, Agent, ToolCallError, fast_env, serving
+from tests.conftest import FAST, ROOT, Agent, ToolCallError, fast_env, record_statements, serving
 
 pytestmark = pytest.mark.anyio
 
@@ -302,11 +302,7 @@ async def test_without_a_budget_a_submit_runs_no_statement_more(home: Path, monk
     budget_statements = {id(s) for s in (q.OWNER_SPENT, q.OWNER_RUNNING, q.TAG_SPENT, q.TAG_RUNNING)}
 
     async def statements_of_a_submit(cp: ControlPlane) -> list[Any]:
-        seen: list[Any] = []
-        run, fetch, lock = cp.db.run, cp.db.fetch, cp.db.lock_queue
-        monkeypatch.setattr(cp.db, "run", lambda c, stmt, params: (seen.append(stmt), run(c, stmt, params))[1])
-        monkeypatch.setattr(cp.db, "fetch", lambda stmt, params, **kw: (seen.append(stmt), fetch(stmt, params, **kw))[1])
-        monkeypatch.setattr(cp.db, "lock_queue", lambda c, name: (seen.append(name), lock(c, name))[1])
+        seen = record_statements(cp, monkeypatch)
         async with Client(build_server(cp)) as client:
             await Agent(client).submit(tags=["proj"])
         return seen
