@@ -275,7 +275,7 @@ class TaskService:
         if ended:  # a recorded attempt (a retry's earlier ones, or the one that ended)
             sums = self.store.usage.of_task(task.task_id)
             used = Usage(sums["run_s"], sums["vcpu_s"], sums["memory_gib_s"], sums["gpu_s"])
-            cost, unpriced = sums["cost"] or 0.0, sums["unpriced"]
+            cost, unpriced = sums["cost"] or 0.0, sums["unpriced"] or 0  # (NULL sums: no attempt recorded)
         if task.started_at is not None and task.state in (TaskState.RUNNING, TaskState.CANCEL_REQUESTED,
                                                           TaskState.CANCELLING):
             priced = self.pricing.of(task.tool_name, task.provider, task.resource_class,

@@ -26,7 +26,7 @@ from controlplane.mcp.server import build_server
 from controlplane.prices import PriceError, PriceTable, Usage
 from controlplane.settings import Settings
 from controlplane.store import queries as q
-from tests.conftest import FAST, ROOT, Agent, ToolCallError, fast_env, record_statements, serving
+from tests.conftest import FAST, ROOT, Agent, ToolCallError, fast_env, record_statements, serving, write_catalog
 
 pytestmark = pytest.mark.anyio
 
@@ -78,6 +78,22 @@ async def test_a_local_run_records_what_it_used_and_what_that_cost(home: Path) -
     assert st["estimated_cost"] == {"amount": pytest.approx(cost_of(used), abs=1e-5), "currency": "USD",
                                     "at_submit": sub["estimated_cost"]["amount"]}
     assert res["usage"] == used and res["estimated_cost"] == st["estimated_cost"]
+
+
+async def test_a_retried_task_used_what_each_of_its_attempts_used(home: Path) -> None:
+    write_catalog(home, exercise_retry='{ max_attempts = 2, backoff_s = 0, retry_on = ["tool_failed"] }')
+    cp = ControlPlane(priced(home))
+    async with Client(build_server(cp)) as client:
+        agent = Agent(client)
+        tid = await agent.submit(inputs={"sleep_s": 1.0, "exit_code": 3})
+        st = await agent.wait(tid)
+        report = await agent.call("usage_report")
+    assert st["state"] == "failed" and st["attempt"] == 2, st
+    assert st["usage"]["run_seconds"] >= 2 * 1.0  # two runs of a second and more
+    assert st["estimated_cost"]["amount"] == pytest.approx(cost_of(st["usage"]), abs=1e-5)
+    [group] = report["groups"]
+    assert (group["tool"], group["tasks"], group["attempts"]) == ("exercise", 1, 2)
+    assert group["usage"] == st["usage"]
 
 
 async def test_a_task_that_never_ran_used_nothing(home: Path) -> None:

@@ -37,7 +37,8 @@ INSTRUCTIONS = """\
 Runs heavy compute as durable tasks. Call a catalog tool (or submit_task) to start one: you get a
 task id at once. Then use get_task_status (state, progress, ETA), tail_task_logs (cursor-paged logs),
 get_task_result (result, artifact download links) and cancel_task. Tasks survive disconnects and
-server restarts; keep the task id. Errors are JSON {code, message, hint}."""
+server restarts; keep the task id. Status and results carry what a task used and its estimated cost;
+usage_report sums them. Errors are JSON {code, message, hint}."""
 
 
 class UnknownToolAsError(Middleware):
