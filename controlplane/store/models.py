@@ -252,8 +252,10 @@ class AttemptUsage(SQLModel, table=True):
     owner and tool are copied here; tags are read from `task_tags` while the task is kept)."""
 
     __tablename__ = "attempt_usage"
-    __table_args__ = (Index("ix_attempt_usage_owner", "owner", "ended_at"),
-                      Index("ix_attempt_usage_ended", "ended_at"))
+    # Budgets sum a period's costs of one owner, or of every owner joined to a tag, from the
+    # index alone (cost and task_pk in it: no row is read).
+    __table_args__ = (Index("ix_attempt_usage_owner", "owner", "ended_at", "cost"),
+                      Index("ix_attempt_usage_ended", "ended_at", "task_pk", "cost"))
 
     task_id: str = Field(sa_column=Column(String(40), primary_key=True))
     attempt: int = Field(sa_column=Column(Integer, primary_key=True, autoincrement=False))

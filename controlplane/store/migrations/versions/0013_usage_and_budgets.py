@@ -44,8 +44,9 @@ def upgrade() -> None:
         sa.Column('cost', sa.Float(), nullable=True),
         sa.Column('currency', sa.String(length=8), nullable=False),
     )
-    op.create_index('ix_attempt_usage_owner', 'attempt_usage', ['owner', 'ended_at'])
-    op.create_index('ix_attempt_usage_ended', 'attempt_usage', ['ended_at'])
+    # (covering: a budget's sum over a period reads the index alone)
+    op.create_index('ix_attempt_usage_owner', 'attempt_usage', ['owner', 'ended_at', 'cost'])
+    op.create_index('ix_attempt_usage_ended', 'attempt_usage', ['ended_at', 'task_pk', 'cost'])
     op.create_table(
         'budgets',
         sa.Column('scope', sa.String(length=8), primary_key=True),
