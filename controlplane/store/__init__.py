@@ -12,6 +12,7 @@ network.
     store.leases     leader leases                                     (leases.py)
     store.retention  expiry and purging                                (retention.py)
     store.callers    limits per caller, open streams                   (callers.py)
+    store.usage      usage per attempt, its sums and reports, budgets  (usage.py)
 
 Statements live in `queries.py`, rows come back as the frozen types of `rows.py`.
 """
@@ -28,10 +29,12 @@ from controlplane.store.jobs import JobStore
 from controlplane.store.leases import LeaseStore
 from controlplane.store.logs import LogStore
 from controlplane.store.retention import RetentionStore
-from controlplane.store.tasks import LimitReached, NewTask, QueueFull, SubmitLimits, Submitted, TaskStore
+from controlplane.store.tasks import (BudgetCheck, BudgetReached, LimitReached, NewTask, QueueFull, SubmitLimits, Submitted,
+                                      TaskStore)
+from controlplane.store.usage import UsageStore
 from controlplane.store.writer import Writer, _now
 
-__all__ = ["AttemptTx", "LimitReached", "NewTask", "QueueFull", "StaleAttempt", "Store", "SubmitLimits", "Submitted"]
+__all__ = ["AttemptTx", "BudgetCheck", "BudgetReached", "LimitReached", "NewTask", "QueueFull", "StaleAttempt", "Store", "SubmitLimits", "Submitted"]
 
 
 class Store:
@@ -46,6 +49,7 @@ class Store:
         self.leases = LeaseStore(self.writer)
         self.retention = RetentionStore(self.writer)
         self.callers = CallerStore(self.writer)
+        self.usage = UsageStore(self.writer)
 
     @property
     def on_change(self) -> Callable[[str], None] | None:
