@@ -166,8 +166,7 @@ def catalog_check(catalog: CatalogArg,
                   default_image: ImageOpt = None) -> None:
     """Check that a deployment made exactly one job per catalog tool, with the tool's image, cpu and
     memory. Exits 1 listing every difference, 2 when the catalog or the outputs cannot be read."""
-    from controlplane.catalog import CatalogError
-    from controlplane.deployment import DeploymentError, check
+    from controlplane.deployment import check
 
     try:
         raw = sys.stdin.read() if outputs == "-" else Path(outputs).read_text()
