@@ -5,7 +5,6 @@ CSRF and loopback rules, task traces (OpenTelemetry's in-memory exporter), and
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from rich.console import Console
 
 from controlplane.app import ControlPlane
 from controlplane.settings import Settings
-from tests.conftest import FAST, TERMINAL, Agent, serving
+from tests.conftest import FAST, Agent, serving
 
 pytestmark = pytest.mark.anyio
 
