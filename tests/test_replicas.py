@@ -157,6 +157,10 @@ async def test_wait_task_on_one_replica_follows_a_task_running_on_another(pg_url
 
 
 async def test_a_leader_stopped_past_its_lease_and_resumed_launches_nothing_twice(pg_url: str, tmp_path: Path) -> None:
+    """A (the leader) is stopped with SIGSTOP somewhere in its launches of eight tasks submitted
+    together, and resumed only once B took over and every launch is recorded. Each job was started
+    once, all succeed. Where A stops is random: it may have recorded every launch already (the run
+    then says B recorded none)."""
     import os
     import random
     import signal
@@ -167,8 +171,12 @@ async def test_a_leader_stopped_past_its_lease_and_resumed_launches_nothing_twic
     key = secrets.token_hex(32)
     homes = [tmp_path / "a", tmp_path / "b"]
     for h in homes:
-        write_catalog(h, concurrency=4)
-    a, b = (_replica(h, key, leader_lease_s=1.5) for h in homes)
+        write_catalog(h, concurrency=8)
+    # One object store and one local jobs directory, as README's "Several replicas" asks: in a
+    # directory of its own, B could not find a job A launched (and that ended) while A was stopped
+    # before it recorded the launch, and would start it again.
+    a, b = (_replica(h, key, leader_lease_s=1.5, object_store_url=(tmp_path / "objects").as_uri(),
+                     local_jobs_dir=tmp_path / "jobs") for h in homes)
     try:
         a.start()
         deadline = time.monotonic() + 10
@@ -178,25 +186,38 @@ async def test_a_leader_stopped_past_its_lease_and_resumed_launches_nothing_twic
         b.start()
         async with Client(b.url) as cb:
             agent = Agent(cb)
-            tids = [await agent.submit(inputs={"sleep_s": 1}) for _ in range(8)]
-            await anyio.sleep(random.uniform(0.0, 0.2))  # somewhere in A's claims and launches
+            tids: list[str] = []
+
+            async def submit() -> None:
+                tids.append(await agent.submit(inputs={"sleep_s": 1}))
+
+            async with anyio.create_task_group() as tg:  # together: A claims them at once, launches 8 at once
+                for _ in range(8):
+                    tg.start_soon(submit)
+            await anyio.sleep(random.uniform(0.0, 0.15))  # somewhere in A's launches
             os.kill(a.proc.pid, signal.SIGSTOP)
             try:
                 deadline = time.monotonic() + 15
                 while _leader_pid(pg_url) != b.proc.pid:  # B takes over once A's lease ran out
                     assert time.monotonic() < deadline, "replica B never took over"
                     await anyio.sleep(0.05)
-                await anyio.sleep(1.0)  # B launches what A left
+                took_over = time.time()
+                while _launches_recorded(pg_url, 0) < len(tids):  # B launches (or finds) what A left
+                    assert time.monotonic() < deadline + 20, "replica B did not launch what A left"
+                    await anyio.sleep(0.1)
             finally:
+                resumed = time.time()
                 os.kill(a.proc.pid, signal.SIGCONT)
             final = [await agent.wait(t, TERMINAL, timeout=60) for t in tids]
-        launches = _launches(*homes)
+        launches = _launches(tmp_path)
         assert len(launches) == len(tids) and set(launches.values()) == {1}, launches
-        by_b = len(_launches(homes[1]))
-        assert by_b >= 1  # B did take over and launch
+        # While A was stopped, only B can have started a runner, or recorded a launch (of a job
+        # it started, or of one A had started and not recorded, which B found by its name).
+        by_b = sum(1 for t in _launch_times(tmp_path) if took_over - 0.5 <= t <= resumed)
+        recorded_by_b = _launches_recorded(pg_url, took_over - 0.5, resumed)
         states = [f["state"] for f in final]
         print(f"\nafter SIGSTOP/SIGCONT of the leader: {len(launches)} jobs, each started once "
-              f"({len(launches) - by_b} by A, {by_b} by B); states {states}")
+              f"({len(launches) - by_b} by A, {by_b} by B; B recorded {recorded_by_b}); states {states}")
         assert all(s == "succeeded" for s in states), final
     finally:
         for srv in (a, b):
@@ -204,6 +225,20 @@ async def test_a_leader_stopped_past_its_lease_and_resumed_launches_nothing_twic
                 os.kill(srv.proc.pid, signal.SIGCONT)
             srv.stop()
             reap_jobs(srv.home)
+
+
+def _launches_recorded(url: str, since: float, until: float | None = None) -> int:
+    """Launches the store recorded in [since, until]."""
+    with psycopg.connect(url) as db:
+        row = db.execute("SELECT count(*) FROM task_events WHERE kind = 'launched' AND ts BETWEEN %s AND %s",
+                         (since, until if until is not None else time.time() + 60)).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _launch_times(root: Path) -> list[float]:
+    """When each runner under `root/jobs` was started (the '# launching NAME at T' line)."""
+    return [float(line.rsplit(" at ", 1)[1]) for log in (root / "jobs").glob("*/console.log")
+            for line in log.read_text(errors="replace").splitlines() if line.startswith("# launching ")]
 
 
 def test_a_stopped_process_cannot_hold_its_locks_for_ever(pg_url: str) -> None:
