@@ -52,18 +52,25 @@ ERAS = {"2026-07-28": "auto", "2025-11-25": "legacy"}
 MEASURES = ("noop", "submit", "status", "result")
 
 
+def write_catalog(home: Path) -> None:
+    """The default catalog with a queue that takes every submit of a benchmark."""
+    from controlplane.catalog import default_catalog_text
+
+    home.mkdir(parents=True, exist_ok=True)
+    text = default_catalog_text().replace("max_queue_length = 1000", "max_queue_length = 10000000")
+    (home / "catalog.toml").write_text(text)
+
+
 def prepare_home(home: Path, history: int) -> list[str]:
     """A control-plane home whose queue takes every submit, with `history` stored tasks; returns
     the ids of succeeded tasks of the benchmark's owner (what status and result calls read)."""
     from bench.seed import MAIN_OWNER, seed_history
-    from controlplane.catalog import default_catalog_text
     from controlplane.settings import Settings
     from controlplane.store.db import Database
 
     settings = Settings(home=home)
     settings.ensure_home()
-    text = default_catalog_text().replace("max_queue_length = 1000", "max_queue_length = 10000000")
-    (home / "catalog.toml").write_text(text)
+    write_catalog(home)
     db = Database(settings.resolved_database_url)
     db.upgrade()
     seed_history(db, history, seed=13)
@@ -104,13 +111,15 @@ class Window:
             n += 1
         return n
 
-    async def run(self, pid: int) -> dict[str, Any]:
-        cpu0, t0 = cpu_seconds(pid), time.perf_counter()
+    async def run(self, pid: int | Sequence[int]) -> dict[str, Any]:
+        """The window's figures; `server_cpu` is the CPU of the server(s) `pid` (every replica's, summed)."""
+        pids = [pid] if isinstance(pid, int) else list(pid)
+        cpu0, t0 = sum(map(cpu_seconds, pids)), time.perf_counter()
         stop = t0 + self.seconds
         counts = await asyncio.gather(*(self._one(i, c, stop) for i, c in enumerate(self.clients)))
         wall = time.perf_counter() - t0  # the last answers land a little after `stop`
         return {"calls": sum(counts), "wall_s": wall, "calls_per_s": sum(counts) / wall,
-                "server_cpu": (cpu_seconds(pid) - cpu0) / wall,
+                "server_cpu": (sum(map(cpu_seconds, pids)) - cpu0) / wall,
                 "p50_ms": percentile(self.latencies, 50), "p99_ms": percentile(self.latencies, 99)}
 
 

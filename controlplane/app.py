@@ -45,7 +45,7 @@ from controlplane.scheduler import Scheduler
 from controlplane.service import TaskService
 from controlplane.settings import Settings
 from controlplane.store.db import ChangeFeed, Database
-from controlplane.store.leases import Fence
+from controlplane.store.leases import Fence, Fenced
 from controlplane.store import Store
 from controlplane.store.rows import JobRow, TaskRow
 from providers import registry
@@ -103,7 +103,8 @@ class ControlPlane:
         self.scheduler = Scheduler(self.store, self.catalog, self.providers, self.stores, self.attempts,
                                    self.build_spec, fence=lambda: self.fence,
                                    launch_margin_s=self.settings.leader_lease_s / 3)
-        self.reconciler = Reconciler(self.store, self.providers, self.stores, self.attempts, self.settings)
+        self.reconciler = Reconciler(self.store, self.providers, self.stores, self.attempts, self.settings,
+                                     fence=lambda: self.fence, stop_margin_s=self.settings.leader_lease_s / 3)
         self.service.limits.refresh()  # operators' limits per caller; read again by the loop below
         self.service.budgets.refresh()  # and their budgets, likewise
         self.hub = ProgressHub(self.store.tasks.get)  # pushes task changes to connected clients
@@ -313,6 +314,8 @@ class ControlPlane:
                         self._sched_wake.set()
                 else:
                     await anyio.to_thread.run_sync(self.attempts.flush_beats)
+            except Fenced as e:  # no longer the leader: the cycle wrote nothing more
+                log.warning("reconcile cycle left to the new leader: %s", e)
             except Exception:  # noqa: BLE001
                 log.exception("reconcile cycle failed")
 

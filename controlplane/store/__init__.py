@@ -19,14 +19,15 @@ Statements live in `queries.py`, rows come back as the frozen types of `rows.py`
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from controlplane.store.artifacts import ArtifactStore
 from controlplane.store.attempts import AttemptStore, AttemptTx, StaleAttempt
 from controlplane.store.callers import CallerStore
 from controlplane.store.db import Database
 from controlplane.store.jobs import JobStore
-from controlplane.store.leases import LeaseStore
+from controlplane.store.leases import Fence, LeaseStore
 from controlplane.store.logs import LogStore
 from controlplane.store.retention import RetentionStore
 from controlplane.store.tasks import (BudgetCheck, BudgetReached, LimitReached, NewTask, QueueFull, SubmitLimits, Submitted,
@@ -50,6 +51,17 @@ class Store:
         self.retention = RetentionStore(self.writer)
         self.callers = CallerStore(self.writer)
         self.usage = UsageStore(self.writer)
+
+    @contextmanager
+    def fenced(self, fence: Fence | None) -> Iterator[None]:
+        """Every write transaction this thread opens inside first checks that `fence` still
+        holds (`LeaseStore.check`; raises `leases.Fenced`, the transaction writes nothing).
+        None: unfenced (a single process)."""
+        if fence is None:
+            yield
+            return
+        with self.writer.guarded(lambda c: self.leases.check(c, fence)):
+            yield
 
     @property
     def on_change(self) -> Callable[[str], None] | None:
