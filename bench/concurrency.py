@@ -16,7 +16,10 @@ running, nothing launched), a catalog with room for every submitted task in its 
 history of finished tasks to read. Windows are interleaved round by round in a random order so
 that drift hits every measure alike; each figure is the median over rounds. Beside each figure the
 report gives the server's CPU use over the window (100% = one core: the server is the bottleneck,
-as it should be for the ratio to mean something), and its p50/p99 call latency.
+as it should be for the ratio to mean something), the CPU per call of the server and of the clients
+(this process), and the p50/p99 call latency. Clients and server share the machine's two cores: at
+16 clients both are near one core each, so a ratio is about (no-op server + client) / (server +
+client) CPU per call, and a server that costs X ms more per call loses less than X of its share.
 
 The machine has 2 cores: the clients share them with the server. Figures mean something only as
 ratios within one run. The last line of stdout is one JSON object with every figure.
@@ -114,12 +117,16 @@ class Window:
     async def run(self, pid: int | Sequence[int]) -> dict[str, Any]:
         """The window's figures; `server_cpu` is the CPU of the server(s) `pid` (every replica's, summed)."""
         pids = [pid] if isinstance(pid, int) else list(pid)
-        cpu0, t0 = sum(map(cpu_seconds, pids)), time.perf_counter()
+        cpu0, mine0, t0 = sum(map(cpu_seconds, pids)), time.process_time(), time.perf_counter()
         stop = t0 + self.seconds
         counts = await asyncio.gather(*(self._one(i, c, stop) for i, c in enumerate(self.clients)))
         wall = time.perf_counter() - t0  # the last answers land a little after `stop`
-        return {"calls": sum(counts), "wall_s": wall, "calls_per_s": sum(counts) / wall,
-                "server_cpu": (sum(map(cpu_seconds, pids)) - cpu0) / wall,
+        calls = sum(counts)
+        server = sum(map(cpu_seconds, pids)) - cpu0
+        return {"calls": calls, "wall_s": wall, "calls_per_s": calls / wall, "server_cpu": server / wall,
+                # CPU per call of the server(s), and of the clients (this process: they share the 2 cores)
+                "server_ms_per_call": server / max(calls, 1) * 1000,
+                "client_ms_per_call": (time.process_time() - mine0) / max(calls, 1) * 1000,
                 "p50_ms": percentile(self.latencies, 50), "p99_ms": percentile(self.latencies, 99)}
 
 
@@ -194,6 +201,8 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     for m, rs in runs.items():
         res[m] = {"calls_per_s": median([r["calls_per_s"] for r in rs]),
                   "server_cpu": median([r["server_cpu"] for r in rs]),
+                  "server_ms_per_call": median([r["server_ms_per_call"] for r in rs]),
+                  "client_ms_per_call": median([r["client_ms_per_call"] for r in rs]),
                   "p50_ms": median([r["p50_ms"] for r in rs]), "p99_ms": median([r["p99_ms"] for r in rs]),
                   "rounds": [round(r["calls_per_s"], 1) for r in rs]}
     base = res["noop"]["calls_per_s"]
@@ -217,7 +226,8 @@ def verdicts(r: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def render(r: dict[str, Any], console: Console) -> None:
     t = Table(title="calls per second with N concurrent clients (ratio to the no-op's, same clients, same run)",
               title_justify="left")
-    for col in ("era", "clients", "measure", "calls/s", "ratio", "server CPU", "p50 ms", "p99 ms"):
+    for col in ("era", "clients", "measure", "calls/s", "ratio", "server CPU", "server ms/call", "client ms/call",
+                "p50 ms", "p99 ms"):
         t.add_column(col, justify="left" if col in ("era", "measure") else "right")
     for era, by_n in r["eras"].items():
         for n, s in by_n.items():
@@ -225,6 +235,7 @@ def render(r: dict[str, Any], console: Console) -> None:
                 x = s[m]
                 ratio = f"{x['ratio']:.2f}x" if "ratio" in x else ""
                 t.add_row(era, n, m, f"{x['calls_per_s']:.0f}", ratio, f"{x['server_cpu'] * 100:.0f}%",
+                          f"{x['server_ms_per_call']:.2f}", f"{x['client_ms_per_call']:.2f}",
                           f"{x['p50_ms']:.1f}", f"{x['p99_ms']:.1f}")
     console.print(t)
     for name, v in r["verdicts"].items():
