@@ -16,7 +16,10 @@ running, nothing launched), a catalog with room for every submitted task in its 
 history of finished tasks to read. Windows are interleaved round by round in a random order so
 that drift hits every measure alike; each figure is the median over rounds. Beside each figure the
 report gives the server's CPU use over the window (100% = one core: the server is the bottleneck,
-as it should be for the ratio to mean something), and its p50/p99 call latency.
+as it should be for the ratio to mean something), the CPU per call of the server and of the clients
+(this process), and the p50/p99 call latency. Clients and server share the machine's two cores: at
+16 clients both are near one core each, so a ratio is about (no-op server + client) / (server +
+client) CPU per call, and a server that costs X ms more per call loses less than X of its share.
 
 The machine has 2 cores: the clients share them with the server. Figures mean something only as
 ratios within one run. The last line of stdout is one JSON object with every figure.
@@ -52,18 +55,25 @@ ERAS = {"2026-07-28": "auto", "2025-11-25": "legacy"}
 MEASURES = ("noop", "submit", "status", "result")
 
 
+def write_catalog(home: Path) -> None:
+    """The default catalog with a queue that takes every submit of a benchmark."""
+    from controlplane.catalog import default_catalog_text
+
+    home.mkdir(parents=True, exist_ok=True)
+    text = default_catalog_text().replace("max_queue_length = 1000", "max_queue_length = 10000000")
+    (home / "catalog.toml").write_text(text)
+
+
 def prepare_home(home: Path, history: int) -> list[str]:
     """A control-plane home whose queue takes every submit, with `history` stored tasks; returns
     the ids of succeeded tasks of the benchmark's owner (what status and result calls read)."""
     from bench.seed import MAIN_OWNER, seed_history
-    from controlplane.catalog import default_catalog_text
     from controlplane.settings import Settings
     from controlplane.store.db import Database
 
     settings = Settings(home=home)
     settings.ensure_home()
-    text = default_catalog_text().replace("max_queue_length = 1000", "max_queue_length = 10000000")
-    (home / "catalog.toml").write_text(text)
+    write_catalog(home)
     db = Database(settings.resolved_database_url)
     db.upgrade()
     seed_history(db, history, seed=13)
@@ -104,13 +114,19 @@ class Window:
             n += 1
         return n
 
-    async def run(self, pid: int) -> dict[str, Any]:
-        cpu0, t0 = cpu_seconds(pid), time.perf_counter()
+    async def run(self, pid: int | Sequence[int]) -> dict[str, Any]:
+        """The window's figures; `server_cpu` is the CPU of the server(s) `pid` (every replica's, summed)."""
+        pids = [pid] if isinstance(pid, int) else list(pid)
+        cpu0, mine0, t0 = sum(map(cpu_seconds, pids)), time.process_time(), time.perf_counter()
         stop = t0 + self.seconds
         counts = await asyncio.gather(*(self._one(i, c, stop) for i, c in enumerate(self.clients)))
         wall = time.perf_counter() - t0  # the last answers land a little after `stop`
-        return {"calls": sum(counts), "wall_s": wall, "calls_per_s": sum(counts) / wall,
-                "server_cpu": (cpu_seconds(pid) - cpu0) / wall,
+        calls = sum(counts)
+        server = sum(map(cpu_seconds, pids)) - cpu0
+        return {"calls": calls, "wall_s": wall, "calls_per_s": calls / wall, "server_cpu": server / wall,
+                # CPU per call of the server(s), and of the clients (this process: they share the 2 cores)
+                "server_ms_per_call": server / max(calls, 1) * 1000,
+                "client_ms_per_call": (time.process_time() - mine0) / max(calls, 1) * 1000,
                 "p50_ms": percentile(self.latencies, 50), "p99_ms": percentile(self.latencies, 99)}
 
 
@@ -185,6 +201,8 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     for m, rs in runs.items():
         res[m] = {"calls_per_s": median([r["calls_per_s"] for r in rs]),
                   "server_cpu": median([r["server_cpu"] for r in rs]),
+                  "server_ms_per_call": median([r["server_ms_per_call"] for r in rs]),
+                  "client_ms_per_call": median([r["client_ms_per_call"] for r in rs]),
                   "p50_ms": median([r["p50_ms"] for r in rs]), "p99_ms": median([r["p99_ms"] for r in rs]),
                   "rounds": [round(r["calls_per_s"], 1) for r in rs]}
     base = res["noop"]["calls_per_s"]
@@ -208,7 +226,8 @@ def verdicts(r: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def render(r: dict[str, Any], console: Console) -> None:
     t = Table(title="calls per second with N concurrent clients (ratio to the no-op's, same clients, same run)",
               title_justify="left")
-    for col in ("era", "clients", "measure", "calls/s", "ratio", "server CPU", "p50 ms", "p99 ms"):
+    for col in ("era", "clients", "measure", "calls/s", "ratio", "server CPU", "server ms/call", "client ms/call",
+                "p50 ms", "p99 ms"):
         t.add_column(col, justify="left" if col in ("era", "measure") else "right")
     for era, by_n in r["eras"].items():
         for n, s in by_n.items():
@@ -216,6 +235,7 @@ def render(r: dict[str, Any], console: Console) -> None:
                 x = s[m]
                 ratio = f"{x['ratio']:.2f}x" if "ratio" in x else ""
                 t.add_row(era, n, m, f"{x['calls_per_s']:.0f}", ratio, f"{x['server_cpu'] * 100:.0f}%",
+                          f"{x['server_ms_per_call']:.2f}", f"{x['client_ms_per_call']:.2f}",
                           f"{x['p50_ms']:.1f}", f"{x['p99_ms']:.1f}")
     console.print(t)
     for name, v in r["verdicts"].items():

@@ -112,11 +112,13 @@ def _cycle_lines(log: Path) -> list[dict[str, Any]]:
     return [json.loads(m) for m in re.findall(re.escape(CYCLE) + r"(\{.*\})\n", text)]
 
 
-async def measure_server(name: str, home: Path, task_id: str | None, n: int, tmp: Path) -> dict[str, Any]:
-    """One server on `home`: its direct cycles, then its RSS once serving and after its own
-    reconciler loop has run WATCHED_CYCLES cycles."""
+async def measure_server(name: str, home: Path, task_id: str | None, n: int, tmp: Path,
+                         settings: tuple[str, ...] = ()) -> dict[str, Any]:
+    """One server on `home` (and `settings`, KEY=VALUE: another database): its direct cycles, then
+    its RSS once serving and after its own reconciler loop has run WATCHED_CYCLES cycles."""
     proc: ServerProc = helper(name, tmp, "controlplane", "--home", str(home), "--double", "--batch", str(BATCH),
-                              "--cycles", str(DIRECT_CYCLES), "--report-cycles").start()
+                              "--cycles", str(DIRECT_CYCLES), "--report-cycles",
+                              *[a for kv in settings for a in ("--set", kv)]).start()
     try:
         await proc.wait_ready(timeout=600)
         info = ready_info(proc)

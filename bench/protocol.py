@@ -201,37 +201,46 @@ async def bench_calls(cfg: argparse.Namespace, tmp: Path, console: Console) -> d
             reap_jobs(tmp / name)
 
 
-async def bench_progress(cfg: argparse.Namespace, tmp: Path, console: Console) -> dict[str, Any]:
-    proc = controlplane("cp_progress", tmp)
+async def follow_probes(submit_url: str, follow_url: str, tasks: int, steps: int,
+                        interval: float) -> tuple[list[float], list[int]]:
+    """Submit `tasks` probe tasks (plus one to warm up) on `submit_url` and follow each with
+    wait_task on `follow_url` (the same server, or another replica): the latencies (ms) of the
+    notifications, and how many each task had."""
     latencies: list[float] = []
     per_task: list[int] = []
+    async with Client(submit_url, timeout=120) as s, Client(follow_url, timeout=120) as c:
+        for i in range(tasks + 1):  # the first warms up (imports, page cache)
+            got: list[float] = []
+
+            async def on_progress(progress: float, total: float | None, message: str | None,
+                                  got: list[float] = got) -> None:
+                now = time.time()
+                m = re.search(r"t=(\d+\.\d+)", message or "")
+                if m:
+                    got.append((now - float(m.group(1))) * 1000)
+
+            # submit_task answers at once whatever the client (importing fastmcp_tasks makes
+            # every fastmcp Client wait for a catalog tool's task to finish)
+            task_id = (await tool_call(s, "submit_task", {"tool_name": "progress_probe", "inputs": {
+                "steps": steps, "interval_s": interval}}))["task_id"]
+            res = await c.call_tool("wait_task", {"task_id": task_id, "timeout_s": 120},
+                                    progress_handler=on_progress, raise_on_error=False)
+            data = res.structured_content or {}
+            if res.is_error or data.get("state") != "succeeded":
+                raise BenchError(f"the probe task did not succeed: {data}")
+            if i:
+                latencies.extend(got)
+                per_task.append(len(got))
+    return latencies, per_task
+
+
+async def bench_progress(cfg: argparse.Namespace, tmp: Path, console: Console) -> dict[str, Any]:
+    proc = controlplane("cp_progress", tmp)
     try:
         proc.start()
         await proc.wait_ready()
-        url = ready_info(proc)["url"]
-        async with Client(url, timeout=120) as c:  # the seed-000 two-stage answer, then wait_task
-            for i in range(cfg.progress_tasks + 1):  # the first warms up (imports, page cache)
-                got: list[float] = []
-
-                async def on_progress(progress: float, total: float | None, message: str | None,
-                                      got: list[float] = got) -> None:
-                    now = time.time()
-                    m = re.search(r"t=(\d+\.\d+)", message or "")
-                    if m:
-                        got.append((now - float(m.group(1))) * 1000)
-
-                # submit_task answers at once whatever the client (importing fastmcp_tasks makes
-                # every fastmcp Client wait for a catalog tool's task to finish)
-                task_id = (await tool_call(c, "submit_task", {"tool_name": "progress_probe", "inputs": {
-                    "steps": cfg.steps, "interval_s": cfg.interval}}))["task_id"]
-                res = await c.call_tool("wait_task", {"task_id": task_id, "timeout_s": 120},
-                                        progress_handler=on_progress, raise_on_error=False)
-                data = res.structured_content or {}
-                if res.is_error or data.get("state") != "succeeded":
-                    raise BenchError(f"the probe task did not succeed: {data}")
-                if i:
-                    latencies.extend(got)
-                    per_task.append(len(got))
+        url = ready_info(proc)["url"]  # the seed-000 two-stage answer, then wait_task
+        latencies, per_task = await follow_probes(url, url, cfg.progress_tasks, cfg.steps, cfg.interval)
     finally:
         proc.stop()
         reap_jobs(tmp / "cp_progress")

@@ -6,17 +6,20 @@ can run on the event loop before a group commit (`controlplane.group_commit`) wr
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from jsonschema.exceptions import ValidationError as SchemaValidationError
 
 from controlplane import api
+from controlplane.budgets import Budgets
 from controlplane.catalog import Catalog
 from controlplane.errors import ControlPlaneError, ErrorCode, invalid
 from controlplane.estimates import Estimator
 from controlplane.identity import team_for_new_task
 from controlplane.launch import check_scratch
 from controlplane.limits import Limits
+from controlplane.prices import Pricing
 from controlplane.settings import Settings
 from controlplane.store import NewTask
 from providers.base import Provider
@@ -24,12 +27,14 @@ from providers.base import Provider
 
 class Admission:
     def __init__(self, settings: Settings, catalog: Catalog, providers: dict[str, Provider], estimator: Estimator,
-                 limits: Limits):
+                 limits: Limits, pricing: Pricing, budgets: Budgets):
         self.settings = settings
         self.catalog = catalog
         self.providers = providers
         self.estimator = estimator
         self.limits = limits
+        self.pricing = pricing
+        self.budgets = budgets
 
     def check(self, owner: str, req: api.SubmitTask) -> tuple[NewTask, int]:
         """The task a submit asks for, checked against the catalog and the limits, and the length
@@ -64,6 +69,8 @@ class Admission:
         input_size = tool.input_size(req.inputs)
         estimate = self.estimator.estimate(tool, input_size)
         resources = {k: v for k, v in res.model_dump().items() if v is not None and k != "resource_class"}
+        # Its cost at the estimated runtime (from the tool's history), where its provider runs it.
+        estimate_cost = self.pricing.estimate(self.pricing.of(tool.name, tool.provider, rc_name, resources), estimate)
         new = NewTask(
             owner=str(owner), tool_name=tool.name, inputs_json=inputs_json, input_size=input_size,
             provider=tool.provider, resource_class=rc_name, priority=req.priority, ttl_s=ttl,
@@ -72,6 +79,7 @@ class Admission:
             max_recoveries=tool.retry.max_recoveries,
             store_url=tool.object_store or rc.object_store or "",
             team=team_for_new_task(owner), limits=self.limits.for_submit(owner),  # (checked when it is written)
+            estimate_cost=estimate_cost, budgets=self.budgets.for_submit(str(owner), req.tags, time.time()),
         )
         return new, rc.max_queue_length
 

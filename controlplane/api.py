@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
 from controlplane.states import TaskState
@@ -132,6 +132,26 @@ class GetTaskResult(_Input):
     task_id: TaskId
     url_ttl_s: int | None = Field(default=None, ge=60, description="Lifetime of the artifact download links "
                                   "(default from the server's settings, capped at 7 days)")
+
+
+class UsageReport(_Input):
+    group_by: list[Literal["tool", "tag", "owner"]] = Field(
+        default=["tool"], max_length=3, description="Sum per tool, tag and/or owner (a task counts under each of "
+        "its tags; [] for one total)")
+    since: datetime | None = Field(default=None, description="ISO 8601 time: attempts that ended at or after it "
+                                   "(default: the start of the current month, UTC)")
+    until: datetime | None = Field(default=None, description="ISO 8601 time: attempts that ended before it "
+                                   "(default: now)")
+    owner: str | None = Field(default=None, min_length=1, max_length=200,
+                              description="Whose usage (default: yours); anyone's with tasks:admin")
+    everyone: bool = Field(default=False, description="Everyone's usage (tasks:admin only)")
+
+    @field_validator("group_by")
+    @classmethod
+    def _distinct(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError("each of tool, tag and owner at most once")
+        return v
 
 
 # ---- JSON values ------------------------------------------------------------------------------------

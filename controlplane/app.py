@@ -9,7 +9,8 @@ object store and the providers the catalog names, and wires the task service, th
 * the leader lease: several processes may share one database (stdio clients each start their
   own server), and only the lease holder schedules and reconciles;
 * the scheduler and reconciler loops, woken early by submits, cancels and finished jobs;
-* a loop that reads the operators' limits per caller again (`controlplane.limits`).
+* a loop that reads the operators' limits per caller and budgets again (`controlplane.limits`,
+  `controlplane.budgets`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import anyio.to_thread
 from controlplane.attempts import Attempts
 from controlplane.catalog import Catalog, CatalogError, ensure_catalog
 from controlplane.estimates import Estimator
+from controlplane.prices import PriceError, PriceTable, Pricing
 from controlplane.http.listener import Listener
 from controlplane.http.routes import RouteDeps, routes
 from controlplane.launch import build_launch_spec
@@ -43,7 +45,7 @@ from controlplane.scheduler import Scheduler
 from controlplane.service import TaskService
 from controlplane.settings import Settings
 from controlplane.store.db import ChangeFeed, Database
-from controlplane.store.leases import Fence
+from controlplane.store.leases import Fence, Fenced
 from controlplane.store import Store
 from controlplane.store.rows import JobRow, TaskRow
 from providers import registry
@@ -96,14 +98,20 @@ class ControlPlane:
                 except registry.ProviderUnavailable as e:
                     raise CatalogError(f"{self.catalog.source}: {e}") from None
         self.estimator = Estimator(self.store.tasks.runtimes)
-        self.attempts = Attempts(self.store, self.catalog, self.stores, self.settings)
+        try:  # prices of what attempts use: the defaults, and the operator's file over them
+            self.pricing = Pricing(PriceTable.load(self.settings.resolved_prices_path), self.catalog, self.providers)
+        except PriceError as e:
+            raise CatalogError(str(e)) from None
+        self.attempts = Attempts(self.store, self.catalog, self.stores, self.settings, self.pricing)
         self.service = TaskService(self.settings, self.store, self.catalog, self.stores, self.estimator, self.providers,
-                                   wake=self.wake)
+                                   wake=self.wake, pricing=self.pricing)
         self.scheduler = Scheduler(self.store, self.catalog, self.providers, self.stores, self.attempts,
                                    self.build_spec, fence=lambda: self.fence,
                                    launch_margin_s=self.settings.leader_lease_s / 3)
-        self.reconciler = Reconciler(self.store, self.providers, self.stores, self.attempts, self.settings)
+        self.reconciler = Reconciler(self.store, self.providers, self.stores, self.attempts, self.settings,
+                                     fence=lambda: self.fence, stop_margin_s=self.settings.leader_lease_s / 3)
         self.service.limits.refresh()  # operators' limits per caller; read again by the loop below
+        self.service.budgets.refresh()  # and their budgets, likewise
         self.hub = ProgressHub(self.store.tasks.get)  # pushes task changes to connected clients
         self.store.on_change = self.hub.on_change
         self.change_feed: ChangeFeed | None = None  # set while running, on PostgreSQL
@@ -292,14 +300,15 @@ class ControlPlane:
             await anyio.sleep(SCHEDULER_MIN_GAP_S)
 
     async def _limits_loop(self) -> None:
-        """Operators change limits per caller in the database (`controlplane limits`): every
-        replica reads them again this often, so that no call has to."""
+        """Operators change limits per caller and budgets in the database (`controlplane limits`,
+        `controlplane budgets`): every replica reads them again this often, so that no call has to."""
         while True:
             await anyio.sleep(self.settings.limits_refresh_s)
             try:
                 await anyio.to_thread.run_sync(self.service.limits.refresh)
+                await anyio.to_thread.run_sync(self.service.budgets.refresh)
             except Exception:  # noqa: BLE001
-                log.exception("reading the limits per caller failed")
+                log.exception("reading the limits per caller and the budgets failed")
 
     async def _reconciler_loop(self) -> None:
         while True:
@@ -311,6 +320,8 @@ class ControlPlane:
                         self._sched_wake.set()
                 else:
                     await anyio.to_thread.run_sync(self.attempts.flush_beats)
+            except Fenced as e:  # no longer the leader: the cycle wrote nothing more
+                log.warning("reconcile cycle left to the new leader: %s", e)
             except Exception:  # noqa: BLE001
                 log.exception("reconcile cycle failed")
 

@@ -13,8 +13,14 @@ happens here, in one transaction (`Store.attempts.open`):
   job that waited too long for capacity; the scheduler's launch was refused.
 
 Each end reads the outcome (`controlplane.outcomes`: the target state, the error, and which
-retry budget a retry draws on), keeps the artifacts that belong to this attempt, and moves the
-task and its job (`AttemptTx.end`). The HTTP callback route and the reconciler both call here.
+retry budget a retry draws on), keeps the artifacts that belong to this attempt, records what the
+attempt used and its estimated cost (`controlplane.prices`), and moves the task and its job
+(`AttemptTx.end`). The HTTP callback route and the reconciler both call here.
+
+An attempt's usage runs from its job's start to its end as the provider reports them when the
+end comes from the provider (Batch's startedAt/stoppedAt, an execution's start and completion
+times), else as the runner reports them in its outcome, else from when the task was seen
+running to now (a lost job: it is counted until it was given up on).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from controlplane.objectstore.base import UnsafeKey, artifact_key, events_prefix
 from controlplane.objectstore.registry import StoreRegistry
 from controlplane.ops import metrics, traces
 from controlplane.outcomes import Decision, decide, decide_launch_failure, decide_lost, decide_provider_failure
+from controlplane.prices import Pricing
 from controlplane.settings import Settings
 from controlplane.states import TERMINAL, JobState, TaskState
 from controlplane.store import AttemptTx, StaleAttempt, Store
@@ -49,8 +56,9 @@ class Applied:
 
 
 class Attempts:
-    def __init__(self, store: Store, catalog: Catalog, stores: StoreRegistry, settings: Settings):
+    def __init__(self, store: Store, catalog: Catalog, stores: StoreRegistry, settings: Settings, pricing: Pricing):
         self.store = store
+        self.pricing = pricing
         self.catalog = catalog
         self.stores = stores
         self.settings = settings
@@ -62,22 +70,24 @@ class Attempts:
         return tool.retry if tool else RetryPolicy()
 
     # ---- the runner's events ------------------------------------------------------------------
-    def apply(self, task_id: str, attempt: int, events: list[dict[str, Any]]) -> Applied:
+    def apply(self, task_id: str, attempt: int, events: list[dict[str, Any]],
+              ran_at: tuple[float | None, float | None] = (None, None)) -> Applied:
         """Apply a batch; if earlier events are missing (a batch starting past the job's last
         seq + 1), they are read from the object store first. Raises StaleAttempt for an
-        attempt that is no longer current."""
+        attempt that is no longer current. `ran_at`: the job's start and end as its provider
+        reports them (preferred to the runner's for its usage), when the provider ended it."""
         with self.store.attempts.open(task_id, attempt, reporting=True) as a:
             assert a.task is not None and a.job is not None
             fresh = _fresh(events, a.job.event_seq)
             if not fresh or ev.seq_of(fresh[0]) == a.job.event_seq + 1:
-                return self._apply(a, fresh)
+                return self._apply(a, fresh, ran_at)
             store_url, from_seq = a.task.store_url, a.job.event_seq + 1
         missing = self.read_spilled(store_url, task_id, attempt, from_seq)
         with self.store.attempts.open(task_id, attempt, reporting=True) as a:
             assert a.job is not None
-            return self._apply(a, _fresh(missing + events, a.job.event_seq))
+            return self._apply(a, _fresh(missing + events, a.job.event_seq), ran_at)
 
-    def _apply(self, a: AttemptTx, fresh: list[dict[str, Any]]) -> Applied:
+    def _apply(self, a: AttemptTx, fresh: list[dict[str, Any]], ran_at: tuple[float | None, float | None]) -> Applied:
         assert a.task is not None and a.job is not None
         seq = before = a.job.event_seq
         lines: list[tuple[float | None, str, str, str]] = []
@@ -100,7 +110,8 @@ class Attempts:
         cancel = a.task.cancel_requested
         if outcome is not None:
             self._end(a, decide(a.task, outcome.as_outcome(), self.policy(a.task.tool_name)),
-                      self._artifacts(a.task, outcome.artifacts))
+                      self._artifacts(a.task, outcome.artifacts),
+                      ran_at=(ran_at[0] or outcome.started_at, ran_at[1] or outcome.finished_at))
         return Applied(ack_seq=seq, cancel=cancel, finished=outcome is not None)
 
     def read_spilled(self, store_url: str, task_id: str, attempt: int, from_seq: int) -> list[dict[str, Any]]:
@@ -130,10 +141,11 @@ class Attempts:
         task_id, attempt = job.task_id, job.attempt
         task = self.store.tasks.get(task_id)  # its store (the reconciler does not read it for every job)
         outcome = None
+        ran_at = (status.started_at, status.finished_at)  # the provider's record of the run
         try:  # events the runner could not deliver by callback are in the object store
             if task is not None:
                 spilled = self.read_spilled(task.store_url, task_id, attempt, job.event_seq + 1)
-                if spilled and self.apply(task_id, attempt, spilled).finished:
+                if spilled and self.apply(task_id, attempt, spilled, ran_at).finished:
                     return "finished"
                 outcome = self.read_outcome(task.store_url, task_id, attempt)
         except StaleAttempt:
@@ -144,13 +156,15 @@ class Attempts:
                 return "stale"
             policy = self.policy(a.task.tool_name)
             if outcome is not None:
-                self._end(a, decide(a.task, outcome.as_outcome(), policy), self._artifacts(a.task, outcome.artifacts))
+                ran_at = (ran_at[0] or outcome.started_at, ran_at[1] or outcome.finished_at)
+                self._end(a, decide(a.task, outcome.as_outcome(), policy), self._artifacts(a.task, outcome.artifacts),
+                          ran_at=ran_at)
                 return "finished"
             if status.phase == JobPhase.GONE:
                 self._end(a, decide_lost(a.task, status.reason or "the job vanished", policy))
                 return "lost"
             self._end(a, decide_provider_failure(a.task, status.reason, status.exit_code, policy,
-                                                 started=status.started_at is not None))
+                                                 started=status.started_at is not None), ran_at=ran_at)
             return "finished"
 
     def end_lost(self, task_id: str, attempt: int, reason: str, *, job_state: JobState = JobState.ABANDONED) -> None:
@@ -176,16 +190,38 @@ class Attempts:
 
     # ---- the end itself -----------------------------------------------------------------------
     def _end(self, a: AttemptTx, d: Decision, artifacts: Sequence[dict[str, Any]] = (), *, ran: bool = True,
-             job_state: JobState = JobState.DONE) -> TaskRow:
+             job_state: JobState = JobState.DONE,
+             ran_at: tuple[float | None, float | None] = (None, None)) -> TaskRow:
         assert a.task is not None
         if ran and a.task.state == S.SCHEDULED and not d.is_retry:  # it ran, unseen
-            a.start({"source": "outcome"})
+            a.start({"source": "outcome"}, ran_at[0])
+        if ran:
+            self._record_usage(a, ran_at)
         row = a.end(d.state, error=d.error, result=d.result, note=d.note, retry=d.retry,
                     not_before=a.now + d.backoff_s, artifacts=artifacts, job_state=job_state)
         if row.state in TERMINAL:
             metrics.COMPLETIONS.labels(row.tool_name, row.state).inc()
         traces.ended(row)
         return row
+
+    def _record_usage(self, a: AttemptTx, ran_at: tuple[float | None, float | None]) -> None:
+        """What the attempt used, from its job's start and end (`ran_at`, the best record there
+        is; the task's start and now where it has none) and its shape, and its cost at today's
+        prices. Nothing for an attempt that never started."""
+        task = a.task
+        assert task is not None
+        start = ran_at[0] or task.started_at
+        if start is None:
+            return
+        end = ran_at[1] or a.now
+        priced = self.pricing.of(task.tool_name, task.provider, task.resource_class,
+                                 json.loads(task.resources_json or "{}"))
+        used = priced.usage(end - start)
+        region = priced.region[:64] if priced.region else None  # (the column's width)
+        a.record_usage({"region": region, "started_at": start, "ended_at": max(start, end),
+                        "cpu": priced.cpu, "memory_mb": priced.memory_mb, "gpu": priced.gpu,
+                        "run_s": used.run_s, "vcpu_s": used.vcpu_s, "memory_gib_s": used.memory_gib_s,
+                        "gpu_s": used.gpu_s, "cost": used.cost(priced.rate), "currency": self.pricing.currency})
 
     @staticmethod
     def _artifacts(task: TaskRow, reported: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

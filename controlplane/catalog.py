@@ -64,6 +64,7 @@ RESERVED_NAMES = frozenset(
         "cancel_task",
         "get_task_result",
         "wait_task",
+        "usage_report",
     }
 )
 RETRYABLE = frozenset({"worker_lost", "launch_failed", "tool_failed"})

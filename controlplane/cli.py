@@ -8,6 +8,8 @@
     controlplane catalog check CATALOG OUTPUTS.json   (a catalog against `terraform output -json`)
     controlplane jobs [--state abandoned] [--home DIR]   (the operator's view of the jobs table)
     controlplane limits list | set OWNER [--submits-per-minute N ...] | clear OWNER   (per caller)
+    controlplane budgets list | set (--owner O | --tag T) AMOUNT [--period month] | clear (--owner O | --tag T)
+    controlplane usage [--by tool --by tag --by owner] [--since ISO] [--until ISO] [--owner O]
 """
 
 from __future__ import annotations
@@ -37,7 +39,10 @@ limits_app = typer.Typer(no_args_is_help=True, help="Limits per caller, in the d
 app.add_typer(tasks_app, name="tasks")
 app.add_typer(db_app, name="db")
 app.add_typer(catalog_app, name="catalog")
+budgets_app = typer.Typer(no_args_is_help=True, help="Budgets per caller or tag, in the database (every replica "
+                                                     "reads them within CONTROLPLANE_LIMITS_REFRESH_S).")
 app.add_typer(limits_app, name="limits")
+app.add_typer(budgets_app, name="budgets")
 
 err = Console(stderr=True)
 HomeOpt = Annotated[Path | None, typer.Option("--home", help="State directory (default $CONTROLPLANE_HOME or "
@@ -161,8 +166,7 @@ def catalog_check(catalog: CatalogArg,
                   default_image: ImageOpt = None) -> None:
     """Check that a deployment made exactly one job per catalog tool, with the tool's image, cpu and
     memory. Exits 1 listing every difference, 2 when the catalog or the outputs cannot be read."""
-    from controlplane.catalog import CatalogError
-    from controlplane.deployment import DeploymentError, check
+    from controlplane.deployment import check
 
     try:
         raw = sys.stdin.read() if outputs == "-" else Path(outputs).read_text()
@@ -241,7 +245,8 @@ def _limit(value: str | None) -> int | None | str:
     return n
 
 
-def _caller_store(home: Path | None) -> Any:
+def _store(home: Path | None) -> Any:
+    """The settings and the store of the home's database (migrated to the current revision)."""
     from controlplane.store import Store
     from controlplane.store.db import Database
 
@@ -249,7 +254,12 @@ def _caller_store(home: Path | None) -> Any:
     settings.ensure_home()
     db = Database(settings.resolved_database_url)
     db.upgrade()
-    return settings, Store(db).callers
+    return settings, Store(db)
+
+
+def _caller_store(home: Path | None) -> Any:
+    settings, store = _store(home)
+    return settings, store.callers
 
 
 def _limits_table(settings: Any, rows: list[Any], as_json: bool) -> None:
@@ -306,10 +316,139 @@ def limits_set(owner: Annotated[str, typer.Argument(help="The caller: a static t
 def limits_clear(owner: str, home: HomeOpt = None) -> None:
     """Remove a caller's overrides: the defaults apply to it again."""
     _settings_, callers = _caller_store(home)
-    if not callers.clear_override(owner):
-        err.print(f"{owner}: no overrides")
+    _cleared(callers.clear_override(owner), owner, "no overrides", "the defaults apply")
+
+
+def _cleared(done: bool, what: str, nothing: str, after: str) -> None:
+    """Say what a `clear` did; exit 1 when there was nothing to clear."""
+    if not done:
+        err.print(f"{what}: {nothing}")
         raise typer.Exit(1)
-    err.print(f"{owner}: the defaults apply")
+    err.print(f"{what}: {after}")
+
+
+# ---- budgets and usage --------------------------------------------------------------------------
+class Period(StrEnum):
+    day = "day"
+    week = "week"
+    month = "month"
+
+
+OwnerOpt = Annotated[str | None, typer.Option("--owner", help="A caller: a static token's identity, or an OAuth "
+                                                              "caller's '<issuer>#<subject>'")]
+TagOpt = Annotated[str | None, typer.Option("--tag", help="A tag: every task that carries it, whoever submitted it")]
+
+
+def _budget_subject(owner: str | None, tag: str | None) -> tuple[str, str]:
+    if (owner is None) == (tag is None):
+        err.print("[red]name one caller (--owner) or one tag (--tag)[/]")
+        raise typer.Exit(2)
+    return ("owner", owner) if owner is not None else ("tag", tag)  # type: ignore[return-value]
+
+
+def _currency(settings: Any) -> str:
+    from controlplane.prices import PriceTable
+
+    return PriceTable.load(settings.resolved_prices_path).currency
+
+
+def _budgets_table(settings: Any, rows: list[Any], as_json: bool) -> None:
+    currency = _currency(settings)
+    if as_json:
+        print(json.dumps({"currency": currency, "budgets": [{"scope": r.scope, "subject": r.subject, "period": r.period,
+                                                             "amount": r.amount} for r in rows]}, indent=2))
+        return
+    table = Table(box=None, pad_edge=False)
+    for name in ("scope", "caller or tag", "period", f"amount ({currency})"):
+        table.add_column(name, no_wrap=True, overflow="ignore")
+    for r in rows:
+        table.add_row(r.scope, r.subject, r.period, f"{r.amount:g}")
+    Console(width=max(120, Console().width)).print(table)
+
+
+@budgets_app.command("list")
+def budgets_list(home: HomeOpt = None, as_json: JsonOpt = False) -> None:
+    """Every budget, in the price table's currency."""
+    settings, store = _store(home)
+    _budgets_table(settings, store.usage.budgets(), as_json)
+
+
+@budgets_app.command("set")
+def budgets_set(amount: Annotated[float, typer.Argument(min=0, help="At most this much per period, in the price "
+                                                                    "table's currency")],
+                owner: OwnerOpt = None, tag: TagOpt = None,
+                period: Annotated[Period, typer.Option(help="A calendar period, UTC (weeks from Monday)")] = Period.month,
+                home: HomeOpt = None, as_json: JsonOpt = False) -> None:
+    """Set the budget of one caller or one tag: a submit that would take its spending in the period
+    (spent + tasks not yet ended + the submit's estimate) above it is refused (LIMIT_EXCEEDED)."""
+    scope, subject = _budget_subject(owner, tag)
+    settings, store = _store(home)
+    _budgets_table(settings, [store.usage.set_budget(scope, subject, period.value, amount)], as_json)
+
+
+@budgets_app.command("clear")
+def budgets_clear(owner: OwnerOpt = None, tag: TagOpt = None, home: HomeOpt = None) -> None:
+    """Remove one caller's or tag's budget."""
+    scope, subject = _budget_subject(owner, tag)
+    _settings_, store = _store(home)
+    _cleared(store.usage.clear_budget(scope, subject), f"{scope} {subject}", "no budget", "no budget any more")
+
+
+class GroupBy(StrEnum):
+    tool = "tool"
+    tag = "tag"
+    owner = "owner"
+
+
+@app.command("usage")
+def usage_report(by: Annotated[list[GroupBy] | None, typer.Option("--by", help="Sum per tool, tag and/or owner "
+                                                                            "(repeatable; default: tool)")] = None,
+                 since: Annotated[str | None, typer.Option(help="ISO 8601 time (default: the start of this month, "
+                                                                "UTC)")] = None,
+                 until: Annotated[str | None, typer.Option(help="ISO 8601 time (default: now)")] = None,
+                 owner: OwnerOpt = None, home: HomeOpt = None, as_json: JsonOpt = False) -> None:
+    """What the tasks used and their estimated cost at list prices, from the database (every
+    caller's, or one's), per attempt that ended in [since, until)."""
+    import time
+    from datetime import UTC, datetime
+
+    from controlplane.api import iso
+    from controlplane.budgets import period_bounds
+    from controlplane.prices import PriceTable, summarize
+
+    def epoch(text: str | None, default: float) -> float:
+        if text is None:
+            return default
+        try:
+            t = datetime.fromisoformat(text)
+        except ValueError:
+            err.print(f"[red]{text!r}: expected an ISO 8601 time[/]")
+            raise typer.Exit(2) from None
+        return (t if t.tzinfo else t.replace(tzinfo=UTC)).timestamp()
+
+    settings, store = _store(home)
+    group_by = list(dict.fromkeys(g.value for g in (by or [GroupBy.tool])))
+    end = epoch(until, time.time())
+    start = epoch(since, period_bounds("month", end)[0])
+    table_ = PriceTable.load(settings.resolved_prices_path)
+    data = {"since": iso(start), "until": iso(end), "owner": owner, "group_by": group_by, "currency": table_.currency,
+            "prices_as_of": table_.as_of, **summarize(store.usage.report(group_by, owner, start, end), group_by)}
+    if as_json:
+        print(json.dumps(data, indent=2))
+        return
+    table = Table(box=None, pad_edge=False, title=f"usage {data['since']} .. {data['until']} "
+                                                  f"(list prices of {table_.as_of}, {table_.currency})")
+    for name in (*group_by, "tasks", "attempts", "run s", "vCPU s", "GiB s", "GPU s", "cost"):
+        table.add_column(name, no_wrap=True, overflow="ignore")
+    rows = data["groups"] + ([{**{g: "(total)" for g in group_by}, "tasks": "", "attempts": "", **data["total"]}]
+                             if "total" in data and data["groups"] else [])
+    for g in rows:
+        u = g["usage"]
+        cost = f"{g['estimated_cost']:.6f}" + (f" (+{g['unpriced_attempts']} unpriced)" if g["unpriced_attempts"] else "")
+        table.add_row(*[str(g[k]) if g[k] is not None else "-" for k in group_by], str(g["tasks"]), str(g["attempts"]),
+                      f"{u['run_seconds']:.1f}", f"{u['vcpu_seconds']:.1f}", f"{u['memory_gib_seconds']:.1f}",
+                      f"{u['gpu_seconds']:.1f}", cost)
+    Console(width=max(160, Console().width)).print(table)
 
 
 # ---- client commands ----------------------------------------------------------------------------

@@ -23,7 +23,7 @@ import json
 from typing import Any
 
 from controlplane import blocking
-from controlplane.catalog import Catalog
+from controlplane.catalog import Catalog, ResourceClass
 from controlplane.errors import ControlPlaneError, ErrorCode, invalid
 from controlplane.settings import Settings
 from controlplane.store.rows import JobRow, TaskRow
@@ -66,11 +66,17 @@ def build_launch_spec(task: TaskRow, job: JobRow, catalog: Catalog, settings: Se
     return LaunchSpec(
         task_id=task.task_id, attempt=task.attempt, job_name=job.job_name, tool_name=tool.name,
         owner=task.owner, command=tuple(c.replace("{python}", python) for c in tool.command), image=tool.image,
-        env=env, cpu=float(res.get("cpu") or rc.cpu), memory_mb=int(res.get("memory_mb") or rc.memory_mb),
-        gpu=int(res.get("gpu") if res.get("gpu") is not None else rc.gpu),
+        env=env, **asked_shape(res, rc),
         scratch_mb=int(res.get("scratch_mb") or 0),  # what the task asked for: a class reserves nothing by itself
         max_runtime_s=int(task.max_runtime_s), resource_class=rc.name, options=catalog.options[tool.name],
     )
+
+
+def asked_shape(res: dict[str, Any], rc: ResourceClass) -> dict[str, Any]:
+    """The cpu, memory_mb and gpu a task's job is launched with: what its `resources` asked for,
+    else its resource class's (also what its usage is counted from, `controlplane.prices`)."""
+    return {"cpu": float(res.get("cpu") or rc.cpu), "memory_mb": int(res.get("memory_mb") or rc.memory_mb),
+            "gpu": int(res.get("gpu") if res.get("gpu") is not None else rc.gpu)}
 
 
 def check_scratch(provider: Provider[Any] | None, catalog: Catalog, tool_name: str, rc_name: str,

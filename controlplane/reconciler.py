@@ -19,6 +19,15 @@ One cycle:
    a failed deletion is retried on the next pass, never skipped).
 
 Provider API errors never fail a task: a poll that fails is retried with backoff (tenacity).
+
+Across replicas only the leader reconciles, and every write of its cycle is fenced by the lease
+epoch it held when the cycle began (`Store.fenced`, `store.leases`): a leader paused past its
+lease (after reading its jobs and polling them) wakes to find every write refused, and the cycle
+ends at the first one (`leases.Fenced`). No transition, retry or end is made from what it read
+before the pause. A stop is recorded before it is sent, in a transaction that also asks for
+`stop_margin_s` of lease to spare, so a stop decided on a stale read (a heartbeat that has since
+come back through another replica) is never sent either. Heartbeats are not the leader's
+decisions: they are written unfenced, by every replica, before the fenced part of a cycle.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +51,7 @@ from controlplane.retention import Retention, Swept
 from controlplane.settings import Settings
 from controlplane.states import JobState, TaskState
 from controlplane.store import Store
+from controlplane.store.leases import Fence
 from controlplane.store.rows import WatchedJob
 from providers.base import Handle, JobPhase, JobStatus, MalformedHandle, PermanentProviderError, Provider
 
@@ -88,8 +99,11 @@ class Reconciler:
     status_budget = 20_000
 
     def __init__(self, store: Store, providers: dict[str, Provider], stores: StoreRegistry, attempts: Attempts,
-                 settings: Settings):
+                 settings: Settings, fence: Callable[[], Fence | None] = lambda: None, stop_margin_s: float = 0.0):
         self.store = store
+        self.fence = fence  # the leader's lease fence now (None: unfenced, a single process)
+        self.stop_margin_s = stop_margin_s  # lease to spare before a stop is sent
+        self._fence: Fence | None = None  # the fence of the cycle under way
         self.providers = providers
         self.stores = stores
         self.attempts = attempts
@@ -115,8 +129,16 @@ class Reconciler:
         fills a batch, and what is left once every page is read, so the calls are the same as
         over all jobs at once (ceil(n / poll_batch_size) per group)."""
         started = time.perf_counter()
-        stats = CycleStats()
         self.attempts.flush_beats()
+        self._fence = self.fence()
+        try:
+            with self.store.fenced(self._fence):
+                return self._cycle(force_poll)
+        finally:
+            metrics.RECONCILE.observe(time.perf_counter() - started)
+
+    def _cycle(self, force_poll: bool) -> CycleStats:
+        stats = CycleStats()
         now = time.time()
         self._stop_sent = {}
         due = {name for name, p in self.providers.items()
@@ -157,7 +179,6 @@ class Reconciler:
         # A polled provider's watched jobs were all decoded: those it no longer has are forgotten.
         self._unreadable = {w: p for w, p in said.items() if p not in polled} | self._unreadable_now
         self._expire(now, stats)
-        metrics.RECONCILE.observe(time.perf_counter() - started)
         return stats
 
     # ---- stopping -----------------------------------------------------------------------------
@@ -184,13 +205,14 @@ class Reconciler:
         handle = self._handle(provider, j) if provider is not None and j.handle_json else None
         if handle is None:
             return
+        # Recorded first, fenced with lease to spare: a leader that lost its lease sends no stop.
+        self._stop_sent[j.worker_id] = self.store.jobs.mark_stop_sent(j.worker_id, self._fence, self.stop_margin_s)
         try:
             self._call(provider, "cancel", handle, reason)
             stats.provider_calls[f"{provider.name}.cancel"] += 1
             stats.stops += 1
         except Exception as e:  # noqa: BLE001 - retried next cycle
             log.warning("cancel of %s failed: %s", j.job_name, e)
-        self._stop_sent[j.worker_id] = self.store.jobs.mark_stop_sent(j.worker_id)
 
     # ---- polling ------------------------------------------------------------------------------
     def _poll_batch(self, provider: Provider, key: Any, jobs: list[WatchedJob], handles: list[Handle], now: float,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 import anyio
 import anyio.to_thread
@@ -134,16 +135,22 @@ class Scheduler:
             return
         if handle is None:
             await anyio.to_thread.run_sync(self._write_inputs, task)
-            fence = self.fence()
-            if fence is not None and not await anyio.to_thread.run_sync(self.store.leases.holds, fence,
-                                                                         self.launch_margin_s):
-                raise Fenced(f"lease epoch {fence.epoch} no longer held with {self.launch_margin_s}s to spare")
-            started = time.perf_counter()
             with traces.launching(task, provider.name, job.job_name):
-                handle = await anyio.to_thread.run_sync(metrics.provider_call, provider.name, "launch",
-                                                        provider.launch, spec)
-            metrics.LAUNCH.labels(provider.name).observe(time.perf_counter() - started)
+                handle = await anyio.to_thread.run_sync(self._launch_if_leading, provider, spec)
         await anyio.to_thread.run_sync(self.store.jobs.record_launch, wid, handle.encode(), self.fence())
+
+    def _launch_if_leading(self, provider: Provider, spec: LaunchSpec) -> Any:
+        """The last look at the lease and the provider call, back to back in one thread. A pause
+        between the two is the window no fence closes (`store.leases`); as two calls to worker
+        threads, a launch also waited there for a thread (up to LAUNCH_CONCURRENCY launches at
+        once), and a leader stopped then launched on waking what its successor had launched."""
+        fence = self.fence()
+        if fence is not None and not self.store.leases.holds(fence, self.launch_margin_s):
+            raise Fenced(f"lease epoch {fence.epoch} no longer held with {self.launch_margin_s}s to spare")
+        started = time.perf_counter()
+        handle = metrics.provider_call(provider.name, "launch", provider.launch, spec)
+        metrics.LAUNCH.labels(provider.name).observe(time.perf_counter() - started)
+        return handle
 
     def _write_inputs(self, task: TaskRow) -> None:
         self.stores.get(task.store_url).put_bytes(inputs_key(task.task_id, task.attempt), task.inputs_json.encode(),

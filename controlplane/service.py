@@ -9,6 +9,7 @@ codes of `controlplane.errors`.
 from __future__ import annotations
 
 import base64
+import json
 import math
 import re
 import time
@@ -25,7 +26,9 @@ from controlplane.catalog import Catalog
 from controlplane.errors import ControlPlaneError, ErrorCode, invalid, not_found
 from controlplane.estimates import Estimator
 from controlplane.identity import Caller, may_cancel, may_read
+from controlplane.budgets import Budgets, budget_exceeded, period_bounds
 from controlplane.limits import Limits, Streams, limit_exceeded
+from controlplane.prices import PriceTable, Pricing, Usage, money, summarize
 from controlplane.objectstore.registry import StoreRegistry
 from controlplane.ops import metrics
 from controlplane.settings import Settings
@@ -33,7 +36,7 @@ from controlplane.states import TERMINAL, TaskState
 from controlplane.outcomes import cancelled_error
 from controlplane.admission import Admission
 from controlplane.group_commit import GroupCommit
-from controlplane.store import LimitReached, NewTask, QueueFull, Store, Submitted
+from controlplane.store import BudgetReached, LimitReached, NewTask, QueueFull, Store, Submitted
 from controlplane.store.rows import TaskRow
 from providers.base import Capability, Provider, TransientProviderError
 
@@ -84,9 +87,11 @@ class AdminReads:
 class TaskService:
     def __init__(self, settings: Settings, store: Store, catalog: Catalog, stores: StoreRegistry,
                  estimator: Estimator, providers: dict[str, Provider] | None = None,
-                 wake: Callable[..., None] = lambda **_: None):
+                 wake: Callable[..., None] = lambda **_: None, pricing: Pricing | None = None):
         self.settings = settings
         self.providers = providers or {}
+        self.pricing = pricing or Pricing(PriceTable.load(settings.resolved_prices_path), catalog, self.providers)
+        self.budgets = Budgets(store)  # per caller or tag (controlplane.budgets)
         self.store = store
         self.catalog = catalog
         self.stores = stores
@@ -95,7 +100,8 @@ class TaskService:
         self.limits = Limits(settings, store)  # per caller (controlplane.limits)
         self.streams = Streams(self.limits, store)
         self.audit = AdminReads(store)
-        self.admission = Admission(settings, catalog, self.providers, estimator, self.limits)
+        self.admission = Admission(settings, catalog, self.providers, estimator, self.limits, self.pricing,
+                                   self.budgets)
         self.validate_inputs = self.admission.validate_inputs
         # Submits from the event loop are written together (one transaction, one fsync).
         self.load = blocking.Load()  # calls in progress on the loop (the MCP tools count them)
@@ -110,7 +116,7 @@ class TaskService:
         except QueueFull as e:
             raise queue_full(e) from None
         except LimitReached as e:
-            raise limit_exceeded(e) from None
+            raise self.refused(e) from None
         return self.submitted(new, sub)
 
     async def submit_grouped(self, owner: str, req: api.SubmitTask) -> dict[str, Any]:
@@ -129,8 +135,12 @@ class TaskService:
         except QueueFull as e:
             raise queue_full(e) from None
         except LimitReached as e:
-            raise limit_exceeded(e) from None
+            raise self.refused(e) from None
         return await blocking.call(self.submitted, new, sub)
+
+    def refused(self, e: LimitReached) -> ControlPlaneError:
+        """A submit refused by a limit of its caller, or by a budget."""
+        return budget_exceeded(e, self.pricing.currency) if isinstance(e, BudgetReached) else limit_exceeded(e)
 
     def _submit_alone(self, new: NewTask, queue_limit: int) -> Submitted | None:
         """The write on the loop, or None when it would wait (the lock taken, or an engine that
@@ -161,6 +171,7 @@ class TaskService:
             "submitted_at": iso(task.submitted_at),
             "poll_after_ms": self.poll_after_ms(task),
             "estimated_runtime_seconds": task.estimate_s,
+            "estimated_cost": {"amount": money(task.estimate_cost), "currency": self.pricing.currency},
         }
         if not created:
             out["deduplicated"] = True
@@ -242,6 +253,7 @@ class TaskService:
             "tags": task.tags,
             "error": task.error,
             "poll_after_ms": None if state in TERMINAL or state == TaskState.EXPIRED else self.poll_after_ms(task),
+            **self.usage(task),
         }
         provider = self.providers.get(task.provider)
         links = provider is not None and provider.supports(Capability.LOG_LINK)
@@ -253,6 +265,56 @@ class TaskService:
                 if links and job.handle_json:
                     out["log_link"] = provider.log_link(provider.handle(job.handle_json))
         return out
+
+    # ==== usage and cost ======================================================================
+    def usage(self, task: TaskRow) -> dict[str, Any]:
+        """What the task used (its attempts that ended, and the one running so far) and its
+        estimated cost at list price (`controlplane.prices`), with the estimate made at submit.
+        A task that has not run yet reads nothing for it; one on its first attempt reads nothing
+        either (its usage so far is its run time times its shape)."""
+        used, cost, unpriced = Usage(), 0.0, 0
+        ended = task.attempt > 1 or (task.started_at is not None and task.state != TaskState.RUNNING
+                                     and task.state not in (TaskState.CANCEL_REQUESTED, TaskState.CANCELLING))
+        if ended:  # a recorded attempt (a retry's earlier ones, or the one that ended)
+            sums = self.store.usage.of_task(task.task_id)
+            used = Usage(sums["run_s"], sums["vcpu_s"], sums["memory_gib_s"], sums["gpu_s"])
+            cost, unpriced = sums["cost"] or 0.0, sums["unpriced"] or 0  # (NULL sums: no attempt recorded)
+        if task.started_at is not None and task.state in (TaskState.RUNNING, TaskState.CANCEL_REQUESTED,
+                                                          TaskState.CANCELLING):
+            priced = self.pricing.of(task.tool_name, task.provider, task.resource_class,
+                                     json.loads(task.resources_json or "{}"))
+            so_far = priced.usage(time.time() - task.started_at)
+            used = used + so_far
+            now_cost = so_far.cost(priced.rate)
+            unpriced += now_cost is None
+            cost += now_cost or 0.0
+        return {"usage": used.as_dict(),
+                "estimated_cost": {"amount": None if unpriced else money(cost), "currency": self.pricing.currency,
+                                   "at_submit": money(task.estimate_cost)}}
+
+    def usage_report(self, caller: str, req: api.UsageReport) -> dict[str, Any]:
+        """Usage and cost summed per group over [since, until): the caller's own, or (tasks:admin)
+        everyone's or one owner's."""
+        now = time.time()
+        until = _epoch(req.until, "until") or now
+        since = _epoch(req.since, "since")
+        if since is None:
+            since = period_bounds("month", until)[0]
+        if since >= until:
+            raise invalid("since: must be before until")
+        admin = isinstance(caller, Caller) and caller.admin
+        if req.everyone and req.owner is not None:
+            raise invalid("give owner or everyone, not both")
+        if req.everyone and not admin:
+            raise ControlPlaneError(ErrorCode.FORBIDDEN, "everyone's usage needs the tasks:admin scope",
+                                    hint="omit everyone to see your own usage")
+        owner = None if req.everyone else (req.owner or str(caller))
+        # Someone else's usage, without tasks:admin: the answer of a caller who used nothing.
+        mine = admin or owner == str(caller)
+        rows = self.store.usage.report(req.group_by, owner, since, until) if mine else []
+        return {"since": iso(since), "until": iso(until), "owner": owner, "group_by": req.group_by,
+                "currency": self.pricing.currency, "prices_as_of": self.pricing.table.as_of,
+                **summarize(rows, req.group_by)}
 
     # ==== logs ================================================================================
     def tail(self, owner: str, req: api.TailTaskLogs) -> dict[str, Any]:
@@ -433,6 +495,7 @@ class TaskService:
             "error": task.error if done else None,
             "completed_at": iso(task.completed_at),
             "attempt": task.attempt,
+            **self.usage(task),
         }
         if not done:
             out["message"] = ("the task expired; its result and artifacts were removed" if state == TaskState.EXPIRED

@@ -33,6 +33,8 @@ class Settings(BaseSettings):
     # there a one-shot `controlplane db upgrade` migrates, and a server whose database is behind
     # refuses to start instead of migrating under replicas still running the old code.
     migrate_on_start: bool = True
+    # The operator's prices over the defaults (controlplane/prices.py); None = home/prices.toml, if it exists.
+    prices_file: Path | None = None
     # Where task inputs, results and artifacts live, as a URL (file://, later s3:// gs:// az://).
     object_store_url: str | None = None
     # Base URL that runners call back and that artifact links point at. None = the URL the
@@ -206,6 +208,10 @@ class Settings(BaseSettings):
     @property
     def resolved_catalog_path(self) -> Path:
         return self.catalog_path or self.home / "catalog.toml"
+
+    @property
+    def resolved_prices_path(self) -> Path:
+        return self.prices_file or self.home / "prices.toml"
 
     @property
     def resolved_object_store_url(self) -> str:

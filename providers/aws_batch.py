@@ -333,6 +333,9 @@ class AwsBatchProvider(Provider[BatchHandle]):
         return f"{base}#logsV2:log-groups/log-group/{enc(group)}"
 
     # ---- scratch disk: the job definition's ------------------------------------------------------
+    def price_region(self, options: AwsBatchOptions) -> str | None:
+        return self.region  # every job of this provider runs in its client's region
+
     def scratch_limit_mb(self, shape: Shape) -> int | None:
         return self._job_storage(shape.options.job_definition).limit_mb
 

@@ -46,6 +46,9 @@ The contract:
   `launch` makes sure the job really gets it (a bigger shape, the job definition that has it) or
   refuses (PermanentProviderError). A provider that can guarantee scratch for some shapes
   declares `Capability.SCRATCH`.
+* `price_region(options)`: the region a catalog entry's jobs run in, for the price table (None:
+  the provider's default prices). What a job used is read from `poll`'s `started_at` and
+  `finished_at` of a job that ended: the provider's own record of the run where it keeps one.
 * Optional capabilities are declared in `capabilities`, never guessed by trying.
 * `python`: what `{python}` in a tool's command stands for inside this runner's jobs (the local
   interpreter locally, `python` in a container image).
@@ -364,6 +367,11 @@ class Provider(ABC, Generic[H]):
         stops a job. True: nothing is left to release (now or already); False: the job still
         runs and keeps what it has (ask again later). Default: nothing to release."""
         return True
+
+    def price_region(self, options: Any) -> str | None:
+        """The region the jobs of a catalog entry with these `options` run in, as the price
+        table names regions (`controlplane/prices.py`); None: the provider's default prices."""
+        return None
 
     def scratch_limit_mb(self, shape: Shape) -> int | None:
         """The scratch disk (MiB) a job of `shape` is guaranteed, or None: this runner cannot

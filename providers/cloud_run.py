@@ -443,6 +443,9 @@ class CloudRunProvider(Provider[CloudRunHandle]):
         return logtail.within_quota(limiter, cursor, f"Cloud Logging allows {self.settings.log_reads_per_min} reads a "
                                     "minute per project", read)
 
+    def price_region(self, options: CloudRunOptions) -> str | None:
+        return _parts(options.job_path)[1]
+
     def log_link(self, handle: CloudRunHandle) -> str | None:
         uri = handle.log_uri or self._log_uris.get(handle.execution)
         if uri:

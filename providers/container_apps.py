@@ -190,6 +190,8 @@ class ContainerAppsOptions(WaitPolicy):
     container: str | None = None
     workload_profile: str = CONSUMPTION
     workspace_id: str | None = None
+    # The job environment's Azure region (`eastus`), for the price table only; None: its default.
+    region: str | None = None
 
     @model_validator(mode="after")
     def _checked(self, info: ValidationInfo) -> ContainerAppsOptions:
@@ -531,6 +533,9 @@ class ContainerAppsProvider(Provider[ContainerAppsHandle]):
 
         return logtail.within_quota(limiter, cursor, f"Log Analytics queries are limited to "
                                     f"{self.settings.log_queries_per_min} a minute per workspace here", read)
+
+    def price_region(self, options: ContainerAppsOptions) -> str | None:
+        return options.region
 
     def log_link(self, handle: ContainerAppsHandle) -> str | None:
         return f"https://portal.azure.com/#resource{handle.job}/executions/{handle.execution}"

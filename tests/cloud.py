@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -235,3 +236,28 @@ def exercise_catalog(home: Path, *, provider: str, resource_class: str, resource
     text += f"\n[resource_classes.{resource_class}]\n{resources}\nprovider_options = {{ {options} }}\n"
     home.mkdir(parents=True, exist_ok=True)
     (home / "catalog.toml").write_text(text)
+
+
+async def run_without_callback(home: Path, store_url: str, inputs: dict[str, Any]) -> dict[str, Any]:
+    """One task run to success by a control plane that its runners cannot reach (a dead callback
+    URL): they leave their events in the object store, and the attempt ends when the provider
+    reports the job ended. Its final status."""
+    from fastmcp import Client
+
+    from controlplane.app import ControlPlane
+    from controlplane.mcp.server import build_server
+    from controlplane.settings import Settings
+    from tests.conftest import FAST, Agent
+
+    cp = ControlPlane(Settings(home=home, object_store_url=store_url, public_url="http://127.0.0.1:9", **FAST))
+    async with Client(build_server(cp)) as client:
+        agent = Agent(client)
+        st = await agent.wait(await agent.submit(inputs=inputs), timeout=90)
+    assert st["state"] == "succeeded", st
+    return st
+
+
+def usage_of(ran_s: float, cpu: float, memory_gib: float) -> dict[str, Any]:
+    """The usage an answer shows for `ran_s` seconds of one job of that shape (to a millisecond)."""
+    return {"run_seconds": pytest.approx(ran_s, abs=0.001), "vcpu_seconds": pytest.approx(cpu * ran_s, abs=0.002),
+            "memory_gib_seconds": pytest.approx(memory_gib * ran_s, abs=0.002), "gpu_seconds": 0}

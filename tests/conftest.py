@@ -336,6 +336,17 @@ def _no_leftover_jobs(request: pytest.FixtureRequest) -> Iterator[None]:
         reap_jobs(home)
 
 
+def record_statements(cp: ControlPlane, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every statement the control plane's database runs from now on (and the name of every lock
+    it takes), in order: what a test of "costs no statement more" counts."""
+    seen: list[Any] = []
+    run, fetch, lock = cp.db.run, cp.db.fetch, cp.db.lock_queue
+    monkeypatch.setattr(cp.db, "run", lambda c, stmt, params: (seen.append(stmt), run(c, stmt, params))[1])
+    monkeypatch.setattr(cp.db, "fetch", lambda stmt, params, **kw: (seen.append(stmt), fetch(stmt, params, **kw))[1])
+    monkeypatch.setattr(cp.db, "lock_queue", lambda c, name: (seen.append(name), lock(c, name))[1])
+    return seen
+
+
 def pid_alive(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE

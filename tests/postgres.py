@@ -150,8 +150,10 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 @contextmanager
-def pg_cluster() -> Iterator[Cluster]:
-    """initdb, start, migrate the template; stop and remove everything at the end."""
+def pg_cluster(durable: bool = False) -> Iterator[Cluster]:
+    """initdb, start, migrate the template; stop and remove everything at the end. `durable`
+    keeps PostgreSQL's defaults of fsync and synchronous commit (a benchmark against SQLite,
+    which syncs its commits); the tests turn them off."""
     bin_dir = bindir()
     if bin_dir is None:
         raise FileNotFoundError("initdb")
@@ -176,7 +178,8 @@ def pg_cluster() -> Iterator[Cluster]:
                 proc = subprocess.Popen(
                     [str(bin_dir / "postgres"), "-D", str(base / "data"), "-p", str(port),
                      "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={base}",
-                     "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
+                     *([] if durable else ["-c", "fsync=off", "-c", "synchronous_commit=off",
+                                           "-c", "full_page_writes=off"]),
                      "-c", "shared_buffers=32MB", "-c", "max_connections=400", "-c", "log_min_messages=warning"],
                     stdout=out, stderr=subprocess.STDOUT, cwd=base, **as_user)  # type: ignore[call-overload]
             try:

@@ -7,6 +7,7 @@ make the runner forget a job, make a share of API calls fail, count the jobs of 
 The suite then checks, through the provider's interface alone:
 
 * launch runs the job to SUCCEEDED, or FAILED with the tool's non-zero exit;
+* an ended job says when it started and ended (what its usage is counted from);
 * the handle is the provider's own type, and what the database stores of it (JSON) decodes to
   the same handle, which polls, reads logs and cancels like the original;
 * find after a crash between the launch intent and the handle finds the one job, and nothing
@@ -166,6 +167,20 @@ class ProviderContract:
         failed = wait_for(p, bad, ENDED)
         assert failed.phase == JobPhase.FAILED
         assert failed.exit_code in (None, 3)  # not every runner reports the exit code
+
+    def test_an_ended_job_reports_when_it_ran(self, harness: Harness) -> None:
+        """What a job used is counted from these (`controlplane.prices`): the runner's own record
+        of the job's start and end, within the time the test saw it exist."""
+        p = harness.provider
+        before = time.time()
+        h = p.launch(harness.spec(unique("ran"), SLEEP.format(s=1.5)))
+        ended = wait_for(p, h, ENDED)
+        after = time.time()
+        assert ended.phase == JobPhase.SUCCEEDED
+        assert ended.started_at is not None and ended.finished_at is not None, ended
+        # (a second of slack: some runners keep whole seconds, or their clock is the fake's)
+        assert before - 1 <= ended.started_at <= ended.finished_at <= after + 1, (before, ended, after)
+        assert ended.finished_at - ended.started_at >= 1.5 - 1, ended  # it slept 1.5 s in there
 
     def test_the_stored_handle_is_the_handle(self, harness: Harness) -> None:
         p = harness.provider

@@ -32,12 +32,11 @@ from providers.aws_batch import AwsBatchOptions, AwsBatchProvider, BatchHandle
 from providers.base import JobPhase, LaunchSpec, PermanentProviderError
 from tests import aws
 from tests.aws import moto  # noqa: F401  (fixture)
-from tests.cloud import moto_server  # noqa: F401  (fixture)
+from tests.cloud import moto_server, run_without_callback, usage_of  # noqa: F401  (fixture)
 from tests.conftest import FAST, Agent, most_in_one_second
 from tests.provider_contract import Harness, ProviderContract
 
 pytestmark = pytest.mark.anyio
-
 
 
 @pytest.fixture
@@ -161,6 +160,21 @@ async def test_job_that_never_starts_fails_as_launch_failed(moto: str, bucket: s
             st = await agent.wait(tid, timeout=30)
     assert st["state"] == "failed" and st["error"]["code"] == "LAUNCH_FAILED"
     assert "CannotPullContainerError" in st["error"]["message"]
+
+
+async def test_usage_of_an_attempt_batch_ended_is_batchs_own_record_of_the_run(moto: str, bucket: str,
+                                                                              home: Path) -> None:
+    """A runner that cannot reach the control plane (a dead callback URL) leaves its events in the
+    object store; the attempt ends when Batch reports the job stopped, and what it used is
+    counted from Batch's startedAt and stoppedAt (DescribeJobs), times the class's shape."""
+    aws.batch_catalog(home)  # (its class: 2 vCPUs, 2048 MiB)
+    with aws.BatchExecutor(moto):
+        st = await run_without_callback(home, bucket, {"sleep_s": 1.0})
+    job = batch_job(st["task_id"])
+    ran_s = (job["stoppedAt"] - job["startedAt"]) / 1000
+    assert ran_s >= 1.0 and st["usage"] == usage_of(ran_s, 2, 2)
+    # At Fargate's list price in us-east-1 (the client's region), the default table's.
+    assert st["estimated_cost"]["amount"] == pytest.approx(ran_s * (2 * 0.04048 + 2 * 0.004445) / 3600, abs=2e-6)
 
 
 # ---- every Batch status -----------------------------------------------------------------------

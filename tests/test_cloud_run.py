@@ -11,6 +11,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from providers import ratelimit
 from providers.base import JobPhase
 from providers.cloud_run import CloudRunHandle, CloudRunOptions, CloudRunProvider, execution_status
 from tests import gcp
-from tests.cloud import CloudTarget, gcs_server, gcs_target  # noqa: F401  (fixture)
+from tests.cloud import CloudTarget, gcs_server, gcs_target, run_without_callback, usage_of  # noqa: F401  (fixture)
 from tests.conftest import FAST, Agent
 from tests.provider_contract import Harness, ProviderContract, still_watched
 
@@ -136,6 +137,20 @@ async def test_failed_tool_and_vanished_execution(run: Run) -> None:
     assert st["state"] == "succeeded" and st["attempt"] == 2  # worker_lost, retried
     retry = [e for e in run.cp.store.logs.events(tid) if e.kind == "retry"]
     assert retry[0].detail["error"] == "WORKER_LOST"
+
+
+async def test_usage_of_an_attempt_cloud_run_ended_is_the_executions_own_record(fake: gcp.FakeCloudRun,
+                                                                                 gcs: CloudTarget, home: Path) -> None:
+    """A runner that cannot reach the control plane leaves its events in the object store; the
+    attempt ends when Cloud Run reports the execution completed, and what it used is counted
+    from the execution's startTime and completionTime, times the class's shape (1 vCPU, 512 MiB)."""
+    gcp.cloud_run_catalog(home)
+    st = await run_without_callback(home, gcs.url, {"sleep_s": 1.0})
+    ex = fake.execution_json(execution_of(fake, st["task_id"], final=True)["name"])
+    ran_s = (datetime.fromisoformat(ex["completionTime"]) - datetime.fromisoformat(ex["startTime"])).total_seconds()
+    assert ran_s >= 1.0 and st["usage"] == usage_of(ran_s, 1, 0.5)
+    # Cloud Run's Tier 1 list prices (the execution's region), per second.
+    assert st["estimated_cost"]["amount"] == pytest.approx(ran_s * (0.000018 + 0.000002 / 2), abs=2e-6)
 
 
 async def test_a_wrong_job_name_fails_the_launch_clearly(fake: gcp.FakeCloudRun, gcs: CloudTarget, home: Path) -> None:

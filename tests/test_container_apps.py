@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ from providers import ratelimit
 from providers.base import JobPhase
 from providers.container_apps import ContainerAppsHandle, ContainerAppsOptions, ContainerAppsProvider, kql
 from tests import azure
-from tests.cloud import CloudTarget, azure_target, azurite_server  # noqa: F401  (fixture)
+from tests.cloud import CloudTarget, azure_target, azurite_server, run_without_callback, usage_of  # noqa: F401  (fixture)
 from tests.conftest import FAST, Agent
 from tests.provider_contract import Harness, ProviderContract, still_watched
 
@@ -268,6 +269,21 @@ async def test_scratch_disk_beyond_the_class_shape_or_on_a_dedicated_profile_is_
     dedicated = Shape("aca", 4, 16384, 0, ContainerAppsOptions(resource_group=RG, job=JOB, workload_profile="d4"))
     assert provider.scratch_limit_mb(dedicated) is None
     assert "dedicated workload profile 'd4'" in provider.scratch_note(dedicated)
+
+
+async def test_usage_of_an_attempt_azure_ended_is_the_executions_own_record(fake: azure.FakeAzure,
+                                                                             blob: CloudTarget, home: Path) -> None:
+    """A runner that cannot reach the control plane leaves its events in the object store; the
+    attempt ends when Azure reports the execution ended, and what it used is counted from the
+    execution's startTime and endTime, times the class's shape (0.5 vCPU, 1 GiB), at the prices
+    of the region its catalog entry names."""
+    catalog(home, options=', region = "eastus"')
+    st = await run_without_callback(home, blob.url, {"sleep_s": 1.0})
+    props = fake.execution_json(execution_of(fake, st["task_id"], final=True)["name"])["properties"]
+    ran_s = (datetime.fromisoformat(props["endTime"]) - datetime.fromisoformat(props["startTime"])).total_seconds()
+    assert ran_s >= 1.0 and st["usage"] == usage_of(ran_s, 0.5, 1)
+    # The Consumption plan's active-usage list prices in East US, per second.
+    assert st["estimated_cost"]["amount"] == pytest.approx(ran_s * (0.000024 / 2 + 0.000003), abs=2e-6)
 
 
 async def test_a_wrong_job_name_fails_the_launch_clearly(fake: azure.FakeAzure, blob: CloudTarget, home: Path) -> None:

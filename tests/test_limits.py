@@ -23,7 +23,7 @@ from controlplane.app import ControlPlane
 from controlplane.mcp.server import build_server
 from controlplane.settings import Settings
 from controlplane.store import queries as q
-from tests.conftest import FAST, ROOT, Agent, fast_env, serving
+from tests.conftest import FAST, ROOT, Agent, fast_env, record_statements, serving
 from tests.wire import Legacy
 
 pytestmark = pytest.mark.anyio
@@ -191,11 +191,7 @@ async def test_a_caller_without_limits_costs_the_database_nothing_more(home: Pat
     limit_statements = {id(q.NTH_NEWEST_SUBMIT), id(q.IN_FLIGHT), id(q.OPEN_STREAMS), id(q.INSERT_STREAM)}
 
     async def statements_of_calls(cp: ControlPlane) -> list[Any]:
-        seen: list[Any] = []
-        run, fetch, lock = cp.db.run, cp.db.fetch, cp.db.lock_queue
-        monkeypatch.setattr(cp.db, "run", lambda c, stmt, params: (seen.append(stmt), run(c, stmt, params))[1])
-        monkeypatch.setattr(cp.db, "fetch", lambda stmt, params, **kw: (seen.append(stmt), fetch(stmt, params, **kw))[1])
-        monkeypatch.setattr(cp.db, "lock_queue", lambda c, name: (seen.append(name), lock(c, name))[1])
+        seen = record_statements(cp, monkeypatch)
         async with Client(build_server(cp)) as client:
             agent = Agent(client)
             tid = await agent.submit()

@@ -5,7 +5,6 @@ CSRF and loopback rules, task traces (OpenTelemetry's in-memory exporter), and
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from rich.console import Console
 
 from controlplane.app import ControlPlane
 from controlplane.settings import Settings
-from tests.conftest import FAST, TERMINAL, Agent, serving
+from tests.conftest import FAST, Agent, serving
 
 pytestmark = pytest.mark.anyio
 
@@ -259,3 +258,52 @@ async def test_watch_shows_the_callers_tasks_with_progress_until_they_end(http_s
     assert slow in frames and fast in frames
     assert re.search(re.escape(slow) + r".*running.*\s(33\.3|66\.7)\s", frames), frames[-3000:]
     assert re.search(re.escape(slow) + r".*succeeded.*100\.0", last)
+
+
+async def test_dashboard_sign_in_with_oauth_tokens_keeps_their_scopes_and_expiry(home: Path) -> None:
+    """Behind OAuth the dashboard takes the same access tokens as /mcp: the owner is the token's
+    issuer and subject, a token without the read scope cannot sign in, one without the cancel scope
+    reads but cannot cancel, and a session ends when its token does."""
+    from tests.oidc import FakeIdP
+
+    idp = FakeIdP().start()
+    try:
+        cp = ControlPlane(Settings(home=home, auth_issuer=idp.issuer, **FAST))
+        async with serving(cp) as server:
+            root = base(server.url)
+            full = idp.token("alice", audience=server.url, scopes=["tasks:read", "tasks:submit", "tasks:cancel"])
+            async with Client(server.url, auth=full) as mcp:
+                alice = Agent(mcp)
+                running = await alice.submit("exercise", inputs=dict(sleep_s=60))
+                await wait_state(alice, running, {"running"})
+
+                async with httpx.AsyncClient() as http:  # no read scope: no session
+                    r = await sign_in(http, root, idp.token("alice", audience=server.url, scopes=["tasks:submit"]))
+                    assert r.status_code == 403 and "tasks:read" in r.text and "cp_dashboard" not in r.cookies
+                    r = await sign_in(http, root, idp.token("alice", audience="https://elsewhere.example/mcp",
+                                                            scopes=["tasks:read"]))
+                    assert r.status_code == 401 and "cp_dashboard" not in r.cookies
+
+                async with httpx.AsyncClient() as reader:  # read only: sees its task, cannot cancel it
+                    brief = idp.token("alice", audience=server.url, scopes=["tasks:read"], lifetime_s=3)
+                    assert (await sign_in(reader, root, brief)).status_code == 303
+                    page = await reader.get(f"{root}/dashboard/tasks/{running}")
+                    assert page.status_code == 200 and running in page.text
+                    r = await reader.post(f"{root}/dashboard/tasks/{running}/cancel",
+                                          headers={"X-CSRF-Token": csrf_of(page.text)})
+                    assert r.status_code == 403
+                    assert (await alice.call("get_task_status", task_id=running))["state"] == "running"
+                    await anyio.sleep(4)  # past the token's exp: the session is over too
+                    r = await reader.get(f"{root}/dashboard/tasks/{running}", headers={"Accept": "text/html"})
+                    assert r.status_code == 303 and r.headers["location"] == "/dashboard/login"
+
+                async with httpx.AsyncClient() as operator:  # with the cancel scope it can
+                    assert (await sign_in(operator, root, full)).status_code == 303
+                    page = await operator.get(f"{root}/dashboard/tasks/{running}")
+                    ok = await operator.post(f"{root}/dashboard/tasks/{running}/cancel",
+                                             headers={"X-CSRF-Token": csrf_of(page.text)})
+                    assert ok.status_code == 200 and ok.json()["acknowledged"] is True
+                    assert (await wait_state(alice, running, {"cancelled"}))["state"] == "cancelled"
+        assert cp.store.tasks.get(running).owner == f"{idp.issuer}#alice"
+    finally:
+        idp.stop()

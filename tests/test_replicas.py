@@ -157,6 +157,10 @@ async def test_wait_task_on_one_replica_follows_a_task_running_on_another(pg_url
 
 
 async def test_a_leader_stopped_past_its_lease_and_resumed_launches_nothing_twice(pg_url: str, tmp_path: Path) -> None:
+    """A (the leader) is stopped with SIGSTOP somewhere in its launches of eight tasks submitted
+    together, and resumed only once B took over and every launch is recorded. Each job was started
+    once, all succeed. Where A stops is random: it may have recorded every launch already (the run
+    then says B recorded none)."""
     import os
     import random
     import signal
@@ -167,8 +171,12 @@ async def test_a_leader_stopped_past_its_lease_and_resumed_launches_nothing_twic
     key = secrets.token_hex(32)
     homes = [tmp_path / "a", tmp_path / "b"]
     for h in homes:
-        write_catalog(h, concurrency=4)
-    a, b = (_replica(h, key, leader_lease_s=1.5) for h in homes)
+        write_catalog(h, concurrency=8)
+    # One object store and one local jobs directory, as README's "Several replicas" asks: in a
+    # directory of its own, B could not find a job A launched (and that ended) while A was stopped
+    # before it recorded the launch, and would start it again.
+    a, b = (_replica(h, key, leader_lease_s=1.5, object_store_url=(tmp_path / "objects").as_uri(),
+                     local_jobs_dir=tmp_path / "jobs") for h in homes)
     try:
         a.start()
         deadline = time.monotonic() + 10
@@ -178,25 +186,38 @@ async def test_a_leader_stopped_past_its_lease_and_resumed_launches_nothing_twic
         b.start()
         async with Client(b.url) as cb:
             agent = Agent(cb)
-            tids = [await agent.submit(inputs={"sleep_s": 1}) for _ in range(8)]
-            await anyio.sleep(random.uniform(0.0, 0.2))  # somewhere in A's claims and launches
+            tids: list[str] = []
+
+            async def submit() -> None:
+                tids.append(await agent.submit(inputs={"sleep_s": 1}))
+
+            async with anyio.create_task_group() as tg:  # together: A claims them at once, launches 8 at once
+                for _ in range(8):
+                    tg.start_soon(submit)
+            await anyio.sleep(random.uniform(0.0, 0.15))  # somewhere in A's launches
             os.kill(a.proc.pid, signal.SIGSTOP)
             try:
                 deadline = time.monotonic() + 15
                 while _leader_pid(pg_url) != b.proc.pid:  # B takes over once A's lease ran out
                     assert time.monotonic() < deadline, "replica B never took over"
                     await anyio.sleep(0.05)
-                await anyio.sleep(1.0)  # B launches what A left
+                took_over = time.time()
+                while _launches_recorded(pg_url, 0) < len(tids):  # B launches (or finds) what A left
+                    assert time.monotonic() < deadline + 20, "replica B did not launch what A left"
+                    await anyio.sleep(0.1)
             finally:
+                resumed = time.time()
                 os.kill(a.proc.pid, signal.SIGCONT)
             final = [await agent.wait(t, TERMINAL, timeout=60) for t in tids]
-        launches = _launches(*homes)
+        launches = _launches(tmp_path)
         assert len(launches) == len(tids) and set(launches.values()) == {1}, launches
-        by_b = len(_launches(homes[1]))
-        assert by_b >= 1  # B did take over and launch
+        # While A was stopped, only B can have started a runner, or recorded a launch (of a job
+        # it started, or of one A had started and not recorded, which B found by its name).
+        by_b = sum(1 for t in _launch_times(tmp_path) if took_over - 0.5 <= t <= resumed)
+        recorded_by_b = _launches_recorded(pg_url, took_over - 0.5, resumed)
         states = [f["state"] for f in final]
         print(f"\nafter SIGSTOP/SIGCONT of the leader: {len(launches)} jobs, each started once "
-              f"({len(launches) - by_b} by A, {by_b} by B); states {states}")
+              f"({len(launches) - by_b} by A, {by_b} by B; B recorded {recorded_by_b}); states {states}")
         assert all(s == "succeeded" for s in states), final
     finally:
         for srv in (a, b):
@@ -204,6 +225,20 @@ async def test_a_leader_stopped_past_its_lease_and_resumed_launches_nothing_twic
                 os.kill(srv.proc.pid, signal.SIGCONT)
             srv.stop()
             reap_jobs(srv.home)
+
+
+def _launches_recorded(url: str, since: float, until: float | None = None) -> int:
+    """Launches the store recorded in [since, until]."""
+    with psycopg.connect(url) as db:
+        row = db.execute("SELECT count(*) FROM task_events WHERE kind = 'launched' AND ts BETWEEN %s AND %s",
+                         (since, until if until is not None else time.time() + 60)).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _launch_times(root: Path) -> list[float]:
+    """When each runner under `root/jobs` was started (the '# launching NAME at T' line)."""
+    return [float(line.rsplit(" at ", 1)[1]) for log in (root / "jobs").glob("*/console.log")
+            for line in log.read_text(errors="replace").splitlines() if line.startswith("# launching ")]
 
 
 def test_a_stopped_process_cannot_hold_its_locks_for_ever(pg_url: str) -> None:
@@ -253,3 +288,173 @@ def test_reads_go_on_after_the_server_dropped_every_connection(pg_url: str, tmp_
     cp.service.cancel("local", api.CancelTask(task_id=tid))  # writes find their pool fresh (pre-ping)
     assert cp.service.status("local", api.GetTaskStatus(task_id=tid))["state"] == "cancelled"
     cp.db.dispose()
+
+
+def _wait_for_leader(url: str, pid: int, timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while _leader_pid(url) != pid:
+        assert time.monotonic() < deadline, f"replica {pid} never took the leader lease"
+        time.sleep(0.05)
+
+
+async def test_submit_on_one_follow_on_another_cancel_on_a_third(pg_url: str, tmp_path: Path) -> None:
+    """Three replicas, each its own home and port, one database and key. The task is submitted to
+    the leader (its job runs under the leader's home), followed with wait_task on the second and
+    cancelled through the third: the cancel is only a row in the database, and the leader's
+    reconciler stops the job from it. The whole process tree ends, and every replica then reads
+    the task as cancelled."""
+    from tests.conftest import all_dead, tree_pids
+
+    key = secrets.token_hex(32)
+    objects = (tmp_path / "objects").as_uri()
+    one, two, three = (_replica(tmp_path / n, key, object_store_url=objects) for n in ("one", "two", "three"))
+    try:
+        one.start()
+        await anyio.to_thread.run_sync(_wait_for_leader, pg_url, one.proc.pid)
+        two.start()
+        three.start()
+        progress: list[float] = []
+
+        async def on_progress(value: float, total: float | None, message: str | None) -> None:
+            progress.append(value)
+
+        async with Client(one.url) as c1, Client(two.url) as c2, Client(three.url) as c3:
+            tid = await Agent(c1).submit(inputs={"sleep_s": 120, "progress_steps": 60, "spawn_children": 2})
+            waited: list[Any] = []
+
+            async def follow() -> None:
+                waited.append(await c2.call_tool("wait_task", {"task_id": tid, "timeout_s": 90},
+                                                 progress_handler=on_progress))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(follow)
+                pids = await tree_pids(Agent(c2), tid, children=2)  # the job's tree, read on replica two
+                deadline = time.monotonic() + 20
+                while not progress:  # replica two is following the progress reported to replica one
+                    assert time.monotonic() < deadline, "no progress reached the wait on replica two"
+                    await anyio.sleep(0.05)
+                cancelled = await Agent(c3).call("cancel_task", task_id=tid)
+                assert cancelled["state"] in ("cancel_requested", "cancelling", "cancelled"), cancelled
+            out = waited[0].structured_content
+            assert out["state"] == "cancelled" and out["error"]["code"] == "CANCELLED", out
+            assert await all_dead(pids), "the job's process tree outlived the cancel"
+            for c in (c1, c2, c3):
+                assert (await Agent(c).call("get_task_status", task_id=tid))["state"] == "cancelled"
+        assert _leader_pid(pg_url) == one.proc.pid  # the cancel went from replica three to the leader
+        assert list((tmp_path / "one" / "jobs").glob("*/runner.pid"))  # the job was the leader's
+        assert not list((tmp_path / "three" / "jobs").glob("*/runner.pid"))
+        print(f"\ncancel through replica three stopped a job of replica one ({len(pids)} processes); "
+              f"replica two saw {len(progress)} progress updates and the end")
+    finally:
+        for srv in (one, two, three):
+            srv.stop()
+            reap_jobs(srv.home)
+
+
+async def test_replicas_killed_at_random_lose_nothing_and_launch_nothing_twice(pg_url: str, tmp_path: Path) -> None:
+    """Three replicas sharing one database, key, object store and local jobs directory (the
+    deployment README's "Several replicas" describes). Three agents submit short tasks through
+    whichever replica they pick, each submit with its own idempotency key and tried again on
+    another replica when its answer was lost; meanwhile four replicas (every other one the leader)
+    are killed with SIGKILL at random moments and started again. At the end: every task an agent
+    was told of exists, each key made one task, no attempt's job was started twice, and every task
+    succeeded. The seed of the random choices is printed (CONTROLPLANE_TEST_SEED sets it; the
+    interleaving of the agents' calls still varies)."""
+    import os
+    import random
+
+    from tests.conftest import TERMINAL, write_catalog
+    from tests.test_fencing import _launches
+
+    KILLS = 4
+    seed = int(os.environ.get("CONTROLPLANE_TEST_SEED") or secrets.randbits(32))
+    print(f"\nseed {seed}")
+    rng = random.Random(seed)
+    key = secrets.token_hex(32)
+    shared = dict(object_store_url=(tmp_path / "objects").as_uri(), local_jobs_dir=tmp_path / "jobs",
+                  leader_lease_s=1.5)
+    homes = [tmp_path / n for n in ("r1", "r2", "r3")]
+    for h in homes:
+        write_catalog(h, concurrency=4)
+    replicas = [_replica(h, key, **shared) for h in homes]
+    told: dict[str, str] = {}  # idempotency key -> the task id an agent was told
+    kills: list[str] = []
+    try:
+        for r in replicas:
+            r.start()
+
+        def alive() -> list[ServerProcess]:
+            return [r for r in replicas if r.proc is not None and r.proc.poll() is None and r.url]
+
+        async def submit(agent_no: int, n: int) -> None:
+            ikey = f"agent{agent_no}-{n}"
+            inputs = {"sleep_s": round(rng.uniform(0.1, 1.0), 2), "progress_steps": 2}
+            for _ in range(100):
+                srv = rng.choice(alive() or replicas)
+                try:
+                    with anyio.fail_after(15):
+                        async with Client(srv.url) as c:
+                            out = await Agent(c).call("submit_task", tool_name="exercise", inputs=inputs,
+                                                      idempotency_key=ikey)
+                    told[ikey] = out["task_id"]
+                    return
+                except Exception:  # noqa: BLE001 - a replica killed under the call: ask another
+                    await anyio.sleep(0.2)
+            raise AssertionError(f"no replica answered the submit of {ikey}")
+
+        chaos_over = anyio.Event()
+
+        async def agent_loop(agent_no: int) -> None:
+            n = 0
+            while not chaos_over.is_set() and n < 20:
+                await submit(agent_no, n)
+                n += 1
+                await anyio.sleep(rng.uniform(0.1, 0.6))
+
+        async def chaos() -> None:
+            for k in range(KILLS):  # every other kill is the leader's (once there is one again)
+                await anyio.sleep(rng.uniform(0.5, 2.0))
+                up = alive()
+                victim = rng.choice(up)
+                if k % 2 == 0:
+                    deadline = time.monotonic() + 10
+                    while (leader := _leader_pid(pg_url)) not in [r.proc.pid for r in up]:
+                        assert time.monotonic() < deadline, "no replica took the lease over"
+                        await anyio.sleep(0.05)
+                    victim = next(r for r in up if r.proc.pid == leader)
+                kills.append(f"{victim.home.name}{' (leader)' if k % 2 == 0 else ''}")
+                victim.kill()
+                await anyio.sleep(rng.uniform(0.2, 1.5))
+                await anyio.to_thread.run_sync(victim.start)
+            chaos_over.set()
+
+        started = time.monotonic()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(chaos)
+            for i in range(3):
+                tg.start_soon(agent_loop, i)
+        print(f"submitted {len(told)} tasks in {time.monotonic() - started:.1f}s; killed {', '.join(kills)}")
+        final: dict[str, str] = {}
+        deadline = time.monotonic() + 60
+        async with Client(alive()[0].url) as c:
+            agent = Agent(c)
+            for tid in told.values():
+                final[tid] = (await agent.wait(tid, TERMINAL, timeout=max(1.0, deadline - time.monotonic())))["state"]
+        with psycopg.connect(pg_url) as db:
+            tasks = db.execute("SELECT idempotency_key, task_id FROM tasks").fetchall()
+            launched = db.execute("SELECT task_id, attempt, count(*) FROM task_events WHERE kind = 'launched' "
+                                  "GROUP BY task_id, attempt").fetchall()
+            jobs = db.execute("SELECT job_name FROM jobs WHERE handle_json IS NOT NULL").fetchall()
+    finally:
+        for r in replicas:
+            r.stop()
+        reap_jobs(tmp_path)
+    print(f"took {time.monotonic() - started:.1f}s; final states {sorted(set(final.values()))}; "
+          f"{len(kills)} kills")
+    assert len(kills) == KILLS
+    assert dict(tasks) == told  # none lost, none doubled: each key made exactly the task its agent was told
+    assert all(n == 1 for _t, _a, n in launched), launched  # each attempt's launch recorded once
+    starts = _launches(tmp_path)  # the runner starts, counted where the local provider starts them
+    assert set(starts.values()) == {1}, starts
+    assert set(starts) == {name for (name,) in jobs}  # every job the store knows was started, once
+    assert set(final.values()) == {"succeeded"}, final

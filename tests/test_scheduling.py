@@ -3,6 +3,7 @@ running task until it finishes, and idempotent submits under concurrency."""
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 import threading
 from collections.abc import Callable
@@ -152,6 +153,19 @@ def test_a_queue_admits_its_length_and_no_more_whoever_submits(home: Path) -> No
     assert sum(isinstance(o, Submitted) for o in outcomes) == 5
     assert all(isinstance(o, Submitted | QueueFull) for o in outcomes), outcomes
     assert stores[0].tasks.count_by_state("cpu_small") == {"queued": 5}
+
+
+def test_one_key_submitted_at_once_from_two_processes_makes_one_task(home: Path) -> None:
+    """Duplicate submits (one idempotency key) racing from two processes: one task, and every
+    caller is answered with it (on PostgreSQL the losers' inserts fail on the unique key and read
+    the winner's row)."""
+    stores = two_processes(home)
+    task = dataclasses.replace(new_task(), idempotency_key="same-key")
+    outcomes = at_once(16, lambda i: stores[i % 2].tasks.submit(task, queue_limit=100))
+    assert all(isinstance(o, Submitted) for o in outcomes), outcomes
+    assert len({o.task.task_id for o in outcomes}) == 1  # type: ignore[union-attr]
+    assert sum(o.created for o in outcomes) == 1  # type: ignore[union-attr]
+    assert stores[1].tasks.count_by_state("cpu_small") == {"queued": 1}
 
 
 def test_claims_racing_for_the_slots_fill_them_and_no_more(home: Path) -> None:

@@ -63,7 +63,8 @@ ROOT_METADATA_PATH = "/.well-known/oauth-protected-resource"
 MAX_VERIFIED = 10_000  # verified JWTs remembered at once (`OAuthTokens.verify_token`)
 
 # ---- which scope each operation needs --------------------------------------------------------------
-READ_TOOLS = frozenset({"get_task_status", "tail_task_logs", "list_tasks", "get_task_result", "wait_task"})
+READ_TOOLS = frozenset({"get_task_status", "tail_task_logs", "list_tasks", "get_task_result", "wait_task",
+                        "usage_report"})
 CANCEL_TOOLS = frozenset({"cancel_task"})
 # Discovery needs a valid token and no scope: a client learns what there is before asking for more.
 OPEN_METHODS = frozenset({"initialize", "ping", "server/discover", "tools/list", "prompts/list", "resources/list",

@@ -38,7 +38,8 @@ INSTRUCTIONS = """\
 Runs heavy compute as durable tasks. Call a catalog tool (or submit_task) to start one: you get a
 task id at once. Then use get_task_status (state, progress, ETA), tail_task_logs (cursor-paged logs),
 get_task_result (result, artifact download links) and cancel_task. Tasks survive disconnects and
-server restarts; keep the task id. Errors are JSON {code, message, hint}."""
+server restarts; keep the task id. Status and results carry what a task used and its estimated cost;
+usage_report sums them. Errors are JSON {code, message, hint}."""
 
 
 class UnknownToolAsError(Middleware):
@@ -132,6 +133,9 @@ def build_server(cp: ControlPlane, *, with_auth: bool = True) -> FastMCP:
         canonical_tool("get_task_result", "The result of a finished task, its artifacts with signed download "
                        "links (sha256, size, expiry) and its error, if any.", api.GetTaskResult, svc.result,
                        default_owner=owner, read_only=True, inline=True),
+        canonical_tool("usage_report", "What your tasks used (vCPU-, GiB- and GPU-seconds) and their estimated "
+                       "cost at list prices, summed by tool, tag and/or owner over a period (default: this month).",
+                       api.UsageReport, svc.usage_report, default_owner=owner, read_only=True),
         wait_tool(cp, owner),
     ]
     for spec in cp.catalog.tools.values():

@@ -12,26 +12,30 @@ network.
     store.leases     leader leases                                     (leases.py)
     store.retention  expiry and purging                                (retention.py)
     store.callers    limits per caller, open streams                   (callers.py)
+    store.usage      usage per attempt, its sums and reports, budgets  (usage.py)
 
 Statements live in `queries.py`, rows come back as the frozen types of `rows.py`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from controlplane.store.artifacts import ArtifactStore
 from controlplane.store.attempts import AttemptStore, AttemptTx, StaleAttempt
 from controlplane.store.callers import CallerStore
 from controlplane.store.db import Database
 from controlplane.store.jobs import JobStore
-from controlplane.store.leases import LeaseStore
+from controlplane.store.leases import Fence, LeaseStore
 from controlplane.store.logs import LogStore
 from controlplane.store.retention import RetentionStore
-from controlplane.store.tasks import LimitReached, NewTask, QueueFull, SubmitLimits, Submitted, TaskStore
+from controlplane.store.tasks import (BudgetCheck, BudgetReached, LimitReached, NewTask, QueueFull, SubmitLimits, Submitted,
+                                      TaskStore)
+from controlplane.store.usage import UsageStore
 from controlplane.store.writer import Writer, _now
 
-__all__ = ["AttemptTx", "LimitReached", "NewTask", "QueueFull", "StaleAttempt", "Store", "SubmitLimits", "Submitted"]
+__all__ = ["AttemptTx", "BudgetCheck", "BudgetReached", "LimitReached", "NewTask", "QueueFull", "StaleAttempt", "Store", "SubmitLimits", "Submitted"]
 
 
 class Store:
@@ -46,6 +50,18 @@ class Store:
         self.leases = LeaseStore(self.writer)
         self.retention = RetentionStore(self.writer)
         self.callers = CallerStore(self.writer)
+        self.usage = UsageStore(self.writer)
+
+    @contextmanager
+    def fenced(self, fence: Fence | None) -> Iterator[None]:
+        """Every write transaction this thread opens inside first checks that `fence` still
+        holds (`LeaseStore.check`; raises `leases.Fenced`, the transaction writes nothing).
+        None: unfenced (a single process)."""
+        if fence is None:
+            yield
+            return
+        with self.writer.guarded(lambda c: self.leases.check(c, fence)):
+            yield
 
     @property
     def on_change(self) -> Callable[[str], None] | None:

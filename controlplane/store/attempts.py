@@ -124,6 +124,15 @@ class AttemptTx:
             vals["result_json"] = json.dumps(result)
         return self._move(to, detail=detail, values=vals)
 
+    def record_usage(self, values: dict[str, Any]) -> None:
+        """What the attempt used (an `attempt_usage` row, without the task's own columns); once
+        per attempt."""
+        assert self.task is not None
+        t = self.task
+        self.c.execute(self.w.db.insert_ignore(q.USAGE), [{
+            **values, "task_id": t.task_id, "attempt": t.attempt, "task_pk": t.pk, "owner": t.owner,
+            "tool_name": t.tool_name, "provider": t.provider}])
+
     def retire_job(self, to: JobState = JobState.DONE) -> None:
         """The task moved on: a job still marked as reporting leaves that state."""
         if self.job is not None and self.job.state in REPORTING:

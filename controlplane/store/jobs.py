@@ -169,9 +169,13 @@ class JobStore:
                 self.db.run_many(c, q.SET_PROVIDER_STATUS, [{"wid": w, "st": _storable(st)[:32], "rs": _storable(rs)}
                                                             for w, st, rs in updates])
 
-    def mark_stop_sent(self, worker_id: str) -> float:
+    def mark_stop_sent(self, worker_id: str, fence: Fence | None = None, margin_s: float = 0.0) -> float:
+        """Record a stop about to be sent. With a `fence`, only while the lease is still held
+        with `margin_s` to spare (raises `leases.Fenced`: the stop must not be sent)."""
         now = self.w.clock()
         with self.w.tx() as c:
+            if fence is not None:
+                self.leases.check(c, fence, margin_s)
             self.db.run(c, q.MARK_STOP_SENT, {"wid": worker_id, "now": now})
         return now
 

@@ -1,5 +1,5 @@
 """The tables (sqlmodel): tasks, task_tags, task_events, task_logs, artifacts, jobs, leases, queue_depth,
-caller_limits, caller_streams.
+caller_limits, caller_streams, attempt_usage, budgets.
 
 Times are UNIX epoch seconds (float) so that every engine stores and compares them alike.
 JSON columns are text holding JSON. The schema itself is owned by the alembic migrations in
@@ -76,6 +76,9 @@ class Task(SQLModel, table=True):
     max_recoveries: int = Field(default=0, sa_column=Column(Integer, nullable=False, server_default="0"))
     # The team whose members may read the task (the submitter's, from its OAuth token), if any.
     team: str | None = Field(default=None, sa_column=Column(String(200)))
+    # What the submit estimated the task would cost (`controlplane.prices`; None: unpriced), which
+    # budgets count while the task has not ended.
+    estimate_cost: float | None = None
 
 
 class TaskTag(SQLModel, table=True):
@@ -241,3 +244,47 @@ class CallerStream(SQLModel, table=True):
     task_id: str = Field(sa_column=Column(String(40), nullable=False))
     started_at: float
     expires_at: float
+
+
+class AttemptUsage(SQLModel, table=True):
+    """What one attempt used and its estimated cost at the prices of its end
+    (`controlplane.prices`), written with the attempt's end. Kept when its task is purged (the
+    owner and tool are copied here; tags are read from `task_tags` while the task is kept)."""
+
+    __tablename__ = "attempt_usage"
+    # Budgets sum a period's costs of one owner, or of every owner joined to a tag, from the
+    # index alone (cost and task_pk in it: no row is read).
+    __table_args__ = (Index("ix_attempt_usage_owner", "owner", "ended_at", "cost"),
+                      Index("ix_attempt_usage_ended", "ended_at", "task_pk", "cost"))
+
+    task_id: str = Field(sa_column=Column(String(40), primary_key=True))
+    attempt: int = Field(sa_column=Column(Integer, primary_key=True, autoincrement=False))
+    task_pk: int
+    owner: str = Field(sa_column=Column(String(200), nullable=False))
+    tool_name: str = Field(sa_column=Column(String(128), nullable=False))
+    provider: str = Field(sa_column=Column(String(64), nullable=False))
+    region: str | None = Field(default=None, sa_column=Column(String(64)))
+    started_at: float
+    ended_at: float
+    cpu: float
+    memory_mb: int
+    gpu: int
+    run_s: float
+    vcpu_s: float
+    memory_gib_s: float
+    gpu_s: float
+    cost: float | None = None  # None: a rate it needed is not in the price table
+    currency: str = Field(sa_column=Column(String(8), nullable=False))
+
+
+class Budget(SQLModel, table=True):
+    """An operator's budget (`controlplane budgets`): at most `amount` (in the price table's
+    currency) per calendar `period` (UTC day, week or month) for one caller or one tag."""
+
+    __tablename__ = "budgets"
+
+    scope: str = Field(sa_column=Column(String(8), primary_key=True))  # "owner" | "tag"
+    subject: str = Field(sa_column=Column(String(200), primary_key=True))
+    period: str = Field(sa_column=Column(String(8), nullable=False))
+    amount: float
+    updated_at: float

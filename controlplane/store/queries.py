@@ -18,8 +18,8 @@ from sqlalchemy import and_, bindparam, case, delete, func, insert, or_, select,
 from controlplane import states
 from controlplane.states import JobState, TaskState
 from controlplane.store.db import likely
-from controlplane.store.models import (WATCHED_JOBS_WHERE, Artifact, CallerLimits, CallerStream, Job, Lease, QueueDepth,
-                                       Task, TaskEvent, TaskLog, TaskTag)
+from controlplane.store.models import (WATCHED_JOBS_WHERE, Artifact, AttemptUsage, Budget, CallerLimits, CallerStream,
+                                       Job, Lease, QueueDepth, Task, TaskEvent, TaskLog, TaskTag)
 
 T = Task.__table__
 TAGS = TaskTag.__table__
@@ -31,6 +31,8 @@ QD = QueueDepth.__table__
 LEASES = Lease.__table__
 CALLER_LIMITS_T = CallerLimits.__table__
 STREAMS = CallerStream.__table__
+USAGE = AttemptUsage.__table__
+BUDGETS = Budget.__table__
 
 S = TaskState
 _bp = bindparam
@@ -245,6 +247,49 @@ def task_ids_by_prefix(owner: str, prefix: str, limit: int) -> tuple[Any, bool]:
     upper = prefix[:-1] + chr(ord(prefix[-1]) + 1)
     return (select(T.c.task_id, T.c.submitted_at, T.c.owner)
             .where(T.c.task_id >= prefix, T.c.task_id < upper).limit(10_000)), True
+
+
+# ==== usage and budgets =========================================================================
+INSERT_USAGE = insert(USAGE)
+_USAGE_SUMS = (func.count().label("attempts"), func.coalesce(func.sum(USAGE.c.run_s), 0).label("run_s"),
+               func.coalesce(func.sum(USAGE.c.vcpu_s), 0).label("vcpu_s"),
+               func.coalesce(func.sum(USAGE.c.memory_gib_s), 0).label("memory_gib_s"),
+               func.coalesce(func.sum(USAGE.c.gpu_s), 0).label("gpu_s"),
+               func.sum(USAGE.c.cost).label("cost"),
+               func.sum(case((USAGE.c.cost.is_(None), 1), else_=0)).label("unpriced"))
+TASK_USAGE = select(*_USAGE_SUMS).where(USAGE.c.task_id == _bp("task_id"))
+BUDGETS_ALL = select(BUDGETS).order_by(BUDGETS.c.scope, BUDGETS.c.subject)
+BUDGET_OF = select(BUDGETS).where(BUDGETS.c.scope == _bp("scope"), BUDGETS.c.subject == _bp("subject"))
+DELETE_BUDGET = delete(BUDGETS).where(BUDGETS.c.scope == _bp("scope"), BUDGETS.c.subject == _bp("subject"))
+# What a budget has spent in its period (attempts that ended in it), and what the tasks not yet
+# ended are expected to cost, of one owner (ix_attempt_usage_owner, ix_tasks_owner_state) or one
+# tag (the period's usage rows, then each task's tag by task_tags' key; the tasks in flight by
+# their state, ix_tasks_state_timeout, then likewise).
+OWNER_SPENT = (select(func.coalesce(func.sum(USAGE.c.cost), 0))
+               .where(USAGE.c.owner == _bp("subject"), USAGE.c.ended_at >= _bp("since")))
+TAG_SPENT = (select(func.coalesce(func.sum(USAGE.c.cost), 0))
+             .select_from(USAGE.join(TAGS, and_(TAGS.c.task_pk == USAGE.c.task_pk, TAGS.c.tag == _bp("subject"))))
+             .where(USAGE.c.ended_at >= _bp("since")))
+OWNER_RUNNING = (select(func.coalesce(func.sum(T.c.estimate_cost), 0))
+                 .where(T.c.owner == _bp("subject"), or_(*(T.c.state == s for s in IN_FLIGHT_STATES))))
+TAG_RUNNING = (select(func.coalesce(func.sum(T.c.estimate_cost), 0))
+               .select_from(T.join(TAGS, and_(TAGS.c.task_pk == T.c.pk, TAGS.c.tag == _bp("subject"))))
+               .where(or_(*(T.c.state == s for s in IN_FLIGHT_STATES))))
+
+
+def usage_report(group_by: Sequence[str], owner: str | None, since: float, until: float) -> Any:
+    """Usage of the attempts that ended in [since, until), summed per group (`tool`, `owner`,
+    `tag`: a task counts once under each of its tags, and under None without any), of one
+    owner or of everyone."""
+    columns = {"tool": USAGE.c.tool_name.label("tool"), "owner": USAGE.c.owner.label("owner"),
+               "tag": TAGS.c.tag.label("tag")}
+    keys = [columns[g] for g in group_by]
+    source = USAGE.outerjoin(TAGS, TAGS.c.task_pk == USAGE.c.task_pk) if "tag" in group_by else USAGE
+    q = (select(*keys, *_USAGE_SUMS, func.count(func.distinct(USAGE.c.task_id)).label("tasks"))
+         .select_from(source).where(USAGE.c.ended_at >= since, USAGE.c.ended_at < until))
+    if owner is not None:
+        q = q.where(USAGE.c.owner == owner)
+    return q.group_by(*keys).order_by(*keys) if keys else q
 
 
 def operator_jobs(job_states: Sequence[str] | None, limit: int) -> Any:

@@ -139,6 +139,7 @@ class TaskRow(_TaskJson, _Row):
     recoveries: int = 0  # attempts lost, preempted or not launched, retried (max_recoveries)
     max_recoveries: int = 0
     team: str | None = None  # the team whose members may read it
+    estimate_cost: float | None = None  # what the submit estimated it would cost (None: unpriced)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "state", _TASK_STATES[self.state])
@@ -305,4 +306,15 @@ class CallerLimitsRow(_Row):
     submits_per_day: int | None
     tasks_in_flight: int | None
     streams: int | None
+    updated_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetRow(_Row):
+    """An operator's budget: at most `amount` per calendar `period` for one caller or tag."""
+
+    scope: str  # "owner" | "tag"
+    subject: str
+    period: str  # "day" | "week" | "month" (UTC)
+    amount: float
     updated_at: float

@@ -27,6 +27,11 @@ def could_be_task_id(text: str) -> bool:
     return text.isascii() and text.isprintable()
 
 
+def _scalar(rows: Any) -> float:
+    """The one value of a one-row, one-column answer."""
+    return float(next(iter(rows[0].values())) or 0.0)
+
+
 class QueueFull(Exception):
     def __init__(self, queue: str, length: int):
         super().__init__(f"queue {queue} is full ({length} tasks waiting)")
@@ -55,6 +60,30 @@ class SubmitLimits:
 
 
 @dataclass(frozen=True)
+class BudgetCheck:
+    """A budget a submit is held to (`controlplane.budgets`): at most `amount` spent in
+    [since, until) by `scope` ("owner" or "tag") `subject`, counting what its tasks not yet ended
+    are expected to cost."""
+
+    scope: str
+    subject: str
+    period: str
+    amount: float
+    since: float
+    until: float
+
+
+class BudgetReached(LimitReached):
+    """A budget refused a submit: spent + running + this task's estimate would exceed it. Nothing
+    was written."""
+
+    def __init__(self, budget: BudgetCheck, spent: float, running: float, estimate: float, now: float):
+        super().__init__("budget", budget.amount, max(1.0, budget.until - now))  # (type: its amount, a float)
+        self.budget = budget
+        self.spent, self.running, self.estimate = spent, running, estimate
+
+
+@dataclass(frozen=True)
 class NewTask:
     owner: str
     tool_name: str
@@ -74,6 +103,8 @@ class NewTask:
     max_recoveries: int | None = None  # None: max_attempts - 1 (as before the budgets were apart)
     team: str | None = None  # the team whose members may read it
     limits: SubmitLimits | None = None  # the caller's limits, if it has any
+    estimate_cost: float | None = None  # what it should cost (`controlplane.prices`; None: unpriced)
+    budgets: tuple[BudgetCheck, ...] = ()  # the budgets it counts against, if any are set
 
 
 @dataclass(frozen=True)
@@ -132,7 +163,8 @@ class TaskStore:
 
     @staticmethod
     def _locks_of(new: NewTask) -> list[str]:
-        return [new.resource_class, *([f"caller:{new.owner}"] if new.limits is not None else [])]
+        return [new.resource_class, *([f"caller:{new.owner}"] if new.limits is not None else []),
+                *(f"budget:{b.scope}:{b.subject}" for b in new.budgets or ())]
 
     def _idempotent(self, c: Any, new: NewTask) -> TaskRow | None:
         if new.idempotency_key is None:
@@ -147,6 +179,8 @@ class TaskStore:
             return Submitted(existing, False, None)
         if new.limits is not None:
             self._check_limits(c, new.owner, new.limits, now)
+        if new.budgets:
+            self._check_budgets(c, new.budgets, new.estimate_cost or 0.0, now)
         [adm] = self.db.run(c, q.QUEUE_ADMISSION, {"rc": new.resource_class, "prio": new.priority})
         waiting, ahead = adm["waiting"], adm["ahead"] or 0
         if waiting >= queue_limit:
@@ -160,7 +194,7 @@ class TaskStore:
             state=S.QUEUED.value, attempt=1, max_attempts=new.max_attempts, not_before=0.0,
             submitted_at=now, updated_at=now, cancel_requested=False, estimate_s=new.estimate_s,
             log_seq=0, log_first_seq=1, version=1, store_url=new.store_url, failures=0, recoveries=0,
-            max_recoveries=recoveries, team=new.team,
+            max_recoveries=recoveries, team=new.team, estimate_cost=new.estimate_cost,
         )
         pk = self.db.run(c, q.INSERT_TASK, values)[0]["pk"]
         if new.tags:
@@ -197,6 +231,20 @@ class TaskStore:
                 # When one of them may be done: the soonest expected end, from its estimate.
                 ends = [(r["started_at"] or now) + (r["estimate_s"] or 10.0) - now for r in rows]
                 raise LimitReached("tasks_in_flight", limit, min(300.0, max(1.0, min(ends))))
+
+    def _check_budgets(self, c: Any, budgets: Sequence[BudgetCheck], estimate: float, now: float) -> None:
+        """Raise BudgetReached if a budget would be exceeded: what it spent in its period, plus
+        the estimates of its tasks not yet ended, plus this one's, above its amount. Counted in
+        this transaction under a lock per budget (PostgreSQL, taken with the batch's: `_locks_of`;
+        SQLite serialises writers), so concurrent submits on any replica each see the tasks written
+        before them."""
+        for b in budgets:
+            params = {"subject": b.subject, "since": b.since}
+            spent_q, running_q = (q.OWNER_SPENT, q.OWNER_RUNNING) if b.scope == "owner" else (q.TAG_SPENT, q.TAG_RUNNING)
+            spent = _scalar(self.db.run(c, spent_q, params))
+            running = _scalar(self.db.run(c, running_q, {"subject": b.subject}))
+            if spent + running + estimate > b.amount:
+                raise BudgetReached(b, spent, running, estimate, now)
 
     def find_idempotent(self, owner: str, tool_name: str, key: str | None) -> TaskRow | None:
         if key is None:

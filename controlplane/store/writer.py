@@ -4,7 +4,9 @@ Every aggregate of the store writes through a `Writer`: `tx()` opens a write tra
 after it commits, tells `on_change` (the progress hub) of every task it changed (on PostgreSQL, other processes hear
 of them through `Database.notify_changed`); `transition`
 checks the move against the state machine (`controlplane.states`), bumps the row's version and
-writes its task_event in the same transaction; `move_job` does the same for a job.
+writes its task_event in the same transaction; `move_job` does the same for a job. `guarded(check)` runs `check(conn)` first in every write
+transaction its thread opens meanwhile: the leader's lease fence over a whole reconciler cycle
+(`Store.fenced`).
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ class Writer:
         """A write transaction; after it commits, `on_change` hears of every task it changed."""
         with self._collecting() as changed:
             with self.db.write() as c:
+                guard = getattr(self._local, "guard", None)
+                if guard is not None:
+                    guard(c)
                 yield c
                 # Other replicas hear of the changes through the database, in this transaction
                 # (delivered only if it commits); this process's hub below, after the commit.
@@ -67,6 +72,20 @@ class Writer:
         out = await self.db.write_on_loop(body)
         self._announce(changed)
         return out
+
+    @contextmanager
+    def guarded(self, check: Callable[[Connection], None]) -> Iterator[None]:
+        """While inside, every `tx()` this thread opens runs `check(conn)` first (it raises to
+        refuse the transaction). A thread-local scope, not an argument of every write, so that
+        a loop's writes (the reconciler's, through tasks, jobs, attempts and retention) are all
+        covered, the ones added later too. Not for `tx_on_loop`: the event loop's thread is
+        shared by every call."""
+        outer = getattr(self._local, "guard", None)
+        self._local.guard = check
+        try:
+            yield
+        finally:
+            self._local.guard = outer
 
     @contextmanager
     def _collecting(self, changed: list[str] | None = None) -> Iterator[list[str]]:
