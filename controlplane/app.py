@@ -86,8 +86,8 @@ class ControlPlane:
         if self.settings.job_store_access == "grants":
             for url in [self.settings.resolved_object_store_url, *self.catalog.store_urls()]:
                 if not self.stores.get(url).signs_uploads:
-                    raise ValueError(f"CONTROLPLANE_JOB_STORE_ACCESS=grants needs object stores that sign uploads "
-                                     f"(s3://, gs://, az://); {url.split('://', 1)[0]}:// does not")
+                    raise CatalogError(f"CONTROLPLANE_JOB_STORE_ACCESS=grants needs object stores that sign "
+                                       f"uploads (s3://, gs://, az://); {url.split('://', 1)[0]}:// does not")
         context = ProviderContext(home=self.settings.home, kill_grace_s=self.settings.kill_grace_s,
                                   endpoint_file=self.settings.endpoint_file)
         self.providers: dict[str, Provider] = dict(providers or {})

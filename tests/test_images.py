@@ -106,6 +106,9 @@ def image_env(tmp_path: Path, database_url: str, port: int, catalog_json: str) -
         "CONTROLPLANE_SECRET_KEY": "k" * 64,
         "CONTROLPLANE_CATALOG_JSON": catalog_json,
         "CONTROLPLANE_PUBLIC_URL": f"http://127.0.0.1:{port}",
+        # the cloud module's bucket (jobs on grants need a store that signs uploads); not called here
+        "CONTROLPLANE_OBJECT_STORE_URL": "s3://controlplane-objects",
+        "AWS_DEFAULT_REGION": "us-east-1",
     })
     return env
 
