@@ -110,8 +110,7 @@ class Attempts:
         cancel = a.task.cancel_requested
         if outcome is not None:
             self._end(a, decide(a.task, outcome.as_outcome(), self.policy(a.task.tool_name)),
-                      self._artifacts(a.task, outcome.artifacts),
-                      ran_at=(ran_at[0] or outcome.started_at, ran_at[1] or outcome.finished_at))
+                      self._artifacts(a.task, outcome.artifacts), ran_at=_run_times(ran_at, outcome))
         return Applied(ack_seq=seq, cancel=cancel, finished=outcome is not None)
 
     def read_spilled(self, store_url: str, task_id: str, attempt: int, from_seq: int) -> list[dict[str, Any]]:
@@ -156,9 +155,8 @@ class Attempts:
                 return "stale"
             policy = self.policy(a.task.tool_name)
             if outcome is not None:
-                ran_at = (ran_at[0] or outcome.started_at, ran_at[1] or outcome.finished_at)
                 self._end(a, decide(a.task, outcome.as_outcome(), policy), self._artifacts(a.task, outcome.artifacts),
-                          ran_at=ran_at)
+                          ran_at=_run_times(ran_at, outcome))
                 return "finished"
             if status.phase == JobPhase.GONE:
                 self._end(a, decide_lost(a.task, status.reason or "the job vanished", policy))
@@ -214,8 +212,7 @@ class Attempts:
         if start is None:
             return
         end = ran_at[1] or a.now
-        priced = self.pricing.of(task.tool_name, task.provider, task.resource_class,
-                                 json.loads(task.resources_json or "{}"))
+        priced = self.pricing.of_task(task)
         used = priced.usage(end - start)
         region = priced.region[:64] if priced.region else None  # (the column's width)
         a.record_usage({"region": region, "started_at": start, "ended_at": max(start, end),
@@ -272,3 +269,8 @@ def _fresh(events: list[dict[str, Any]], seq: int) -> list[dict[str, Any]]:
         if n > seq:
             by_seq.setdefault(n, e)
     return [by_seq[n] for n in sorted(by_seq)]
+
+
+def _run_times(provider: tuple[float | None, float | None], outcome: ev.Finished) -> tuple[float | None, float | None]:
+    """A job's start and end: as its provider recorded them where it did, else as its runner reported."""
+    return provider[0] or outcome.started_at, provider[1] or outcome.finished_at

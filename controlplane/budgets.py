@@ -62,7 +62,8 @@ class Budgets:
         if not self._owners and not self._tags:
             return ()
         rows = [self._owners[owner]] if owner in self._owners else []
-        # (in one order for every submit: their locks are taken in it, so no two submits wait on each other)
+        # (tags in one order: a refusal names the same budget first whatever order the tags came in;
+        # the budgets' locks are taken with the batch's, sorted, by TaskStore._locks_of)
         rows += [self._tags[t] for t in sorted(set(tags)) if t in self._tags]
         return tuple(BudgetCheck(r.scope, r.subject, r.period, r.amount, *period_bounds(r.period, now)) for r in rows)
 

@@ -23,6 +23,7 @@ usage (`attempt_usage`): a later change of prices does not rewrite what was spen
 
 from __future__ import annotations
 
+import json
 import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from controlplane.catalog import Catalog
 from controlplane.launch import asked_shape
+from controlplane.store.rows import TaskRow
 from providers.base import Provider
 
 RESOURCES = ("vcpu", "memory_gib", "gpu")
@@ -211,6 +213,10 @@ class Pricing:
         options = self.catalog.options.get(tool_name)
         region = provider.price_region(options) if provider is not None and options is not None else None
         return Priced(shape["cpu"], shape["memory_mb"], shape["gpu"], region, self.table.rate(provider_name, region))
+
+    def of_task(self, task: TaskRow) -> Priced:
+        """`of` for a task on file (the usage of its attempts, ended or running)."""
+        return self.of(task.tool_name, task.provider, task.resource_class, json.loads(task.resources_json or "{}"))
 
     def estimate(self, priced: Priced, runtime_s: float | None) -> float | None:
         """The cost of a run of `runtime_s` (the runtime estimate, from the tool's history)."""

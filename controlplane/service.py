@@ -9,7 +9,6 @@ codes of `controlplane.errors`.
 from __future__ import annotations
 
 import base64
-import json
 import math
 import re
 import time
@@ -82,6 +81,10 @@ class AdminReads:
         self._seen[key] = now
         if len(self._seen) > 10_000:
             self._seen = {k: t for k, t in self._seen.items() if now - t < self.every_s}
+
+
+# The states of a task whose current attempt is running (its usage so far is counted from its start).
+_RUNNING = frozenset({TaskState.RUNNING, TaskState.CANCEL_REQUESTED, TaskState.CANCELLING})
 
 
 class TaskService:
@@ -273,16 +276,14 @@ class TaskService:
         A task that has not run yet reads nothing for it; one on its first attempt reads nothing
         either (its usage so far is its run time times its shape)."""
         used, cost, unpriced = Usage(), 0.0, 0
-        ended = task.attempt > 1 or (task.started_at is not None and task.state != TaskState.RUNNING
-                                     and task.state not in (TaskState.CANCEL_REQUESTED, TaskState.CANCELLING))
-        if ended:  # a recorded attempt (a retry's earlier ones, or the one that ended)
+        running = task.started_at is not None and task.state in _RUNNING
+        if task.attempt > 1 or (task.started_at is not None and not running):
+            # a recorded attempt (a retry's earlier ones, or the one that ended)
             sums = self.store.usage.of_task(task.task_id)
             used = Usage(sums["run_s"], sums["vcpu_s"], sums["memory_gib_s"], sums["gpu_s"])
             cost, unpriced = sums["cost"] or 0.0, sums["unpriced"] or 0  # (NULL sums: no attempt recorded)
-        if task.started_at is not None and task.state in (TaskState.RUNNING, TaskState.CANCEL_REQUESTED,
-                                                          TaskState.CANCELLING):
-            priced = self.pricing.of(task.tool_name, task.provider, task.resource_class,
-                                     json.loads(task.resources_json or "{}"))
+        if running:
+            priced = self.pricing.of_task(task)
             so_far = priced.usage(time.time() - task.started_at)
             used = used + so_far
             now_cost = so_far.cost(priced.rate)

@@ -18,7 +18,9 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-ENDED = {"succeeded", "failed", "cancelled", "timed_out", "expired"}
+from controlplane.states import FINAL
+
+ENDED = {s.value for s in FINAL}
 STYLE = {"succeeded": "green", "failed": "red", "timed_out": "red", "cancelled": "dim", "expired": "dim",
          "running": "cyan", "queued": "yellow", "scheduled": "yellow"}
 

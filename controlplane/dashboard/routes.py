@@ -38,7 +38,7 @@ from controlplane import api
 from controlplane.dashboard.session import COOKIE, Session, Sessions
 from controlplane.errors import ControlPlaneError, ErrorCode, invalid
 from controlplane.ops import metrics
-from controlplane.states import TERMINAL, TaskState
+from controlplane.states import FINAL, TaskState
 from providers import ratelimit
 
 if TYPE_CHECKING:
@@ -59,7 +59,7 @@ HEADERS = {
 LOG_LINES = 200  # the log tail a task's page opens with
 STREAM_PAGES = 5  # log pages sent per wake-up of a stream (the rest follow at once)
 STATES = [s.value for s in TaskState]
-ENDED = {s.value for s in TERMINAL} | {TaskState.EXPIRED.value}
+ENDED = {s.value for s in FINAL}  # (terminal, or expired)
 
 
 
