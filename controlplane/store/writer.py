@@ -1,12 +1,12 @@
 """Write transactions and the one function that changes a task's state.
 
 Every aggregate of the store writes through a `Writer`: `tx()` opens a write transaction and,
-after it commits, tells `on_change` (the progress hub) of every task it changed (on PostgreSQL, other processes hear
-of them through `Database.notify_changed`); `transition`
-checks the move against the state machine (`controlplane.states`), bumps the row's version and
-writes its task_event in the same transaction; `move_job` does the same for a job. `guarded(check)` runs `check(conn)` first in every write
-transaction its thread opens meanwhile: the leader's lease fence over a whole reconciler cycle
-(`Store.fenced`).
+after it commits, tells `on_change` (the progress hub) of every task it changed (on PostgreSQL,
+other processes hear of them through `Database.notify_changed`); `transition` checks the move
+against the state machine (`controlplane.states`), bumps the row's version and writes its
+task_event in the same transaction; `move_job` does the same for a job. `guarded(check)` runs
+`check(conn)` first in every write transaction its thread opens meanwhile: the leader's lease
+fence over a whole reconciler cycle (`Store.fenced`).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from controlplane.store.rows import JobRow, TaskRow
 
 
 T = TypeVar("T")
+V = TypeVar("V")
 
 
 def _now() -> float:
@@ -80,24 +81,24 @@ class Writer:
         a loop's writes (the reconciler's, through tasks, jobs, attempts and retention) are all
         covered, the ones added later too. Not for `tx_on_loop`: the event loop's thread is
         shared by every call."""
-        outer = getattr(self._local, "guard", None)
-        self._local.guard = check
-        try:
+        with self._scoped("guard", check):
             yield
-        finally:
-            self._local.guard = outer
 
     @contextmanager
     def _collecting(self, changed: list[str] | None = None) -> Iterator[list[str]]:
-        """While inside, `changed()` collects into the list yielded (this thread's, nested ones
-        restored on the way out)."""
-        changed = [] if changed is None else changed
-        outer = getattr(self._local, "changed", None)
-        self._local.changed = changed
+        """While inside, `changed()` collects into the list yielded."""
+        with self._scoped("changed", [] if changed is None else changed) as out:
+            yield out
+
+    @contextmanager
+    def _scoped(self, name: str, value: V) -> Iterator[V]:
+        """This thread's `name` is `value` while inside; an outer one is restored on the way out."""
+        outer = getattr(self._local, name, None)
+        setattr(self._local, name, value)
         try:
-            yield changed
+            yield value
         finally:
-            self._local.changed = outer
+            setattr(self._local, name, outer)
 
     def _announce(self, changed: list[str]) -> None:
         if self.on_change is not None:
