@@ -175,7 +175,7 @@ def _history(n: int, first_pk: int, *, rng: random.Random, now: float, running: 
             task_tags.append(f"sweep:{i // 500:04d}")
         if rng.random() < 0.001:
             task_tags.append(RARE_TAG)
-        task_id = ids.new_task_id()
+        task_id = ids.new_task_id(int(submitted * 1000))  # as a submit at that time would have named it
         rc = "cpu_small"
         if from_end <= queued:
             state = "queued"
@@ -261,8 +261,8 @@ def seed_inflight(db: Database, n: int, *, seed: int = 11, now: float | None = N
     tasks, events, jobs = [], [], []
     for i in range(n):
         tool = "lj_relax" if i % 2 else "exercise"
-        task_id = ids.new_task_id()
         submitted = now - 120 + 60 * i / n
+        task_id = ids.new_task_id(int(submitted * 1000))
         started = submitted + rng.uniform(1, 30)
         wid = ids.new_worker_id()
         row = _task_row(task_id, owner=MAIN_OWNER, tool=tool, rc=rc, state="running", submitted=submitted, rng=rng,
