@@ -49,8 +49,13 @@ class GroupCommit(Generic[I, R]):
     items waiting; returns the item's outcome, or raises it when it is an exception."""
 
     def __init__(self, write_many: Callable[[Sequence[I]], Sequence[R | Exception]], max_batch: int = 256, *,
-                 write_many_on_loop: Callable[[Sequence[I]], Awaitable[Sequence[R | Exception]]] | None = None):
+                 write_many_on_loop: Callable[[Sequence[I]], Awaitable[Sequence[R | Exception]]] | None = None,
+                 gather_s: float = 0.0):
         self.write_many = write_many
+        # How long a leader waits for others to join before it takes its batch. A commit that
+        # runs off the loop gathers the next batch while it is in flight; one made on the loop
+        # (SQLite on a quick disk: `Database.write_on_loop`) is over before anyone else could join.
+        self.gather_s = gather_s
         # Tried first: the batch's statements on the loop, only its commit in a thread (see
         # `Database.write_on_loop`); WouldBlock (the lock taken, a networked engine) -> write_many.
         self.write_many_on_loop = write_many_on_loop
@@ -96,6 +101,8 @@ class GroupCommit(Generic[I, R]):
         self._leading = True
         try:
             with anyio.CancelScope(shield=True):
+                if self.gather_s > 0 and len(self._waiting) < self.max_batch:
+                    await asyncio.sleep(self.gather_s)
                 batch, self._waiting = self._waiting[: self.max_batch], self._waiting[self.max_batch:]
                 try:
                     outcomes = await self._write([e.item for e in batch])

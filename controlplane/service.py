@@ -42,6 +42,10 @@ from providers.base import Capability, Provider, TransientProviderError
 LOG_CURSOR_PREFIX = "log_"
 PROVIDER_CURSOR_PREFIX = "plog_"
 LIST_CURSOR_PREFIX = "lst_"
+# Submits made while others are being served wait this long for more to join their group commit
+# on SQLite, whose commit then runs on the event loop (`GroupCommit.gather_s`): 16 clients
+# submitting got 0.67x the no-op's calls/s with no wait (batches of 2), 0.74-0.75x with 2 to 5 ms.
+GROUP_GATHER_S = 0.002
 _ASCII_DIGITS = re.compile(r"[0-9]{1,18}")  # fits a 64-bit integer column on every engine
 
 
@@ -109,7 +113,8 @@ class TaskService:
         # Submits from the event loop are written together (one transaction, one fsync).
         self.load = blocking.Load()  # calls in progress on the loop (the MCP tools count them)
         self.commits: GroupCommit[tuple[NewTask, int], Submitted] = GroupCommit(
-            store.tasks.submit_many, write_many_on_loop=store.tasks.submit_many_on_loop)
+            store.tasks.submit_many, write_many_on_loop=store.tasks.submit_many_on_loop,
+            gather_s=GROUP_GATHER_S if store.db.is_sqlite else 0.0)
 
     # ==== submit ==============================================================================
     def submit(self, owner: str, req: api.SubmitTask) -> dict[str, Any]:

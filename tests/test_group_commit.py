@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
@@ -236,14 +237,16 @@ async def test_over_http_submits_made_while_others_wait_are_grouped_and_a_lone_o
 
 @pytest.mark.sqlite_only("a networked engine writes the whole batch in a worker thread: no transaction on the loop")
 async def test_while_a_batch_commits_off_the_loop_other_writes_wait_their_turn(cp: ControlPlane) -> None:
-    """A batch's statements run on the event loop and its commit in a worker thread; while that
-    commit is in flight, a write tried on the loop goes to a worker thread and waits for it (it
-    cannot take the loop's open transaction), and every write lands once. A blocking write on the
-    loop at that moment would wait for ever: it is refused at once instead."""
+    """On a disk whose commits are slow, a batch's statements run on the event loop and its commit
+    in a worker thread; while that commit is in flight, a write tried on the loop goes to a worker
+    thread and waits for it (it cannot take the loop's open transaction), and every write lands
+    once. A blocking write on the loop at that moment would wait for ever: it is refused at once
+    instead."""
     from controlplane import blocking
 
     req = api.SubmitTask(tool_name="exercise", inputs={"sleep_s": 0})
     cp.service.load.calls = 16  # as if other calls waited: submits go to a group commit
+    cp.db.commit_s = 1.0  # as if commits took a second: the next one goes off the loop
     seen: list[str] = []
     real_commit = cp.db.write_on_loop
 
@@ -268,6 +271,40 @@ async def test_while_a_batch_commits_off_the_loop_other_writes_wait_their_turn(c
     assert seen == ["statements on the loop thread", "cancelled"]
     assert cp.store.tasks.get(out["task_id"]).state == "queued"
     assert cp.store.tasks.get(first_id).state == "cancelled"
+
+
+@pytest.mark.sqlite_only("a networked engine commits in a worker thread always")
+async def test_group_commits_run_on_the_loop_while_commits_are_quick_and_leave_it_when_slow(cp: ControlPlane) -> None:
+    """A group commit's fsync costs the loop less than a hop to a worker thread, on a disk whose
+    commits are quick; on one whose commits are slow (a network volume, here a commit listener that
+    sleeps 5 ms), doing it there would stall every call for each: commits move to a worker thread
+    once they average over the limit, and back once the disk is quick again. Every submit lands."""
+    from sqlalchemy import event
+
+    req = api.SubmitTask(tool_name="exercise", inputs={"sleep_s": 0})
+    cp.service.load.calls = 16  # as if other calls waited: submits go to a group commit
+    committed_on: list[str] = []
+    slow = True
+
+    def on_commit(_conn: object) -> None:
+        committed_on.append("loop" if threading.current_thread() is threading.main_thread() else "worker")
+        if slow:
+            time.sleep(0.005)
+
+    engine = cp.db.nonblocking_engine
+    event.listen(engine, "commit", on_commit)
+    try:
+        ids = [(await cp.service.submit_grouped("alice", req))["task_id"] for _ in range(12)]
+        assert committed_on[0] == "loop" and committed_on[-1] == "worker", committed_on
+        assert cp.db.commit_s > 0.002  # what moved them
+        slow = False
+        committed_on.clear()
+        ids += [(await cp.service.submit_grouped("alice", req))["task_id"] for _ in range(40)]
+        assert committed_on[0] == "worker" and committed_on[-1] == "loop", committed_on
+    finally:
+        event.remove(engine, "commit", on_commit)
+    assert len(set(ids)) == 52
+    assert all(cp.store.tasks.get(t).state == "queued" for t in ids)
 
 
 def test_batches_that_touch_the_same_queues_in_opposite_orders_never_deadlock(cp: ControlPlane) -> None:

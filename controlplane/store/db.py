@@ -28,6 +28,7 @@ import asyncio
 import hashlib
 import logging
 import threading
+import time
 from operator import itemgetter
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -51,6 +52,9 @@ log = logging.getLogger("controlplane.store.db")
 # task's id (an `ids` id: far below NOTIFY's 8000-byte limit on a payload).
 CHANGES_CHANNEL = "controlplane_task_changed"
 T = TypeVar("T")
+# A group commit's commit runs on the event loop while commits average no longer than this (a
+# local disk's fsync), in a worker thread when they take longer (`Database.write_on_loop`).
+LOOP_COMMIT_MAX_S = 0.002
 IDLE_IN_TRANSACTION_S = 5.0  # PostgreSQL: a session idle inside a transaction this long is ended
 Build = Callable[[list[str], list[tuple[Any, ...]]], list[Any]]  # (column names, driver tuples) -> rows
 
@@ -141,6 +145,7 @@ class Database:
         # asleep (issue 13). Other processes still meet SQLite's lock and its busy timeout.
         self._write_lock: threading.RLock | None = _file_lock(url) if self.is_sqlite else None
         self._loop_tx: int | None = None  # the thread of the event loop while write_on_loop's tx is open
+        self.commit_s = 0.0  # how long a group commit's commit takes, on average (`write_on_loop`)
         self._compiled: dict[Any, tuple[str, list[str] | None, dict[str, Any]]] = {}
         self._keep: list[Any] = []
 
@@ -174,15 +179,22 @@ class Database:
                 lock.release()
 
     async def write_on_loop(self, fn: Callable[[Connection], T]) -> T:
-        """`fn(conn)` in a write transaction whose statements run here, on the event loop, and
-        whose commit (the fsync) runs in a worker thread. Raises `WouldBlock`, having done nothing,
-        when the write lock is taken, or on an engine reached over the network.
+        """`fn(conn)` in a write transaction whose statements run here, on the event loop, and so
+        does its commit while commits are quick; raises `WouldBlock`, having done nothing, when
+        the write lock is taken, or on an engine reached over the network.
 
-        Why not the whole transaction in the thread: the sqlite3 module lets go of the GIL around
-        every statement, and a worker thread that wants it back while the loop is busy waits up to
-        the interpreter's switch interval (5 ms) each time. A group commit of a few submits (five
-        statements each) then took 17 ms to seconds while the loop served other calls
-        (`bench/concurrency.py`); here the thread takes the GIL back once, after the fsync."""
+        Why the statements on the loop: the sqlite3 module lets go of the GIL around every
+        statement, and a worker thread that wants it back while the loop is busy waits up to the
+        interpreter's switch interval (5 ms) each time. A group commit of a few submits (five
+        statements each) then took 17 ms to seconds while the loop served other calls.
+
+        Why the commit too: its fsync takes about 0.1-0.3 ms on a local disk, while a hop to a
+        worker thread and back costs the loop far more under load than the time it waits there:
+        with 16 clients submitting, a batch's hop (a thread that only slept 1.2 ms) cost 0.2 ms of
+        server CPU per call, and committing on the loop instead took the submit ratio from 0.67 to
+        0.75 (issue 13, `bench/concurrency.py`). A disk whose commits are slow (a network volume)
+        would stall every call for each: once they average more than LOOP_COMMIT_MAX_S, commits
+        go to a worker thread again, where they go on being timed."""
         lock = self._write_lock
         if lock is None or self._loop_tx is not None or not lock.acquire(blocking=False):
             raise WouldBlock()
@@ -195,11 +207,21 @@ class Database:
                 except BaseException:
                     tx.rollback()
                     raise
-                await anyio.to_thread.run_sync(tx.commit)  # (a failed commit is rolled back by close)
+                # (a failed commit is rolled back by close)
+                if self.commit_s <= LOOP_COMMIT_MAX_S:
+                    self._timed_commit(tx)
+                else:
+                    await anyio.to_thread.run_sync(self._timed_commit, tx)
                 return out
         finally:
             self._loop_tx = None
             lock.release()
+
+    def _timed_commit(self, tx: Any) -> None:
+        """Commit, and keep a moving average of how long commits take (`commit_s`)."""
+        t0 = time.perf_counter()
+        tx.commit()
+        self.commit_s += (time.perf_counter() - t0 - self.commit_s) * 0.1
 
     def read(self) -> Connection:
         """A connection for reads (`with db.read() as c:`); it never writes. WAL readers never
@@ -558,6 +580,12 @@ def _install_sqlite_hooks(engine: Engine, busy_timeout_ms: int = 30000) -> None:
         cur.execute("PRAGMA journal_mode=WAL")
         cur.execute("PRAGMA synchronous=FULL")  # a committed task survives power loss
         cur.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+        # A savepoint's rollback journal in memory rather than a temporary file: every submit of a
+        # group commit runs in a savepoint of its own, and with the journal spilled to a file each
+        # one wrote 41 times (99 KiB) where 17 (39 KiB) now do (issue 13). It is only ever read
+        # to roll back within a transaction that is still open (crash recovery is the WAL's), so
+        # nothing durable depends on it; sorts and temporary tables stay in memory too.
+        cur.execute("PRAGMA temp_store=MEMORY")
         cur.execute("PRAGMA foreign_keys=ON")
         cur.close()
 
