@@ -67,6 +67,15 @@ class Load:
 
     def __init__(self) -> None:
         self.calls = 0
+        self.on_answered: Callable[[], None] | None = None  # told after each call is answered
+
+    def begin(self) -> None:
+        self.calls += 1
+
+    def answered(self) -> None:
+        self.calls -= 1
+        if self.on_answered is not None:
+            self.on_answered()
 
     @property
     def others(self) -> bool:

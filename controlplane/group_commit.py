@@ -50,12 +50,16 @@ class GroupCommit(Generic[I, R]):
 
     def __init__(self, write_many: Callable[[Sequence[I]], Sequence[R | Exception]], max_batch: int = 256, *,
                  write_many_on_loop: Callable[[Sequence[I]], Awaitable[Sequence[R | Exception]]] | None = None,
-                 gather_s: float = 0.0):
+                 gather_s: float = 0.0, in_progress: Callable[[], int] | None = None):
         self.write_many = write_many
-        # How long a leader waits for others to join before it takes its batch. A commit that
-        # runs off the loop gathers the next batch while it is in flight; one made on the loop
+        # How long at most a leader waits for others to join before it takes its batch. A commit
+        # that runs off the loop gathers the next batch while it is in flight; one made on the loop
         # (SQLite on a quick disk: `Database.write_on_loop`) is over before anyone else could join.
+        # The wait ends early once every call in progress (`in_progress()`: the server's, counted
+        # by `blocking.Load`) is waiting here: nobody else could join, and the loop would idle.
         self.gather_s = gather_s
+        self.in_progress = in_progress
+        self._gathering: asyncio.Event | None = None
         # Tried first: the batch's statements on the loop, only its commit in a thread (see
         # `Database.write_on_loop`); WouldBlock (the lock taken, a networked engine) -> write_many.
         self.write_many_on_loop = write_many_on_loop
@@ -73,6 +77,7 @@ class GroupCommit(Generic[I, R]):
     async def run(self, item: I) -> R:
         entry = _Entry(item)
         self._waiting.append(entry)
+        self.poke()
         while True:
             if self._leading or entry.fut.done():  # wait for the outcome, or for our turn to lead
                 try:
@@ -84,6 +89,16 @@ class GroupCommit(Generic[I, R]):
                     return got  # type: ignore[return-value]
                 entry.fut = asyncio.get_running_loop().create_future()  # leadership is reserved for us
             await self._lead()
+
+    def poke(self) -> None:
+        """Someone joined, or a call was answered: a gathering leader stops waiting once all are in."""
+        if self._gathering is not None and self._all_in():
+            self._gathering.set()
+
+    def _all_in(self) -> bool:
+        if len(self._waiting) >= self.max_batch:
+            return True
+        return self.in_progress is not None and len(self._waiting) >= self.in_progress()
 
     def _abandon(self, entry: _Entry[I]) -> None:
         """A cancelled caller: its item is taken back if still waiting (else its outcome is
@@ -101,8 +116,13 @@ class GroupCommit(Generic[I, R]):
         self._leading = True
         try:
             with anyio.CancelScope(shield=True):
-                if self.gather_s > 0 and len(self._waiting) < self.max_batch:
-                    await asyncio.sleep(self.gather_s)
+                if self.gather_s > 0 and not self._all_in():
+                    self._gathering = asyncio.Event()
+                    try:
+                        with anyio.move_on_after(self.gather_s):
+                            await self._gathering.wait()
+                    finally:
+                        self._gathering = None
                 batch, self._waiting = self._waiting[: self.max_batch], self._waiting[self.max_batch:]
                 try:
                     outcomes = await self._write([e.item for e in batch])

@@ -29,7 +29,7 @@ class CountCalls:
             await self.inner(scope, receive, send)
             return
         load = self.load
-        load.calls += 1
+        load.begin()
         waiting = True
 
         async def answered(message: Message) -> None:
@@ -37,11 +37,11 @@ class CountCalls:
             if waiting and message["type"] == "http.response.body" and (
                     b'"jsonrpc"' in message.get("body", b"") or not message.get("more_body", False)):
                 waiting = False
-                load.calls -= 1
+                load.answered()
             await send(message)
 
         try:
             await self.inner(scope, receive, answered)
         finally:
             if waiting:
-                load.calls -= 1
+                load.answered()
