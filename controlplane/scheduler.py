@@ -56,11 +56,22 @@ class Scheduler:
         self._retry_at: dict[str, float] = {}
         self._failures: dict[str, int] = {}
         self._limiter = anyio.CapacityLimiter(LAUNCH_CONCURRENCY)
+        # The classes whose every slot was busy at the last tick: a submit into one of them need
+        # not wake the scheduler (`ControlPlane.wake`); what frees a slot wakes it (a runner's
+        # last callback, a reconciler cycle that ended attempts), and so does its interval.
+        self.full: set[str] = set()
+        self.ticks = 0
 
     async def tick(self) -> int:
         """Fill free slots and launch pending intents. Returns the number of launches tried."""
+        self.ticks += 1
         for rc in self.catalog.resource_classes.values():
-            if not await blocking.call(self.store.jobs.has_work, rc.name, rc.max_concurrency):
+            work = await blocking.call(self.store.jobs.has_work, rc.name, rc.max_concurrency)
+            if work == "full":
+                self.full.add(rc.name)
+            else:
+                self.full.discard(rc.name)
+            if work != "ready":
                 continue  # slots full or nothing ready: no write transaction
             try:
                 claimed = await anyio.to_thread.run_sync(self.store.jobs.claim_for_launch, rc.name,

@@ -165,7 +165,7 @@ class TaskService:
         """The answer to a submit once its task is written (or found by its idempotency key)."""
         task, created = sub.task, sub.created
         if created:
-            self.wake(reconciler=False)  # a new task needs a slot, not a reconcile
+            self.wake(reconciler=False, queued_in=task.resource_class)  # a new task needs a slot, not a reconcile
             metrics.SUBMITS.labels(task.tool_name).inc()
         elif task.inputs_json != new.inputs_json and task.state != TaskState.EXPIRED:
             raise invalid(f"idempotency_key '{new.idempotency_key}' was already used for task {task.task_id} "

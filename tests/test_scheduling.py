@@ -273,3 +273,28 @@ async def test_a_submit_wakes_the_scheduler_from_the_loop_and_from_a_thread(home
         for task_id in (on_loop, in_thread):
             await agent.call("cancel_task", task_id=task_id)
             await agent.wait(task_id)
+
+
+async def test_submits_into_a_full_class_do_not_tick_the_scheduler_and_a_freed_slot_still_does(home: Path) -> None:
+    """Every submit used to wake the scheduler, which then read its queues to find no free slot.
+    Submits into a class whose slots were all busy at the scheduler's last look now leave it
+    asleep, and the task waiting longest still starts within seconds once a slot frees (here the
+    scheduler's own interval is a minute)."""
+    write_catalog(home, concurrency=1)
+    cp = ControlPlane(Settings(home=home, **{**FAST, "scheduler_interval_s": 60.0}))
+    async with Client(build_server(cp)) as client:
+        agent = Agent(client)
+        await anyio.sleep(0.5)  # past the scheduler's first look, which finds nothing
+        holder = await agent.submit(inputs={"sleep_s": 60})
+        await agent.wait(holder, {"running"}, timeout=15)
+        await anyio.sleep(0.2)
+        ticks = cp.scheduler.ticks
+        waiting = [await agent.submit(inputs={"sleep_s": 0}) for _ in range(20)]
+        await anyio.sleep(0.3)
+        assert cp.scheduler.ticks - ticks <= 1  # (one tick may have been on its way)
+        assert {cp.store.tasks.get(t).state for t in waiting} == {"queued"}
+        await agent.call("cancel_task", task_id=holder)
+        await agent.wait(holder)
+        await agent.wait(waiting[0], {"running", "succeeded"}, timeout=15)
+        for task_id in waiting:
+            await agent.call("cancel_task", task_id=task_id)

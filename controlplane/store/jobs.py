@@ -78,12 +78,13 @@ class JobStore:
                 claimed.append((task, job))
             return claimed
 
-    def has_work(self, resource_class: str, capacity: int) -> bool:
-        """A free slot in the class and a queued task ready for it: a read, so that a scheduler
-        woken by every submit skips `claim_for_launch`'s write transaction when the slots are full."""
+    def has_work(self, resource_class: str, capacity: int) -> str:
+        """"full" (no free slot in the class), "idle" (no queued task ready for one) or "ready":
+        a read, so that a scheduler woken by submits skips `claim_for_launch`'s write transaction
+        when there is nothing to claim."""
         if self.db.fetch(q.SLOTS_BUSY, {"rc": resource_class})[0]["busy"] >= capacity:
-            return False
-        return bool(self.db.fetch(q.READY_QUEUED, {"rc": resource_class, "now": self.w.clock()}))
+            return "full"
+        return "ready" if self.db.fetch(q.READY_QUEUED, {"rc": resource_class, "now": self.w.clock()}) else "idle"
 
     def launch_intents(self) -> list[JobRow]:
         """Launch intents without a handle yet (new, or left behind by a crash)."""
