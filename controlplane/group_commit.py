@@ -1,12 +1,13 @@
 """Group commit: concurrent writes of the same kind share one transaction and one fsync.
 
 A durable commit costs an fsync (SQLite WAL with synchronous=FULL, or PostgreSQL's WAL flush);
-done on the event loop it stalls every other call for its duration, and done in a worker thread
-per call it costs a thread hop each. Here the calls that arrive while a commit is in flight wait
-for the next one, which takes all of them at once: its statements on the loop when the write
-lock is free at once (else all of it in a worker thread), its commit in a worker thread. One hop
-and one fsync per batch, however many callers. Each caller is answered only after the commit that
-holds its item (durability unchanged); an item's own error (a full queue) is its caller's alone.
+done per call it costs each call an fsync, and done in a worker thread per call a thread hop each.
+Here the calls that arrive while a commit is in flight, or while its leader gathers (`gather_s`),
+wait for the next one, which takes all of them at once: its statements on the loop when the write
+lock is free at once (else all of it in a worker thread), its commit on the loop while commits are
+quick or in a worker thread (`Database.write_on_loop`). One fsync per batch, however many callers.
+Each caller is answered only after the commit that holds its item (durability unchanged); an
+item's own error (a full queue) is its caller's alone.
 
 Leadership, not a background task: the first caller that finds no commit in flight runs the
 batch (`leader`), and when it is done hands leadership to the oldest caller still waiting, so
