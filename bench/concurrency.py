@@ -47,7 +47,7 @@ from fastmcp import Client  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from bench.run import BenchError, cpu_seconds, helper, percentile, ready_info  # noqa: E402
+from bench.run import BenchError, bytes_written, cpu_seconds, helper, percentile, ready_info  # noqa: E402
 
 SUBMIT_RATIO = 0.8
 READ_RATIO = 0.9
@@ -117,15 +117,19 @@ class Window:
     async def run(self, pid: int | Sequence[int]) -> dict[str, Any]:
         """The window's figures; `server_cpu` is the CPU of the server(s) `pid` (every replica's, summed)."""
         pids = [pid] if isinstance(pid, int) else list(pid)
+        written0 = sum(map(bytes_written, pids))
         cpu0, mine0, t0 = sum(map(cpu_seconds, pids)), time.process_time(), time.perf_counter()
         stop = t0 + self.seconds
         counts = await asyncio.gather(*(self._one(i, c, stop) for i, c in enumerate(self.clients)))
         wall = time.perf_counter() - t0  # the last answers land a little after `stop`
         calls = sum(counts)
         server = sum(map(cpu_seconds, pids)) - cpu0
+        written = sum(map(bytes_written, pids)) - written0
         return {"calls": calls, "wall_s": wall, "calls_per_s": calls / wall, "server_cpu": server / wall,
                 # CPU per call of the server(s), and of the clients (this process: they share the 2 cores)
                 "server_ms_per_call": server / max(calls, 1) * 1000,
+                # what the server(s) wrote to files (the database, its WAL) per call, in KiB
+                "server_write_kib_per_call": written / max(calls, 1) / 1024,
                 "client_ms_per_call": (time.process_time() - mine0) / max(calls, 1) * 1000,
                 "p50_ms": percentile(self.latencies, 50), "p99_ms": percentile(self.latencies, 99)}
 
@@ -202,6 +206,7 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         res[m] = {"calls_per_s": median([r["calls_per_s"] for r in rs]),
                   "server_cpu": median([r["server_cpu"] for r in rs]),
                   "server_ms_per_call": median([r["server_ms_per_call"] for r in rs]),
+                  "server_write_kib_per_call": median([r["server_write_kib_per_call"] for r in rs]),
                   "client_ms_per_call": median([r["client_ms_per_call"] for r in rs]),
                   "p50_ms": median([r["p50_ms"] for r in rs]), "p99_ms": median([r["p99_ms"] for r in rs]),
                   "rounds": [round(r["calls_per_s"], 1) for r in rs]}
@@ -227,6 +232,7 @@ def render(r: dict[str, Any], console: Console) -> None:
     t = Table(title="calls per second with N concurrent clients (ratio to the no-op's, same clients, same run)",
               title_justify="left")
     for col in ("era", "clients", "measure", "calls/s", "ratio", "server CPU", "server ms/call", "client ms/call",
+                "KiB written/call",
                 "p50 ms", "p99 ms"):
         t.add_column(col, justify="left" if col in ("era", "measure") else "right")
     for era, by_n in r["eras"].items():
@@ -236,6 +242,7 @@ def render(r: dict[str, Any], console: Console) -> None:
                 ratio = f"{x['ratio']:.2f}x" if "ratio" in x else ""
                 t.add_row(era, n, m, f"{x['calls_per_s']:.0f}", ratio, f"{x['server_cpu'] * 100:.0f}%",
                           f"{x['server_ms_per_call']:.2f}", f"{x['client_ms_per_call']:.2f}",
+                          f"{x['server_write_kib_per_call']:.1f}",
                           f"{x['p50_ms']:.1f}", f"{x['p99_ms']:.1f}")
     console.print(t)
     for name, v in r["verdicts"].items():

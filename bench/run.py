@@ -227,6 +227,15 @@ def cpu_seconds(pid: int) -> float:
     return t.user + t.system
 
 
+def bytes_written(pid: int) -> int:
+    """What the process has passed to write() and pwrite() so far (files and pipes, not sockets:
+    Linux's wchar), or 0 where the platform does not say."""
+    try:
+        return int(psutil.Process(pid).io_counters().write_chars)
+    except (AttributeError, psutil.Error):
+        return 0
+
+
 def reap_jobs(home: Path) -> None:
     """Kill any runner process (and its children) the local provider left in `home` (ours only)."""
     for pidfile in (home / "jobs").glob("*/runner.pid"):

@@ -144,6 +144,32 @@ def test_one_task_refused_in_a_batch_leaves_the_others_in(cp: ControlPlane) -> N
     assert [t.task_id for t in cp.store.tasks.list("alice")] == [out[2].task.task_id, out[0].task.task_id]
 
 
+@pytest.mark.sqlite_only("SQLite writes a batch without savepoints; PostgreSQL always with them")
+@pytest.mark.parametrize("on_loop", [False, True])
+async def test_a_database_error_in_a_batch_written_without_savepoints_costs_only_its_own_item(
+        cp: ControlPlane, on_loop: bool) -> None:
+    """On SQLite a batch is written without a savepoint per item (an item refused by a check has
+    written nothing). Should the database refuse one item's row all the same (here a trigger
+    raising a constraint error, as a corrupt index or a schema drift might), the batch is rolled
+    back and written again item by item: only that item fails, the others are in once each."""
+    from dataclasses import replace
+
+    from sqlalchemy.exc import IntegrityError
+
+    with cp.db.write() as c:
+        c.exec_driver_sql("CREATE TRIGGER refuse_13 BEFORE INSERT ON tasks WHEN NEW.inputs_json = '{\"n\":13}' "
+                          "BEGIN SELECT RAISE(ABORT, 'refused by the test'); END")
+    items = [(replace(new_task(), inputs_json=f'{{"n":{n}}}'), 10) for n in (12, 13, 14)]
+    if on_loop:
+        out = await cp.store.tasks.submit_many_on_loop(items)
+    else:
+        out = cp.store.tasks.submit_many(items)
+    assert isinstance(out[0], Submitted) and isinstance(out[2], Submitted)
+    assert isinstance(out[1], IntegrityError)
+    stored = cp.store.tasks.list("alice")
+    assert sorted(t.task_id for t in stored) == sorted([out[0].task.task_id, out[2].task.task_id])
+
+
 def test_a_repeated_idempotency_key_in_one_batch_answers_the_first_task(cp: ControlPlane) -> None:
     from dataclasses import replace
 
