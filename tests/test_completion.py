@@ -107,6 +107,9 @@ async def test_the_completions_capability_is_declared(cp: ControlPlane, mode: st
 
 
 # ---- task ids: the caller's only -------------------------------------------------------------------------
+PREFIX = len("tsk_") + 10 + 4  # the clock, then 20 random bits
+
+
 async def test_task_ids_complete_for_their_owner_only(cp: ControlPlane) -> None:
     async with serving(cp) as server, Client(server.url, auth="tok-alice") as alice_c, \
             Client(server.url, auth="tok-bob") as bob_c:
@@ -115,13 +118,17 @@ async def test_task_ids_complete_for_their_owner_only(cp: ControlPlane) -> None:
         theirs = await finished(bob, "exercise")
         assert await values(alice_c, TASK, "task_id", "") == mine[::-1]  # newest first
         assert await values(bob_c, TASK, "task_id", "tsk_") == [theirs]
-        # a longer prefix (looked up in the id index) narrows to one task, and never to another's
-        assert await values(alice_c, TASK, "task_id", mine[1][:9]) == [mine[1]]
-        assert await values(alice_c, TASK, "task_id", theirs[:9]) == []
+        # a longer prefix (looked up in the id index) narrows to one task, and never to another's.
+        # Ids begin with their submission time (controlplane.ids): a prefix that names one task
+        # runs into its random part (`PREFIX` characters); a shorter one names a stretch of time.
+        assert await values(alice_c, TASK, "task_id", mine[1][:PREFIX]) == [mine[1]]
+        assert set(await values(alice_c, TASK, "task_id", mine[1][:9])) >= {mine[1]}
+        assert await values(alice_c, TASK, "task_id", theirs[:PREFIX]) == []
+        assert await values(alice_c, TASK, "task_id", theirs[:9]) == [t for t in mine[::-1] if t[:9] == theirs[:9]]
         assert await values(alice_c, TASK, "task_id", theirs) == []
         # the canonical tools' task_id argument, through the extension method, too
         assert await complete_tool(bob_c, "get_task_status", "task_id", "") == [theirs]
-        assert await complete_tool(alice_c, "wait_task", "task_id", mine[0][:9]) == [mine[0]]
+        assert await complete_tool(alice_c, "wait_task", "task_id", mine[0][:PREFIX]) == [mine[0]]
 
 
 async def test_more_than_a_hundred_task_ids_page_as_has_more(cp: ControlPlane) -> None:
