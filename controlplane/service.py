@@ -44,9 +44,10 @@ PROVIDER_CURSOR_PREFIX = "plog_"
 LIST_CURSOR_PREFIX = "lst_"
 # Submits made while others are being served wait up to this long for more to join their group
 # commit on SQLite, whose commit then runs on the event loop (`GroupCommit.gather_s`), or until every
-# call in progress has joined: 16 clients submitting got 0.67x the no-op's calls/s with no wait
-# (batches of 2), 0.74-0.75x with 2 to 5 ms.
-GROUP_GATHER_S = 0.002
+# call in progress has joined. 16 clients submitting (`bench/concurrency.py`, A/B runs): no wait,
+# batches of 2, 0.67x the no-op's calls/s; 2 ms 0.74-0.78x; 4 ms 0.78-0.83x (batches of 7, the
+# wait 4.9 ms on average: the loop is busy when the timer is due); 8 ms 0.73x.
+GROUP_GATHER_S = 0.004
 _ASCII_DIGITS = re.compile(r"[0-9]{1,18}")  # fits a 64-bit integer column on every engine
 
 
