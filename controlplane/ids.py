@@ -7,9 +7,11 @@ events', logs' and jobs') takes new rows at its right-hand end, as it does for a
 instead of on a random page. With random ids, every submit of a group commit dirtied a page of
 its own in two indexes (issue 13). What an id tells its holder beyond the task is when it was
 submitted, which the task's status says anyway; 80 random bits still make one unguessable from
-another (ids are no capability either: every read checks the caller). Job names are a pure function of (task id, attempt): a control plane that restarts
-finds what it launched by name, and a name is valid for every provider (lowercase letters,
-digits and '-', starting with a letter, at most 63 characters).
+another (ids are no capability either: every read checks the caller).
+
+Job names are a pure function of (task id, attempt): a control plane that restarts finds what it
+launched by name, and a name is valid for every provider (lowercase letters, digits and '-',
+starting with a letter, at most 63 characters).
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ import time
 _SORTED_B32 = "234567abcdefghijklmnopqrstuvwxyz"
 
 
-def _random_token() -> str:
-    return base64.b32encode(secrets.token_bytes(16)).decode().rstrip("=").lower()
+def _random_token(nbytes: int = 16) -> str:
+    return base64.b32encode(secrets.token_bytes(nbytes)).decode().rstrip("=").lower()
 
 
 def _clock(ms: int) -> str:
@@ -36,7 +38,7 @@ def _clock(ms: int) -> str:
 def new_task_id(now_ms: int | None = None) -> str:
     """`tsk_` + 10 characters of clock (ms since the epoch) + 16 of randomness (80 bits)."""
     ms = time.time_ns() // 1_000_000 if now_ms is None else now_ms
-    return "tsk_" + _clock(ms) + base64.b32encode(secrets.token_bytes(10)).decode().lower()
+    return "tsk_" + _clock(ms) + _random_token(10)
 
 
 def new_artifact_id() -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from controlplane import ids
 from controlplane.states import FINAL, JobState, TaskState
@@ -78,7 +78,7 @@ class JobStore:
                 claimed.append((task, job))
             return claimed
 
-    def has_work(self, resource_class: str, capacity: int) -> str:
+    def has_work(self, resource_class: str, capacity: int) -> Literal["full", "idle", "ready"]:
         """"full" (no free slot in the class), "idle" (no queued task ready for one) or "ready":
         a read, so that a scheduler woken by submits skips `claim_for_launch`'s write transaction
         when there is nothing to claim."""
