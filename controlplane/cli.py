@@ -557,6 +557,8 @@ def tasks_logs(task_id: str, url: UrlOpt = DEFAULT_URL, token: TokenOpt = None, 
     """Print a task's log lines (--follow keeps printing until the task ends)."""
     import time
 
+    from controlplane.states import FINAL
+
     args: dict[str, Any] = {"task_id": task_id, "limit": limit}
     if cursor:
         args["cursor"] = cursor
@@ -567,7 +569,7 @@ def tasks_logs(task_id: str, url: UrlOpt = DEFAULT_URL, token: TokenOpt = None, 
         for line in page["lines"]:
             print(f"{line['ts']} {line['stream']:<6} {line['message']}")
         args = {"task_id": task_id, "limit": limit, "cursor": page["next_cursor"]}
-        if not follow or (not page["has_more"] and page["state"] in ("succeeded", "failed", "cancelled", "timed_out", "expired")):
+        if not follow or (not page["has_more"] and page["state"] in FINAL):
             break
         if not page["has_more"]:
             time.sleep(1)

@@ -23,8 +23,8 @@ from rich.table import Table
 from controlplane.app import ControlPlane
 from controlplane.serve import HttpServer
 from controlplane.settings import Settings
+from controlplane.states import FINAL
 
-TERMINAL = {"succeeded", "failed", "cancelled", "timed_out", "expired"}
 
 
 async def _call(client: Client, tool: str, args: dict[str, Any]) -> dict[str, Any]:
@@ -90,7 +90,7 @@ async def _follow(client: Client, task_id: str, console: Console) -> dict[str, A
             st = await _call(client, "get_task_status", {"task_id": task_id})
             p = st.get("progress") or {}
             bar.update(row, completed=p.get("percent") or 0, state=st["state"], msg=p.get("message") or "")
-            if st["state"] in TERMINAL:
+            if st["state"] in FINAL:
                 return st
             await asyncio.sleep(0.2)
 
