@@ -20,7 +20,6 @@ from rich.text import Text
 
 from controlplane.states import FINAL
 
-ENDED = {s.value for s in FINAL}
 STYLE = {"succeeded": "green", "failed": "red", "timed_out": "red", "cancelled": "dim", "expired": "dim",
          "running": "cyan", "queued": "yellow", "scheduled": "yellow"}
 
@@ -64,6 +63,6 @@ async def watch(url: str, token: str | None, args: dict[str, Any], console: Cons
                 tasks = page["tasks"]
                 live.update(table(tasks), refresh=True)
                 shown += 1
-                if (until_done and all(t["state"] in ENDED for t in tasks)) or (frames is not None and shown >= frames):
+                if (until_done and all(t["state"] in FINAL for t in tasks)) or (frames is not None and shown >= frames):
                     return tasks
                 await anyio.sleep(interval)

@@ -59,7 +59,6 @@ HEADERS = {
 LOG_LINES = 200  # the log tail a task's page opens with
 STREAM_PAGES = 5  # log pages sent per wake-up of a stream (the rest follow at once)
 STATES = [s.value for s in TaskState]
-ENDED = {s.value for s in FINAL}  # (terminal, or expired)
 
 
 
@@ -198,7 +197,7 @@ def routes(cp: ControlPlane, auth: AuthProvider | None) -> list[Route]:
         result = await call(svc.result, session.caller, api.GetTaskResult(task_id=task_id))
         logs = await call(svc.tail, session.caller, api.TailTaskLogs(task_id=task_id, from_end=True, limit=LOG_LINES))
         return page("task.html", task=status, timeline=timeline, result=result, logs=logs, session=session,
-                    csrf=sessions.csrf(session), ended=status["state"] in ENDED)
+                    csrf=sessions.csrf(session), ended=status["state"] in FINAL)
 
     async def stream(request: Request, session: Session) -> Response:
         task_id = request.path_params["task_id"]
@@ -221,7 +220,7 @@ def routes(cp: ControlPlane, auth: AuthProvider | None) -> list[Route]:
                         more = page_["has_more"]
                         if not more:
                             break
-                    if status["state"] in ENDED and not more:
+                    if status["state"] in FINAL and not more:
                         yield {"event": "end", "data": json.dumps({"state": status["state"]})}
                         return
                     if not more:
