@@ -84,6 +84,29 @@ async def test_more_waiting_than_one_batch_holds_are_written_in_turn() -> None:
     assert all(len(b) <= 2 for b in rec.batches) and sorted(i for b in rec.batches for i in b) == list(range(0, 14, 2))
 
 
+async def test_a_gathering_leader_waits_for_every_call_in_progress_and_no_longer() -> None:
+    """A leader gathers (here for up to a minute) until as many items wait as calls are in
+    progress; a call answered meanwhile (not a submit) lowers that count and ends the wait too.
+    All three items go in one batch, long before the minute is up."""
+    rec = Recorder()
+    calls = 4  # three submits and a read in progress
+    gc: GroupCommit[int, int] = GroupCommit(rec, gather_s=60.0, in_progress=lambda: calls)
+    answers: list[int] = []
+
+    async def one(i: int) -> None:
+        answers.append(await gc.run(i))
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            for i in (0, 2, 4):
+                tg.start_soon(one, i)
+            await anyio.sleep(0.2)
+            assert answers == [] and rec.batches == []  # still gathering: the read is in progress
+            calls -= 1  # the read is answered
+            gc.poke()
+    assert sorted(answers) == [0, 20, 40] and rec.batches == [[0, 2, 4]]
+
+
 def held() -> tuple[Recorder, list[int], Callable[[int], Awaitable[None]]]:
     """A group commit whose first batch is held at the gate; `one(i)` runs item i and keeps its answer."""
     rec = Recorder()
