@@ -3,19 +3,26 @@
 It runs the same job contract as the cloud providers, so everything works offline. Every job
 gets a directory `<jobs_dir>/<job_name>/` (`CONTROLPLANE_LOCAL_JOBS_DIR`, default `<home>/jobs`):
 
-    launch.json    what was launched          runner.pid   {"pid", "create_time"}
+    launch.json    what was launched          runner.pid   the runner's claim: {"pid", "claimed_at"}
     console.log    the runner's stdout/stderr (the tool's output, as a cloud console shows it)
     exit.json      the outcome, written by the runner as it exits
     work/          the job's scratch directory
 
+A job starts once. A cloud API refuses a second job of one name; a directory does not, so the
+runner makes the start single (`infra.runner.claim`): its first act is to create `runner.pid`,
+which only one runner can, and a runner that finds it taken exits at once having done nothing.
+`launch` waits for its runner's claim (the interpreter's start-up) and, when another runner holds
+the job, returns that one. So a launcher paused between its look for the job and its start of a
+runner (a leader stopped past its lease) wakes to adopt its successor's runner, not to run a second.
+
 Runners are started in their own session, so they outlive a control plane that is killed and
-are found again by their job directory (or, if the crash came before `runner.pid` was written,
-by the `--job-name` on their command line). Cancel sends SIGTERM to the runner, which stops the
-tool's process group; if the runner has not exited after the grace period, a repeated cancel
-SIGKILLs the runner and every process below it.
+are found again by their job directory (the claim, or a runner still starting by the `--job-name`
+on its command line). Cancel sends SIGTERM to the runner, which stops the tool's process group;
+if the runner has not exited after the grace period, a repeated cancel SIGKILLs the runner and
+every process below it.
 
 The handle (`LocalHandle`) is the runner's pid and process start time (a pid alone may be reused)
-and the job directory; `runner.pid` holds the same JSON.
+and the job directory.
 
 `release(handle)` (when the task has expired) deletes the job directory, console log included.
 It never stops a job: while the runner process lives it deletes nothing and answers False (the
@@ -46,6 +53,7 @@ from pathlib import Path
 import psutil
 
 import infra
+from infra.runner.claim import CLAIM_LOST
 from pydantic_settings import SettingsConfigDict
 
 from providers.base import (
@@ -56,7 +64,6 @@ from providers.base import (
     LaunchSpec,
     LogLine,
     LogPage,
-    MalformedHandle,
     PermanentProviderError,
     Provider,
     ProviderContext,
@@ -68,6 +75,7 @@ from providers.base import (
 log = logging.getLogger("controlplane.providers.local")
 
 PROJECT_ROOT = str(Path(infra.__file__).resolve().parent.parent)
+CLAIM_WAIT_S = 30.0
 NO_SCRATCH = ("local jobs write to this host's disk (the job directory's work/), shared with everything else on "
               "the host: nothing reserves scratch space for one job")
 
@@ -113,15 +121,15 @@ class LocalProvider(Provider[LocalHandle]):
         if spec.scratch_mb:
             raise PermanentProviderError(f"scratch_mb={spec.scratch_mb}: {NO_SCRATCH}")
         job_dir = self.jobs_dir / spec.job_name
-        if job_dir.exists():
-            found = self.find(spec)
-            if found is not None:
-                return found
-            shutil.rmtree(job_dir)  # a launch that died before its runner started
-        (job_dir / "work").mkdir(parents=True)
+        (job_dir / "work").mkdir(parents=True, exist_ok=True)
+        found = self.find(spec)
+        if found is not None:
+            return found
+        # No runner holds the job (a directory without a claim is a launch that died, or one
+        # still on its way: whichever runner claims first runs, the other exits at once).
         command = list(spec.command)
-        (job_dir / "launch.json").write_text(json.dumps({"task_id": spec.task_id, "attempt": spec.attempt,
-                                                         "tool": spec.tool_name, "command": command}))
+        _write_json(job_dir / "launch.json", {"task_id": spec.task_id, "attempt": spec.attempt,
+                                              "tool": spec.tool_name, "command": command})
         env = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLPLANE_")}
         env.update(spec.env)
         # A runner that outlives this server finds its successor's callback URL here.
@@ -129,38 +137,54 @@ class LocalProvider(Provider[LocalHandle]):
         env["PYTHONPATH"] = os.pathsep.join(p for p in (PROJECT_ROOT, env.get("PYTHONPATH")) if p)
         env["PYTHONUNBUFFERED"] = "1"
         argv = [self.python, "-m", "infra.runner", "--job-name", spec.job_name,
-                "--workdir", str(job_dir / "work"), "--exit-file", str(job_dir / "exit.json"),
-                "--tool-pid-file", str(job_dir / "tool.pid"), "--", *command]
+                "--claim-file", str(job_dir / "runner.pid"), "--workdir", str(job_dir / "work"),
+                "--exit-file", str(job_dir / "exit.json"), "--tool-pid-file", str(job_dir / "tool.pid"),
+                "--", *command]
+        launched_at = time.time()
         with open(job_dir / "console.log", "ab") as console:
-            console.write(f"# launching {spec.job_name} at {time.time():.3f}\n".encode())
-            console.flush()
             child = subprocess.Popen(argv, cwd=job_dir, env=env, stdin=subprocess.DEVNULL, stdout=console,
                                      stderr=subprocess.STDOUT, start_new_session=True)
         self._children[child.pid] = child
-        handle = LocalHandle(pid=child.pid, create_time=_create_time(child.pid), job_dir=str(job_dir),
-                             launched_at=time.time())
-        _write_json(job_dir / "runner.pid", handle.encode())
-        return handle
+        mine = LocalHandle(pid=child.pid, create_time=_create_time(child.pid), job_dir=str(job_dir),
+                           launched_at=launched_at)
+        if self._claimed(child, job_dir) or child.returncode != CLAIM_LOST:
+            return mine  # ours (or it died starting: poll says it is gone)
+        return self.find(spec) or mine  # another runner got there first: that one is the job
+
+    def _claimed(self, child: subprocess.Popen[bytes], job_dir: Path) -> bool:
+        """Wait until the runner claimed its job (True) or exited (False). Claiming is the first
+        thing it does, so this is the interpreter's start-up, a few tens of milliseconds."""
+        deadline = time.monotonic() + CLAIM_WAIT_S
+        while time.monotonic() < deadline:
+            if (_read_json(job_dir / "runner.pid") or {}).get("pid") == child.pid:
+                return True
+            if child.poll() is not None:
+                return False
+            time.sleep(0.002)
+        return True  # still starting on a very busy host: treated as running, as before claims
 
     def find(self, spec: LaunchSpec) -> LocalHandle | None:
+        """The job's runner: the one that claimed it (`runner.pid`), a runner still starting (by
+        the `--job-name` on its command line), or the outcome a runner left (pid 0)."""
         job_dir = self.jobs_dir / spec.job_name
         if not job_dir.exists():
             return None
-        recorded = _read_json(job_dir / "runner.pid")
-        if recorded is not None:
-            try:
-                return LocalHandle.decode(recorded)
-            except MalformedHandle:
-                pass  # look for the runner by its command line
+        claim = _read_json(job_dir / "runner.pid") or {}
+        claimed = claim.get("pid") if isinstance(claim.get("pid"), int) else None
         marker = ["--job-name", spec.job_name]
-        for p in psutil.process_iter(["pid", "cmdline", "create_time"]):
-            cmd = p.info.get("cmdline") or []
-            if any(cmd[i : i + 2] == marker for i in range(len(cmd) - 1)):
-                handle = LocalHandle(pid=p.info["pid"], create_time=p.info["create_time"], job_dir=str(job_dir))
-                _write_json(job_dir / "runner.pid", handle.encode())
-                return handle
+        if claimed is not None:
+            runner = _runner_of(claimed, marker)
+            if runner is not None:
+                return LocalHandle(pid=runner.pid, create_time=runner.create_time(), job_dir=str(job_dir))
+        else:
+            for p in psutil.process_iter(["pid", "cmdline", "create_time"]):
+                cmd = p.info.get("cmdline") or []
+                if any(cmd[i : i + 2] == marker for i in range(len(cmd) - 1)):
+                    return LocalHandle(pid=p.info["pid"], create_time=p.info["create_time"], job_dir=str(job_dir))
         if (job_dir / "exit.json").exists():
             return LocalHandle(pid=0, create_time=0.0, job_dir=str(job_dir))
+        if claimed is not None:  # its runner died without an outcome: polled, it is gone (no second start)
+            return LocalHandle(pid=claimed, create_time=0.0, job_dir=str(job_dir))
         return None
 
     # ---- poll -----------------------------------------------------------------------------
@@ -284,6 +308,19 @@ def _is_job_dir(path: Path, jobs_dir: Path) -> bool:
     """A directory this provider made: in its jobs directory, or (another JOBS_DIR setting before a
     restart) one that holds what `launch` writes first."""
     return path.resolve().parent == jobs_dir.resolve() or (path / "launch.json").is_file()
+
+
+def _runner_of(pid: int, marker: list[str]) -> psutil.Process | None:
+    """The live process `pid`, if it is the runner whose command line holds `marker` (a pid alone
+    may have been reused)."""
+    try:
+        p = psutil.Process(pid)
+        cmd = p.cmdline()
+        if p.status() != psutil.STATUS_ZOMBIE and any(cmd[i : i + 2] == marker for i in range(len(cmd) - 1)):
+            return p
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        pass
+    return None
 
 
 def _create_time(pid: int) -> float:

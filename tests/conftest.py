@@ -311,6 +311,20 @@ def server_process(home: Path) -> Iterator[ServerProcess]:
     reap_jobs(home)
 
 
+def runner_start_times(job_dir: Path) -> list[float]:
+    """When each runner that started a local job did so: the '# started NAME at T' line a runner
+    writes on the job's console as it claims the job (one that found it claimed writes another)."""
+    console = job_dir / "console.log"
+    if not console.exists():
+        return []
+    return [float(line.split(" at ", 1)[1].split()[0])
+            for line in console.read_text(errors="replace").splitlines() if line.startswith("# started ")]
+
+
+def runner_starts(job_dir: Path) -> int:
+    return len(runner_start_times(job_dir))
+
+
 def reap_jobs(home: Path) -> None:
     """Kill any runner a test left behind (a test owns every process it starts)."""
     jobs = home / "jobs"

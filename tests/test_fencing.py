@@ -19,7 +19,7 @@ from controlplane.app import LEADER_LEASE, ControlPlane
 from controlplane.settings import Settings
 from controlplane.store.leases import Fence, Fenced
 from providers.local import LocalProvider
-from tests.conftest import FAST, pid_alive, reap_jobs
+from tests.conftest import FAST, pid_alive, reap_jobs, runner_starts
 
 pytestmark = pytest.mark.anyio
 
@@ -49,12 +49,11 @@ def test_a_takeover_bumps_the_epoch_and_fences_the_old_holder(cp: ControlPlane) 
 
 def _launches(*homes: Path) -> dict[str, int]:
     """How many times each job was started, read from the local provider's job directories
-    (every launch writes a '# launching' line into its job's console.log)."""
+    (every runner that starts a job says so on its console.log as it claims it)."""
     counts: dict[str, int] = {}
     for home in homes:
-        for log in (home / "jobs").glob("*/console.log"):
-            n = sum(1 for line in log.read_text(errors="replace").splitlines() if line.startswith("# launching "))
-            counts[log.parent.name] = counts.get(log.parent.name, 0) + n
+        for job_dir in (home / "jobs").iterdir() if (home / "jobs").exists() else ():
+            counts[job_dir.name] = counts.get(job_dir.name, 0) + runner_starts(job_dir)
     return counts
 
 

@@ -6,14 +6,17 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 
-from providers.base import JobPhase, MalformedHandle
+from providers.base import JobPhase, LaunchSpec, MalformedHandle
 from providers.local import LocalHandle, LocalProvider
+from tests.conftest import runner_starts
 from tests.provider_contract import ENDED, SLEEP, Harness, ProviderContract, poll_one, wait_for
 
 
@@ -23,8 +26,8 @@ class LocalHarness(Harness):
         self.options = LocalProvider.Options()
 
     def count_jobs(self, job_name: str) -> int:
-        console = self.provider.jobs_dir / job_name / "console.log"
-        return console.read_text().count("# launching ") if console.exists() else 0
+        """Runners that started the job (each says so on the job's console as it claims it)."""
+        return runner_starts(self.provider.jobs_dir / job_name)
 
     def forget(self, handle: LocalHandle) -> None:
         """The runner dies without a word (SIGKILL) and leaves no outcome behind."""
@@ -55,8 +58,69 @@ def test_runner_pid_file_names_the_runner(tmp_path: Path) -> None:
     spec = h.spec("cp-pidfile-a1", "import time; time.sleep(5)")
     handle = h.provider.launch(spec)
     recorded = json.loads((Path(handle.job_dir) / "runner.pid").read_text())
-    assert recorded == handle.encode() and recorded["pid"] == handle.pid and psutil.pid_exists(handle.pid)
+    assert recorded["pid"] == handle.pid and psutil.pid_exists(handle.pid)
+    assert abs(recorded["claimed_at"] - handle.launched_at) < 30
     h.forget(handle)
+
+
+class StoppedAfterItsLook(LocalProvider):
+    """A launcher that stops (a leader stopped with SIGSTOP) after its look for the job found none,
+    before it starts a runner, until `wake` is set."""
+
+    def __init__(self, *args: Any, **kw: Any):
+        super().__init__(*args, **kw)
+        self.looked = threading.Event()
+        self.wake = threading.Event()
+
+    def find(self, spec: LaunchSpec) -> LocalHandle | None:
+        found = super().find(spec)
+        if not self.looked.is_set():
+            self.looked.set()
+            assert self.wake.wait(30)
+        return found
+
+
+def test_a_launcher_that_wakes_after_another_launched_the_job_adopts_that_runner(tmp_path: Path) -> None:
+    """Two launchers of one job (an old leader and its successor) on one jobs directory. The first
+    stops after looking and finding nothing; the second launches; the first wakes and starts its
+    runner. The tool runs once and both launchers are handed the one runner that runs it."""
+    home = tmp_path / "home"
+    marks = tmp_path / "ran.txt"
+    script = f"open({str(marks)!r}, 'a').write('ran\\n'); import time; time.sleep(1)"
+    old = StoppedAfterItsLook.configured(home, kill_grace_s=1.0)
+    new = LocalProvider.configured(home, kill_grace_s=1.0)
+    spec = LocalHarness(home).spec("cp-twice-a1", script)
+    woke: list[LocalHandle] = []
+    waking = threading.Thread(target=lambda: woke.append(old.launch(spec)))
+    waking.start()
+    try:
+        assert old.looked.wait(30)
+        launched = new.launch(spec)  # the successor looks, finds nothing, launches
+    finally:
+        old.wake.set()  # ... and the old leader wakes and starts a runner of its own
+        waking.join(60)
+    assert woke and woke[0].pid == launched.pid  # the old launcher got the successor's runner
+    assert wait_for(new, launched, ENDED).phase == JobPhase.SUCCEEDED
+    assert marks.read_text() == "ran\n"  # the tool ran once
+    job_dir = Path(launched.job_dir)
+    assert runner_starts(job_dir) == 1
+    console = (job_dir / "console.log").read_text()
+    assert f"# not started: cp-twice-a1 already has its runner (pid {launched.pid})" in console, console
+    assert json.loads((job_dir / "exit.json").read_text())["status"] == "succeeded"
+
+
+def test_a_job_whose_runner_died_without_an_outcome_is_found_gone_not_started_again(tmp_path: Path) -> None:
+    """A runner claimed the job and was killed before it reported (the server was down meanwhile):
+    find returns it, polled it is gone, and a launch of the same attempt starts nothing new."""
+    h = LocalHarness(tmp_path / "home")
+    spec = h.spec("cp-died-a1", SLEEP.format(s=30))
+    handle = h.provider.launch(spec)
+    h.forget(handle)
+    found = h.provider.find(spec)
+    assert found is not None and poll_one(h.provider, found).phase == JobPhase.GONE
+    again = h.provider.launch(spec)
+    assert again.pid == handle.pid and poll_one(h.provider, again).phase == JobPhase.GONE
+    assert runner_starts(Path(handle.job_dir)) == 1
 
 
 # ---- handles as earlier versions stored them ----------------------------------------------------

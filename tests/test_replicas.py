@@ -23,7 +23,7 @@ from fastmcp import Client
 from controlplane import api
 from controlplane.app import ControlPlane
 from controlplane.settings import Settings
-from tests.conftest import FAST, Agent, ServerProcess, closing_databases, fast_env, reap_jobs
+from tests.conftest import FAST, Agent, ServerProcess, closing_databases, fast_env, reap_jobs, runner_start_times
 from tests.postgres import Cluster, require_or_skip
 
 pytestmark = pytest.mark.anyio
@@ -236,9 +236,8 @@ def _launches_recorded(url: str, since: float, until: float | None = None) -> in
 
 
 def _launch_times(root: Path) -> list[float]:
-    """When each runner under `root/jobs` was started (the '# launching NAME at T' line)."""
-    return [float(line.rsplit(" at ", 1)[1]) for log in (root / "jobs").glob("*/console.log")
-            for line in log.read_text(errors="replace").splitlines() if line.startswith("# launching ")]
+    """When each runner under `root/jobs` started its job."""
+    return [t for job_dir in (root / "jobs").iterdir() for t in runner_start_times(job_dir)]
 
 
 def test_a_stopped_process_cannot_hold_its_locks_for_ever(pg_url: str) -> None:

@@ -16,7 +16,7 @@ from sqlalchemy import text
 
 from controlplane.settings import Settings
 from controlplane.store.db import Database
-from tests.conftest import ServerProcess, fast_env, write_catalog
+from tests.conftest import ServerProcess, fast_env, runner_starts, write_catalog
 
 pytestmark = pytest.mark.anyio
 
@@ -121,8 +121,7 @@ async def test_sigkill_restarts_lose_nothing_and_double_nothing(home: Path) -> N
     job_dirs = list((home / "jobs").iterdir())
     assert len(job_dirs) == N_TASKS
     for d in job_dirs:
-        launches = [ln for ln in (d / "console.log").read_text().splitlines() if ln.startswith("# launching")]
-        assert len(launches) == 1, d.name
+        assert runner_starts(d) == 1, d.name
     # every log line arrived exactly once, in order, across all the restarts
     for task_id, _key, _state, _attempt in rows:
         msgs = [m for (m,) in db.execute(text("select message from task_logs where task_id = :t order by seq"),

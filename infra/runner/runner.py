@@ -51,6 +51,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--tool-pid-file", default=None,
                    help="write the tool's process group and start time here (the local provider kills "
                         "what is left of it if this runner dies first)")
+    p.add_argument("--claim-file", default=None,
+                   help="start only if this runner is the first to claim the job here (infra.runner.claim; "
+                        "`python -m infra.runner` claims before anything else)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- tool command and arguments")
     args = p.parse_args(argv)
     if args.command and args.command[0] == "--":
