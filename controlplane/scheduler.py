@@ -34,6 +34,10 @@ from controlplane.store.leases import Fence, Fenced
 from controlplane.store.rows import JobRow, TaskRow
 from providers.base import LaunchSpec, PermanentProviderError, Provider
 
+class JobNotFoundYet(Exception):
+    """A job that reported from its runner is not listed by its provider yet: looked for again."""
+
+
 log = logging.getLogger("controlplane.scheduler")
 
 LAUNCH_CONCURRENCY = 8
@@ -126,7 +130,7 @@ class Scheduler:
         wid = job.worker_id
         task = await anyio.to_thread.run_sync(self.store.tasks.get, job.task_id)
         if task is None or task.attempt != job.attempt or task.state not in (
-            TaskState.SCHEDULED, TaskState.CANCEL_REQUESTED, TaskState.CANCELLING
+            TaskState.SCHEDULED, TaskState.RUNNING, TaskState.CANCEL_REQUESTED, TaskState.CANCELLING
         ):
             await anyio.to_thread.run_sync(self.store.jobs.move, wid, JobState.DROPPED)
             return
@@ -137,6 +141,14 @@ class Scheduler:
         self._fresh.discard(wid)
         if not fresh:  # a launch that may have happened is looked up before it is repeated
             handle = await anyio.to_thread.run_sync(metrics.provider_call, provider.name, "find", provider.find, spec)
+        if task.state == TaskState.RUNNING:
+            # Its runner reported before the launch was recorded: a launch whose answer was lost
+            # (or a leader that died before recording it) started the job. It is watched from now
+            # on; dropped, its end would go unseen and the task would stay running to its timeout.
+            if handle is None:
+                raise JobNotFoundYet(f"{job.job_name} reported that it runs, but {provider.name} does not list it yet")
+            await anyio.to_thread.run_sync(self.store.jobs.record_launch, wid, handle.encode(), self.fence())
+            return
         if task.state != TaskState.SCHEDULED:  # cancelled before its job started
             if handle is not None:
                 await anyio.to_thread.run_sync(self.store.jobs.record_launch, wid, handle.encode())  # the reconciler stops it

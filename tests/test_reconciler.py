@@ -26,7 +26,7 @@ from controlplane.objectstore.base import task_prefix
 from controlplane.settings import Settings
 from providers.base import TransientProviderError
 from providers.local import LocalProvider
-from tests.conftest import FAST, Agent, ToolCallError, expire_soon, pid_alive, write_catalog
+from tests.conftest import FAST, Agent, ToolCallError, expire_soon, pid_alive, runner_starts, write_catalog
 
 pytestmark = pytest.mark.anyio
 
@@ -139,6 +139,39 @@ async def test_provider_api_errors_never_fail_a_task(home: Path) -> None:
     assert flaky.failures > 0
     with cp.db.engine.connect() as c:
         assert c.execute(text("select count(*) from jobs")).scalar() == 7  # no launch was doubled
+
+
+class AnswerLost(LocalProvider):
+    """The local provider behind an API whose first launch answer is lost: the job is started,
+    and the call fails as a 5xx after it would (so the control plane cannot know it ran)."""
+
+    lost = 0
+
+    def launch(self, spec):  # type: ignore[no-untyped-def]
+        handle = super().launch(spec)
+        if not self.lost:
+            self.lost += 1
+            time.sleep(1.0)  # the answer is late, and the runner already says it runs
+            raise TransientProviderError("502 Bad Gateway")
+        return handle
+
+
+async def test_a_job_that_ran_before_its_launch_was_recorded_is_watched_to_its_end(home: Path) -> None:
+    """The launch's answer is lost after the job started, and its runner reports that it runs
+    before the scheduler's retry. The retry finds the job and records it (dropped, the job's end
+    would go unseen and the task stay running until its timeout); it is not launched again."""
+    settings = Settings(home=home, **FAST)
+    lossy = AnswerLost.configured(home, kill_grace_s=1.0)
+    cp = ControlPlane(settings, providers={"local": lossy})
+    async with Client(build_server(cp)) as client:
+        agent = Agent(client)
+        tid = await agent.submit(inputs={"sleep_s": 2, "result": {"k": 1}})
+        await agent.wait(tid, {"running"}, timeout=30)
+        assert cp.store.jobs.get(tid, 1).state == "launching"  # it runs, and its launch is not recorded yet
+        st = await agent.wait(tid, timeout=30)
+        res = await agent.call("get_task_result", task_id=tid)
+    assert st["state"] == "succeeded" and res["result"]["k"] == 1, (st, res)
+    assert lossy.lost == 1 and runner_starts(home / "jobs" / cp.store.jobs.get(tid, 1).job_name) == 1
 
 
 async def test_a_job_whose_handle_cannot_be_read_does_not_stop_the_others(agent: Agent, cp: ControlPlane,
