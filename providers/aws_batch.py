@@ -19,6 +19,11 @@ How it maps the core's contract onto Batch:
 * SubmitJob is not idempotent. The control plane records its intent first; after a crash
   `find` looks the job up with ListJobs filtered by JOB_NAME (always with a filter: without a
   status or filter the real API lists RUNNING jobs only) before anything is submitted again.
+  For the same reason SubmitJob is retried in place only when it was throttled (the service
+  refused it before doing anything). botocore's retries would repeat it after a 5xx or a lost
+  answer too, when the job may exist, and submit it twice; so it goes through a client of its own
+  with botocore's retries off, and such a failure is a TransientProviderError, after which the
+  control plane calls `find` before it submits again.
 * poll = DescribeJobs, at most 100 ids a call (the API's limit). A job Batch no longer returns
   is GONE. The exit code comes from the container, or from the last attempt's.
 * cancel = TerminateJob with a reason, in any state; idempotent.
@@ -64,6 +69,7 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import Field
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 from pydantic_settings import SettingsConfigDict
 
 from providers import ratelimit
@@ -103,11 +109,20 @@ PHASES: dict[str, JobPhase] = {
 WAITING = {"RUNNABLE": "waiting for compute capacity", "STARTING": "starting its container"}
 TRANSIENT_CODES = {"TooManyRequestsException", "ThrottlingException", "ServerException", "ServiceUnavailable",
                    "InternalFailure", "RequestLimitExceeded"}
+THROTTLING_CODES = {"TooManyRequestsException", "ThrottlingException", "RequestLimitExceeded"}
 _TAG_VALUE = re.compile(r"[^\w .:/=+\-@]")
 
 
 def _tag(value: str) -> str:
     return _TAG_VALUE.sub("_", value)[:256]
+
+
+def _throttled(e: BaseException) -> bool:
+    """Refused for the rate before anything was done: safe to send again as it was."""
+    if not isinstance(e, ClientError):
+        return False
+    code = str(e.response.get("Error", {}).get("Code", ""))
+    return code in THROTTLING_CODES or int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0) == 429
 
 
 def classify(e: Exception) -> Exception:
@@ -172,6 +187,9 @@ class AwsBatchProvider(Provider[BatchHandle]):
         session = session or boto3.session.Session(region_name=settings.region)
         config = Config(retries={"mode": "adaptive", "max_attempts": 8}, connect_timeout=10, read_timeout=30)
         self.batch = session.client("batch", config=config, endpoint_url=settings.endpoint_url)
+        # SubmitJob only, with botocore's retries off: `_submit` retries a throttled one itself.
+        once = config.merge(Config(retries={"mode": "standard", "total_max_attempts": 1}))
+        self.submitter = session.client("batch", config=once, endpoint_url=settings.endpoint_url)
         self.logs_client = session.client("logs", config=config, endpoint_url=settings.logs_endpoint_url)
         self.region = self.batch.meta.region_name
         self.poll_interval_s = settings.poll_interval_s
@@ -180,7 +198,8 @@ class AwsBatchProvider(Provider[BatchHandle]):
         # One limiter per account and region (and endpoint, for emulators), shared by all clients.
         self.limiter = ratelimit.shared(ratelimit.key("batch", region=self.region, endpoint=self.batch.meta.endpoint_url),
                                         settings.max_tps)
-        ratelimit.BotocoreHook(self.limiter).install(self.batch, "batch")  # every request, retries too
+        for client in (self.batch, self.submitter):
+            ratelimit.BotocoreHook(self.limiter).install(client, "batch")  # every request, retries too
         self._streams: dict[str, str] = {}  # job id -> log stream, learnt from DescribeJobs
         self._storage: dict[str, tuple[float, _Storage]] = {}  # job definition -> (read at, its storage)
         self._storage_lock = threading.Lock()
@@ -201,8 +220,7 @@ class AwsBatchProvider(Provider[BatchHandle]):
         requirements = [{"type": "VCPU", "value": f"{spec.cpu:g}"}, {"type": "MEMORY", "value": str(spec.memory_mb)}]
         if spec.gpu:
             requirements.append({"type": "GPU", "value": str(spec.gpu)})
-        resp = self._call(
-            self.batch.submit_job,
+        resp = self._submit(
             jobName=spec.job_name,
             jobQueue=opts.job_queue,
             jobDefinition=opts.job_definition,
@@ -219,6 +237,17 @@ class AwsBatchProvider(Provider[BatchHandle]):
             propagateTags=True,
         )
         return self._handle(resp["jobId"], spec)
+
+    def _submit(self, **request: Any) -> dict[str, Any]:
+        """SubmitJob, retried here only while it is throttled (see the module's doc)."""
+        try:
+            for attempt in Retrying(retry=retry_if_exception(_throttled), wait=wait_random_exponential(multiplier=0.25, max=8),
+                                    stop=stop_after_attempt(8), reraise=True):
+                with attempt:
+                    return self.submitter.submit_job(**request)
+        except (ClientError, BotoCoreError) as e:
+            raise classify(e) from e
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _handle(self, job_id: str, spec: LaunchSpec) -> BatchHandle:
         opts: AwsBatchOptions = spec.options

@@ -387,11 +387,14 @@ async def test_crash_after_submit_before_the_handle_launches_exactly_one_job(mot
 # ---- throttling ---------------------------------------------------------------------------------
 class FaultProxy:
     """An HTTP proxy in front of moto that answers 429 or 500 to a share of Batch requests and
-    records when every request arrived."""
+    records when every request arrived. With `lose_submits`, that share of SubmitJob requests
+    reaches moto (the job is made) and is then answered 500: the answer was lost."""
 
-    def __init__(self, target: str, fault_rate: float, seed: int = 1):
+    def __init__(self, target: str, fault_rate: float, seed: int = 1, lose_submits: float = 0.0):
         self.target = urlsplit(target)
         self.fault_rate = fault_rate
+        self.lose_submits = lose_submits
+        self.lost = 0
         self.rng = random.Random(seed)
         self.arrivals: list[float] = []
         self.faults = 0
@@ -412,6 +415,12 @@ class FaultProxy:
                     if fault:
                         proxy.faults += 1
                         code, kind = proxy.rng.choice([(429, "TooManyRequestsException"), (500, "ServerException")])
+                    lose = (proxy.lose_submits > 0 and not fault and self.path.lower().endswith("/submitjob")
+                            and proxy.rng.random() < proxy.lose_submits)
+                    proxy.lost += lose
+                if lose:
+                    self._forward(body)
+                    fault, code, kind = True, 500, "ServerException"
                 if fault:
                     payload = json.dumps({"__type": kind, "message": "injected"}).encode()
                     self.send_response(code)
@@ -421,11 +430,7 @@ class FaultProxy:
                     self.end_headers()
                     self.wfile.write(payload)
                     return
-                conn = http.client.HTTPConnection(proxy.target.hostname, proxy.target.port, timeout=30)
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
-                conn.request("POST", self.path, body=body, headers=headers)
-                resp = conn.getresponse()
-                data = resp.read()
+                resp, data = self._forward(body)
                 self.send_response(resp.status)
                 for k, v in resp.getheaders():
                     if k.lower() not in ("transfer-encoding", "connection", "content-length"):
@@ -433,7 +438,15 @@ class FaultProxy:
                 self.send_header("content-length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
+
+            def _forward(self, body: bytes) -> tuple[http.client.HTTPResponse, bytes]:
+                conn = http.client.HTTPConnection(proxy.target.hostname, proxy.target.port, timeout=30)
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
+                conn.request("POST", self.path, body=body, headers=headers)
+                resp = conn.getresponse()
+                data = resp.read()
                 conn.close()
+                return resp, data
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -509,3 +522,31 @@ class TestBatchContract(ProviderContract):
                 yield BatchHarness(tmp_path, moto, executor, proxy)
         finally:
             proxy.close()
+
+
+async def test_a_submit_whose_answer_was_lost_is_found_not_submitted_again(moto: str, bucket: str, home: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Half the SubmitJob calls make their job and then answer 500. Retried as they were sent
+    (botocore's retries), each such call would make a second job of the same name; the control
+    plane instead finds the job it made, and runs each task's job once."""
+    proxy = FaultProxy(moto, fault_rate=0.0, lose_submits=0.5)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_BATCH", proxy.url)
+    aws.batch_catalog(home)
+    monkeypatch.setenv("CONTROLPLANE_AWS_BATCH_POLL_INTERVAL_S", "0.05")
+    settings = Settings(home=home, object_store_url=bucket, **FAST)
+    import providers.ratelimit as ratelimit
+
+    ratelimit._registry.clear()
+    try:
+        cp = ControlPlane(settings)
+        with aws.BatchExecutor(moto):
+            async with Client(build_server(cp)) as client:
+                agent = Agent(client)
+                tids = [await agent.submit(inputs={"sleep_s": 0.2}) for _ in range(6)]
+                states = [(await agent.wait(t, timeout=180))["state"] for t in tids]
+        assert states == ["succeeded"] * 6
+        assert proxy.lost >= 2
+        names = [j.job_name for j in aws.backend()._jobs.values()]
+        assert sorted(names) == sorted({cp.store.jobs.get(t, 1).job_name for t in tids}), names  # one job each
+    finally:
+        proxy.close()
