@@ -12,6 +12,7 @@ import math
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -472,6 +473,32 @@ def test_the_runner_reports_by_callback_and_stops_on_cancel(tmp_path: Path) -> N
         (events.CANCELLED, events.STOP_CANCEL, "SIGTERM", 143)
     assert events.parse_outcome(json.loads(store.get_bytes(result_key(TASK, 1)))) == \
         dataclasses.replace(finished, seq=0, ts=None)
+
+
+def test_a_burst_of_stop_signals_stops_the_runner(tmp_path: Path) -> None:
+    """Cancels repeated quickly send the runner SIGTERM after SIGTERM; signals that arrive while
+    it handles one (or while it waits) must not wedge it. It stops the tool and reports."""
+    store = LocalObjectStore(tmp_path / "store")
+    store.put_bytes(inputs_key(TASK, 1), b"{}")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLPLANE_")}
+    env.update(CONTROLPLANE_TASK_ID=TASK, CONTROLPLANE_ATTEMPT="1", CONTROLPLANE_STORE_URL=store.url,
+               CONTROLPLANE_KILL_GRACE_S="2", PYTHONPATH=str(ROOT))
+    tool = "import time; print('sleeping', flush=True); time.sleep(60)"
+    for round_ in range(3):
+        exit_file = tmp_path / f"exit{round_}.json"
+        runner = subprocess.Popen([sys.executable, "-m", "infra.runner", "--workdir", str(tmp_path / "work"),
+                                   "--exit-file", str(exit_file), "--", sys.executable, "-c", tool],
+                                  cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        try:
+            assert runner.stdout is not None and runner.stdout.readline().strip() == "sleeping"
+            for _ in range(2000):
+                runner.send_signal(signal.SIGTERM)
+            runner.wait(timeout=30)
+        finally:
+            runner.kill()
+            runner.wait()
+        outcome = json.loads(exit_file.read_text())
+        assert (outcome["status"], outcome["stop_reason"]) == (events.CANCELLED, events.STOP_SIGNAL), outcome
 
 
 # ---- what the module may import ---------------------------------------------------------------

@@ -80,6 +80,7 @@ class Runner:
         store_url = env.get("CONTROLPLANE_STORE_URL")
         self.store: ObjectStore | None = None
         self.stop_requested = threading.Event()
+        self.signalled = False  # a stop signal arrived (`stop_signalled`)
         self.stop_reason: str | None = None
         self.artifact_decls: dict[str, dict[str, Any]] = {}
         self.reporter = Reporter(
@@ -100,9 +101,24 @@ class Runner:
         self.base_env = {k: v for k, v in env.items() if k != "CONTROLPLANE_BOOTSTRAP_TOKEN"}
 
     def request_stop(self, reason: str) -> None:
+        """From another thread (the reporter, told to stop by the control plane)."""
         if self.stop_reason is None:
             self.stop_reason = reason
         self.stop_requested.set()
+
+    def stop_signalled(self, *_: object) -> None:
+        """The signal handler (SIGTERM, SIGINT). It takes no lock: it runs in the main thread
+        between two bytecodes, maybe inside `stop_requested.wait` holding that Event's lock, or
+        inside this handler for the signal before (cancels repeated quickly), and `Event.set`
+        there would wait for ever on a lock its own thread holds. `_wait` sees the flag within
+        its 50 ms tick."""
+        if self.stop_reason is None:
+            self.stop_reason = events.STOP_SIGNAL
+        self.signalled = True
+
+    @property
+    def stopping(self) -> bool:
+        return self.signalled or self.stop_requested.is_set()
 
     # ---- main -----------------------------------------------------------------------------
     def run(self) -> int:
@@ -133,7 +149,7 @@ class Runner:
             return self._finish(started, exit_code=None, signal_name=None, error=f"cannot read inputs: {e}",
                                 result=None, artifacts=[])
         inputs_file.write_text(json.dumps(inputs))
-        if self.stop_requested.is_set():  # stopped before the tool started: do not start it
+        if self.stopping:  # stopped before the tool started: do not start it
             return self._finish(started, exit_code=None, signal_name=None, error="stopped before the tool started",
                                 result=None, artifacts=[])
 
@@ -173,7 +189,7 @@ class Runner:
 
         returncode = self._wait(child, pgid)
         # The leader is gone; whatever it left behind in its group (or that escaped it) goes too.
-        proc.kill_tree(pgid, grace_s=0.5 if not self.stop_requested.is_set() else 0.1)
+        proc.kill_tree(pgid, grace_s=0.5 if not self.stopping else 0.1)
         for t in readers:
             t.join(timeout=5)
 
@@ -194,7 +210,7 @@ class Runner:
             rc = child.poll()
             if rc is not None:
                 return rc
-            if self.stop_requested.is_set():
+            if self.stopping:
                 now = time.monotonic()
                 if term_at is None:
                     term_at = now
@@ -202,7 +218,7 @@ class Runner:
                 elif not killed and now - term_at >= self.grace_s:
                     killed = True
                     proc.signal_group(pgid, signal.SIGKILL)
-            if self.stop_requested.is_set():
+            if self.stopping:
                 time.sleep(0.05)
             else:
                 self.stop_requested.wait(0.05)
@@ -284,7 +300,7 @@ class Runner:
 
     def _finish(self, started: float, *, exit_code: int | None, signal_name: str | None,
                 error: str | None, result: dict[str, Any] | None, artifacts: list[dict[str, Any]]) -> int:
-        if self.stop_requested.is_set():
+        if self.stopping:
             status = events.CANCELLED
         elif exit_code == 0 and error is None:
             status = events.SUCCEEDED
@@ -331,8 +347,8 @@ def _kind_of(name: str) -> str:
 def main(argv: list[str] | None = None, early_signals: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     runner = Runner(args, dict(os.environ))
-    signal.signal(signal.SIGTERM, lambda *_: runner.request_stop(events.STOP_SIGNAL))
-    signal.signal(signal.SIGINT, lambda *_: runner.request_stop(events.STOP_SIGNAL))
+    signal.signal(signal.SIGTERM, runner.stop_signalled)
+    signal.signal(signal.SIGINT, runner.stop_signalled)
     if early_signals:  # stopped while starting up
-        runner.request_stop(events.STOP_SIGNAL)
+        runner.stop_signalled()
     return runner.run()
