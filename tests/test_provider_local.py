@@ -273,3 +273,24 @@ def test_a_recorded_group_whose_number_went_to_another_process_is_left_alone(tmp
     finally:
         bystander.kill()
         bystander.wait(5)
+
+
+# ---- the runner's claim (infra/runner/claim.py) ---------------------------------------------
+def test_a_job_is_claimed_once_and_the_loser_learns_the_holder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first claim wins and leaves a complete file naming its pid; a second gets that pid.
+    Where the file system has no hard links, an exclusive create does the same."""
+    from infra.runner import claim
+
+    path = str(tmp_path / "runner.pid")
+    assert claim.claim(path) is None
+    assert json.loads(Path(path).read_text())["pid"] == os.getpid()
+    assert claim.claim(path) == os.getpid()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runner.pid"]  # no temporary file left
+
+    def no_links(src: str, dst: str) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(claim.os, "link", no_links)
+    other = str(tmp_path / "other.pid")
+    assert claim.claim(other) is None and json.loads(Path(other).read_text())["pid"] == os.getpid()
+    assert claim.claim(other) == os.getpid()

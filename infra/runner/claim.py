@@ -26,21 +26,34 @@ FLAG = "--claim-file"
 def claim(path: str) -> int | None:
     """Claim the job for this process: None when it is ours now, else the holder's pid (0 when
     the holder's claim cannot be read)."""
+    doc = json.dumps({"pid": os.getpid(), "claimed_at": time.time()})
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
-        json.dump({"pid": os.getpid(), "claimed_at": time.time()}, f)
+        f.write(doc)
     try:
         os.link(tmp, path)  # atomic, and refused when PATH exists: a complete file or none
         return None
     except FileExistsError:
+        return _holder(path)
+    except OSError:  # a file system without hard links: an exclusive create (briefly empty)
         try:
-            with open(path) as f:
-                holder = json.load(f).get("pid")
-        except (OSError, ValueError, AttributeError):
-            holder = None
-        return holder if isinstance(holder, int) else 0
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return _holder(path)
+        with os.fdopen(fd, "w") as f:
+            f.write(doc)
+        return None
     finally:
         os.unlink(tmp)
+
+
+def _holder(path: str) -> int:
+    try:
+        with open(path) as f:
+            holder = json.load(f).get("pid")
+    except (OSError, ValueError, AttributeError):
+        holder = None
+    return holder if isinstance(holder, int) else 0
 
 
 def claim_from_argv(argv: list[str]) -> None:
