@@ -26,7 +26,6 @@ from controlplane.settings import Settings
 from controlplane.states import FINAL
 
 
-
 async def _call(client: Client, tool: str, args: dict[str, Any]) -> dict[str, Any]:
     res = await client.call_tool(tool, args, raise_on_error=False)
     data = res.structured_content or json.loads(res.content[0].text)

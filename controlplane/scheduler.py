@@ -34,6 +34,7 @@ from controlplane.store.leases import Fence, Fenced
 from controlplane.store.rows import JobRow, TaskRow
 from providers.base import LaunchSpec, PermanentProviderError, Provider
 
+
 class JobNotFoundYet(Exception):
     """A job that reported from its runner is not listed by its provider yet: looked for again."""
 

@@ -69,8 +69,8 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import Field
-from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 from pydantic_settings import SettingsConfigDict
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from providers import ratelimit
 from providers.base import (
@@ -107,9 +107,8 @@ PHASES: dict[str, JobPhase] = {
     "FAILED": JobPhase.FAILED,
 }
 WAITING = {"RUNNABLE": "waiting for compute capacity", "STARTING": "starting its container"}
-TRANSIENT_CODES = {"TooManyRequestsException", "ThrottlingException", "ServerException", "ServiceUnavailable",
-                   "InternalFailure", "RequestLimitExceeded"}
 THROTTLING_CODES = {"TooManyRequestsException", "ThrottlingException", "RequestLimitExceeded"}
+TRANSIENT_CODES = THROTTLING_CODES | {"ServerException", "ServiceUnavailable", "InternalFailure"}
 _TAG_VALUE = re.compile(r"[^\w .:/=+\-@]")
 
 
@@ -117,19 +116,23 @@ def _tag(value: str) -> str:
     return _TAG_VALUE.sub("_", value)[:256]
 
 
+def _code_and_status(e: ClientError) -> tuple[str, int]:
+    return (str(e.response.get("Error", {}).get("Code", "")),
+            int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0))
+
+
 def _throttled(e: BaseException) -> bool:
     """Refused for the rate before anything was done: safe to send again as it was."""
     if not isinstance(e, ClientError):
         return False
-    code = str(e.response.get("Error", {}).get("Code", ""))
-    return code in THROTTLING_CODES or int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0) == 429
+    code, status = _code_and_status(e)
+    return code in THROTTLING_CODES or status == 429
 
 
 def classify(e: Exception) -> Exception:
     """A Batch/Logs error as the core's transient (retry later) or permanent (wrong request)."""
     if isinstance(e, ClientError):
-        code = str(e.response.get("Error", {}).get("Code", ""))
-        status = int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+        code, status = _code_and_status(e)
         if code in TRANSIENT_CODES or status == 429 or status >= 500:
             return TransientProviderError(f"{code or status}: {e}")
         return PermanentProviderError(f"{code}: {e.response.get('Error', {}).get('Message', e)}")

@@ -171,15 +171,13 @@ class LocalProvider(Provider[LocalHandle]):
             return None
         claim = _read_json(job_dir / "runner.pid") or {}
         claimed = claim.get("pid") if isinstance(claim.get("pid"), int) else None
-        marker = ["--job-name", spec.job_name]
         if claimed is not None:
-            runner = _runner_of(claimed, marker)
+            runner = _runner_of(claimed, spec.job_name)
             if runner is not None:
                 return LocalHandle(pid=runner.pid, create_time=runner.create_time(), job_dir=str(job_dir))
         else:
             for p in psutil.process_iter(["pid", "cmdline", "create_time"]):
-                cmd = p.info.get("cmdline") or []
-                if any(cmd[i : i + 2] == marker for i in range(len(cmd) - 1)):
+                if _runs_job(p.info.get("cmdline") or [], spec.job_name):
                     return LocalHandle(pid=p.info["pid"], create_time=p.info["create_time"], job_dir=str(job_dir))
         if (job_dir / "exit.json").exists():
             return LocalHandle(pid=0, create_time=0.0, job_dir=str(job_dir))
@@ -310,13 +308,16 @@ def _is_job_dir(path: Path, jobs_dir: Path) -> bool:
     return path.resolve().parent == jobs_dir.resolve() or (path / "launch.json").is_file()
 
 
-def _runner_of(pid: int, marker: list[str]) -> psutil.Process | None:
-    """The live process `pid`, if it is the runner whose command line holds `marker` (a pid alone
-    may have been reused)."""
+def _runs_job(cmdline: list[str], job_name: str) -> bool:
+    """A runner's command line names its job: `--job-name NAME`."""
+    return any(cmdline[i] == "--job-name" and cmdline[i + 1] == job_name for i in range(len(cmdline) - 1))
+
+
+def _runner_of(pid: int, job_name: str) -> psutil.Process | None:
+    """The live process `pid`, if it is the runner of `job_name` (a pid alone may have been reused)."""
     try:
         p = psutil.Process(pid)
-        cmd = p.cmdline()
-        if p.status() != psutil.STATUS_ZOMBIE and any(cmd[i : i + 2] == marker for i in range(len(cmd) - 1)):
+        if p.status() != psutil.STATUS_ZOMBIE and _runs_job(p.cmdline(), job_name):
             return p
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         pass

@@ -61,7 +61,6 @@ STREAM_PAGES = 5  # log pages sent per wake-up of a stream (the rest follow at o
 STATES = [s.value for s in TaskState]
 
 
-
 @functools.cache
 def templates() -> Any:
     """The page templates, loaded on the first page asked for: jinja2 (and sse_starlette, for the
