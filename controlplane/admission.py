@@ -86,7 +86,7 @@ class Admission:
     def validate_inputs(self, tool_name: str, inputs: dict[str, Any]) -> None:
         """INVALID_REQUEST naming the first offending field (`inputs.<field>`) unless the inputs fit the
         tool's schema."""
-        errors = sorted(self.catalog.validator(tool_name).iter_errors(inputs), key=lambda e: [str(p) for p in e.path])
+        errors = self.catalog.validator(tool_name).errors(inputs)
         if errors:
             e: SchemaValidationError = errors[0]
             where = ".".join(str(p) for p in e.path)

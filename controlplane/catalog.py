@@ -44,8 +44,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
+import jsonschema_rs
 import yaml
 from jsonschema import Draft202012Validator
+from jsonschema.exceptions import ValidationError as SchemaValidationError
 from jsonschema.exceptions import SchemaError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -190,8 +192,8 @@ class ToolSpec(_Strict):
             raise ValueError(f"size_feature: '{self.size_feature}' is not an input property")
         return self
 
-    def validator(self) -> Draft202012Validator:
-        return Draft202012Validator(self.input_schema)
+    def validator(self) -> InputValidator:
+        return InputValidator(self.input_schema)
 
     def input_size(self, inputs: dict[str, Any]) -> float | None:
         if not self.size_feature or self.size_feature not in inputs:
@@ -204,6 +206,37 @@ class ToolSpec(_Strict):
         if isinstance(v, str | list | dict):
             return float(len(v))
         return None
+
+
+class InputValidator:
+    """A tool's input schema (JSON Schema 2020-12, formats not checked), as a submit checks it.
+
+    `jsonschema` is the reference: it decides every refusal and words it. `jsonschema-rs`
+    (compiled, in Rust) only answers the common case first: valid inputs, in about 0.1 µs where
+    `jsonschema` takes 8-18 µs, on every submit's path (issue 13). Inputs it calls invalid are
+    checked again by `jsonschema`, so a refusal reads as before, and where the two disagree
+    (regular expressions: ECMA-262 there, Python's `re` here) `jsonschema` decides. A schema
+    jsonschema-rs cannot compile is checked by `jsonschema` alone."""
+
+    def __init__(self, schema: dict[str, Any]):
+        self.reference = Draft202012Validator(schema)
+        try:
+            self.fast: Any = jsonschema_rs.Draft202012Validator(schema, validate_formats=False, offline=True)
+        except Exception:  # noqa: BLE001 - a schema only the reference takes
+            self.fast = None
+
+    def is_valid(self, inputs: Any) -> bool:
+        return not self.errors(inputs)
+
+    def errors(self, inputs: Any) -> list[SchemaValidationError]:
+        """What is wrong with `inputs`, ordered by where (empty: nothing)."""
+        if self.fast is not None:
+            try:
+                if self.fast.is_valid(inputs):
+                    return []
+            except Exception:  # noqa: BLE001, S110 - a value it cannot take (an integer past 64 bits): ask the reference
+                pass
+        return sorted(self.reference.iter_errors(inputs), key=lambda e: [str(p) for p in e.path])
 
 
 class Catalog:
@@ -223,7 +256,7 @@ class Catalog:
         """The providers the catalog's tools run on."""
         return sorted({t.provider for t in self.tools.values()})
 
-    def validator(self, name: str) -> Draft202012Validator:
+    def validator(self, name: str) -> InputValidator:
         return self._validators[name]
 
     def store_urls(self) -> set[str]:

@@ -218,3 +218,48 @@ def test_tool_ttl_above_the_server_max_is_refused_at_start(tmp_path: Path) -> No
     with pytest.raises(CatalogError) as e:
         ControlPlane(Settings(home=tmp_path / "home", catalog_path=path, max_ttl_s=3600))
     assert str(e.value) == f"{path}: tools.relax.ttl_s: 999999 exceeds the server's max_ttl_s (3600)"
+
+
+SCHEMA = {
+    "type": "object", "additionalProperties": False, "required": ["n"],
+    "properties": {
+        "n": {"type": "integer", "minimum": 1, "maximum": 100},
+        "x": {"type": "number", "exclusiveMaximum": 1.5},
+        "name": {"type": "string", "pattern": r"^\w{1,8}$", "format": "email"},
+        "mode": {"enum": ["fast", "slow"]},
+        "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 2, "uniqueItems": True},
+        "opts": {"type": "object", "properties": {"deep": {"type": "boolean"}}, "additionalProperties": False},
+    },
+}
+INPUTS = [
+    {"n": 1}, {"n": 100, "x": 1.4, "name": "ab_c", "mode": "fast", "tags": ["a", "b"], "opts": {"deep": True}},
+    {"n": 2.0}, {"n": 0}, {"n": 101}, {"n": "1"}, {"n": True}, {}, {"n": 1, "extra": 1}, {"n": 1, "x": 1.5},
+    {"n": 1, "name": "not an email but fine"}, {"n": 1, "name": "ab-c"}, {"n": 1, "name": "٣٣"},  # Arabic-Indic digits: \w in Python
+    {"n": 1, "mode": "medium"}, {"n": 1, "tags": ["a", "a"]}, {"n": 1, "tags": ["a", "b", "c"]}, {"n": 1, "tags": [1]},
+    {"n": 1, "opts": {"deep": 1}}, {"n": 1, "opts": {"deeper": True}}, {"n": 10**30}, {"n": 1, "x": 10**30},
+    {"n": 0, "mode": "x", "tags": [1, 1]},
+]
+
+
+@pytest.mark.parametrize("inputs", INPUTS, ids=[str(i) for i in range(len(INPUTS))])
+def test_input_check_refuses_what_the_reference_refuses_in_its_words(inputs: dict) -> None:
+    """The compiled check answers valid inputs; every refusal, and its wording, is jsonschema's
+    own (formats are annotations only, as in the reference)."""
+    from jsonschema import Draft202012Validator
+
+    from controlplane.catalog import InputValidator
+
+    checked = InputValidator(SCHEMA)
+    assert checked.fast is not None
+    reference = sorted(Draft202012Validator(SCHEMA).iter_errors(inputs), key=lambda e: [str(p) for p in e.path])
+    assert [(list(e.path), e.message) for e in checked.errors(inputs)] == [(list(e.path), e.message) for e in reference]
+
+
+def test_a_pattern_only_python_reads_is_checked_by_the_reference() -> None:
+    """`a{,3}` is a regular expression to Python, not to ECMA-262: the tool still works."""
+    from controlplane.catalog import InputValidator
+
+    checked = InputValidator({"type": "object", "properties": {"s": {"type": "string", "pattern": "^a{,3}$"}}})
+    assert checked.fast is None
+    assert checked.is_valid({"s": "aa"})
+    assert [e.message for e in checked.errors({"s": "aaaa"})] == ["'aaaa' does not match '^a{,3}$'"]
