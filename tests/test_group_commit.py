@@ -193,6 +193,49 @@ async def test_a_database_error_in_a_batch_written_without_savepoints_costs_only
     assert sorted(t.task_id for t in stored) == sorted([out[0].task.task_id, out[2].task.task_id])
 
 
+def test_a_batch_counts_its_own_tasks_into_their_queue_as_it_writes_them(cp: ControlPlane) -> None:
+    """A batch reads a queue's depth once and counts on: each new task's position is where it
+    stood when written, the queue's limit holds even when the batch itself filled the queue, a
+    task the database refused (rolled back) is not counted, and each task written, and only
+    those, has its one "submitted" event."""
+    from dataclasses import replace
+
+    with cp.db.write() as c:
+        c.exec_driver_sql("CREATE TRIGGER refuse_13 BEFORE INSERT ON tasks WHEN NEW.inputs_json = '{\"n\":13}' "
+                          "BEGIN SELECT RAISE(ABORT, 'refused by the test'); END" if cp.db.is_sqlite else
+                          "CREATE FUNCTION refuse_13() RETURNS trigger AS $$ BEGIN "
+                          "IF NEW.inputs_json = '{\"n\":13}' THEN RAISE unique_violation; END IF; RETURN NEW; END $$ "
+                          "LANGUAGE plpgsql; CREATE TRIGGER refuse_13 BEFORE INSERT ON tasks "
+                          "FOR EACH ROW EXECUTE FUNCTION refuse_13()")
+    cp.store.tasks.submit(new_task(), queue_limit=100)  # one waiting already, at priority 0
+
+    def at(priority: int, n: int = 0) -> NewTask:
+        return replace(new_task(), priority=priority, inputs_json=f'{{"n":{n}}}')
+
+    out = cp.store.tasks.submit_many([
+        (at(0), 5),      # 2nd: behind the one waiting
+        (at(5), 5),      # 1st: ahead of every priority-0 task
+        (at(0, 13), 5),  # refused by the database: not counted
+        (at(0), 5),      # 4th
+        (at(0), 4),      # the queue holds 4 already: QueueFull
+        (at(0), 5),      # 5th, and the queue is full
+        (at(9), 5),      # QueueFull, whatever its priority
+    ])
+    kinds = ["QueueFull" if isinstance(o, QueueFull) else "refused" if isinstance(o, Exception) else o.position
+             for o in out]
+    assert kinds == [2, 1, "refused", 4, "QueueFull", 5, "QueueFull"]
+    with cp.db.read() as c:
+        depth = dict(c.exec_driver_sql("SELECT priority, waiting FROM queue_depth WHERE resource_class = 'cpu_small' "
+                                       "AND waiting > 0").all())
+        queued = c.exec_driver_sql("SELECT count(*) FROM tasks WHERE state = 'queued'").scalar()
+    assert depth == {0: 4, 5: 1} and queued == 5
+    written = [o.task.task_id for o in out if isinstance(o, Submitted)]
+    for task_id in written:
+        assert [e.kind for e in cp.store.logs.events(task_id)] == ["submitted"]
+    with cp.db.read() as c:
+        assert c.exec_driver_sql("SELECT count(*) FROM task_events WHERE kind = 'submitted'").scalar() == 5  # with the one before
+
+
 def test_a_repeated_idempotency_key_in_one_batch_answers_the_first_task(cp: ControlPlane) -> None:
     from dataclasses import replace
 

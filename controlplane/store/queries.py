@@ -53,11 +53,10 @@ UPDATE_TASK_VERSIONED = update(T).where(T.c.pk == _bp("_pk"), T.c.version == _bp
 # A write outside a transition (progress, heartbeat, log counters): bumps the version.
 UPDATE_TASK = update(T).where(T.c.pk == _bp("_pk")).values(version=T.c.version + 1)
 
-# Admission into a queue: its length, and how many waiting tasks a new one would queue behind,
-# from the depths the triggers keep (migrations 0007 and 0009): a few rows, not the queue.
-QUEUE_ADMISSION = (select(func.coalesce(func.sum(QD.c.waiting), 0).label("waiting"),
-                          func.sum(case((QD.c.priority >= _bp("prio"), QD.c.waiting), else_=0)).label("ahead"))
-                   .where(QD.c.resource_class == _bp("rc")))
+# Admission into a queue: its waiting tasks by priority, from the depths the triggers keep
+# (migrations 0007 and 0009), a few rows, not the queue; read once per group commit and counted
+# on in the batch (`store.tasks._Batch`).
+QUEUE_LEVELS = select(QD.c.priority, QD.c.waiting).where(QD.c.resource_class == _bp("rc"))
 # Tasks ahead of one in its queue: one index range (the queued tasks of the class at or above its
 # priority), counting those of higher priority and those of its own priority submitted earlier.
 QUEUE_POSITION = (select(func.count().label("ahead")).select_from(T)

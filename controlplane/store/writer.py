@@ -35,6 +35,13 @@ def _now() -> float:
     return time.time()
 
 
+def event_row(task_id: str, kind: str, frm: str | None, to: str | None, attempt: int,
+              detail: dict[str, Any] | None, now: float) -> dict[str, Any]:
+    """A task_events row: what happened to a task, when."""
+    return {"task_id": task_id, "ts": now, "kind": kind, "from_state": frm, "to_state": to, "attempt": attempt,
+            "detail_json": json.dumps(detail) if detail else None}
+
+
 class Writer:
     def __init__(self, db: Database, clock: Callable[[], float] = _now):
         self.db = db
@@ -120,9 +127,11 @@ class Writer:
 
     def event(self, c: Connection, task_id: str, kind: str, frm: str | None, to: str | None, attempt: int,
               detail: dict[str, Any] | None, now: float) -> None:
-        self.db.run(c, q.INSERT_EVENT, {"task_id": task_id, "ts": now, "kind": kind, "from_state": frm,
-                                        "to_state": to, "attempt": attempt,
-                                        "detail_json": json.dumps(detail) if detail else None})
+        self.db.run(c, q.INSERT_EVENT, event_row(task_id, kind, frm, to, attempt, detail, now))
+
+    def events(self, c: Connection, rows: list[dict[str, Any]]) -> None:
+        """Several events (`event_row`s) in one statement: a group commit's submits."""
+        self.db.run_many(c, q.INSERT_EVENT, rows)
 
     def transition(self, c: Connection, task: TaskRow, to: TaskState, *, kind: str | None = None,
                    detail: dict[str, Any] | None = None, values: dict[str, Any] | None = None,
