@@ -149,3 +149,36 @@ def test_upgrade_to_0005_renames_dropped_launches_and_records_abandonment(db: Da
     with db.engine.connect() as c:
         rows = c.execute(text("SELECT worker_id, state, abandoned_at FROM jobs ORDER BY worker_id")).all()
     assert [tuple(r) for r in rows] == [("w1", "dropped", None), ("w2", "done", None)]
+
+
+def test_the_expiry_sweeps_read_the_partial_index_of_ended_tasks(db: Database) -> None:
+    """A submitted task is not in ix_tasks_state_expires (it has no expires_at yet), and the
+    expiry sweep and the purge of tombstones still find due tasks along that index."""
+    from controlplane.store import queries as q
+
+    db.upgrade()
+    insert_task(db, "tsk_queued", "queued")
+    insert_task(db, "tsk_ended", "succeeded")
+    with db.engine.begin() as c:
+        c.execute(text("UPDATE tasks SET expires_at = 5.0 WHERE task_id = 'tsk_ended'"))
+        c.execute(text("ANALYZE") if db.is_sqlite else text("ANALYZE tasks"))
+    sweeps = [(q.DUE_FOR_EXPIRY, {"state": "succeeded", "now": 10.0, "after_ts": 0.0, "after_pk": 0, "lim": 10}),
+              (q.DUE_FOR_PURGE, {"before": 10.0, "lim": 10})]
+    with db.engine.connect() as c:
+        if db.is_sqlite:
+            sql = c.execute(text("SELECT sql FROM sqlite_master WHERE name = 'ix_tasks_state_expires'")).scalar_one()
+        else:
+            sql = c.execute(text("SELECT indexdef FROM pg_indexes WHERE indexname = 'ix_tasks_state_expires'")).scalar_one()
+            c.execute(text("SET enable_seqscan = off"))  # two rows: make the planner show what it can use
+        assert sql.endswith("WHERE expires_at IS NOT NULL") or sql.endswith("WHERE (expires_at IS NOT NULL)"), sql
+        for stmt, params in sweeps:
+            sql, names, fixed = db._compiled_for(stmt, params)
+            args = {**fixed, **params}
+            if db.is_sqlite:
+                plan = " ".join(r[-1] for r in c.exec_driver_sql("EXPLAIN QUERY PLAN " + sql,
+                                                                   tuple(args[n] for n in names or [])))
+            else:
+                plan = " ".join(r[0] for r in c.exec_driver_sql("EXPLAIN " + sql, args))
+            assert "ix_tasks_state_expires" in plan, plan
+        due = db.fetch(q.DUE_FOR_EXPIRY, sweeps[0][1])
+    assert [r["task_id"] for r in due] == ["tsk_ended"]

@@ -12,6 +12,11 @@ from sqlalchemy import BigInteger, Column, Index, Integer, String, Text, UniqueC
 from sqlmodel import Field, SQLModel
 
 
+# The tasks in ix_tasks_state_expires: the ended ones. The queries that read it (`queries.
+# DUE_FOR_EXPIRY`, `DUE_FOR_PURGE`) compare expires_at, which both engines take as implying it.
+EXPIRES_WHERE = "expires_at IS NOT NULL"
+
+
 class Task(SQLModel, table=True):
     __tablename__ = "tasks"
     __table_args__ = (
@@ -22,9 +27,10 @@ class Task(SQLModel, table=True):
         Index("ix_tasks_owner", "owner", "submitted_at", "pk"),
         Index("ix_tasks_owner_state", "owner", "state", "submitted_at", "pk"),
         Index("ix_tasks_owner_tool", "owner", "tool_name", "submitted_at", "pk"),
-        # Sweeps: timeouts and expiry.
+        # Sweeps: timeouts and expiry (only ended tasks have an expires_at: migration 0014).
         Index("ix_tasks_state_timeout", "state", "timeout_at"),
-        Index("ix_tasks_state_expires", "state", "expires_at"),
+        Index("ix_tasks_state_expires", "state", "expires_at", sqlite_where=text(EXPIRES_WHERE),
+              postgresql_where=text(EXPIRES_WHERE)),
         # Runtime estimates: a tool's recent successful runs.
         Index("ix_tasks_tool_state", "tool_name", "state", "pk"),
     )
