@@ -126,9 +126,12 @@ class _Batch:
 
     * `depths(queue)`: the queue's waiting tasks by priority, read once (a few rows of
       queue_depth) and then counted on by each task the batch writes, as the table's trigger
-      counts them. Nothing else writes to the queue meanwhile: SQLite serialises writers, and on
-      PostgreSQL the batch holds the queue's lock (`Database.lock_queues`). A task rolled back
-      to its savepoint was never counted: it is counted only once written.
+      counts them. Nothing else adds to the queue meanwhile: SQLite serialises writers, and on
+      PostgreSQL the batch holds the queue's lock (`Database.lock_queues`), as the scheduler's
+      claims do. A queued task cancelled meanwhile there (a cancel takes no queue lock) leaves
+      the count high by one until the next batch: it errs towards a full queue, never past the
+      limit, as the read made per task before did within its task. A task rolled back to its
+      savepoint was never counted: it is counted only once written.
     * `events`: the "submitted" events of the tasks written, inserted together at the end (one
       executemany instead of a statement per task).
 
