@@ -146,6 +146,16 @@ async def open_clients(url: str, mode: str, n: int) -> tuple[list[Client], Any]:
     return clients, stack
 
 
+async def close_clients(stack: Any, console: Console) -> None:
+    """Disconnect a set of clients. Their figures are in by then: a client whose own teardown
+    fails (fastmcp's stopped with anyio's ClosedResourceError once, closing 64 of the no-op's
+    clients after their last window) is reported, and the run goes on."""
+    try:
+        await stack.aclose()
+    except Exception as e:  # noqa: BLE001 - only the clients' teardown: nothing measured is lost
+        console.log(f"closing the clients failed ({type(e).__name__}); the run goes on")
+
+
 async def bench_concurrency(tmp: Path, console: Console, *, quick: bool, clients: Sequence[int] = (1, 4, 16, 64),
                             eras: Sequence[str] = tuple(ERAS), history: int = 20_000, seed: int = 7,
                             rounds: int | None = None) -> dict[str, Any]:
@@ -192,8 +202,8 @@ async def bench(cfg: argparse.Namespace, tmp: Path, console: Console) -> dict[st
                             runs[m].append(await w.run(pids[server]))
                             await asyncio.sleep(cfg.settle)  # let the scheduler catch up after submits
                 finally:
-                    await cp_stack.aclose()
-                    await noop_stack.aclose()
+                    await close_clients(cp_stack, console)
+                    await close_clients(noop_stack, console)
                 out["eras"][era][str(n)] = summarize(runs)
         return out
     finally:

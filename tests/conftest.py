@@ -326,7 +326,9 @@ def runner_starts(job_dir: Path) -> int:
 
 
 def reap_jobs(home: Path) -> None:
-    """Kill any runner a test left behind (a test owns every process it starts)."""
+    """Kill any runner a test left behind (a test owns every process it starts), and reap the
+    ones this process started: a control plane stopped before it polled its runners leaves them
+    to pytest, which would otherwise hold them as zombies for the rest of the run."""
     jobs = home / "jobs"
     if not jobs.exists():
         return
@@ -337,6 +339,8 @@ def reap_jobs(home: Path) -> None:
             for c in p.children(recursive=True):
                 c.kill()
             p.kill()
+            if p.ppid() == os.getpid():
+                p.wait(timeout=5)
         except (psutil.Error, ValueError, KeyError, OSError):
             pass
 
