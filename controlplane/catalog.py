@@ -47,8 +47,8 @@ from typing import Any, Literal
 import jsonschema_rs
 import yaml
 from jsonschema import Draft202012Validator
-from jsonschema.exceptions import ValidationError as SchemaValidationError
 from jsonschema.exceptions import SchemaError
+from jsonschema.exceptions import ValidationError as SchemaValidationError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from controlplane.objectstore.base import split_store_url
@@ -234,7 +234,7 @@ class InputValidator:
             try:
                 if self.fast.is_valid(inputs):
                     return []
-            except Exception:  # noqa: BLE001, S110 - a value it cannot take (an integer past 64 bits): ask the reference
+            except Exception:  # noqa: BLE001, S110 - a value it cannot convert (a mapping with a non-text key): ask the reference
                 pass
         return sorted(self.reference.iter_errors(inputs), key=lambda e: [str(p) for p in e.path])
 
