@@ -24,7 +24,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import fastmcp_tasks  # noqa: F401 - imported for its side effect, undone below
@@ -38,6 +38,9 @@ from tests.cloud import stop
 from tests.postgres import Cluster, bindir, pg_cluster, require_or_skip
 from controlplane.mcp.server import build_server
 from controlplane.settings import Settings
+
+if TYPE_CHECKING:
+    from controlplane.store.db import Database
 
 # Importing fastmcp_tasks makes every fastmcp Client opt into native tasks (and then poll a
 # catalog tool's task to its end). The tests opt in explicitly, per client, with
@@ -352,6 +355,16 @@ def _no_leftover_jobs(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
     if home is not None:
         reap_jobs(home)
+
+
+def query_plan(db: Database, conn: Any, stmt: Any, params: dict[str, Any]) -> list[str]:
+    """How the engine would run a prebuilt statement (`Database.run`'s SQL and parameters) on
+    `conn`: SQLite's EXPLAIN QUERY PLAN details, or PostgreSQL's EXPLAIN lines."""
+    sql, names, fixed = db._compiled_for(stmt, params)
+    args = {**fixed, **params}
+    if db.is_sqlite:
+        return [r[-1] for r in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + sql, tuple(args[n] for n in names or []))]
+    return [r[0] for r in conn.exec_driver_sql("EXPLAIN " + sql, args)]
 
 
 def record_statements(cp: ControlPlane, monkeypatch: pytest.MonkeyPatch) -> list[Any]:

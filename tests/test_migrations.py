@@ -17,6 +17,7 @@ from sqlmodel import SQLModel
 
 from controlplane.store import models  # noqa: F401  (registers the tables)
 from controlplane.store.db import MIGRATIONS_DIR, Database
+from tests.conftest import query_plan
 
 
 def _config(url: str | None = None) -> Config:
@@ -52,6 +53,14 @@ def triggers(db: Database) -> set[str]:
         return {r[0] for r in c.execute(text("SELECT tgname FROM pg_trigger WHERE NOT tgisinternal"))}
 
 
+def index_sql(db: Database, name: str) -> str:
+    """An index's definition as the engine keeps it."""
+    query = ("SELECT sql FROM sqlite_master WHERE name = :n" if db.is_sqlite else
+             "SELECT indexdef FROM pg_indexes WHERE indexname = :n")
+    with db.engine.connect() as c:
+        return str(c.execute(text(query), {"n": name}).scalar_one())
+
+
 def test_migrations_create_exactly_the_model_schema(db: Database) -> None:
     db.upgrade()
     assert db.current_revision() == HEAD
@@ -64,14 +73,12 @@ def test_migrations_create_exactly_the_model_schema(db: Database) -> None:
     assert [d for d in diff if d not in expression_index] == []
     assert tables(db) >= {"tasks", "task_tags", "task_events", "task_logs", "artifacts", "jobs", "leases",
                           "queue_depth"}
-    with db.engine.connect() as c:
-        if db.is_sqlite:
-            sql = c.execute(text("select sql from sqlite_master where name = 'ix_tasks_dispatch'")).scalar_one()
-            assert sql == "CREATE INDEX ix_tasks_dispatch ON tasks (resource_class, state, priority DESC, pk)"
-        else:
-            sql = c.execute(text("select indexdef from pg_indexes where indexname = 'ix_tasks_dispatch'")).scalar_one()
-            assert sql == ("CREATE INDEX ix_tasks_dispatch ON public.tasks USING btree "
-                           "(resource_class, state, priority DESC, pk)")
+    sql = index_sql(db, "ix_tasks_dispatch")
+    if db.is_sqlite:
+        assert sql == "CREATE INDEX ix_tasks_dispatch ON tasks (resource_class, state, priority DESC, pk)"
+    else:
+        assert sql == ("CREATE INDEX ix_tasks_dispatch ON public.tasks USING btree "
+                       "(resource_class, state, priority DESC, pk)")
     assert triggers(db) == TRIGGERS  # queue_depth is kept on both engines
 
 
@@ -152,8 +159,8 @@ def test_upgrade_to_0005_renames_dropped_launches_and_records_abandonment(db: Da
 
 
 def test_the_expiry_sweeps_read_the_partial_index_of_ended_tasks(db: Database) -> None:
-    """A submitted task is not in ix_tasks_state_expires (it has no expires_at yet), and the
-    expiry sweep and the purge of tombstones still find due tasks along that index."""
+    """ix_tasks_state_expires takes only tasks with an expires_at (a submitted task has none
+    yet), and the expiry sweep and the purge of tombstones still find due tasks along it."""
     from controlplane.store import queries as q
 
     db.upgrade()
@@ -164,21 +171,13 @@ def test_the_expiry_sweeps_read_the_partial_index_of_ended_tasks(db: Database) -
         c.execute(text("ANALYZE") if db.is_sqlite else text("ANALYZE tasks"))
     sweeps = [(q.DUE_FOR_EXPIRY, {"state": "succeeded", "now": 10.0, "after_ts": 0.0, "after_pk": 0, "lim": 10}),
               (q.DUE_FOR_PURGE, {"before": 10.0, "lim": 10})]
+    sql = index_sql(db, "ix_tasks_state_expires")
+    assert sql.endswith("WHERE expires_at IS NOT NULL") or sql.endswith("WHERE (expires_at IS NOT NULL)"), sql
     with db.engine.connect() as c:
-        if db.is_sqlite:
-            sql = c.execute(text("SELECT sql FROM sqlite_master WHERE name = 'ix_tasks_state_expires'")).scalar_one()
-        else:
-            sql = c.execute(text("SELECT indexdef FROM pg_indexes WHERE indexname = 'ix_tasks_state_expires'")).scalar_one()
+        if not db.is_sqlite:
             c.execute(text("SET enable_seqscan = off"))  # two rows: make the planner show what it can use
-        assert sql.endswith("WHERE expires_at IS NOT NULL") or sql.endswith("WHERE (expires_at IS NOT NULL)"), sql
         for stmt, params in sweeps:
-            sql, names, fixed = db._compiled_for(stmt, params)
-            args = {**fixed, **params}
-            if db.is_sqlite:
-                plan = " ".join(r[-1] for r in c.exec_driver_sql("EXPLAIN QUERY PLAN " + sql,
-                                                                   tuple(args[n] for n in names or [])))
-            else:
-                plan = " ".join(r[0] for r in c.exec_driver_sql("EXPLAIN " + sql, args))
+            plan = " ".join(query_plan(db, c, stmt, params))
             assert "ix_tasks_state_expires" in plan, plan
-        due = db.fetch(q.DUE_FOR_EXPIRY, sweeps[0][1])
+    due = db.fetch(q.DUE_FOR_EXPIRY, sweeps[0][1])
     assert [r["task_id"] for r in due] == ["tsk_ended"]

@@ -22,6 +22,7 @@ from controlplane.states import WATCHED, JobState, TaskState
 from controlplane.store import queries as q
 from controlplane.store.models import WATCHED_JOBS_WHERE
 from providers.base import Handle, JobPhase, JobStatus, LaunchSpec, MalformedHandle, Provider
+from tests.conftest import query_plan
 from tests.test_states import new_task
 
 PAGE = 7
@@ -215,10 +216,8 @@ def test_a_page_of_handles_decodes_together_and_a_bad_one_is_named_alone(double:
 @pytest.mark.sqlite_only("SQLite's planner, which has no statistics, is what `likely` steers")
 def test_a_page_is_one_range_of_the_index_of_watched_jobs(cp: ControlPlane) -> None:
     assert WATCHED_JOBS_WHERE == "state IN (%s)" % ", ".join(f"'{s.value}'" for s in sorted(WATCHED))
-    sql, names, fixed = cp.db._compiled_for(q.WATCHED_PAGE, {"after_ts": 0.0, "after_wid": "", "lim": PAGE})
-    params = {**fixed, "after_ts": 0.0, "after_wid": "", "lim": PAGE}
     with cp.db.read() as c:
-        plan = [r[-1] for r in c.exec_driver_sql("EXPLAIN QUERY PLAN " + sql, tuple(params[n] for n in names or []))]
+        plan = query_plan(cp.db, c, q.WATCHED_PAGE, {"after_ts": 0.0, "after_wid": "", "lim": PAGE})
     assert plan == ["SEARCH jobs USING INDEX ix_jobs_watched ((created_at,worker_id)>(?,?))"]
 
 
