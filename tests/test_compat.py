@@ -434,3 +434,75 @@ def test_a_cancelled_request_can_still_be_answered() -> None:
         f"{compat.CHECKED_AGAINST['mcp']}); see controlplane/mcp/compat.py internal 5")
     params = list(inspect.signature(JSONRPCDispatcher._write_result).parameters)
     assert params[:3] == ["self", "request_id", "result"], params
+
+
+# ---- 6. one provider asked directly ---------------------------------------------------------------
+async def test_the_direct_lookup_finds_what_fastmcps_own_finds_without_a_task_per_lookup() -> None:
+    from fastmcp.server.providers.aggregate import AggregateProvider
+
+    def build(cls: type[FastMCP]) -> FastMCP:
+        mcp = cls(name="lookup-probe")
+
+        @mcp.tool
+        def echo(region: str = "") -> dict[str, str]:
+            """Echoes its argument."""
+            return {"region": region}
+
+        @mcp.resource("probe://{name}")
+        def thing(name: str) -> str:
+            return name
+
+        @mcp.resource("probe://fixed")
+        def fixed() -> str:
+            return "fixed"
+
+        return mcp
+
+    ours, stock = build(compat.ControlPlaneMCP), build(FastMCP)
+    assert len(ours.providers) == 1
+    loop = asyncio.get_running_loop()
+    created: list[int] = []
+    default_factory = loop.get_task_factory()
+
+    def counting(lp: asyncio.AbstractEventLoop, coro: Any, **kw: Any) -> asyncio.Task[Any]:
+        created.append(1)
+        return default_factory(lp, coro, **kw) if default_factory else asyncio.Task(coro, loop=lp, **kw)
+
+    async def tasks_made(aw: Any) -> tuple[Any, int]:
+        created.clear()
+        loop.set_task_factory(counting)
+        try:
+            return await aw, len(created)
+        finally:
+            loop.set_task_factory(default_factory)
+
+    try:
+        for name in ("echo", "nothing-by-that-name"):
+            mine, mine_tasks = await tasks_made(ours.get_tool(name))
+            theirs, their_tasks = await tasks_made(stock.get_tool(name))
+            same_instance_stock = await AggregateProvider._get_tool(ours, name)
+            assert (mine is None) == (theirs is None) == (same_instance_stock is None), changed(
+                f"a tool lookup ({name}) answers differently from fastmcp's AggregateProvider._get_tool")
+            if mine is not None:
+                assert mine is same_instance_stock and mine.name == theirs.name == name
+            assert their_tasks >= 1, changed("fastmcp no longer looks tools up in a task group: drop the override")
+            assert mine_tasks == 0, changed("ControlPlaneMCP._get_tool is no longer what FastMCP.get_tool calls")
+        for uri in ("probe://fixed", "probe://nope"):
+            mine, mine_tasks = await tasks_made(ours._get_resource(uri))
+            theirs = await AggregateProvider._get_resource(ours, uri)
+            assert mine is theirs and mine_tasks == 0, changed(f"a resource lookup ({uri}) differs from fastmcp's")
+            assert (mine is None) == uri.endswith("nope")
+        assert str((await ours.get_resource("probe://fixed")).uri) == "probe://fixed"
+        # With a second provider (a mounted server), the lookup is fastmcp's own again.
+        child = FastMCP(name="child")
+
+        @child.tool
+        def nested() -> str:
+            return "nested"
+
+        ours.mount(child)
+        assert len(ours.providers) == 2
+        found, n_tasks = await tasks_made(ours.get_tool("nested"))
+        assert found is not None and found.name == "nested" and n_tasks >= 2
+    finally:
+        loop.set_task_factory(default_factory)

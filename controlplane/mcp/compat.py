@@ -73,6 +73,18 @@ The internals
    If it goes away: `for_request()` returns None and the SDK's behaviour stands (no answer on
    stdio, -32800 on 2025-11-25 HTTP); `tests/test_cancel_timeout.py` fails on each wire.
 
+6. `AggregateProvider._get_tool` and `_get_resource`, with `_get_highest_version_result` and
+   `providers` (fastmcp), overridden by `ControlPlaneMCP`, the FastMCP our server is. fastmcp
+   finds the component of every `tools/call` (and `resources/read`) by asking each of its
+   providers at once, in an anyio task group with a task per provider (`gather`): 31 us a lookup
+   where asking our one provider directly takes 6, about 5% of a `get_task_status` call's server
+   CPU (`bench/concurrency.py`). With one provider there is nothing to run concurrently: the
+   override asks it directly and hands its answer (or its error) to fastmcp's own
+   `_get_highest_version_result`, so versions, NotFoundError and `provider_error_strategy` are
+   fastmcp's. With more providers (a mounted server) it leaves the lookup to fastmcp.
+   If it goes away: drop the override (`ControlPlaneMCP` = FastMCP); lookups are fastmcp's again,
+   correct and slower. `tests/test_compat.py` compares it with fastmcp's own lookup.
+
 Not here, because they are public names (if undocumented): uvicorn `Server.started` and
 `Server.should_exit` (`controlplane.http.listener`, `bench/servers.py`).
 """
@@ -85,6 +97,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import logging
 
 import anyio
+from fastmcp import FastMCP
 from fastmcp.server.dependencies import get_context
 from fastmcp.tools.base import ToolResult
 from mcp.server._streamable_http_modern import handle_modern_request
@@ -98,7 +111,6 @@ from mcp.server.auth.middleware.bearer_auth import RequireAuthMiddleware
 from starlette.routing import Route
 
 if TYPE_CHECKING:
-    from fastmcp import FastMCP
     from mcp.server.connection import Connection
     from mcp.server.lowlevel.server import Server
     from mcp.server.session import ServerSession
@@ -110,6 +122,30 @@ CHECKED_AGAINST = {"fastmcp": "4.1.2", "mcp": "2.3.0", "mcp-types": "2.3.0", "st
 
 W = TypeVar("W")
 log = logging.getLogger("controlplane.mcp.compat")
+
+
+# ---- 6. one provider asked directly ---------------------------------------------------------------
+class ControlPlaneMCP(FastMCP):
+    """FastMCP whose tool and resource lookups ask its one provider directly, not through a task
+    group (internal 6 above)."""
+
+    async def _get_tool(self, name: str, version: Any = None) -> Any:
+        if len(self.providers) != 1:
+            return await super()._get_tool(name, version)
+        try:
+            found: Any = await self.providers[0].get_tool(name, version)
+        except Exception as e:  # noqa: BLE001 - judged as fastmcp judges a provider's error
+            found = e
+        return self._get_highest_version_result([found], f"get_tool({name!r})")
+
+    async def _get_resource(self, uri: str, version: Any = None) -> Any:
+        if len(self.providers) != 1:
+            return await super()._get_resource(uri, version)
+        try:
+            found: Any = await self.providers[0].get_resource(uri, version)
+        except Exception as e:  # noqa: BLE001 - as above
+            found = e
+        return self._get_highest_version_result([found], f"get_resource({uri!r})")
 
 
 # ---- 1. the SDK low-level server under FastMCP ----------------------------------------------------

@@ -97,7 +97,7 @@ def build_server(cp: ControlPlane, *, with_auth: bool = True) -> FastMCP:
                 await subscriptions.close()
                 await followers.close()
 
-    mcp = FastMCP(
+    mcp = compat.ControlPlaneMCP(
         name="mcp-controlplane",
         instructions=INSTRUCTIONS,
         version="0.1.0",
