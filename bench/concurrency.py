@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import random
 import shutil
@@ -195,6 +196,13 @@ async def bench(cfg: argparse.Namespace, tmp: Path, console: Console) -> dict[st
                     for m in MEASURES:  # warm-up: every client makes a few calls of each kind
                         await Window(noop_clients if m == "noop" else cp_clients, m, done_ids, 0.3).run(
                             pids["noop" if m == "noop" else "cp"])
+                    # The clients' own heap (this process: the seeding, the SDKs, 2x16 clients)
+                    # leaves the collector's full passes, as the server's does (`settle_heap`).
+                    # Each full pass walked it for 100-130 ms, stalling every client at once, 4-5
+                    # times in a 6 s window of submits (3 of reads): 10% of the window in which
+                    # the server sat idle, and the p99 of every measure was these pauses.
+                    gc.collect()
+                    gc.freeze()
                     for _ in range(cfg.rounds):
                         for m in rng.sample(MEASURES, len(MEASURES)):
                             server = "noop" if m == "noop" else "cp"
@@ -202,6 +210,7 @@ async def bench(cfg: argparse.Namespace, tmp: Path, console: Console) -> dict[st
                             runs[m].append(await w.run(pids[server]))
                             await asyncio.sleep(cfg.settle)  # let the scheduler catch up after submits
                 finally:
+                    gc.unfreeze()  # these clients go; the next ones are frozen after their warm-up
                     await close_clients(cp_stack, console)
                     await close_clients(noop_stack, console)
                 out["eras"][era][str(n)] = summarize(runs)
