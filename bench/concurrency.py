@@ -21,6 +21,10 @@ as it should be for the ratio to mean something), the CPU per call of the server
 16 clients both are near one core each, so a ratio is about (no-op server + client) / (server +
 client) CPU per call, and a server that costs X ms more per call loses less than X of its share.
 
+The clients' own heap is kept out of the garbage collector's full passes while the windows run
+(`clients_heap_frozen`): a pass over it stopped every client at once for 100-130 ms, several times a
+window, and the server idled meanwhile.
+
 The machine has 2 cores: the clients share them with the server. Figures mean something only as
 ratios within one run. The last line of stdout is one JSON object with every figure.
 """
@@ -36,7 +40,8 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +152,21 @@ async def open_clients(url: str, mode: str, n: int) -> tuple[list[Client], Any]:
     return clients, stack
 
 
+@contextmanager
+def clients_heap_frozen() -> Iterator[None]:
+    """The measured windows, with the clients' heap (this process: the seeding, the SDKs, the
+    clients, warmed up) out of the collector's full passes, as the server's is (`settle_heap`).
+    Each full pass walked it for 100-130 ms, stalling every client at once, 4-5 times in a 6 s
+    window of 16 clients submitting (3 of reads): the server sat idle for 10% of the window, and
+    every measure's p99 was these pauses. Unfrozen after, so that closed clients can be freed."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 async def close_clients(stack: Any, console: Console) -> None:
     """Disconnect a set of clients. Their figures are in by then: a client whose own teardown
     fails (fastmcp's stopped with anyio's ClosedResourceError once, closing 64 of the no-op's
@@ -196,21 +216,15 @@ async def bench(cfg: argparse.Namespace, tmp: Path, console: Console) -> dict[st
                     for m in MEASURES:  # warm-up: every client makes a few calls of each kind
                         await Window(noop_clients if m == "noop" else cp_clients, m, done_ids, 0.3).run(
                             pids["noop" if m == "noop" else "cp"])
-                    # The clients' own heap (this process: the seeding, the SDKs, 2x16 clients)
-                    # leaves the collector's full passes, as the server's does (`settle_heap`).
-                    # Each full pass walked it for 100-130 ms, stalling every client at once, 4-5
-                    # times in a 6 s window of submits (3 of reads): 10% of the window in which
-                    # the server sat idle, and the p99 of every measure was these pauses.
-                    gc.collect()
-                    gc.freeze()
-                    for _ in range(cfg.rounds):
-                        for m in rng.sample(MEASURES, len(MEASURES)):
-                            server = "noop" if m == "noop" else "cp"
-                            w = Window(noop_clients if server == "noop" else cp_clients, m, done_ids, cfg.window)
-                            runs[m].append(await w.run(pids[server]))
-                            await asyncio.sleep(cfg.settle)  # let the scheduler catch up after submits
+                    with clients_heap_frozen():
+                        for _ in range(cfg.rounds):
+                            for m in rng.sample(MEASURES, len(MEASURES)):
+                                server = "noop" if m == "noop" else "cp"
+                                w = Window(noop_clients if server == "noop" else cp_clients, m, done_ids,
+                                           cfg.window)
+                                runs[m].append(await w.run(pids[server]))
+                                await asyncio.sleep(cfg.settle)  # let the scheduler catch up after submits
                 finally:
-                    gc.unfreeze()  # these clients go; the next ones are frozen after their warm-up
                     await close_clients(cp_stack, console)
                     await close_clients(noop_stack, console)
                 out["eras"][era][str(n)] = summarize(runs)

@@ -49,7 +49,7 @@ from fastmcp import Client  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from bench.concurrency import Window, open_clients, write_catalog  # noqa: E402
+from bench.concurrency import Window, clients_heap_frozen, open_clients, write_catalog  # noqa: E402
 from bench.run import BenchError, ServerProc, call, helper, percentile, ready_info, reap_jobs, standalone, summary  # noqa: E402
 
 CLIENTS = 16
@@ -120,11 +120,12 @@ async def throughput(noop: ServerProc, sqlite: ServerProc, pg: list[ServerProc],
             clients[key] = per
         for key in setups:  # warm-up
             await Window(clients[key], "noop" if key == "noop" else "submit", [], 0.3).run([p.pid for p in setups[key]])
-        for _ in range(rounds):
-            for key in rng.sample(list(setups), len(setups)):
-                w = Window(clients[key], "noop" if key == "noop" else "submit", [], window)
-                runs[key].append(await w.run([p.pid for p in setups[key]]))
-                await asyncio.sleep(0.3)
+        with clients_heap_frozen():
+            for _ in range(rounds):
+                for key in rng.sample(list(setups), len(setups)):
+                    w = Window(clients[key], "noop" if key == "noop" else "submit", [], window)
+                    runs[key].append(await w.run([p.pid for p in setups[key]]))
+                    await asyncio.sleep(0.3)
     out: dict[str, Any] = {}
     base = statistics.median(r["calls_per_s"] for r in runs["noop"])
     for key, rs in runs.items():
