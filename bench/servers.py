@@ -39,8 +39,6 @@ if str(ROOT) not in sys.path:  # `python bench/...` puts bench/, not the project
 import psutil  # noqa: E402
 from fastmcp import FastMCP  # noqa: E402
 
-from controlplane.http.listener import KEEP_ALIVE_S  # noqa: E402 - the noop is served as we are
-
 READY = "BENCH-READY "
 CYCLE = "BENCH-CYCLE "
 
@@ -84,7 +82,7 @@ class NoopHttpServer:
         self.url = f"http://{host}:{self.sock.getsockname()[1]}/mcp"
         app = noop_server().http_app(path="/mcp", json_response=json_response)
         config = uvicorn.Config(app, lifespan="on", log_level="warning", access_log=False,
-                                timeout_graceful_shutdown=2, timeout_keep_alive=KEEP_ALIVE_S)
+                                timeout_graceful_shutdown=2)
         self.server = uvicorn.Server(config)
 
     async def serve(self) -> None:

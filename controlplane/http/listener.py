@@ -7,16 +7,6 @@ import socket
 from typing import Any
 
 
-# How long an idle HTTP/1.1 connection is kept open. uvicorn's default is 5 s; a load balancer in
-# front keeps its connections to us open longer (our AWS ALB 300 s, Google's HTTP(S) load
-# balancers 600 s, Azure Container Apps' ingress 240 s) and sends a request on one that it
-# believes open: if we closed it just then, the client gets a 502. The server's idle timeout must
-# outlast the balancer's. Clients that reuse connections between calls (an agent polling a task,
-# the benchmark's clients between windows) hit the same race with a short one: a POST on a
-# connection closed under it fails with "connection closed" and is not retried.
-KEEP_ALIVE_S = 620
-
-
 def bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY on accepted sockets only when the listening
@@ -41,7 +31,7 @@ class Listener:
         import uvicorn
 
         config = uvicorn.Config(app, lifespan=lifespan, log_level="warning", access_log=False,
-                                timeout_graceful_shutdown=2, timeout_keep_alive=KEEP_ALIVE_S)
+                                timeout_graceful_shutdown=2)
         self._server = uvicorn.Server(config)
         self._server.should_exit = self._stopped
         try:
