@@ -92,7 +92,7 @@ Not here, because they are public names (if undocumented): uvicorn `Server.start
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import logging
@@ -123,30 +123,6 @@ CHECKED_AGAINST = {"fastmcp": "4.1.2", "mcp": "2.3.0", "mcp-types": "2.3.0", "st
 
 W = TypeVar("W")
 log = logging.getLogger("controlplane.mcp.compat")
-
-
-# ---- 6. one provider asked directly ---------------------------------------------------------------
-class ControlPlaneMCP(FastMCP):
-    """FastMCP whose tool and resource lookups ask its one provider directly, not through a task
-    group (internal 6 above)."""
-
-    async def _get_tool(self, name: str, version: Any = None) -> Any:
-        if len(self.providers) != 1:
-            return await super()._get_tool(name, version)
-        try:
-            found: Any = await self.providers[0].get_tool(name, version)
-        except Exception as e:  # noqa: BLE001 - judged as fastmcp judges a provider's error
-            found = e
-        return self._get_highest_version_result([found], f"get_tool({name!r})")
-
-    async def _get_resource(self, uri: str, version: Any = None) -> Any:
-        if len(self.providers) != 1:
-            return await super()._get_resource(uri, version)
-        try:
-            found: Any = await self.providers[0].get_resource(uri, version)
-        except Exception as e:  # noqa: BLE001 - as above
-            found = e
-        return self._get_highest_version_result([found], f"get_resource({uri!r})")
 
 
 # ---- 1. the SDK low-level server under FastMCP ----------------------------------------------------
@@ -268,3 +244,27 @@ class CancelledWaitAnswer:
         if isinstance(metadata, ServerMessageMetadata):
             metadata.on_request_unanswered = None  # answered: the transport must not add a -32800
         await self._dispatcher._write_result(self._dctx.request_id, dumped)
+
+
+# ---- 6. one provider asked directly ---------------------------------------------------------------
+class ControlPlaneMCP(FastMCP):
+    """FastMCP whose tool and resource lookups ask its one provider directly, not through a task
+    group (internal 6 above)."""
+
+    async def _get_tool(self, name: str, version: Any = None) -> Any:
+        if len(self.providers) != 1:
+            return await super()._get_tool(name, version)
+        return await self._ask_the_provider(self.providers[0].get_tool(name, version), f"get_tool({name!r})")
+
+    async def _get_resource(self, uri: str, version: Any = None) -> Any:
+        if len(self.providers) != 1:
+            return await super()._get_resource(uri, version)
+        return await self._ask_the_provider(self.providers[0].get_resource(uri, version), f"get_resource({uri!r})")
+
+    async def _ask_the_provider(self, lookup: Awaitable[Any], operation: str) -> Any:
+        """The lookup's answer, or its error judged as fastmcp judges a provider's error."""
+        try:
+            found: Any = await lookup
+        except Exception as e:  # noqa: BLE001 - fastmcp's _get_highest_version_result decides
+            found = e
+        return self._get_highest_version_result([found], operation)
