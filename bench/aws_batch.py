@@ -100,9 +100,9 @@ def run_cycles(job_ids: list[str], tps: float, n: int, console) -> list[dict]:
     from bench.seed import seed_inflight
     from controlplane.app import ControlPlane
     from controlplane.settings import Settings
-    from providers import ratelimit
-    from providers.aws_batch import AwsBatchProvider
-    from providers.local import LocalProvider
+    from controlplane_providers import ratelimit
+    from controlplane_providers.aws_batch import AwsBatchProvider
+    from controlplane_providers.local import LocalProvider
     from tests import aws
 
     ratelimit._registry.clear()

@@ -149,9 +149,9 @@ def run_cycles(seeded: dict, page_size: int, n: int, console) -> list[dict]:
     from bench.seed import seed_inflight
     from controlplane.app import ControlPlane
     from controlplane.settings import Settings
-    from providers import ratelimit
-    from providers.cloud_run import CloudRunProvider
-    from providers.local import LocalProvider
+    from controlplane_providers import ratelimit
+    from controlplane_providers.cloud_run import CloudRunProvider
+    from controlplane_providers.local import LocalProvider
     from tests import gcp
 
     ratelimit._registry.clear()

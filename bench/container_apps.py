@@ -65,9 +65,9 @@ def run_cycles(seeded: dict, page: int, n: int, console) -> list[dict]:
     from bench.seed import seed_inflight
     from controlplane.app import ControlPlane
     from controlplane.settings import Settings
-    from providers import ratelimit
-    from providers.container_apps import ContainerAppsOptions, ContainerAppsProvider
-    from providers.local import LocalProvider
+    from controlplane_providers import ratelimit
+    from controlplane_providers.container_apps import ContainerAppsOptions, ContainerAppsProvider
+    from controlplane_providers.local import LocalProvider
     from tests import azure
     from tests.test_container_apps import catalog
 

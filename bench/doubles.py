@@ -13,7 +13,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from providers.base import Handle, JobPhase, JobStatus, LaunchSpec, Provider, omitted_if_none
+from controlplane_providers.base import Handle, JobPhase, JobStatus, LaunchSpec, Provider, omitted_if_none
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from infra.runner import toolkit
+from controlplane_runner import toolkit
 
 
 def main() -> int:

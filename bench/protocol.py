@@ -239,7 +239,7 @@ async def bench_progress(cfg: argparse.Namespace, tmp: Path, console: Console) -
     try:
         proc.start()
         await proc.wait_ready()
-        url = ready_info(proc)["url"]  # the seed-000 two-stage answer, then wait_task
+        url = ready_info(proc)["url"]  # the two-stage answer, then wait_task
         latencies, per_task = await follow_probes(url, url, cfg.progress_tasks, cfg.steps, cfg.interval)
     finally:
         proc.stop()

@@ -22,7 +22,7 @@ from controlplane.limits import Limits
 from controlplane.prices import Pricing
 from controlplane.settings import Settings
 from controlplane.store import NewTask
-from providers.base import Provider
+from controlplane_providers.base import Provider
 
 
 class Admission:

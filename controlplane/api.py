@@ -1,7 +1,7 @@
-"""The canonical tool inputs (seed 001), as strict pydantic models.
+"""The canonical tool inputs (docs/design/task-model.md), as strict pydantic models.
 
 These models are the input schemas the MCP surface publishes, and the validation it applies:
-unknown fields are rejected (seed 003 section 4), types are strict (no "5" for 5), and every
+unknown fields are rejected (docs/design/errors-and-cancellation.md), types are strict (no "5" for 5), and every
 field either changes behaviour or does not exist.
 
 `json_problem` is the rule every value of every MCP request obeys before anything looks at it

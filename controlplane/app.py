@@ -48,8 +48,8 @@ from controlplane.store.db import ChangeFeed, Database
 from controlplane.store.leases import Fence, Fenced
 from controlplane.store import Store
 from controlplane.store.rows import JobRow, TaskRow
-from providers import registry
-from providers.base import LaunchSpec, Provider, ProviderContext
+from controlplane_providers import registry
+from controlplane_providers.base import LaunchSpec, Provider, ProviderContext
 
 log = logging.getLogger("controlplane")
 SCHEDULER_MIN_GAP_S = 0.02

@@ -42,8 +42,8 @@ from controlplane.settings import Settings
 from controlplane.states import TERMINAL, JobState, TaskState
 from controlplane.store import AttemptTx, StaleAttempt, Store
 from controlplane.store.rows import TaskRow, WatchedJob
-from infra.runner import events as ev
-from providers.base import JobPhase, JobStatus
+from controlplane_runner import events as ev
+from controlplane_providers.base import JobPhase, JobStatus
 
 S = TaskState
 

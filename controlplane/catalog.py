@@ -13,7 +13,7 @@ A catalog is a TOML or YAML (or JSON) file with two tables:
     schema_version = 1
     provider = "local"
     resource_class = "cpu_small"
-    command = ["{python}", "-m", "infra.tools.lj_relax"]
+    command = ["{python}", "-m", "controlplane_tools.lj_relax"]
     image = "ghcr.io/org/tools:1"       # container providers only
     default_runtime_s = 600
     max_runtime_s = 3600
@@ -52,8 +52,8 @@ from jsonschema.exceptions import ValidationError as SchemaValidationError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from controlplane.objectstore.base import split_store_url
-from providers import registry
-from providers.base import Capability, ProviderOptions
+from controlplane_providers import registry
+from controlplane_providers.base import Capability, ProviderOptions
 
 TOOL_NAME_PATTERN = r"^[a-zA-Z][a-zA-Z0-9_\-]{0,63}$"
 # Names of the canonical tools; a catalog tool may not shadow them.

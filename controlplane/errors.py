@@ -1,4 +1,4 @@
-"""Error codes: the public, stable table of seed 003 plus the task error kinds.
+"""Error codes: the public, stable table (docs/design/errors-and-cancellation.md) plus the task error kinds.
 
 Two families:
 

@@ -1,4 +1,4 @@
-"""Runtime estimates (seed 000): how long a task should take, and how long it has left.
+"""Runtime estimates (docs/design/two-stage-answer.md): how long a task should take, and how long it has left.
 
 The estimate at submit time learns from the tool's history: the runtimes (started to completed)
 of its recent successful tasks. When the catalog names an input-size feature and the history

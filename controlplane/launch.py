@@ -27,7 +27,7 @@ from controlplane.catalog import Catalog, ResourceClass
 from controlplane.errors import ControlPlaneError, ErrorCode, invalid
 from controlplane.settings import Settings
 from controlplane.store.rows import JobRow, TaskRow
-from providers.base import LaunchSpec, Provider, Shape, TransientProviderError
+from controlplane_providers.base import LaunchSpec, Provider, Shape, TransientProviderError
 
 
 def runner_secret(key: bytes, task_id: str, attempt: int) -> str:

@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from controlplane.catalog import Catalog
 from controlplane.launch import asked_shape
 from controlplane.store.rows import TaskRow
-from providers.base import Provider
+from controlplane_providers.base import Provider
 
 RESOURCES = ("vcpu", "memory_gib", "gpu")
 

@@ -53,7 +53,7 @@ from controlplane.states import JobState, TaskState
 from controlplane.store import Store
 from controlplane.store.leases import Fence
 from controlplane.store.rows import WatchedJob
-from providers.base import Handle, JobPhase, JobStatus, MalformedHandle, PermanentProviderError, Provider
+from controlplane_providers.base import Handle, JobPhase, JobStatus, MalformedHandle, PermanentProviderError, Provider
 
 log = logging.getLogger("controlplane.reconciler")
 S = TaskState

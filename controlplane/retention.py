@@ -36,7 +36,7 @@ from controlplane.settings import Settings
 from controlplane.states import TERMINAL, TaskState
 from controlplane.store import Store
 from controlplane.store.retention import Expiring
-from providers.base import MalformedHandle, Provider
+from controlplane_providers.base import MalformedHandle, Provider
 
 log = logging.getLogger("controlplane.retention")
 R = TypeVar("R")

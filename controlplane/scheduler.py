@@ -32,7 +32,7 @@ from controlplane.states import JobState, TaskState
 from controlplane.store import Store
 from controlplane.store.leases import Fence, Fenced
 from controlplane.store.rows import JobRow, TaskRow
-from providers.base import LaunchSpec, PermanentProviderError, Provider
+from controlplane_providers.base import LaunchSpec, PermanentProviderError, Provider
 
 
 class JobNotFoundYet(Exception):

@@ -37,7 +37,7 @@ from controlplane.admission import Admission
 from controlplane.group_commit import GroupCommit
 from controlplane.store import BudgetReached, LimitReached, NewTask, QueueFull, Store, Submitted
 from controlplane.store.rows import TaskRow
-from providers.base import Capability, Provider, TransientProviderError
+from controlplane_providers.base import Capability, Provider, TransientProviderError
 
 LOG_CURSOR_PREFIX = "log_"
 PROVIDER_CURSOR_PREFIX = "plog_"
@@ -512,9 +512,9 @@ class TaskService:
             out["poll_after_ms"] = None if state == TaskState.EXPIRED else self.poll_after_ms(task)
         return out
 
-    # ==== seed 000: a catalog tool called directly ============================================
+    # ==== a catalog tool called directly (the two-stage answer) ===========================================
     async def submit_direct(self, owner: str, tool_name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-        """A catalog tool called by name: its arguments are the inputs (seed 000's two-stage answer)."""
+        """A catalog tool called by name: its arguments are the inputs (the two-stage answer)."""
         sub = await self.submit_grouped(owner, api.SubmitTask(tool_name=tool_name, inputs=arguments))
         est = sub["estimated_runtime_seconds"]
         return {

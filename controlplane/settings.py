@@ -150,7 +150,7 @@ class Settings(BaseSettings):
     stop_confirm_timeout_s: float = 120.0
 
     # A streaming wait (wait_task, a followed task) repeats the latest progress after this much
-    # silence, so that proxies and clients do not cut an idle SSE stream (seed 004: 15 s).
+    # silence, so that proxies and clients do not cut an idle SSE stream (docs/design/streaming.md: 15 s).
     keepalive_s: float = 15.0
 
     # Limits on what a caller can send.

@@ -1,4 +1,4 @@
-"""The state machines: a task's ten states (seed 001) and a job's six, each with the only table
+"""The state machines: a task's ten states (docs/design/task-model.md) and a job's six, each with the only table
 of its legal transitions.
 
 The store refuses any transition not listed here (`IllegalTransition`); nothing else in the

@@ -72,8 +72,8 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
-from providers import ratelimit
-from providers.base import (
+from controlplane_providers import ratelimit
+from controlplane_providers.base import (
     Capability,
     Handle,
     JobPhase,

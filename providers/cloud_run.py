@@ -89,8 +89,8 @@ from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_random_exponential
 
-from providers import logtail, ratelimit
-from providers.base import (
+from controlplane_providers import logtail, ratelimit
+from controlplane_providers.base import (
     Capability,
     Handle,
     JobPhase,

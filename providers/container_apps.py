@@ -102,8 +102,8 @@ from azure.mgmt.appcontainers import models as aca
 from pydantic import Field, ValidationInfo, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from providers import logtail, ratelimit
-from providers.base import (
+from controlplane_providers import logtail, ratelimit
+from controlplane_providers.base import (
     Capability,
     Handle,
     JobPhase,

@@ -1,4 +1,4 @@
-"""The local provider: each job is the runner (`python -m infra.runner`) as a local process tree.
+"""The local provider: each job is the runner (`python -m controlplane_runner`) as a local process tree.
 
 It runs the same job contract as the cloud providers, so everything works offline. Every job
 gets a directory `<jobs_dir>/<job_name>/` (`CONTROLPLANE_LOCAL_JOBS_DIR`, default `<home>/jobs`):
@@ -9,7 +9,7 @@ gets a directory `<jobs_dir>/<job_name>/` (`CONTROLPLANE_LOCAL_JOBS_DIR`, defaul
     work/          the job's scratch directory
 
 A job starts once. A cloud API refuses a second job of one name; a directory does not, so the
-runner makes the start single (`infra.runner.claim`): its first act is to create `runner.pid`,
+runner makes the start single (`controlplane_runner.claim`): its first act is to create `runner.pid`,
 which only one runner can, and a runner that finds it taken exits at once having done nothing.
 `launch` waits for its runner's claim (the interpreter's start-up) and, when another runner holds
 the job, returns that one. So a launcher paused between its look for the job and its start of a
@@ -34,7 +34,7 @@ everything else on the host; nothing reserves space for one job, so a task that 
 `resources.scratch_mb` is refused at submit (and a launch that asks anyway is refused).
 
 Settings (`CONTROLPLANE_LOCAL_*`): `PYTHON` (the interpreter runners and `{python}` tools run
-with; default this one), `JOBS_DIR`, `POLL_INTERVAL_S`. No catalog options.
+with, which must have mcp-controlplane installed; default this one), `JOBS_DIR`, `POLL_INTERVAL_S`. No catalog options.
 """
 
 from __future__ import annotations
@@ -51,12 +51,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
-
-import infra
-from infra.runner.claim import CLAIM_LOST
 from pydantic_settings import SettingsConfigDict
 
-from providers.base import (
+from controlplane_providers.base import (
     Capability,
     Handle,
     JobPhase,
@@ -71,10 +68,10 @@ from providers.base import (
     Shape,
     omitted_if_none,
 )
+from controlplane_runner.claim import CLAIM_LOST
 
 log = logging.getLogger("controlplane.providers.local")
 
-PROJECT_ROOT = str(Path(infra.__file__).resolve().parent.parent)
 CLAIM_WAIT_S = 30.0
 NO_SCRATCH = ("local jobs write to this host's disk (the job directory's work/), shared with everything else on "
               "the host: nothing reserves scratch space for one job")
@@ -134,9 +131,8 @@ class LocalProvider(Provider[LocalHandle]):
         env.update(spec.env)
         # A runner that outlives this server finds its successor's callback URL here.
         env["CONTROLPLANE_ENDPOINT_FILE"] = str(self.endpoint_file)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (PROJECT_ROOT, env.get("PYTHONPATH")) if p)
         env["PYTHONUNBUFFERED"] = "1"
-        argv = [self.python, "-m", "infra.runner", "--job-name", spec.job_name,
+        argv = [self.python, "-m", "controlplane_runner", "--job-name", spec.job_name,
                 "--claim-file", str(job_dir / "runner.pid"), "--workdir", str(job_dir / "work"),
                 "--exit-file", str(job_dir / "exit.json"), "--tool-pid-file", str(job_dir / "tool.pid"),
                 "--", *command]

@@ -21,8 +21,8 @@ import threading
 import time
 from collections.abc import Callable, Hashable, Iterable
 
-from providers.base import LogLine, LogPage
-from providers.ratelimit import SlidingWindowLimiter
+from controlplane_providers.base import LogLine, LogPage
+from controlplane_providers.ratelimit import SlidingWindowLimiter
 
 SHARED_PAGE_S = 3.0  # concurrent tails of one execution share a page this long
 

@@ -1,6 +1,6 @@
 """The provider registry: job runners are plug-ins found by name.
 
-A provider is a `providers.base.Provider` subclass announced in the entry-point group
+A provider is a `controlplane_providers.base.Provider` subclass announced in the entry-point group
 `controlplane.providers` of any installed distribution, so a third-party package adds a runner
 without touching this repository:
 
@@ -23,7 +23,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from providers.base import Handle, Provider, ProviderContext, ProviderOptions, ProviderSettings
+from controlplane_providers.base import Handle, Provider, ProviderContext, ProviderOptions, ProviderSettings
 
 GROUP = "controlplane.providers"
 
@@ -47,7 +47,7 @@ def names() -> list[str]:
 def check_class(name: str, cls: Any) -> type[Provider]:
     """Refuse a class that does not honour the provider contract."""
     if not (isinstance(cls, type) and issubclass(cls, Provider)):
-        raise ProviderUnavailable(f"provider {name}: {cls!r} is not a providers.base.Provider")
+        raise ProviderUnavailable(f"provider {name}: {cls!r} is not a controlplane_providers.base.Provider")
     missing = sorted(getattr(cls, "__abstractmethods__", ()))
     if missing:
         # `find` above all: without it a restart between intent and handle would launch twice.

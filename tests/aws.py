@@ -184,7 +184,7 @@ class BatchExecutor:
         job.log_stream_name = job._stream_name
         job._start_attempt()
         self.logs.create_log_stream(logGroupName=LOG_GROUP, logStreamName=job.log_stream_name)
-        proc = subprocess.Popen([sys.executable, "-m", "infra.runner", "--job-name", job.job_name, "--", *command],
+        proc = subprocess.Popen([sys.executable, "-m", "controlplane_runner", "--job-name", job.job_name, "--", *command],
                                 env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         self.procs[job.job_id] = proc

@@ -1292,4 +1292,4 @@ SUBSCRIPTION = "00000000-0000-4000-8000-000000000000"
 RESOURCE_GROUP = "cp-rg"
 JOB = "cp-exercise"
 WORKSPACE = "11111111-1111-4111-8111-111111111111"
-RUNNER = ["python", "-m", "infra.runner", "--"]  # the runner image's entrypoint
+RUNNER = ["python", "-m", "controlplane_runner", "--"]  # the runner image's entrypoint

@@ -227,11 +227,11 @@ def exercise_catalog(home: Path, *, provider: str, resource_class: str, resource
     from controlplane.catalog import default_catalog_text
 
     text = default_catalog_text()
-    old = ('provider = "local"\nresource_class = "cpu_small"\ncommand = ["{python}", "-m", "infra.tools.exercise"]\n'
+    old = ('provider = "local"\nresource_class = "cpu_small"\ncommand = ["{python}", "-m", "controlplane_tools.exercise"]\n'
            "default_runtime_s = 300\nmax_runtime_s = 3600\nestimate_s = 1\nretry = { max_attempts = 1 }")
     assert old in text
     text = text.replace(old, f'provider = "{provider}"\nresource_class = "{resource_class}"\ncommand = ["{{python}}", '
-                             '"-m", "infra.tools.exercise"]\ndefault_runtime_s = 300\nmax_runtime_s = 3600\n'
+                             '"-m", "controlplane_tools.exercise"]\ndefault_runtime_s = 300\nmax_runtime_s = 3600\n'
                              f"estimate_s = 1\nretry = {retry}")
     text += f"\n[resource_classes.{resource_class}]\n{resources}\nprovider_options = {{ {options} }}\n"
     home.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@ tests) and forwards its output lines to the logging fake as Cloud Run's log agen
 The real SDK clients talk to it unchanged:
 
     fake = FakeCloudRun()
-    fake.create_job("proj", "us-central1", "cp-exercise", command=["python", "-m", "infra.runner"])
+    fake.create_job("proj", "us-central1", "cp-exercise", command=["python", "-m", "controlplane_runner"])
     jobs = run_v2.JobsClient(transport="rest", client_options=ClientOptions(api_endpoint=fake.url),
                              credentials=AnonymousCredentials())
     op = jobs.run_job(request={"name": ".../jobs/cp-exercise", "overrides": {...}})
@@ -506,7 +506,7 @@ class FakeCloudRun:
         full = f"projects/{project}/locations/{region}/jobs/{job}"
         with self._lock:
             if full not in self._jobs:
-                self.create_job(project, region, job, command=["python", "-m", "infra.runner"])
+                self.create_job(project, region, job, command=["python", "-m", "controlplane_runner"])
             j = self._jobs[full]
             names = []
             for _ in range(n):
@@ -904,7 +904,7 @@ def logging_client(url: str, project: str) -> Any:
 
 # ---- the catalog the tests and the benchmark use ------------------------------------------------
 PROJECT, REGION, JOB = "cp-proj", "us-central1", "cp-exercise"
-RUNNER = ["python", "-m", "infra.runner", "--"]  # the runner image's entrypoint
+RUNNER = ["python", "-m", "controlplane_runner", "--"]  # the runner image's entrypoint
 
 
 def cloud_run_catalog(home: Path, *, job: str = JOB, retry: str = "{ max_attempts = 1 }") -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from infra.runner import toolkit
+from controlplane_runner import toolkit
 
 CATALOG_ENTRY = """
 [tools.odd_text]

@@ -36,7 +36,7 @@ from typing import Any
 
 import pytest
 
-from providers.base import (
+from controlplane_providers.base import (
     Capability,
     Handle,
     JobPhase,

@@ -13,7 +13,7 @@ import os
 import sys
 import time
 
-from infra.runner import toolkit
+from controlplane_runner import toolkit
 
 CATALOG_ENTRY = """
 [tools.steady]

@@ -28,8 +28,8 @@ from fastmcp import Client
 from controlplane.app import ControlPlane
 from controlplane.mcp.server import build_server
 from controlplane.settings import Settings
-from providers.aws_batch import AwsBatchOptions, AwsBatchProvider, BatchHandle
-from providers.base import JobPhase, LaunchSpec, PermanentProviderError
+from controlplane_providers.aws_batch import AwsBatchOptions, AwsBatchProvider, BatchHandle
+from controlplane_providers.base import JobPhase, LaunchSpec, PermanentProviderError
 from tests import aws
 from tests.aws import moto  # noqa: F401  (fixture)
 from tests.cloud import moto_server, run_without_callback, usage_of  # noqa: F401  (fixture)
@@ -97,7 +97,7 @@ async def test_lifecycle_through_the_mcp_tools(batch: Batch) -> None:
     assert "CONTROLPLANE_CALLBACK_SECRET" not in env
     assert runner_secret(batch.cp.secret_key, tid, 1) not in env.values()
     assert batch.cp.store.jobs.get(tid, 1).secret_claim is not None
-    assert job["container"]["command"] == ["python", "-m", "infra.tools.exercise"]
+    assert job["container"]["command"] == ["python", "-m", "controlplane_tools.exercise"]
 
     relayed = await agent.all_logs(tid)
     assert [ln["message"] for ln in relayed] == [f"line {i}" for i in range(30)]
@@ -181,7 +181,7 @@ async def test_usage_of_an_attempt_batch_ended_is_batchs_own_record_of_the_run(m
 def spec(job_name: str, **options: Any) -> LaunchSpec:
     options.setdefault("job_definition", aws.JOB_DEFINITION)
     return LaunchSpec(task_id="tsk_" + job_name, attempt=1, job_name=job_name, tool_name="exercise", owner="me",
-                      command=("python", "-m", "infra.tools.exercise"), image=None, env={"A": "1"}, cpu=1,
+                      command=("python", "-m", "controlplane_tools.exercise"), image=None, env={"A": "1"}, cpu=1,
                       memory_mb=512, gpu=0, scratch_mb=0, max_runtime_s=60, resource_class="batch",
                       options=AwsBatchOptions(job_queue=aws.QUEUE, **options))
 
@@ -468,7 +468,7 @@ async def test_throttled_batch_api_fails_no_task_and_stays_under_the_rate(moto: 
     monkeypatch.setenv("CONTROLPLANE_AWS_BATCH_MAX_TPS", str(rate))
     monkeypatch.setenv("CONTROLPLANE_AWS_BATCH_POLL_INTERVAL_S", "0.05")
     settings = Settings(home=home, object_store_url=bucket, **FAST)
-    import providers.ratelimit as ratelimit
+    import controlplane_providers.ratelimit as ratelimit
 
     ratelimit._registry.clear()  # a fresh limiter for this endpoint
     try:
@@ -534,7 +534,7 @@ async def test_a_submit_whose_answer_was_lost_is_found_not_submitted_again(moto:
     aws.batch_catalog(home)
     monkeypatch.setenv("CONTROLPLANE_AWS_BATCH_POLL_INTERVAL_S", "0.05")
     settings = Settings(home=home, object_store_url=bucket, **FAST)
-    import providers.ratelimit as ratelimit
+    import controlplane_providers.ratelimit as ratelimit
 
     ratelimit._registry.clear()
     try:

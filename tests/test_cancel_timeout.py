@@ -1,4 +1,4 @@
-"""Cancellation and timeouts (seed 003): cancel of queued, running and finished tasks; a
+"""Cancellation and timeouts (docs/design/errors-and-cancellation.md): cancel of queued, running and finished tasks; a
 timeout kills the job with TOOL_TIMEOUT and timeoutMs; either way the whole process tree goes,
 grandchildren included, and SIGKILL follows SIGTERM when the tool ignores it. A client that
 cancels a wait_task request gets exactly one answer, CANCELLED, no progress after it, and the
@@ -104,7 +104,7 @@ async def test_cancel_is_idempotent(agent: Agent) -> None:
     assert (await agent.wait(tid))["state"] == "cancelled"
 
 
-# ---- cancelling a wait (seed 003 section 7) ------------------------------------------------------
+# ---- cancelling a wait (docs/design/errors-and-cancellation.md) ----------------------------------
 WAITED = {"progress_steps": 12, "sleep_s": 4, "result": {"k": "v"}}  # about 3 s left when the wait is cancelled
 
 
@@ -122,7 +122,7 @@ async def test_a_cancelled_wait_over_stdio_answers_cancelled_once_and_the_task_g
                                        "_meta": {"progressToken": "w"}})
         while len(progress_for(rpc.messages, "w")) < 2:  # the wait is streaming
             await anyio.sleep(0.02)
-        # seed 003 section 7.2: an id echoed as a string still names the request
+        # an id echoed as a string still names the request
         rpc.notify("notifications/cancelled", {"requestId": str(wait) if era == LEGACY else wait, "reason": "bored"})
         answer = await rpc.answer(wait, timeout=10)
         assert answer["result"]["isError"] is True, answer

@@ -63,8 +63,8 @@ def test_export_gives_every_tool_one_job_with_its_image_cpu_and_memory() -> None
 
 
 def test_export_keeps_a_tools_own_image_and_writes_yaml_too(tmp_path: Path) -> None:
-    text = DEFAULT.read_text().replace('command = ["{python}", "-m", "infra.tools.exercise"]',
-                                       'command = ["{python}", "-m", "infra.tools.exercise"]\nimage = "own:2"')
+    text = DEFAULT.read_text().replace('command = ["{python}", "-m", "controlplane_tools.exercise"]',
+                                       'command = ["{python}", "-m", "controlplane_tools.exercise"]\nimage = "own:2"')
     (tmp_path / "c.toml").write_text(text)
     as_yaml = controlplane("catalog", "export", str(tmp_path / "c.toml"), "--default-image", IMAGE, "--format", "yaml")
     import yaml

@@ -23,9 +23,9 @@ from fastmcp import Client
 from controlplane.app import ControlPlane
 from controlplane.mcp.server import build_server
 from controlplane.settings import Settings
-from providers import ratelimit
-from providers.base import JobPhase
-from providers.cloud_run import CloudRunHandle, CloudRunOptions, CloudRunProvider, execution_status
+from controlplane_providers import ratelimit
+from controlplane_providers.base import JobPhase
+from controlplane_providers.cloud_run import CloudRunHandle, CloudRunOptions, CloudRunProvider, execution_status
 from tests import gcp
 from tests.cloud import CloudTarget, gcs_server, gcs_target, run_without_callback, usage_of  # noqa: F401  (fixture)
 from tests.conftest import FAST, Agent
@@ -38,7 +38,7 @@ PROJECT, REGION, JOB, RUNNER = gcp.PROJECT, gcp.REGION, gcp.JOB, gcp.RUNNER
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[gcp.FakeCloudRun]:
     with gcp.FakeCloudRun(seed=7) as fake:
-        fake.create_job(PROJECT, REGION, JOB, command=RUNNER, args=["python", "-m", "infra.tools.exercise"])
+        fake.create_job(PROJECT, REGION, JOB, command=RUNNER, args=["python", "-m", "controlplane_tools.exercise"])
         for k, v in {"ENDPOINT": fake.url, "LOGGING_ENDPOINT": fake.url, "ANONYMOUS": "1", "POLL_INTERVAL_S": "0.2",
                      "MAX_TPS": "500", "RETRY_DEADLINE_S": "20"}.items():
             monkeypatch.setenv(f"CONTROLPLANE_CLOUD_RUN_{k}", v)
@@ -90,7 +90,7 @@ async def test_lifecycle_through_the_mcp_tools(run: Run) -> None:
     assert st["state"] == "succeeded", st
     assert st["progress"]["percent"] == 100
     ex = execution_of(run.fake, tid, final=True)
-    assert ex["state"] == "succeeded" and ex["args"] == ["python", "-m", "infra.tools.exercise"]
+    assert ex["state"] == "succeeded" and ex["args"] == ["python", "-m", "controlplane_tools.exercise"]
     assert ex["env"]["CONTROLPLANE_TASK_ID"] == tid and ex["env"]["CONTROLPLANE_STORE_URL"].startswith("gs://")
     assert "CONTROLPLANE_CALLBACK_SECRET" not in ex["env"] and ex["timeout_s"] >= 300
     assert st["log_link"].startswith("https://") and ex["short"] in st["log_link"]  # the execution's log_uri

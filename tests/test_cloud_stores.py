@@ -270,7 +270,7 @@ def test_a_jobs_granted_store_reads_and_writes_only_through_grants(azure: CloudT
     ahead; a name outside the attempt is refused before any request."""
     from controlplane.objectstore.base import attempt_prefix, inputs_key, result_key
     from controlplane.objectstore.grants import sign_grants
-    from infra.runner.granted import GrantedStore, NoGrant
+    from controlplane_runner.granted import GrantedStore, NoGrant
 
     store = open_store(azure.url)
     store.put_bytes(inputs_key("tsk_1", 1), b'{"n": 1}')

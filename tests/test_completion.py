@@ -1,4 +1,4 @@
-"""Completion (seed 002): tasks as resources, catalog tools as prompts, `completion/complete`, and
+"""Completion (docs/design/progress-and-completion.md): tasks as resources, catalog tools as prompts, `completion/complete`, and
 the completion extension method for any tool's arguments. Driven by fastmcp's Client (both eras)
 and the `mcp` SDK's client, in process and over HTTP with two callers."""
 
@@ -33,7 +33,7 @@ RENDER_TOOL = """
 [tools.render]
 description = "Render a scene."
 resource_class = "cpu_small"
-command = ["{python}", "-m", "infra.tools.exercise"]
+command = ["{python}", "-m", "controlplane_tools.exercise"]
 estimate_s = 5
 
 [tools.render.input_schema]

@@ -29,9 +29,9 @@ from fastmcp import Client
 from controlplane.app import ControlPlane
 from controlplane.mcp.server import build_server
 from controlplane.settings import Settings
-from providers import ratelimit
-from providers.base import JobPhase
-from providers.container_apps import ContainerAppsHandle, ContainerAppsOptions, ContainerAppsProvider, kql
+from controlplane_providers import ratelimit
+from controlplane_providers.base import JobPhase
+from controlplane_providers.container_apps import ContainerAppsHandle, ContainerAppsOptions, ContainerAppsProvider, kql
 from tests import azure
 from tests.cloud import CloudTarget, azure_target, azurite_server, run_without_callback, usage_of  # noqa: F401  (fixture)
 from tests.conftest import FAST, Agent
@@ -116,7 +116,7 @@ async def test_lifecycle_through_the_mcp_tools(run: Run) -> None:
     # The start carried the whole container: the job's image, the tool's command after the
     # image's entrypoint, the runner's env, and the resource class's shape.
     assert ex["status"] == "Succeeded" and ex["image"] == "cp-runner:1"
-    assert ex["args"] == ["python", "-m", "infra.tools.exercise"] and not ex["command"]
+    assert ex["args"] == ["python", "-m", "controlplane_tools.exercise"] and not ex["command"]
     assert (ex["cpu"], ex["memory"]) == (0.5, "1Gi")
     assert ex["env"]["CONTROLPLANE_TASK_ID"] == tid and ex["env"]["CONTROLPLANE_STORE_URL"].startswith("az://")
     assert "CONTROLPLANE_CALLBACK_SECRET" not in ex["env"]
@@ -265,7 +265,7 @@ async def test_scratch_disk_beyond_the_class_shape_or_on_a_dedicated_profile_is_
     assert (await run.agent.wait(tid, timeout=60))["state"] == "succeeded"
     assert (execution_of(run.fake, tid)["cpu"], execution_of(run.fake, tid)["memory"]) == (0.5, "1Gi")
     provider: ContainerAppsProvider = run.cp.providers["container_apps"]
-    from providers.base import Shape
+    from controlplane_providers.base import Shape
 
     dedicated = Shape("aca", 4, 16384, 0, ContainerAppsOptions(resource_group=RG, job=JOB, workload_profile="d4"))
     assert provider.scratch_limit_mb(dedicated) is None

@@ -1,4 +1,4 @@
-"""Runtime estimates (seed 000) learn from the tool's history: with an input-size feature the
+"""Runtime estimates (docs/design/two-stage-answer.md) learn from the tool's history: with an input-size feature the
 estimate for a new size gets closer to the truth as runs accumulate, starting from the catalog's
 figure; without history the catalog's figure is the answer."""
 

@@ -18,7 +18,7 @@ from controlplane import api
 from controlplane.app import LEADER_LEASE, ControlPlane
 from controlplane.settings import Settings
 from controlplane.store.leases import Fence, Fenced
-from providers.local import LocalProvider
+from controlplane_providers.local import LocalProvider
 from tests.conftest import FAST, pid_alive, reap_jobs, runner_starts
 
 pytestmark = pytest.mark.anyio

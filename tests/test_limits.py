@@ -1,4 +1,4 @@
-"""Limits per caller (seed 004's figures as examples: 10 submits a minute, 100 a day, 3 streams):
+"""Limits per caller (the design's figures as examples: 10 submits a minute, 100 a day, 3 streams):
 counted in the database, so they hold under concurrent callers and across replicas sharing it;
 each refusal is LIMIT_EXCEEDED with the limit and when to try again, and changes nothing; an
 operator overrides them per caller from the command line; and a caller without limits costs the

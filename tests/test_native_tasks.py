@@ -128,7 +128,7 @@ async def test_transparent_call_polls_to_the_result(cp: ControlPlane) -> None:
     async with tasks_client(build_server(cp)) as client:
         res = await client.call_tool("exercise", {"sleep_s": 0.3, "result": {"x": 1}})
         assert res.structured_content["result"]["x"] == 1
-        assert res.meta["duration"] >= 300  # seed 002: the result says how long the tool ran (ms)
+        assert res.meta["duration"] >= 300  # the result says how long the tool ran (ms)
         [task] = (await Agent(client).call("list_tasks"))["tasks"]
         assert task["state"] == "succeeded"
 
@@ -258,7 +258,7 @@ async def test_legacy_era_tasks_methods_in_their_own_shapes(server_process: Serv
         rpc = Legacy(http, server.url)
         await rpc.start()
         call = await rpc.request("tools/call", {"name": "exercise", "arguments": {"sleep_s": 0.5, "result": {"y": 2}}})
-        sub = call["result"]["structuredContent"]  # the seed 000 two-stage answer
+        sub = call["result"]["structuredContent"]  # the two-stage answer
         assert sub["status"] == "queued"
         got = (await rpc.request("tasks/get", {"taskId": sub["task_id"]}))["result"]
         assert got["taskId"] == sub["task_id"] and got["status"] == "working"

@@ -14,8 +14,8 @@ from typing import Any
 import psutil
 import pytest
 
-from providers.base import JobPhase, LaunchSpec, MalformedHandle
-from providers.local import LocalHandle, LocalProvider
+from controlplane_providers.base import JobPhase, LaunchSpec, MalformedHandle
+from controlplane_providers.local import LocalHandle, LocalProvider
 from tests.conftest import runner_starts
 from tests.provider_contract import ENDED, SLEEP, Harness, ProviderContract, poll_one, wait_for
 
@@ -247,7 +247,7 @@ def _pgid(pid: int) -> int | None:
 def test_a_runner_killed_outright_leaves_no_tool_running(tmp_path: Path) -> None:
     """A runner killed with SIGKILL (or by the OOM killer) cannot stop its tool, which runs in a
     process group of its own. The provider reports the job gone only with nothing of it left:
-    the tool and its child are killed, so a retry never runs beside the lost attempt (seed 003)."""
+    the tool and its child are killed, so a retry never runs beside the lost attempt (docs/design/errors-and-cancellation.md)."""
     h = LocalHarness(tmp_path / "home")
     handle = h.provider.launch(h.spec("cp-orphan-a1", TOOL_WITH_CHILD))
     group = _tool_group(handle)
@@ -279,7 +279,7 @@ def test_a_recorded_group_whose_number_went_to_another_process_is_left_alone(tmp
 def test_a_job_is_claimed_once_and_the_loser_learns_the_holder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The first claim wins and leaves a complete file naming its pid; a second gets that pid.
     Where the file system has no hard links, an exclusive create does the same."""
-    from infra.runner import claim
+    from controlplane_runner import claim
 
     path = str(tmp_path / "runner.pid")
     assert claim.claim(path) is None

@@ -7,7 +7,7 @@ import random
 import threading
 import time
 
-from providers.ratelimit import SlidingWindowLimiter
+from controlplane_providers.ratelimit import SlidingWindowLimiter
 from tests.conftest import most_in_one_second
 
 
@@ -39,7 +39,7 @@ def test_arrivals_never_exceed_the_rate_in_any_second() -> None:
 
 def test_a_limiter_counts_waits_throttling_and_errors_for_the_metrics() -> None:
     from controlplane.ops.metrics import LimiterCollector
-    from providers import ratelimit
+    from controlplane_providers import ratelimit
 
     limiter = ratelimit.shared(ratelimit.key("counted", account="acct", region="r1"), rate=1, window_s=0.2)
 

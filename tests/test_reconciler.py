@@ -24,8 +24,8 @@ from controlplane.app import ControlPlane
 from controlplane.mcp.server import build_server
 from controlplane.objectstore.base import task_prefix
 from controlplane.settings import Settings
-from providers.base import TransientProviderError
-from providers.local import LocalProvider
+from controlplane_providers.base import TransientProviderError
+from controlplane_providers.local import LocalProvider
 from tests.conftest import FAST, Agent, ToolCallError, expire_soon, pid_alive, runner_starts, write_catalog
 
 pytestmark = pytest.mark.anyio

@@ -21,7 +21,7 @@ from controlplane.settings import Settings
 from controlplane.states import WATCHED, JobState, TaskState
 from controlplane.store import queries as q
 from controlplane.store.models import WATCHED_JOBS_WHERE
-from providers.base import Handle, JobPhase, JobStatus, LaunchSpec, MalformedHandle, Provider
+from controlplane_providers.base import Handle, JobPhase, JobStatus, LaunchSpec, MalformedHandle, Provider
 from tests.conftest import query_plan
 from tests.test_states import new_task
 

@@ -12,8 +12,8 @@ import pytest
 from pydantic_settings import SettingsConfigDict
 
 from controlplane.catalog import Catalog, CatalogError, default_catalog_text
-from providers import registry
-from providers.base import (
+from controlplane_providers import registry
+from controlplane_providers.base import (
     Handle,
     JobStatus,
     LaunchSpec,
@@ -23,7 +23,7 @@ from providers.base import (
     ProviderOptions,
     ProviderSettings,
 )
-from providers.local import LocalProvider
+from controlplane_providers.local import LocalProvider
 
 
 class _Settings(ProviderSettings):
@@ -92,7 +92,7 @@ def test_a_provider_without_find_is_refused() -> None:
         registry.register("nofind", NoFind)
     with pytest.raises(registry.ProviderUnavailable, match="own ProviderSettings"):
         registry.register("nosettings", type("NoSettings", (ToyRunner,), {"Settings": ProviderSettings}))
-    with pytest.raises(registry.ProviderUnavailable, match="is not a providers.base.Provider"):
+    with pytest.raises(registry.ProviderUnavailable, match="is not a controlplane_providers.base.Provider"):
         registry.register("notaprovider", object)  # type: ignore[arg-type]
     # The database stores each job's handle: a provider brings its own frozen handle dataclass.
     with pytest.raises(registry.ProviderUnavailable, match="ToyLoose.handle_type must be its own frozen Handle"):
@@ -144,10 +144,10 @@ def test_settings_come_from_the_providers_own_prefix(toy: Any, tmp_path: Path,
 
 def _catalog(provider: str, options: str) -> str:
     text = default_catalog_text()
-    old = 'provider = "local"\nresource_class = "cpu_small"\ncommand = ["{python}", "-m", "infra.tools.exercise"]'
+    old = 'provider = "local"\nresource_class = "cpu_small"\ncommand = ["{python}", "-m", "controlplane_tools.exercise"]'
     assert old in text
     return text.replace(old, f'provider = "{provider}"\nresource_class = "cpu_small"\n'
-                             f'command = ["{{python}}", "-m", "infra.tools.exercise"]\nprovider_options = {{ {options} }}')
+                             f'command = ["{{python}}", "-m", "controlplane_tools.exercise"]\nprovider_options = {{ {options} }}')
 
 
 def test_catalog_options_are_validated_by_the_providers_model(toy: Any) -> None:

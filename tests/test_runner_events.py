@@ -24,7 +24,7 @@ import pytest
 
 from controlplane.objectstore.base import artifact_key, events_prefix, inputs_key, result_key
 from controlplane.objectstore.local import LocalObjectStore
-from infra.runner import events
+from controlplane_runner import events
 from tests.conftest import ROOT
 from tests.test_runner_image import copies
 
@@ -291,7 +291,7 @@ def test_the_parser_takes_anything() -> None:
 TOOL = r"""
 import os, sys
 from pathlib import Path
-from infra.runner import toolkit
+from controlplane_runner import toolkit
 assert toolkit.inputs() == {"n": 3}
 print("hello")
 print("WARN: careful", flush=True)
@@ -323,7 +323,7 @@ def run_runner(tmp: Path, command: list[str], *, callback: str | None = None, wo
     env["TMPDIR"] = str(tmp / "tmp")  # where a runner without --workdir makes its scratch directory
     (tmp / "tmp").mkdir(exist_ok=True)
     where = ["--workdir", str(tmp / "work")] if workdir else []
-    done = subprocess.run([sys.executable, "-m", "infra.runner", "--job-name", "cp-events", *where,
+    done = subprocess.run([sys.executable, "-m", "controlplane_runner", "--job-name", "cp-events", *where,
                            "--exit-file", str(tmp / "exit.json"), "--", *command],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     return done, store
@@ -486,7 +486,7 @@ def test_a_burst_of_stop_signals_stops_the_runner(tmp_path: Path) -> None:
     tool = "import time; print('sleeping', flush=True); time.sleep(60)"
     for round_ in range(3):
         exit_file = tmp_path / f"exit{round_}.json"
-        runner = subprocess.Popen([sys.executable, "-m", "infra.runner", "--workdir", str(tmp_path / "work"),
+        runner = subprocess.Popen([sys.executable, "-m", "controlplane_runner", "--workdir", str(tmp_path / "work"),
                                    "--exit-file", str(exit_file), "--", sys.executable, "-c", tool],
                                   cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         try:

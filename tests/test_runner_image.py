@@ -26,7 +26,7 @@ def test_every_copied_path_exists() -> None:
 
 
 def test_entrypoint_is_the_runner() -> None:
-    assert dockerfile.exec_form(DOCKERFILE, "ENTRYPOINT") == ["python", "-m", "infra.runner", "--"]
+    assert dockerfile.exec_form(DOCKERFILE, "ENTRYPOINT") == ["python", "-m", "controlplane_runner", "--"]
     assert dockerfile.env(DOCKERFILE)["PYTHONPATH"] == "/opt/controlplane"
 
 
@@ -41,11 +41,11 @@ def test_the_copied_files_alone_make_a_working_runner(tmp_path: Path) -> None:
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(src, target)
     home = image / "opt" / "controlplane"
-    probe = ("import infra.runner.runner as r, controlplane.objectstore.base as b;"
+    probe = ("import controlplane_runner.runner as r, controlplane.objectstore.base as b;"
              "print(r.__file__); print(b.__file__)")
     out = subprocess.run([sys.executable, "-c", probe], cwd=home, capture_output=True, text=True, check=True)
     assert all(line.startswith(str(home)) for line in out.stdout.split()), out.stdout
     # the entrypoint starts and explains itself
-    helped = subprocess.run([sys.executable, "-m", "infra.runner", "--help"], cwd=home, capture_output=True,
+    helped = subprocess.run([sys.executable, "-m", "controlplane_runner", "--help"], cwd=home, capture_output=True,
                             text=True, timeout=30)
     assert helped.returncode == 0 and "tool command" in helped.stdout

@@ -229,7 +229,7 @@ async def test_submit_waits_for_a_held_write_lock_without_blocking_other_calls(a
 async def test_a_launch_refused_for_good_after_transient_failures_leaves_no_retry_state(home: Path) -> None:
     """A launch that failed transiently (retried with backoff) and then is refused for good ends
     its attempt, and the scheduler keeps nothing for it (no backoff left to grow with time)."""
-    from providers.base import PermanentProviderError
+    from controlplane_providers.base import PermanentProviderError
     from tests.test_states import new_task
 
     write_catalog(home, concurrency=1, queue_length=10)

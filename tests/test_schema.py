@@ -1,4 +1,4 @@
-"""A stable, versioned tool schema (seed 003).
+"""A stable, versioned tool schema (docs/design/errors-and-cancellation.md).
 
 `tests/snapshots/tools_list.json` is the complete tools/list answer of a server on the default
 catalog. Any change to a tool (description, input schema, annotations, _meta) must come with a
@@ -104,7 +104,7 @@ def test_a_change_without_a_bump_is_caught() -> None:
 
 
 async def test_every_tool_result_carries_its_duration(cp: ControlPlane) -> None:
-    """Seed 002: every result, error results included, has `_meta.duration` in milliseconds."""
+    """Every result, error results included, has `_meta.duration` in milliseconds."""
     async with Client(build_server(cp, with_auth=False)) as client:
         first = await client.call_tool("exercise", {})
         task_id = first.structured_content["task_id"]

@@ -2,7 +2,7 @@
 task's progress and returns its result; a token's progress values strictly increase (MCP), on
 every wire, whatever the task does; notifications come at most 4 a second and never after the
 answer; a wait that times out says so; leaving a wait never cancels the task; 2025-11-25 streams
-resume with Last-Event-ID; seed 000's follow-up notifications reach clients that ask."""
+resume with Last-Event-ID; the two-stage answer's follow-up notifications reach clients that ask."""
 
 from __future__ import annotations
 
@@ -304,7 +304,7 @@ async def test_progress_values_strictly_increase_on_every_wire(home: Path, trans
     """A task whose first attempt fails at 60 %, whose retry starts again at 10 %, reports 50 % four
     times with new messages, goes quiet (keep-alives), steps back to 30 % and sits at 100 %: every
     token's values still rise with every notification, and `progress/total` stays its percent.
-    On the 2025-11-25 era the seed-000 follower of a catalog call is checked too."""
+    On the 2025-11-25 era the two-stage follower of a catalog call is checked too."""
     rec = TokenRecorder()
     async with client_over(transport, mode, home, rec) as client:
         agent = Agent(client)
@@ -313,7 +313,7 @@ async def test_progress_values_strictly_increase_on_every_wire(home: Path, trans
         out = res.structured_content
         assert out["state"] == "succeeded" and out["result"]["attempt"] == 2, out
         followed = None
-        if mode == "legacy":  # seed 000: the catalog call answers at once, a follower streams on
+        if mode == "legacy":  # two-stage answer: the catalog call answers at once, a follower streams on
             res = await client.call_tool("steady", {"gap_s": 0.3, "quiet_s": 0.9}, progress_handler=_ignore,
                                          meta={NOTIFY_META: True})
             followed = res.structured_content["task_id"]

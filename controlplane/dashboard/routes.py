@@ -39,7 +39,7 @@ from controlplane.dashboard.session import COOKIE, Session, Sessions
 from controlplane.errors import ControlPlaneError, ErrorCode, invalid
 from controlplane.ops import metrics
 from controlplane.states import FINAL, TaskState
-from providers import ratelimit
+from controlplane_providers import ratelimit
 
 if TYPE_CHECKING:
     from fastmcp.server.auth import AuthProvider

@@ -1,4 +1,4 @@
-"""Argument completion (seed 002): candidate values for a tool's argument, a task id, a tool name.
+"""Argument completion (docs/design/progress-and-completion.md): candidate values for a tool's argument, a task id, a tool name.
 
 A value starting with `$.` is a reference to another argument and is completed from the other
 arguments already given, and from nothing else: `$.se` offers the values given for the arguments

@@ -65,7 +65,7 @@ The internals
    If it goes away: `wrap_mcp_endpoint()` raises at startup with what it found; turn the
    router off (`CONTROLPLANE_JSON_RESPONSES=false`) until it is adapted.
 
-5. Answering a cancelled request (`CancelledWaitAnswer`, seed 003 section 7: a cancelled
+5. Answering a cancelled request (`CancelledWaitAnswer`: a cancelled
    wait_task gets exactly one answer, CANCELLED): `ServerSession._request_outbound`, the dispatch
    context's `_inner` (a 2026-07-28 stdio connection wraps it) and `_dispatcher`, and
    `JSONRPCDispatcher._write_result`. mcp drops whatever a cancelled handler returns.
@@ -175,9 +175,9 @@ def wrap_mcp_endpoint(app: Any, path: str, wrap: Callable[[ASGIApp], W]) -> W:
     return wrapper
 
 
-# ---- answering a cancelled wait_task (seed 003 section 7) -----------------------------------------
+# ---- answering a cancelled wait_task (docs/design/errors-and-cancellation.md) ----------------------
 class CancelledWaitAnswer:
-    """The one answer to a wait_task its client cancelled: CANCELLED (seed 003 section 7).
+    """The one answer to a wait_task its client cancelled: CANCELLED (docs/design/errors-and-cancellation.md).
 
     mcp 2.3 answers nothing for a request its client cancelled with `notifications/cancelled`:
     the dispatcher cancels the handler's scope (mcp/shared/jsonrpc_dispatcher.py:640-645) and
@@ -186,7 +186,7 @@ class CancelledWaitAnswer:
     transport ends the request's stream with a bare JSON-RPC error -32800 "Request cancelled"
     (mcp/server/streamable_http.py:446-458), not our {code: "CANCELLED"} result. MCP only says a
     server SHOULD NOT answer a cancelled request and that a client SHOULD ignore a late answer;
-    seed 003 says the answer MUST be exactly one CANCELLED result. So the wait writes that
+    the answer must be exactly one CANCELLED result. So the wait writes that
     answer itself, on the dispatcher's write stream (the one its progress notifications took, so
     the answer comes after them), shaped as the server shapes every tools/call result for the
     request's era, and clears the transport's `on_request_unanswered` hook so that no -32800

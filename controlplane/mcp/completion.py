@@ -1,4 +1,4 @@
-"""Argument completion over MCP (seed 002): `completion/complete` (the completions capability)
+"""Argument completion over MCP (docs/design/progress-and-completion.md): `completion/complete` (the completions capability)
 for task ids (the caller's only), tool names and the prompts' argument values; and the extension
 `io.github.mcp-controlplane/completion`, which completes an argument of any tool (catalog or
 canonical): `{ref: {type: "ref/tool", name}, argument: {name, value}, context: {arguments}}`,

@@ -1,4 +1,4 @@
-"""Catalog tools as MCP prompts (seed 002): one prompt per catalog tool, named like the tool,
+"""Catalog tools as MCP prompts (docs/design/progress-and-completion.md): one prompt per catalog tool, named like the tool,
 whose arguments are the tool's. A host that shows prompts as commands completes their values
 (`controlplane.mcp.completion`), and the rendered prompt asks the model to run the tool as a
 task with them (`$.field` values resolved from the other arguments).

@@ -1,4 +1,4 @@
-"""Tasks and catalog tools as MCP resources (seed 002).
+"""Tasks and catalog tools as MCP resources (docs/design/progress-and-completion.md).
 
 - `task://{task_id}`: the caller's task as one JSON document: its status, its result once it
   ended (with artifact links) and its last log lines. Unknown and someone else's alike answer

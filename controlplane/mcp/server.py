@@ -43,7 +43,7 @@ usage_report sums them. Errors are JSON {code, message, hint}."""
 
 
 class UnknownToolAsError(Middleware):
-    """An unknown tool name answers like every other bad request: INVALID_REQUEST (seed 003)."""
+    """An unknown tool name answers like every other bad request: INVALID_REQUEST (docs/design/errors-and-cancellation.md)."""
 
     async def on_call_tool(self, context: MiddlewareContext, call_next: CallNext) -> ToolResult:
         try:

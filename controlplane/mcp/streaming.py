@@ -6,8 +6,8 @@
   client that goes away only ends the wait, never the task, which stays reachable by id (the
   polling fallback). It returns the task's result, or a "still running" answer with the
   latest status. A client that cancels the wait (`notifications/cancelled`) gets one answer,
-  CANCELLED, and the task goes on (seed 003 section 7; see `CancelledWaitAnswer`).
-* The two-stage answer of seed 000: a catalog tool (or submit_task) called with a progressToken
+  CANCELLED, and the task goes on (docs/design/errors-and-cancellation.md; see `CancelledWaitAnswer`).
+* The two-stage answer (docs/design/two-stage-answer.md): a catalog tool (or submit_task) called with a progressToken
   and `_meta["io.github.mcp-controlplane/notify"] = true` answers at once with the task id, then,
   while the client's session lasts, keeps sending `notifications/progress` for that token and
   ends with a `notifications/tool_result` carrying the task's result. This needs a channel that
@@ -169,9 +169,9 @@ def wait_tool(cp: ControlPlane, default_owner: str) -> WaitTool:
     )
 
 
-# ---- seed 000: the two-stage answer's later stages ------------------------------------------------
+# ---- the two-stage answer's later stages -----------------------------------------------
 class ToolResultNotification(BaseModel):
-    """Seed 000's final notification, after the immediate answer and the progress notifications."""
+    """The two-stage answer's final notification, after the immediate answer and the progress notifications."""
 
     method: Literal["notifications/tool_result"] = "notifications/tool_result"
     params: dict[str, Any]

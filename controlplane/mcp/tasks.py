@@ -113,7 +113,7 @@ class ControlPlaneTasks(ServerExtension):
         rc = context.request_context
         modern = rc is not None and rc.protocol_version in MODERN_PROTOCOL_VERSIONS
         if spec is None or not modern or context.client_extension_settings(TASKS_EXTENSION_ID) is None:
-            return await call_next()  # the two-stage answer (seed 000)
+            return await call_next()  # the two-stage answer (docs/design/two-stage-answer.md)
         owner = caller(self.cp.settings.default_owner)
         started = time.perf_counter()
         req = api.SubmitTask(tool_name=spec.name, inputs=dict(params.arguments or {}))
@@ -161,7 +161,7 @@ class ControlPlaneTasks(ServerExtension):
         """The CallToolResult a synchronous call of the tool would have returned."""
         out = self.cp.service.result(owner, api.GetTaskResult(task_id=task.task_id))
         text = json.dumps(out, separators=(",", ":"))
-        # seed 002's duration (ms): for a task, how long its tool ran
+        # the duration (ms): for a task, how long its tool ran
         ran = (task.completed_at - task.started_at) * 1000 if task.started_at and task.completed_at else 0.0
         return {"content": [{"type": "text", "text": text}], "structuredContent": out, "isError": False,
                 "_meta": {"duration": round(ran, 3)}}

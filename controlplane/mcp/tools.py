@@ -45,7 +45,7 @@ def caller(default_owner: str) -> str:
 
 
 def _meta(started: float) -> dict[str, Any]:
-    """Seed 002: every result says how long it took (ms), and echoes the call's progressToken."""
+    """Every result says how long it took (ms), and echoes the call's progressToken."""
     meta: dict[str, Any] = {"duration": round((time.perf_counter() - started) * 1000, 3)}
     try:
         rc = get_context().request_context
@@ -96,7 +96,7 @@ class ServiceTool(Tool):
     # The handler is a coroutine function that runs on the event loop and decides itself what
     # goes to a thread (submits: a group commit, see controlplane.group_commit).
     awaited: SkipJsonSchema[bool] = False
-    # Called with (owner, answer) after a successful call: the seed-000 follower of new tasks.
+    # Called with (owner, answer) after a successful call: the two-stage follower of new tasks.
     after: SkipJsonSchema[Callable[[str, dict[str, Any]], None] | None] = None
 
     def to_mcp_tool(self, **overrides: Any) -> Any:

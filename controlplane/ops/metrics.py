@@ -45,7 +45,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from providers import ratelimit
+from controlplane_providers import ratelimit
 
 if TYPE_CHECKING:
     from controlplane.app import ControlPlane

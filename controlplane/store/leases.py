@@ -16,7 +16,7 @@ check and is then paused for longer than the lease had left may still launch onc
 check asks for `margin_s` of lease to spare to make that window small). The successor's
 `provider.find(job_name)` came before that late launch, so it cannot keep it single; the provider
 has to. The local provider does: a job's runner claims the job before anything else and a second
-runner exits at once, so the late launcher adopts its successor's runner (`providers.local`). The
+runner exits at once, so the late launcher adopts its successor's runner (`controlplane_providers.local`). The
 clouds name a job's run themselves (a Batch job id, a Cloud Run or Container Apps execution
 name), so there that window stays open: a leader stalled longer than `margin_s` between its check
 and its request can start a second job of one attempt.

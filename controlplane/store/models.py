@@ -158,7 +158,7 @@ WATCHED_JOBS_WHERE = "state IN ('abandoned', 'active', 'draining')"
 
 
 class Job(SQLModel, table=True):
-    """A provider job: one attempt of one task, the workers of seed 001.
+    """A provider job: one attempt of one task, a worker in docs/design/task-model.md.
 
     A row is written *before* the provider is asked to launch (state `launching`, the launch
     intent); the provider's handle is filled in once it answers. `job_name` is derived from

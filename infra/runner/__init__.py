@@ -1,6 +1,6 @@
 """The in-job runner: one entrypoint that wraps a tool command inside any job.
 
-    python -m infra.runner [--job-name NAME] [--workdir DIR] [--exit-file PATH] -- TOOL COMMAND...
+    python -m controlplane_runner [--job-name NAME] [--workdir DIR] [--exit-file PATH] -- TOOL COMMAND...
 
 It is the same program in a local process tree and in a cloud container, and it needs only the
 standard library (plus the SDK of a cloud object store when one is used).
@@ -16,7 +16,7 @@ Environment the control plane gives the runner:
     CONTROLPLANE_ENDPOINT_FILE                   (local) file naming the current callback URL
     CONTROLPLANE_STORE_ACCESS                    `grants`: no cloud credentials; read and write
                                                  through URLs signed by the control plane
-                                                 (`infra.runner.granted`)
+                                                 (`controlplane_runner.granted`)
     CONTROLPLANE_HEARTBEAT_S, CONTROLPLANE_KILL_GRACE_S
 
 Environment the runner gives the tool (the job contract a tool is written against):
@@ -29,10 +29,10 @@ Environment the runner gives the tool (the job contract a tool is written agains
                                  or {"type": "artifact", "name", "kind", "content_type"}
     CONTROLPLANE_TASK_ID, CONTROLPLANE_ATTEMPT
 
-Python tools can use `infra.runner.toolkit` instead of the raw variables. stdout and stderr
+Python tools can use `controlplane_runner.toolkit` instead of the raw variables. stdout and stderr
 become the task's log lines. The tool runs in its own process group; SIGTERM to the runner is
 forwarded to that group and escalated to SIGKILL after the grace period.
 
 What the runner reports to the control plane (its events and `result.json`) is written down in
-`infra.runner.events`, which both sides import.
+`controlplane_runner.events`, which both sides import.
 """

@@ -9,7 +9,7 @@ per PATH; a runner that finds PATH taken exits at once with `CLAIM_LOST`, having
 reported nothing, and the launcher adopts the runner that holds the claim.
 
 The check happens before the runner's own imports, so a launch waits only for the interpreter
-to start (`python -m infra.runner` runs `claim_from_argv` first).
+to start (`python -m controlplane_runner` runs `claim_from_argv` first).
 """
 
 from __future__ import annotations

@@ -63,7 +63,7 @@ delivered by callback, carries the same events under the same numbers. The contr
 each seq once (events at or below the highest seq it applied are skipped) and only in order (a
 batch that starts past the next seq makes it read the missing ones from the object store first).
 
-Delivery (see `infra.runner.reporter`): batches are POSTed as {"events": [event, ...]} to the
+Delivery (see `controlplane_runner.reporter`): batches are POSTed as {"events": [event, ...]} to the
 callback; events the callback did not take are written to the object store as chunks, and the
 outcome document is written there too. The object-store layout (`controlplane.objectstore.base`):
 

@@ -1,4 +1,4 @@
-"""Process-tree control for the runner (seed 003 part 2), standard library only.
+"""Process-tree control for the runner (docs/design/errors-and-cancellation.md), standard library only.
 
 The tool is started as the leader of its own process group; stopping it sends SIGTERM to the
 group, waits a grace period, then sends SIGKILL to the group. On Linux the runner is also a

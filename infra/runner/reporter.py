@@ -9,7 +9,7 @@ bootstrap token, which the reporter trades for the secret before its first deliv
 (a retry with the same nonce is answered again; any other claimant gets 403, after which this
 runner delivers through the object store only).
 
-Events (their format is written down in `infra.runner.events`) get a sequence number when they
+Events (their format is written down in `controlplane_runner.events`) get a sequence number when they
 leave the pending queue (progress is coalesced first: only the latest report in a batch is
 kept). Batches are POSTed in order to
 
@@ -38,7 +38,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from controlplane.objectstore.base import ObjectExists, ObjectStore, events_key
-from infra.runner import events
+from controlplane_runner import events
 
 MAX_BATCH = 2000  # events per POST
 MAX_UNACKED = 50_000  # events held in memory before spilling to the object store
@@ -90,7 +90,7 @@ class Reporter:
         self._thread.start()
 
     def emit(self, event: dict[str, Any]) -> None:
-        """Queue an event made by one of the builders of `infra.runner.events`."""
+        """Queue an event made by one of the builders of `controlplane_runner.events`."""
         self._pending.put(event)
 
     def close(self, timeout: float = 30.0) -> None:

@@ -3,7 +3,7 @@ progress, stop it on request, collect its result and artifacts, and report the o
 
 The outcome is written to the object store as `result.json` (the durable record) and sent as
 the last event through the callback (the fast path). Every event, and the outcome document, is
-made by the builders of `infra.runner.events`, where the format is written down. The runner
+made by the builders of `controlplane_runner.events`, where the format is written down. The runner
 exits with the tool's exit code (128 + signal number when the tool was killed by a signal).
 """
 
@@ -32,9 +32,9 @@ from controlplane.objectstore.base import (
     result_key,
     safe_artifact_name,
 )
-from infra.runner import events, proc
-from infra.runner.granted import GrantedStore, NoGrant
-from infra.runner.reporter import Reporter
+from controlplane_runner import events, proc
+from controlplane_runner.granted import GrantedStore, NoGrant
+from controlplane_runner.reporter import Reporter
 
 LEVEL_PREFIXES = {
     "debug": events.DEBUG, "info": events.INFO, "warn": events.WARNING, "warning": events.WARNING,
@@ -43,7 +43,7 @@ LEVEL_PREFIXES = {
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m infra.runner", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m controlplane_runner", description=__doc__)
     p.add_argument("--job-name", default=os.environ.get("CONTROLPLANE_JOB_NAME", ""))
     p.add_argument("--workdir", default=None, help="scratch directory (default: a new temp dir)")
     p.add_argument("--exit-file", default=os.environ.get("CONTROLPLANE_EXIT_FILE"),
@@ -52,8 +52,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="write the tool's process group and start time here (the local provider kills "
                         "what is left of it if this runner dies first)")
     p.add_argument("--claim-file", default=None,
-                   help="start only if this runner is the first to claim the job here (infra.runner.claim; "
-                        "`python -m infra.runner` claims before anything else)")
+                   help="start only if this runner is the first to claim the job here (controlplane_runner.claim; "
+                        "`python -m controlplane_runner` claims before anything else)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- tool command and arguments")
     args = p.parse_args(argv)
     if args.command and args.command[0] == "--":

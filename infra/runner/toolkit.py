@@ -1,6 +1,6 @@
-"""A tiny helper for Python tools run by the runner (the raw contract is in `infra.runner`).
+"""A tiny helper for Python tools run by the runner (the raw contract is in `controlplane_runner`).
 
-    from infra.runner import toolkit
+    from controlplane_runner import toolkit
     inputs = toolkit.inputs()
     toolkit.progress(step=3, step_total=10, phase="relax", message="E=-12.3")
     path = toolkit.artifact("opt.xyz", kind="trajectory")   # write the file there

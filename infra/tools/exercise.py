@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from infra.runner import toolkit
+from controlplane_runner import toolkit
 
 SLEEPER = (
     "import os, signal, subprocess, sys, time\n"

@@ -14,7 +14,7 @@ import random
 import sys
 import time
 
-from infra.runner import toolkit
+from controlplane_runner import toolkit
 
 
 def energy_forces(pos: list[list[float]]) -> tuple[float, list[list[float]]]:

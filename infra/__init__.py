@@ -1,1 +1,0 @@
-"""What runs inside a job: the runner that wraps every tool, the example tools, container images."""
