@@ -31,7 +31,7 @@ import anyio
 import anyio.to_thread
 
 from controlplane.attempts import Attempts
-from controlplane.catalog import Catalog, CatalogError, ensure_catalog
+from controlplane.catalog import Catalog, CatalogError, ensure_catalog, server_problems
 from controlplane.estimates import Estimator
 from controlplane.prices import PriceError, PriceTable, Pricing
 from controlplane.http.listener import Listener
@@ -75,10 +75,9 @@ class ControlPlane:
         self.catalog = catalog or (
             Catalog.parse(self.settings.catalog_json, source="CONTROLPLANE_CATALOG_JSON", fmt="yaml")
             if self.settings.catalog_json else ensure_catalog(self.settings.resolved_catalog_path))
-        for tool in self.catalog.tools.values():
-            if tool.ttl_s and tool.ttl_s > self.settings.max_ttl_s:
-                raise CatalogError(f"{self.catalog.source}: tools.{tool.name}.ttl_s: {tool.ttl_s} exceeds the "
-                                   f"server's max_ttl_s ({self.settings.max_ttl_s})")
+        problems = server_problems(self.catalog, max_ttl_s=self.settings.max_ttl_s)
+        if problems:
+            raise CatalogError(*problems)
         self.secret_key = self.settings.secret_key()
         self.stores = StoreRegistry(self.settings.resolved_object_store_url, self.secret_key)
         for url in self.catalog.store_urls():  # open every store the catalog names, failing early

@@ -25,9 +25,14 @@ A catalog is a TOML or YAML (or JSON) file with two tables:
     [tools.lj_relax.input_schema]       # JSON Schema 2020-12, an object schema
     ...
 
-Loading validates everything and reports errors as `<file>: tools.<name>.<field>: <problem>`,
-including each tool's `provider` (a registered runner) and its `provider_options` (the resource
-class's merged with the tool's), which are checked against that provider's `Options` model.
+Loading validates everything and reports every error at once, one a line, as
+`<file>: tools.<name>.<field>: <problem>`, including each tool's `provider` (a registered runner)
+and its `provider_options` (the resource class's merged with the tool's), which are checked
+against that provider's `Options` model.
+
+A running server may take a new catalog (`Catalog.adopt`, docs/design/catalog-reload.md): the
+new contents replace the old in one assignment, and the definitions it replaced stay known, so a
+task launches with the tool as it was when the task was admitted (`Catalog.admitted`).
 
 A resource class's `scratch_mb` reserves nothing by itself: it caps what a task of the class may
 ask for with `resources.scratch_mb`, and a task gets scratch disk only by asking, from a provider
@@ -39,7 +44,9 @@ would get. Unset (the default), the provider's guarantee is the only limit.
 
 from __future__ import annotations
 
+import time
 import tomllib
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -89,7 +96,12 @@ def _check_store_url(v: str | None) -> str | None:
 
 
 class CatalogError(ValueError):
-    """The catalog file is unusable; the message names the file, the tool and the field."""
+    """The catalog file is unusable. `problems` holds every problem found, each naming the file,
+    the tool and the field; the message is all of them, one a line."""
+
+    def __init__(self, *problems: str):
+        self.problems: tuple[str, ...] = problems
+        super().__init__("\n".join(problems))
 
 
 class _Strict(BaseModel):
@@ -239,15 +251,63 @@ class InputValidator:
         return sorted(self.reference.iter_errors(inputs), key=lambda e: [str(p) for p in e.path])
 
 
+@dataclass(frozen=True)
+class Contents:
+    """One catalog's tools and queues, validated; replaced whole, never changed."""
+
+    tools: dict[str, ToolSpec]
+    resource_classes: dict[str, ResourceClass]
+    options: dict[str, ProviderOptions]  # each tool's provider_options, validated by its provider
+    validators: dict[str, InputValidator]
+    source: str
+
+
+@dataclass(frozen=True)
+class Definition:
+    """A tool as a task admitted under it runs: the tool, its resource class, its provider options."""
+
+    tool: ToolSpec
+    resource_class: ResourceClass
+    options: ProviderOptions
+
+
+@dataclass
+class _Retired:
+    until: float  # (epoch seconds) when a reload replaced or removed it
+    definition: Definition
+
+
+@dataclass
+class _History:
+    tools: dict[str, list[_Retired]] = field(default_factory=dict)
+    resource_classes: dict[str, ResourceClass] = field(default_factory=dict)
+
+
 class Catalog:
-    def __init__(self, tools: dict[str, ToolSpec], classes: dict[str, ResourceClass], source: str):
-        self.tools = tools
-        self.resource_classes = classes
-        self.source = source
-        self._validators = {name: t.validator() for name, t in tools.items()}
-        # Each tool's provider_options, validated by its provider's Options model.
-        self.options: dict[str, ProviderOptions] = {
-            name: _provider_options(t, classes[t.resource_class], source) for name, t in tools.items()}
+    def __init__(self, tools: dict[str, ToolSpec], classes: dict[str, ResourceClass], source: str,
+                 options: dict[str, ProviderOptions] | None = None):
+        if options is None:
+            options, problems = _all_options(tools, classes, source)
+            if problems:
+                raise CatalogError(*problems)
+        self._now = Contents(tools, classes, options, {name: t.validator() for name, t in tools.items()}, source)
+        self._history = _History()
+
+    @property
+    def tools(self) -> dict[str, ToolSpec]:
+        return self._now.tools
+
+    @property
+    def resource_classes(self) -> dict[str, ResourceClass]:
+        return self._now.resource_classes
+
+    @property
+    def options(self) -> dict[str, ProviderOptions]:
+        return self._now.options
+
+    @property
+    def source(self) -> str:
+        return self._now.source
 
     def tool(self, name: str) -> ToolSpec | None:
         return self.tools.get(name)
@@ -257,12 +317,48 @@ class Catalog:
         return sorted({t.provider for t in self.tools.values()})
 
     def validator(self, name: str) -> InputValidator:
-        return self._validators[name]
+        return self._now.validators[name]
 
     def store_urls(self) -> set[str]:
         """Every object store the catalog names (besides the server's default)."""
         urls = {t.object_store for t in self.tools.values()} | {r.object_store for r in self.resource_classes.values()}
         return {u for u in urls if u}
+
+    # ---- reloading ------------------------------------------------------------------------
+    def adopt(self, new: Catalog) -> None:
+        """Take `new`'s contents in one assignment (readers see the old catalog or the new, whole).
+        The tools and resource classes it changes or removes are kept as they were, for the
+        tasks admitted before (`admitted`, `queues`)."""
+        old, now = self._now, time.time()
+        for name, tool in old.tools.items():
+            if new.tools.get(name) != tool or new.options.get(name) != old.options[name] or \
+                    new.resource_classes.get(tool.resource_class) != old.resource_classes[tool.resource_class]:
+                was = Definition(tool, old.resource_classes[tool.resource_class], old.options[name])
+                self._history.tools.setdefault(name, []).append(_Retired(now, was))
+        for name, rc in old.resource_classes.items():
+            if name not in new.resource_classes:
+                self._history.resource_classes[name] = rc
+        for name in new.resource_classes:
+            self._history.resource_classes.pop(name, None)
+        self._now = new._now
+
+    def admitted(self, tool_name: str, submitted_at: float) -> Definition:
+        """The tool as it was when a task submitted at `submitted_at` was admitted: the current
+        one unless a reload since replaced it. LookupError when this process never knew it (a
+        tool removed before a restart)."""
+        for retired in self._history.tools.get(tool_name, ()):
+            if submitted_at < retired.until:
+                return retired.definition
+        now = self._now
+        tool = now.tools.get(tool_name)
+        if tool is None:
+            raise LookupError(f"tool '{tool_name}' is no longer in the catalog")
+        return Definition(tool, now.resource_classes[tool.resource_class], now.options[tool_name])
+
+    def queues(self) -> list[ResourceClass]:
+        """The resource classes to schedule: the catalog's, and those a reload removed (their
+        tasks admitted before still run, in the class as it was)."""
+        return [*self.resource_classes.values(), *self._history.resource_classes.values()]
 
     # ---- loading --------------------------------------------------------------------------
     @classmethod
@@ -275,31 +371,42 @@ class Catalog:
 
     @classmethod
     def from_data(cls, data: Any, *, source: str) -> Catalog:
-        """A catalog from its decoded tables (TOML, YAML or JSON: JSON is YAML)."""
+        """A catalog from its decoded tables (TOML, YAML or JSON: JSON is YAML). CatalogError
+        lists every problem found, not only the first."""
         if not isinstance(data, dict):
             raise CatalogError(f"{source}: the catalog must be a table of tables")
+        problems: list[str] = []
         unknown = set(data) - {"tools", "resource_classes"}
         if unknown:
-            raise CatalogError(f"{source}: unknown top-level keys {sorted(unknown)}")
+            problems.append(f"{source}: unknown top-level keys {sorted(unknown)}")
 
         classes: dict[str, ResourceClass] = {}
-        for name, body in (data.get("resource_classes") or {}).items():
-            classes[name] = _build(ResourceClass, {"name": name, **_table(body, source, f"resource_classes.{name}")},
-                                   source, f"resource_classes.{name}")
-        if not classes:
-            raise CatalogError(f"{source}: resource_classes: at least one resource class is required")
+        for name, body in _tables(data, "resource_classes", source, problems).items():
+            where = f"resource_classes.{name}"
+            rc = _build(ResourceClass, _table(body, name, source, where, problems), source, where, problems)
+            if rc is not None:
+                classes[name] = rc
+        if not data.get("resource_classes"):
+            problems.append(f"{source}: resource_classes: at least one resource class is required")
 
         tools: dict[str, ToolSpec] = {}
-        for name, body in (data.get("tools") or {}).items():
+        declared = sorted(n for n, body in (data.get("resource_classes") or {}).items()) \
+            if isinstance(data.get("resource_classes"), dict) else []
+        for name, body in _tables(data, "tools", source, problems).items():
             where = f"tools.{name}"
-            spec = _build(ToolSpec, {"name": name, **_table(body, source, where)}, source, where)
-            if spec.resource_class not in classes:
-                raise CatalogError(
-                    f"{source}: {where}.resource_class: unknown resource class '{spec.resource_class}'"
-                    f" (declared: {', '.join(sorted(classes))})"
-                )
-            tools[name] = spec
-        return cls(tools, classes, source)
+            spec = _build(ToolSpec, _table(body, name, source, where, problems), source, where, problems)
+            if spec is None:
+                continue
+            if spec.resource_class not in declared:
+                problems.append(f"{source}: {where}.resource_class: unknown resource class '{spec.resource_class}'"
+                                f" (declared: {', '.join(declared)})")
+            elif spec.resource_class in classes:
+                tools[name] = spec
+        options, option_problems = _all_options(tools, classes, source)
+        problems += option_problems
+        if problems:
+            raise CatalogError(*problems)
+        return cls(tools, classes, source, options)
 
 
 def read_data(path: Path) -> Any:
@@ -318,9 +425,22 @@ def parse_data(text: str, *, source: str, fmt: Literal["toml", "yaml"]) -> Any:
         raise CatalogError(f"{source}: not valid {fmt.upper()}: {e}") from None
 
 
+def _all_options(tools: dict[str, ToolSpec], classes: dict[str, ResourceClass],
+                 source: str) -> tuple[dict[str, ProviderOptions], list[str]]:
+    """Each tool's provider_options, validated, and every problem found."""
+    options: dict[str, ProviderOptions] = {}
+    problems: list[str] = []
+    for name, tool in tools.items():
+        try:
+            options[name] = _provider_options(tool, classes[tool.resource_class], source)
+        except CatalogError as e:
+            problems += e.problems
+    return options, problems
+
+
 def _provider_options(tool: ToolSpec, rc: ResourceClass, source: str) -> ProviderOptions:
     """Validate a tool's provider_options (its resource class's, overridden by its own) against
-    its provider's Options model; errors name the file, the tool and the field."""
+    its provider's Options model; errors name the file, the tool and the field, all of them."""
     where = f"tools.{tool.name}"
     try:
         model = registry.options_model(tool.provider)
@@ -335,38 +455,61 @@ def _provider_options(tool: ToolSpec, rc: ResourceClass, source: str) -> Provide
     try:
         return model.model_validate(merged, context=context)
     except ValidationError as e:
-        field, msg = _describe(e)
-        top = field.split(".", 1)[0]
-        if top in rc.provider_options and top not in tool.provider_options:
-            msg += f" (from resource_classes.{rc.name}.provider_options)"
-        raise CatalogError(f"{source}: {where}.provider_options.{field}: {msg}") from None
+        problems = []
+        for field_, msg in _describe(e):
+            top = field_.split(".", 1)[0]
+            if top in rc.provider_options and top not in tool.provider_options:
+                msg += f" (from resource_classes.{rc.name}.provider_options)"
+            problems.append(f"{source}: {where}.provider_options.{field_}: {msg}")
+        raise CatalogError(*problems) from None
 
 
-def _table(body: Any, source: str, where: str) -> dict[str, Any]:
+def _tables(data: dict[str, Any], key: str, source: str, problems: list[str]) -> dict[str, Any]:
+    body = data.get(key) or {}
     if not isinstance(body, dict):
-        raise CatalogError(f"{source}: {where}: must be a table")
+        problems.append(f"{source}: {key}: must be a table")
+        return {}
     return body
 
 
-def _build(model: type[BaseModel], data: dict[str, Any], source: str, where: str) -> Any:
+def _table(body: Any, name: str, source: str, where: str, problems: list[str]) -> dict[str, Any] | None:
+    """The entry's table with its name, or None (a problem added) when it is not a table."""
+    if not isinstance(body, dict):
+        problems.append(f"{source}: {where}: must be a table")
+        return None
+    return {"name": name, **body}
+
+
+def _build(model: type[BaseModel], data: dict[str, Any] | None, source: str, where: str,
+           problems: list[str]) -> Any:
+    """The model, or None with its every problem added to `problems`."""
+    if data is None:
+        return None
     try:
         return model.model_validate(data)
     except ValidationError as e:
-        field, msg = _describe(e)
-        raise CatalogError(f"{source}: {where}.{field}: {msg}") from None
+        problems += [f"{source}: {where}.{field_}: {msg}" for field_, msg in _describe(e)]
+        return None
 
 
-def _describe(e: ValidationError) -> tuple[str, str]:
-    """A validation error as (dotted field, problem): the first error, and how many more."""
-    first = e.errors()[0]
-    field = ".".join(str(p) for p in first["loc"])
-    msg = first["msg"].removeprefix("Value error, ")
-    if not field:  # a cross-field check names its field as "<field>: <problem>"
-        field, _, msg = msg.partition(": ")
-    if first["type"] == "extra_forbidden":
-        msg = "unknown field"
-    more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
-    return field, msg + more
+def _describe(e: ValidationError) -> list[tuple[str, str]]:
+    """Each error of a validation as (dotted field, problem)."""
+    described = []
+    for err in e.errors():
+        field_ = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        if not field_:  # a cross-field check names its field as "<field>: <problem>"
+            field_, _, msg = msg.partition(": ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field"
+        described.append((field_, msg))
+    return described
+
+
+def server_problems(catalog: Catalog, *, max_ttl_s: int) -> list[str]:
+    """What a server with these settings refuses in a catalog that is valid by itself."""
+    return [f"{catalog.source}: tools.{t.name}.ttl_s: {t.ttl_s} exceeds the server's max_ttl_s ({max_ttl_s})"
+            for t in catalog.tools.values() if t.ttl_s and t.ttl_s > max_ttl_s]
 
 
 def default_catalog_text() -> str:

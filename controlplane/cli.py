@@ -4,6 +4,7 @@
     controlplane demo [--home DIR]
     controlplane tasks list|show|logs|cancel|result|submit|watch ...   (against a running server)
     controlplane db upgrade [--home DIR]   (the one-shot migration of a deployment)
+    controlplane catalog validate CATALOG   (every problem at once)
     controlplane catalog export CATALOG [--default-image IMAGE] [--format json|yaml]   (for terraform/)
     controlplane catalog check CATALOG OUTPUTS.json   (a catalog against `terraform output -json`)
     controlplane jobs [--state abandoned] [--home DIR]   (the operator's view of the jobs table)
@@ -136,6 +137,28 @@ ImageOpt = Annotated[str | None, typer.Option(help="Image of the tools that name
 class CatalogFormat(StrEnum):
     json = "json"
     yaml = "yaml"
+
+
+@catalog_app.command("validate")
+def catalog_validate(catalog: CatalogArg) -> None:
+    """Check a catalog as a server would load it (with this environment's CONTROLPLANE_* settings)
+    and list every problem, one a line, each naming the tool and the field. Exits 1 if any."""
+    from controlplane.catalog import Catalog, CatalogError, server_problems
+    from controlplane.settings import Settings
+
+    try:
+        loaded = Catalog.load(catalog)
+        problems = server_problems(loaded, max_ttl_s=Settings().max_ttl_s)
+    except CatalogError as e:
+        loaded, problems = None, list(e.problems)
+    for problem in problems:
+        err.print(f"[red]error:[/] {escape(problem)}", highlight=False, soft_wrap=True)
+    if problems or loaded is None:
+        err.print(f"{len(problems)} problem{'s' if len(problems) != 1 else ''} in {escape(str(catalog))}",
+                  highlight=False, soft_wrap=True)
+        raise typer.Exit(1)
+    err.print(f"{escape(str(catalog))}: valid ({len(loaded.tools)} tools, {len(loaded.resource_classes)} "
+              "resource classes)", highlight=False, soft_wrap=True)
 
 
 @catalog_app.command("export")

@@ -141,3 +141,66 @@ def test_a_server_given_a_bad_catalog_in_its_environment_says_where_and_exits(tm
     assert done.returncode == 2 and "Traceback" not in done.stderr
     said = " ".join(done.stderr.split())  # the console wraps long lines
     assert "CONTROLPLANE_CATALOG_JSON: resource_classes: at least one resource class is required" in said
+
+
+MANY_ERRORS = """\
+[resource_classes.small]
+max_concurrency = 0
+cpu = 1
+
+[resource_classes.fine]
+cpu = 1
+
+[tools.alpha]
+description = "two problems in one tool"
+resource_class = "fine"
+command = ["{python}", "-m", "alpha"]
+colour = "red"
+estimate_s = "fast"
+input_schema = { type = "object", properties = { n = { type = "integr" } } }
+
+[tools.beta]
+description = "an unknown resource class"
+resource_class = "gpu_huge"
+command = ["{python}", "-m", "beta"]
+input_schema = { type = "object" }
+
+[tools.gamma]
+description = "options its provider does not take"
+resource_class = "fine"
+command = ["{python}", "-m", "gamma"]
+provider_options = { queue = "q" }
+input_schema = { type = "object" }
+"""
+MANY_PROBLEMS = [
+    "resource_classes.small.max_concurrency: ", "tools.alpha.colour: unknown field", "tools.alpha.estimate_s: ",
+    "tools.alpha.input_schema: not a valid JSON Schema", "tools.beta.resource_class: unknown resource class 'gpu_huge'",
+    "tools.gamma.provider_options.queue: unknown field",
+]
+
+
+def test_validate_lists_every_problem_with_its_tool_and_field(tmp_path: Path) -> None:
+    path = tmp_path / "catalog.toml"
+    path.write_text(MANY_ERRORS)
+    done = controlplane("catalog", "validate", str(path))
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.splitlines()
+    for problem in MANY_PROBLEMS:
+        assert [line for line in lines if line.startswith(f"error: {path}: {problem}")], (problem, done.stderr)
+    assert lines[-1] == f"{len(MANY_PROBLEMS)} problems in {path}"
+    assert "more)" not in done.stderr and "Traceback" not in done.stderr
+
+    good = controlplane("catalog", "validate", str(DEFAULT))
+    assert good.returncode == 0 and "valid (2 tools, 2 resource classes)" in good.stderr
+
+
+def test_a_server_refuses_a_bad_catalog_listing_every_problem(tmp_path: Path) -> None:
+    path = tmp_path / "catalog.toml"
+    path.write_text(MANY_ERRORS)
+    done = subprocess.run([sys.executable, "-m", "controlplane.cli", "serve", "--transport", "http", "--port", "0"],
+                          capture_output=True, text=True, timeout=60,
+                          env={"PATH": "/usr/bin:/bin", "CONTROLPLANE_HOME": str(tmp_path / "home"), "COLUMNS": "400",
+                               "CONTROLPLANE_CATALOG_PATH": str(path)})
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    for problem in MANY_PROBLEMS:
+        assert f"{path}: {problem}" in done.stderr, (problem, done.stderr)
