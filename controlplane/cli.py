@@ -167,12 +167,14 @@ def catalog_export(catalog: CatalogArg, default_image: ImageOpt = None,
                    output: Annotated[Path | None, typer.Option("--output", "-o", help="File to write (default: "
                                                                                       "stdout)")] = None) -> None:
     """Validate a catalog and write it as the Terraform modules read it (their `catalog` input):
-    one job per tool with its image, cpu and memory, and the catalog the server is given."""
+    one job per tool with its image, cpu and memory, and the catalog the server is given. Warns
+    (on stderr, without failing) of a tool command naming a path on this machine."""
     from controlplane.catalog import CatalogError
     from controlplane.deployment import DeploymentError, dumps, export
 
     try:
-        text = dumps(export(catalog, default_image=default_image), fmt.value)
+        text = dumps(export(catalog, default_image=default_image, warn=lambda problem: err.print(
+            f"[yellow]warning:[/] {escape(problem)}", highlight=False, soft_wrap=True)), fmt.value)
     except (CatalogError, DeploymentError) as e:
         err.print(f"[red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None

@@ -16,12 +16,20 @@ one validated catalog, so the jobs and the tools the server offers cannot disagr
 `check` compares a catalog with a deployment's `terraform output -json` (its `jobs` output:
 tool -> the job's name, id, image, cpu and memory as the cloud resource has them) and lists
 every difference. This module reads and compares; it never calls a cloud.
+
+`local_paths` finds what a tool's command names on this machine (a path under the user's home,
+the control plane's home, the working directory, the checkout or the temporary directory): a
+cloud job runs in its image, where such a path is unlikely to exist. The export warns of each
+and goes on; `{python}` is the image's interpreter, and a module run with `-m` is found by name.
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from controlplane.catalog import Catalog, read_data
@@ -33,10 +41,14 @@ class DeploymentError(ValueError):
     """The catalog cannot be deployed as it is, or the outputs are not a deployment's."""
 
 
-def export(path: Path, *, default_image: str | None = None) -> dict[str, Any]:
-    """The catalog at `path`, validated, in the form the Terraform modules read."""
+def export(path: Path, *, default_image: str | None = None,
+           warn: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """The catalog at `path`, validated, in the form the Terraform modules read. `warn` hears of
+    every path on this machine a tool's command names (`local_paths`)."""
     data = read_data(path)
     catalog = Catalog.from_data(data, source=str(path))
+    for problem in local_paths(catalog) if warn else ():
+        warn(f"{path}: {problem}")
     jobs: dict[str, dict[str, Any]] = {}
     for name, tool in sorted(catalog.tools.items()):
         image = tool.image or default_image
@@ -48,6 +60,42 @@ def export(path: Path, *, default_image: str | None = None) -> dict[str, Any]:
                       "max_runtime_s": tool.max_runtime_s, "resource_class": rc.name}
         data["tools"][name]["image"] = image
     return {"format": FORMAT, "jobs": jobs, "catalog": data}
+
+
+def local_roots() -> list[Path]:
+    """Where paths of this machine live that a tool's image will not have."""
+    from controlplane.settings import Settings
+
+    import controlplane
+
+    roots = [Path.home(), Settings().home, Path.cwd(), Path(controlplane.__file__).parents[1], Path(tempfile.gettempdir())]
+    return [r.resolve() for r in roots if r.resolve() != Path("/")]  # a working directory of / is no hint
+
+
+def local_paths(catalog: Catalog, roots: list[Path] | None = None) -> list[str]:
+    """Each tool command's argument that names a path on this machine: `~...`, or an absolute
+    path under one of `roots` (default `local_roots()`), also after `--option=`."""
+    roots = local_roots() if roots is None else roots
+    found = []
+    for name, tool in sorted(catalog.tools.items()):
+        for arg in tool.command:
+            value = arg.partition("=")[2] if arg.startswith("-") and "=" in arg else arg
+            if "{python}" in value or not value.startswith(("/", "~")):
+                continue
+            where = Path(os.path.expanduser(value))
+            if value.startswith("~") or any(where.is_relative_to(r) or _under(value, r) for r in roots):
+                found.append(f"tools.{name}.command: '{value}' is a path on this machine; a cloud job runs in "
+                             "its image, where it will not exist (run a module with {python} -m, or name a "
+                             "path inside the image)")
+    return found
+
+
+def _under(value: str, root: Path) -> bool:
+    """`value` names a path under `root`, also when `root` is reached through a symbolic link."""
+    try:
+        return Path(value).resolve().is_relative_to(root)
+    except (OSError, RuntimeError):
+        return PurePosixPath(value).is_relative_to(PurePosixPath(root))
 
 
 def check(path: Path, outputs: Any, *, default_image: str | None = None) -> list[str]:

@@ -204,3 +204,25 @@ def test_a_server_refuses_a_bad_catalog_listing_every_problem(tmp_path: Path) ->
     assert done.returncode == 2 and "Traceback" not in done.stderr
     for problem in MANY_PROBLEMS:
         assert f"{path}: {problem}" in done.stderr, (problem, done.stderr)
+
+
+def test_export_warns_of_a_command_naming_a_path_on_this_machine(tmp_path: Path) -> None:
+    """The export still succeeds: the warning is on stderr, the catalog on stdout."""
+    script = tmp_path / "relax.py"
+    script.write_text("print('hi')\n")
+    text = DEFAULT.read_text()
+    text = text.replace('command = ["{python}", "-m", "controlplane_tools.lj_relax"]',
+                        f'command = ["{{python}}", "{script}", "--config={ROOT}/conf.toml"]', 1)
+    assert str(script) in text
+    (tmp_path / "catalog.toml").write_text(text)
+    done = controlplane("catalog", "export", str(tmp_path / "catalog.toml"), "--default-image", IMAGE)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["jobs"].keys() == {"lj_relax", "exercise"}
+    said = done.stderr.splitlines()
+    for path in (str(script), f"{ROOT}/conf.toml"):
+        assert [line for line in said if line.startswith("warning: ") and "tools.lj_relax.command: " in line
+                and f"'{path}' is a path on this machine" in line], done.stderr
+    assert "exercise" not in done.stderr  # {python} -m module is fine
+
+    clean = controlplane("catalog", "export", str(DEFAULT), "--default-image", IMAGE)
+    assert clean.returncode == 0 and "warning" not in clean.stderr
