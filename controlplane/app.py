@@ -10,7 +10,9 @@ object store and the providers the catalog names, and wires the task service, th
   own server), and only the lease holder schedules and reconciles;
 * the scheduler and reconciler loops, woken early by submits, cancels and finished jobs;
 * a loop that reads the operators' limits per caller and budgets again (`controlplane.limits`,
-  `controlplane.budgets`).
+  `controlplane.budgets`);
+* a loop that looks whether the catalog file changed and takes the new one whole, or keeps the
+  old and says why (`reload_catalog`, docs/design/catalog-reload.md).
 """
 
 from __future__ import annotations
@@ -24,14 +26,17 @@ import secrets
 import socket
 import time
 from collections.abc import AsyncIterator
+from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Any
 
 import anyio
 import anyio.to_thread
 
 from controlplane.attempts import Attempts
-from controlplane.catalog import Catalog, CatalogError, ensure_catalog, server_problems
+from controlplane.catalog import Catalog, CatalogError, ensure_catalog, file_format, parse_data, server_problems
+from controlplane.catalog_watch import CatalogStatus, CatalogWatch
 from controlplane.estimates import Estimator
 from controlplane.prices import PriceError, PriceTable, Pricing
 from controlplane.http.listener import Listener
@@ -49,7 +54,7 @@ from controlplane.store.leases import Fence, Fenced
 from controlplane.store import Store
 from controlplane.store.rows import JobRow, TaskRow
 from controlplane_providers import registry
-from controlplane_providers.base import LaunchSpec, Provider, ProviderContext
+from controlplane_providers.base import LaunchSpec, PermanentProviderError, Provider, ProviderContext
 
 log = logging.getLogger("controlplane")
 SCHEDULER_MIN_GAP_S = 0.02
@@ -72,30 +77,20 @@ class ControlPlane:
         elif migrate:
             self.db.require_current()
         self.store = Store(self.db)
+        # A catalog file is watched (and taken again when it changes) unless the catalog is given
+        # inline or by the caller: those change only with a restart.
         self.catalog = catalog or (
             Catalog.parse(self.settings.catalog_json, source="CONTROLPLANE_CATALOG_JSON", fmt="yaml")
             if self.settings.catalog_json else ensure_catalog(self.settings.resolved_catalog_path))
-        problems = server_problems(self.catalog, max_ttl_s=self.settings.max_ttl_s)
-        if problems:
-            raise CatalogError(*problems)
+        watched = catalog is None and not self.settings.catalog_json and self.settings.catalog_reload_s > 0
+        self.catalog_watch = CatalogWatch(self.settings.resolved_catalog_path) if watched else None
+        self.catalog_status = CatalogStatus(self.catalog.source, reloads=watched)
+        # Called (on the event loop) after a new catalog was taken: the MCP server's tool list.
+        self.catalog_listeners: list[Callable[[], Awaitable[None]]] = []
         self.secret_key = self.settings.secret_key()
         self.stores = StoreRegistry(self.settings.resolved_object_store_url, self.secret_key)
-        for url in self.catalog.store_urls():  # open every store the catalog names, failing early
-            self.stores.get(url)
-        if self.settings.job_store_access == "grants":
-            for url in [self.settings.resolved_object_store_url, *self.catalog.store_urls()]:
-                if not self.stores.get(url).signs_uploads:
-                    raise CatalogError(f"CONTROLPLANE_JOB_STORE_ACCESS=grants needs object stores that sign "
-                                       f"uploads (s3://, gs://, az://); {url.split('://', 1)[0]}:// does not")
-        context = ProviderContext(home=self.settings.home, kill_grace_s=self.settings.kill_grace_s,
-                                  endpoint_file=self.settings.endpoint_file)
         self.providers: dict[str, Provider] = dict(providers or {})
-        for name in self.catalog.providers():
-            if name not in self.providers:
-                try:
-                    self.providers[name] = registry.create(name, context)
-                except registry.ProviderUnavailable as e:
-                    raise CatalogError(f"{self.catalog.source}: {e}") from None
+        self.providers.update(self._open_for(self.catalog))
         self.estimator = Estimator(self.store.tasks.runtimes)
         try:  # prices of what attempts use: the defaults, and the operator's file over them
             self.pricing = Pricing(PriceTable.load(self.settings.resolved_prices_path), self.catalog, self.providers)
@@ -125,12 +120,85 @@ class ControlPlane:
         self._recon_wake: anyio.Event | None = None
         self._running = 0
 
+    # ---- the catalog ---------------------------------------------------------------------------
+    def _open_for(self, catalog: Catalog) -> dict[str, Provider]:
+        """Check `catalog` against the server's settings, open the object stores it names and
+        create the providers it names that are not open yet (returned). CatalogError otherwise."""
+        problems = server_problems(catalog, max_ttl_s=self.settings.max_ttl_s)
+        if problems:
+            raise CatalogError(*problems)
+        for url in catalog.store_urls():  # open every store the catalog names, failing early
+            self.stores.get(url)
+        if self.settings.job_store_access == "grants":
+            for url in [self.settings.resolved_object_store_url, *catalog.store_urls()]:
+                if not self.stores.get(url).signs_uploads:
+                    raise CatalogError(f"CONTROLPLANE_JOB_STORE_ACCESS=grants needs object stores that sign "
+                                       f"uploads (s3://, gs://, az://); {url.split('://', 1)[0]}:// does not")
+        context = ProviderContext(home=self.settings.home, kill_grace_s=self.settings.kill_grace_s,
+                                  endpoint_file=self.settings.endpoint_file)
+        opened: dict[str, Provider] = {}
+        for name in catalog.providers():
+            if name not in self.providers:
+                try:
+                    opened[name] = registry.create(name, context)
+                except registry.ProviderUnavailable as e:
+                    raise CatalogError(f"{catalog.source}: {e}") from None
+        return opened
+
+    def _prepare_catalog(self, text: str) -> tuple[Catalog, dict[str, Provider]]:
+        """The catalog file's new text, validated as at start, off to the side (in a worker thread)."""
+        path = self.settings.resolved_catalog_path
+        new = Catalog.from_data(parse_data(text, source=str(path), fmt=file_format(path)), source=str(path))
+        try:
+            return new, self._open_for(new)
+        except CatalogError:
+            raise
+        except Exception as e:  # noqa: BLE001 - an object store that cannot be opened, said without internals
+            raise CatalogError(f"{path}: an object store it names cannot be opened ({type(e).__name__})") from None
+
+    async def reload_catalog(self) -> bool:
+        """Take the catalog file again if it changed: validated off to the side, then swapped in
+        whole (True). A file with problems leaves the catalog as it was: every problem is logged
+        and kept in `catalog_status` until the file changes again."""
+        watch = self.catalog_watch
+        if watch is None:
+            return False
+        text = await anyio.to_thread.run_sync(watch.changed)
+        if text is None:
+            return False
+        try:
+            new, opened = await anyio.to_thread.run_sync(self._prepare_catalog, text)
+        except CatalogError as e:
+            self.catalog_status = replace(self.catalog_status, refused_at=time.time(), problems=e.problems)
+            log.error("the catalog file changed, but the server keeps revision %d: %d problem(s)\n%s",
+                      self.catalog_status.revision, len(e.problems), "\n".join(e.problems))
+            return False
+        self.providers.update(opened)
+        self.catalog.adopt(new)
+        self.estimator.forget()
+        self.catalog_status = CatalogStatus(new.source, revision=self.catalog_status.revision + 1, reloads=True)
+        log.info("catalog revision %d taken from %s: tools %s", self.catalog_status.revision, new.source,
+                 ", ".join(sorted(new.tools)))
+        for listener in list(self.catalog_listeners):
+            try:
+                await listener()
+            except Exception:  # noqa: BLE001
+                log.exception("a listener of catalog changes failed")
+        self._set_wake()
+        return True
+
     # ---- wiring -------------------------------------------------------------------------------
     @property
     def callback_url(self) -> str | None:
         return f"{self.public_url.rstrip('/')}/runner/v1" if self.public_url else None
 
     def build_spec(self, task: TaskRow, job: JobRow) -> LaunchSpec:
+        """The task's job as its tool was when the task was admitted (PermanentProviderError when
+        this process never knew that tool: removed from the catalog before a restart)."""
+        try:
+            self.catalog.admitted(task.tool_name, task.resource_class, task.submitted_at)
+        except LookupError as e:
+            raise PermanentProviderError(str(e)) from None
         return build_launch_spec(task, job, self.catalog, self.settings, secret_key=self.secret_key,
                                  callback_url=self.callback_url, store_url=self.stores.get(task.store_url).url,
                                  python=self.providers[task.provider].python)
@@ -217,6 +285,8 @@ class ControlPlane:
             tg.start_soon(self._scheduler_loop)
             tg.start_soon(self._reconciler_loop)
             tg.start_soon(self._limits_loop)
+            if self.catalog_watch is not None:
+                tg.start_soon(self._catalog_loop)
             # Changes committed by other replicas (PostgreSQL's LISTEN/NOTIFY); None on SQLite.
             # This process's own changes come back through it too: the hub then reads a watched
             # task once more (bursts coalesce), a cost kept for the sake of one path that does not
@@ -316,6 +386,14 @@ class ControlPlane:
                 await anyio.to_thread.run_sync(self.service.budgets.refresh)
             except Exception:  # noqa: BLE001
                 log.exception("reading the limits per caller and the budgets failed")
+
+    async def _catalog_loop(self) -> None:
+        while True:
+            await anyio.sleep(self.settings.catalog_reload_s)
+            try:
+                await self.reload_catalog()
+            except Exception:  # noqa: BLE001
+                log.exception("looking at the catalog file failed")
 
     async def _reconciler_loop(self) -> None:
         while True:

@@ -264,23 +264,25 @@ class Contents:
 
 @dataclass(frozen=True)
 class Definition:
-    """A tool as a task admitted under it runs: the tool, its resource class, its provider options."""
+    """A tool as a task admitted under it runs: the tool, its provider options, its resource class."""
 
     tool: ToolSpec
-    resource_class: ResourceClass
     options: ProviderOptions
+    resource_class: ResourceClass
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Retired:
     until: float  # (epoch seconds) when a reload replaced or removed it
-    definition: Definition
+    value: Any  # (ToolSpec, ProviderOptions) or a ResourceClass
 
 
 @dataclass
 class _History:
+    """What reloads replaced or removed, oldest first per name."""
+
     tools: dict[str, list[_Retired]] = field(default_factory=dict)
-    resource_classes: dict[str, ResourceClass] = field(default_factory=dict)
+    resource_classes: dict[str, list[_Retired]] = field(default_factory=dict)
 
 
 class Catalog:
@@ -331,34 +333,35 @@ class Catalog:
         tasks admitted before (`admitted`, `queues`)."""
         old, now = self._now, time.time()
         for name, tool in old.tools.items():
-            if new.tools.get(name) != tool or new.options.get(name) != old.options[name] or \
-                    new.resource_classes.get(tool.resource_class) != old.resource_classes[tool.resource_class]:
-                was = Definition(tool, old.resource_classes[tool.resource_class], old.options[name])
-                self._history.tools.setdefault(name, []).append(_Retired(now, was))
+            if new.tools.get(name) != tool or new.options.get(name) != old.options[name]:
+                self._history.tools.setdefault(name, []).append(_Retired(now, (tool, old.options[name])))
         for name, rc in old.resource_classes.items():
-            if name not in new.resource_classes:
-                self._history.resource_classes[name] = rc
-        for name in new.resource_classes:
-            self._history.resource_classes.pop(name, None)
+            if new.resource_classes.get(name) != rc:
+                self._history.resource_classes.setdefault(name, []).append(_Retired(now, rc))
         self._now = new._now
 
-    def admitted(self, tool_name: str, submitted_at: float) -> Definition:
-        """The tool as it was when a task submitted at `submitted_at` was admitted: the current
-        one unless a reload since replaced it. LookupError when this process never knew it (a
-        tool removed before a restart)."""
-        for retired in self._history.tools.get(tool_name, ()):
-            if submitted_at < retired.until:
-                return retired.definition
+    def admitted(self, tool_name: str, resource_class: str, submitted_at: float) -> Definition:
+        """The tool and the resource class as they were when a task submitted at `submitted_at`
+        was admitted: the current ones unless a reload since replaced them. LookupError when this
+        process never knew them (removed from the catalog before a restart)."""
         now = self._now
-        tool = now.tools.get(tool_name)
+        tool = _as_of(self._history.tools.get(tool_name, ()), submitted_at)
+        if tool is None and tool_name in now.tools:
+            tool = (now.tools[tool_name], now.options[tool_name])
+        rc = _as_of(self._history.resource_classes.get(resource_class, ()), submitted_at) \
+            or now.resource_classes.get(resource_class)
         if tool is None:
             raise LookupError(f"tool '{tool_name}' is no longer in the catalog")
-        return Definition(tool, now.resource_classes[tool.resource_class], now.options[tool_name])
+        if rc is None:
+            raise LookupError(f"resource class '{resource_class}' is no longer in the catalog")
+        return Definition(*tool, rc)
 
     def queues(self) -> list[ResourceClass]:
         """The resource classes to schedule: the catalog's, and those a reload removed (their
-        tasks admitted before still run, in the class as it was)."""
-        return [*self.resource_classes.values(), *self._history.resource_classes.values()]
+        tasks admitted before still run, in the class as it was last)."""
+        now = self._now.resource_classes
+        return [*now.values(), *(kept[-1].value for name, kept in self._history.resource_classes.items()
+                                 if name not in now)]
 
     # ---- loading --------------------------------------------------------------------------
     @classmethod
@@ -409,13 +412,23 @@ class Catalog:
         return cls(tools, classes, source, options)
 
 
+def _as_of(retired: Any, at: float) -> Any:
+    """The value that was current at `at`, if a reload replaced it since (else None)."""
+    return next((r.value for r in retired if at < r.until), None)
+
+
 def read_data(path: Path) -> Any:
     """A catalog file's decoded tables, unvalidated: YAML (or JSON) by its suffix, else TOML."""
     try:
         raw_text = path.read_text()
     except OSError as e:
         raise CatalogError(f"{path}: cannot read catalog: {e.strerror}") from None
-    return parse_data(raw_text, source=str(path), fmt="yaml" if path.suffix in (".yaml", ".yml", ".json") else "toml")
+    return parse_data(raw_text, source=str(path), fmt=file_format(path))
+
+
+def file_format(path: Path) -> Literal["toml", "yaml"]:
+    """YAML (or JSON) by its suffix, else TOML."""
+    return "yaml" if path.suffix in (".yaml", ".yml", ".json") else "toml"
 
 
 def parse_data(text: str, *, source: str, fmt: Literal["toml", "yaml"]) -> Any:

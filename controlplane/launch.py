@@ -46,8 +46,8 @@ def nonce_digest(nonce: str) -> str:
 def build_launch_spec(task: TaskRow, job: JobRow, catalog: Catalog, settings: Settings, *,
                       secret_key: bytes, callback_url: str | None, store_url: str, python: str) -> LaunchSpec:
     """`python` is what `{python}` in the tool's command means on the provider that runs it."""
-    tool = catalog.tools[task.tool_name]
-    rc = catalog.resource_classes[task.resource_class]
+    admitted = catalog.admitted(task.tool_name, task.resource_class, task.submitted_at)  # as at submit
+    tool, rc = admitted.tool, admitted.resource_class
     res = json.loads(task.resources_json or "{}")
     env = dict(tool.env)
     env.update({
@@ -68,7 +68,7 @@ def build_launch_spec(task: TaskRow, job: JobRow, catalog: Catalog, settings: Se
         owner=task.owner, command=tuple(c.replace("{python}", python) for c in tool.command), image=tool.image,
         env=env, **asked_shape(res, rc),
         scratch_mb=int(res.get("scratch_mb") or 0),  # what the task asked for: a class reserves nothing by itself
-        max_runtime_s=int(task.max_runtime_s), resource_class=rc.name, options=catalog.options[tool.name],
+        max_runtime_s=int(task.max_runtime_s), resource_class=rc.name, options=admitted.options,
     )
 
 

@@ -70,7 +70,7 @@ class Scheduler:
     async def tick(self) -> int:
         """Fill free slots and launch pending intents. Returns the number of launches tried."""
         self.ticks += 1
-        for rc in self.catalog.resource_classes.values():
+        for rc in self.catalog.queues():  # a class a reload removed still runs its tasks
             work = await blocking.call(self.store.jobs.has_work, rc.name, rc.max_concurrency)
             if work == "full":
                 self.full.add(rc.name)

@@ -29,6 +29,9 @@ class Settings(BaseSettings):
     # The catalog itself (JSON or YAML text), instead of a file: what a container is given by its
     # deployment (the Terraform modules in terraform/ set it from the catalog they made jobs for).
     catalog_json: str | None = None
+    # How often a running server looks whether its catalog file changed (and loads it if so;
+    # docs/design/catalog-reload.md); 0: never. A catalog given inline changes only with a restart.
+    catalog_reload_s: float = Field(default=2.0, ge=0)
     # Apply the database migrations when the server starts. The container images turn this off:
     # there a one-shot `controlplane db upgrade` migrates, and a server whose database is behind
     # refuses to start instead of migrating under replicas still running the old code.

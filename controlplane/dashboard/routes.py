@@ -1,6 +1,7 @@
 """The dashboard's routes, on the control plane's HTTP app beside /mcp (`controlplane.serve`):
 
-    GET  /dashboard                           tasks (filters: state, tool, tag, owner), queues, providers
+    GET  /dashboard                           tasks (filters: state, tool, tag, owner), queues, providers,
+                                              the catalog (its revision, and why a changed file was refused)
     GET  /dashboard?rows=1                    ... only the table's rows (the page refreshes them)
     GET  /dashboard/login, POST /dashboard/login, POST /dashboard/logout
     GET  /dashboard/tasks/{id}                one task: status, timeline (its audit), artifacts, logs
@@ -178,7 +179,7 @@ def routes(cp: ControlPlane, auth: AuthProvider | None) -> list[Route]:
             return page("rows.html", **context)
         overview = await call(svc.overview)
         return page("tasks.html", **context, queues=overview.queues, states=STATES,
-                    tools=sorted(cp.catalog.tools), health=provider_health(),
+                    tools=sorted(cp.catalog.tools), health=provider_health(), catalog=cp.catalog_status,
                     owners=session.admin or bool(session.teams))
 
     def provider_health() -> dict[str, Any]:

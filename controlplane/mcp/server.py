@@ -1,5 +1,6 @@
-"""The MCP server (fastmcp): the canonical task tools, one tool per catalog entry, and the
-non-MCP HTTP routes (runner callbacks, artifact downloads) on the same app.
+"""The MCP server (fastmcp): the canonical task tools, one tool per catalog entry (swapped whole
+when the catalog file changes: `controlplane.mcp.catalog_tools`), and the non-MCP HTTP routes
+(runner callbacks, artifact downloads) on the same app.
 
 The server's lifespan runs the control plane (scheduler, reconciler, and, when the MCP transport
 is not HTTP, an internal HTTP listener for runners and downloads).
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -23,12 +24,13 @@ from controlplane.http.routes import routes
 from controlplane.mcp import compat
 from controlplane.mcp.auth import build_auth
 from controlplane.errors import invalid
-from controlplane.mcp import completion, prompts, resources
+from controlplane.mcp import completion, resources
+from controlplane.mcp.catalog_tools import CatalogTools, make_catalog_tool
 from controlplane.mcp.guard import JsonOnly
 from controlplane.mcp.streaming import Followers, wait_tool
 from controlplane.mcp.subscriptions import TaskSubscriptions
 from controlplane.mcp.tasks import ControlPlaneTasks
-from controlplane.mcp.tools import canonical_tool, catalog_tool, error
+from controlplane.mcp.tools import canonical_tool, error
 from controlplane.ops import traces
 
 if TYPE_CHECKING:
@@ -58,13 +60,13 @@ class TraceSubmits(Middleware):
     task's submit span inside the request span fastmcp made for it, linked both ways. Installed
     only then: off, calls pass nothing more."""
 
-    def __init__(self, submits: frozenset[str]):
+    def __init__(self, submits: Callable[[str], bool]):
         self.submits = submits
 
     async def on_call_tool(self, context: MiddlewareContext, call_next: CallNext) -> ToolResult:
         result = await call_next(context)
         out = getattr(result, "structured_content", None)
-        if context.message.name in self.submits and isinstance(out, dict) and isinstance(out.get("task_id"), str) \
+        if self.submits(context.message.name) and isinstance(out, dict) and isinstance(out.get("task_id"), str) \
                 and not out.get("deduplicated"):
             name = context.message.name
             tool = (context.message.arguments or {}).get("tool_name", name) if name == "submit_task" else name
@@ -138,24 +140,33 @@ def build_server(cp: ControlPlane, *, with_auth: bool = True) -> FastMCP:
                        api.UsageReport, svc.usage_report, default_owner=owner, read_only=True),
         wait_tool(cp, owner),
     ]
-    for spec in cp.catalog.tools.values():
-        tools.append(catalog_tool(spec, svc.submit_direct, default_owner=owner, after=followers.maybe_follow))
-    for t in tools:
-        mcp.add_tool(t)
     # Before every 2026-07-28 tools/call with arguments, the SDK checks the request's Mcp-Param-*
     # headers against the tool's input schema, which it finds by running a whole tools/list
     # through the server unless the low-level server can look the schema up itself: that listing
     # was half the cost of a get_task_status call. Our tools are the same for every caller.
-    schemas = {t.name: t.parameters for t in tools}
-    headers = {name: header_schema(schema) for name, schema in schemas.items()}
+    schemas: dict[str, dict[str, Any]] = {}
+    headers: dict[str, dict[str, Any]] = {}
+
+    def schemas_changed() -> None:
+        fresh = {name: header_schema(schema) for name, schema in schemas.items()}
+        headers.clear()  # (one dict, changed in place on the loop: the lookup holds it)
+        headers.update(fresh)
+
+    catalog_tools = CatalogTools(mcp, cp, subscriptions, make_catalog_tool(cp, owner, followers.maybe_follow),
+                                 schemas, schemas_changed)
+    tools += catalog_tools.install()  # and one prompt per catalog tool
+    for t in tools:
+        mcp.add_tool(t)
+    schemas.update({t.name: t.parameters for t in tools})
+    schemas_changed()
     compat.set_input_schema_lookup(mcp, headers.get)
     mcp.add_middleware(JsonOnly(cp.catalog))  # first: past it, every value is JSON (mcp/guard.py)
     mcp.add_middleware(UnknownToolAsError())
+    mcp.add_middleware(catalog_tools)  # remembers who listed tools, to tell them when they change
     if traces.enabled():
-        mcp.add_middleware(TraceSubmits(frozenset({"submit_task", *cp.catalog.tools})))
+        mcp.add_middleware(TraceSubmits(lambda name: name == "submit_task" or name in cp.catalog.tools))
     mcp.add_extension(ControlPlaneTasks(cp))  # native tasks, from our own store
     resources.install(mcp, cp)  # task:// and tool://
-    prompts.install(mcp, cp)  # one prompt per catalog tool
     completion.install(mcp, cp, schemas)  # completion/complete and the tool-argument extension
     subscriptions.install(mcp)  # task:// subscriptions, in both eras
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import mcp_types
 from mcp.server.context import ServerRequestContext
-from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ResourceUpdated
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ResourceUpdated, ServerEvent
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 
@@ -58,6 +58,7 @@ class TaskSubscriptions:
     def __init__(self, cp: ControlPlane):
         self.cp = cp
         self._handlers: set[ListenHandler] = set()  # one per open listen stream
+        self._buses: set[InMemorySubscriptionBus] = set()  # and its bus (list changes go to every one)
         # 2025-era: per client connection (gone with it), uri -> the watch that notifies it
         self._watches: weakref.WeakKeyDictionary[Any, dict[str, asyncio.Task[None]]] = weakref.WeakKeyDictionary()
 
@@ -121,12 +122,20 @@ class TaskSubscriptions:
                 watches.append(asyncio.create_task(self._watch(task_id, publisher(uri))))
         handler = ListenHandler(bus, max_subscriptions=1)
         self._handlers.add(handler)
+        self._buses.add(bus)
         try:
             return await handler(ctx, params)
         finally:
             self._handlers.discard(handler)
+            self._buses.discard(bus)
             for w in watches:
                 w.cancel()
+
+    async def publish(self, *events: ServerEvent) -> None:
+        """`events` (a tool or prompt list changed) to every open listen stream that asked for them."""
+        for bus in list(self._buses):
+            for event in events:
+                await bus.publish(event)
 
     # ---- 2025-11-25 and older: resources/subscribe ----------------------------------------------
     async def subscribe(self, ctx: ServerRequestContext[Any, Any],
