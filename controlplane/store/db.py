@@ -48,6 +48,20 @@ from controlplane.blocking import WouldBlock, is_inline, must_not_block
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 log = logging.getLogger("controlplane.store.db")
+
+
+@contextmanager
+def _quiet_alembic() -> Iterator[None]:
+    """Alembic's INFO lines (its context, every migration applied) stay out of a server's start;
+    its warnings and errors still show, and an operator who set alembic's logger lower keeps it."""
+    alembic = logging.getLogger("alembic")
+    before = alembic.level
+    if before == logging.NOTSET or before > logging.DEBUG:
+        alembic.setLevel(max(before, logging.WARNING))
+    try:
+        yield
+    finally:
+        alembic.setLevel(before)
 # The PostgreSQL channel on which a committed change to a task is announced; the payload is the
 # task's id (an `ids` id: far below NOTIFY's 8000-byte limit on a payload).
 CHANGES_CHANNEL = "controlplane_task_changed"
@@ -411,27 +425,29 @@ class Database:
     def upgrade(self, revision: str = "head") -> None:
         """Apply the alembic migrations. Safe when several processes start at once: SQLite runs
         them inside one IMMEDIATE transaction, PostgreSQL under an advisory lock."""
-        from alembic import command
+        with _quiet_alembic():
+            from alembic import command
 
-        cfg = self._alembic_config()
-        cfg.set_main_option("sqlalchemy.url", self.url.replace("%", "%%"))
-        with self._connect() as conn:
-            conn.execution_options(cp_write=True)
-            with conn.begin():
-                if not self.is_sqlite:
-                    conn.execute(text("SELECT pg_advisory_xact_lock(7245531)"))
-                cfg.attributes["connection"] = conn
-                command.upgrade(cfg, revision)
+            cfg = self._alembic_config()
+            cfg.set_main_option("sqlalchemy.url", self.url.replace("%", "%%"))
+            with self._connect() as conn:
+                conn.execution_options(cp_write=True)
+                with conn.begin():
+                    if not self.is_sqlite:
+                        conn.execute(text("SELECT pg_advisory_xact_lock(7245531)"))
+                    cfg.attributes["connection"] = conn
+                    command.upgrade(cfg, revision)
 
     def require_current(self) -> None:
         """CannotOpenDatabase unless the schema is at the newest migration this code has (for
         servers that do not migrate on start: `controlplane db upgrade` is their one-shot)."""
-        from alembic.runtime.migration import MigrationContext
-        from alembic.script import ScriptDirectory
+        with _quiet_alembic():
+            from alembic.runtime.migration import MigrationContext
+            from alembic.script import ScriptDirectory
 
-        head = ScriptDirectory.from_config(self._alembic_config()).get_current_head()
-        with self._connect() as conn:
-            current = MigrationContext.configure(conn).get_current_revision()
+            head = ScriptDirectory.from_config(self._alembic_config()).get_current_head()
+            with self._connect() as conn:
+                current = MigrationContext.configure(conn).get_current_revision()
         if current != head:
             raise CannotOpenDatabase(f"the database is at revision {current or '(none)'}, this server needs {head}: "
                                      "run `controlplane db upgrade` first (CONTROLPLANE_MIGRATE_ON_START is off)")
@@ -456,10 +472,11 @@ class Database:
             raise CannotOpenDatabase(f"cannot open the database {shown}: {reason}") from None
 
     def current_revision(self) -> str | None:
-        from alembic.runtime.migration import MigrationContext
+        with _quiet_alembic():
+            from alembic.runtime.migration import MigrationContext
 
-        with self.engine.connect() as conn:
-            return MigrationContext.configure(conn).get_current_revision()
+            with self.engine.connect() as conn:
+                return MigrationContext.configure(conn).get_current_revision()
 
     def dispose(self) -> None:
         self.engine.dispose()
