@@ -36,7 +36,8 @@ from controlplane.catalog import Catalog, RetryPolicy
 from controlplane.objectstore.base import UnsafeKey, artifact_key, events_prefix, result_key, safe_artifact_name
 from controlplane.objectstore.registry import StoreRegistry
 from controlplane.ops import metrics, traces
-from controlplane.outcomes import Decision, decide, decide_launch_failure, decide_lost, decide_provider_failure
+from controlplane.outcomes import (Decision, decide, decide_launch_failure, decide_lost, decide_provider_failure,
+                                   with_output)
 from controlplane.prices import Pricing
 from controlplane.settings import Settings
 from controlplane.states import TERMINAL, JobState, TaskState
@@ -158,11 +159,17 @@ class Attempts:
                 self._end(a, decide(a.task, outcome.as_outcome(), policy), self._artifacts(a.task, outcome.artifacts),
                           ran_at=_run_times(ran_at, outcome))
                 return "finished"
+            # The runner reported nothing: what the job printed is the only word on why (kept here,
+            # as the local provider's console goes with its job directory).
+            a.append_logs([(None, "stderr", "error", line[: self.settings.max_log_line_bytes])
+                           for line in status.last_output], self.settings.max_log_lines_per_task)
             if status.phase == JobPhase.GONE:
-                self._end(a, decide_lost(a.task, status.reason or "the job vanished", policy))
+                self._end(a, with_output(decide_lost(a.task, status.reason or "the job vanished", policy),
+                                         status.last_output))
                 return "lost"
-            self._end(a, decide_provider_failure(a.task, status.reason, status.exit_code, policy,
-                                                 started=status.started_at is not None), ran_at=ran_at)
+            self._end(a, with_output(decide_provider_failure(a.task, status.reason, status.exit_code, policy,
+                                                             started=status.started_at is not None),
+                                     status.last_output), ran_at=ran_at)
             return "finished"
 
     def end_lost(self, task_id: str, attempt: int, reason: str, *, job_state: JobState = JobState.ABANDONED) -> None:

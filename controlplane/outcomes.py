@@ -14,7 +14,7 @@ kind. The wait before the next attempt is `backoff_delay`: exponential, capped, 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from controlplane.errors import TaskErrorCode, task_error
@@ -143,3 +143,19 @@ def decide_provider_failure(task: TaskRow, reason: str | None, exit_code: int | 
         return _retry_or(task, "worker_lost", policy, Decision(TaskState.FAILED, error=err))
     err = task_error(TaskErrorCode.TOOL_FAILED, msg, exit_code=exit_code)
     return _retry_or(task, "tool_failed", policy, Decision(TaskState.FAILED, error=err))
+
+
+# How much of a job's last output its error quotes (the task's logs keep all of it).
+OUTPUT_LINES = 3
+OUTPUT_CHARS = 600
+
+
+def with_output(d: Decision, output: tuple[str, ...]) -> Decision:
+    """`d` with its error quoting the last lines the job printed (a runner that died before it
+    could report says why only there): at most OUTPUT_LINES lines and OUTPUT_CHARS characters."""
+    if d.error is None or not output:
+        return d
+    quoted = " | ".join(line.strip() for line in output[-OUTPUT_LINES:])
+    if len(quoted) > OUTPUT_CHARS:
+        quoted = "..." + quoted[-OUTPUT_CHARS:]
+    return replace(d, error={**d.error, "message": f"{d.error['message']}; its last output: {quoted}"})

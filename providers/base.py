@@ -255,6 +255,10 @@ class JobStatus:
     # fails the attempt (LAUNCH_FAILED) instead of holding its slot for ever.
     give_up_reason: str | None = None
     raw_status: str | None = None  # the provider's own status word
+    # An ended job's last console lines, from a provider whose log lives only as long as the job
+    # (the local provider's console.log): the control plane copies them into the task's logs and
+    # error when the runner reported no outcome. Cloud providers keep their log service instead.
+    last_output: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,9 @@ It runs the same job contract as the cloud providers, so everything works offlin
 gets a directory `<jobs_dir>/<job_name>/` (`CONTROLPLANE_LOCAL_JOBS_DIR`, default `<home>/jobs`):
 
     launch.json    what was launched          runner.pid   the runner's claim: {"pid", "claimed_at"}
-    console.log    the runner's stdout/stderr (the tool's output, as a cloud console shows it)
+    console.log    the runner's stdout/stderr (the tool's output, as a cloud console shows it);
+                   its last lines go with the status of a job that ended without an outcome
+                   (`JobStatus.last_output`), so a runner that died starting is not silent
     exit.json      the outcome, written by the runner as it exits
     work/          the job's scratch directory
 
@@ -73,6 +75,9 @@ from controlplane_runner.claim import CLAIM_LOST
 log = logging.getLogger("controlplane.providers.local")
 
 CLAIM_WAIT_S = 30.0
+# What an ended job's status carries of its console (JobStatus.last_output).
+TAIL_BYTES = 4096
+TAIL_LINES = 20
 NO_SCRATCH = ("local jobs write to this host's disk (the job directory's work/), shared with everything else on "
               "the host: nothing reserves scratch space for one job")
 
@@ -105,7 +110,7 @@ class LocalProvider(Provider[LocalHandle]):
     capabilities = frozenset({Capability.LOGS})
 
     def __init__(self, settings: LocalSettings, context: ProviderContext):
-        self.jobs_dir = Path(settings.jobs_dir or context.home / "jobs")
+        self.jobs_dir = Path(settings.jobs_dir or context.home / "jobs").resolve()  # runners start elsewhere
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
         self.python = settings.python or sys.executable
         self.kill_grace_s = context.kill_grace_s
@@ -197,7 +202,7 @@ class LocalProvider(Provider[LocalHandle]):
         if outcome is None:
             _kill_remains(job_dir)  # gone means gone: no tool of a lost attempt runs beside its retry
             return JobStatus(JobPhase.GONE, reason="the runner process ended without reporting an outcome",
-                             raw_status="gone")
+                             raw_status="gone", last_output=console_tail(job_dir / "console.log"))
         code = outcome.get("exit_code")
         ok = outcome.get("status") == "succeeded" and code == 0
         return JobStatus(
@@ -207,6 +212,7 @@ class LocalProvider(Provider[LocalHandle]):
             started_at=outcome.get("started_at"),
             finished_at=outcome.get("finished_at"),
             raw_status=str(outcome.get("status")),
+            last_output=() if ok else console_tail(job_dir / "console.log"),
         )
 
     def _alive(self, h: LocalHandle) -> bool:
@@ -296,6 +302,22 @@ class LocalProvider(Provider[LocalHandle]):
 
     def scratch_note(self, shape: Shape) -> str:
         return NO_SCRATCH
+
+
+def console_tail(path: Path, max_bytes: int = TAIL_BYTES, max_lines: int = TAIL_LINES) -> tuple[str, ...]:
+    """The last lines of a job's console (at most `max_lines`, from its last `max_bytes`): what a
+    runner printed before it died is gone with the job directory, so its end keeps them."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - max_bytes))
+            raw = f.read(max_bytes)
+    except OSError:
+        return ()
+    lines = raw.decode("utf-8", "replace").replace("\x00", "\ufffd").splitlines()  # NUL: no database holds it
+    if size > max_bytes and lines:
+        lines = lines[1:]  # the first is cut
+    return tuple(ln for ln in lines if ln.strip())[-max_lines:]
 
 
 def _is_job_dir(path: Path, jobs_dir: Path) -> bool:
