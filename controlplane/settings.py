@@ -16,7 +16,13 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 def default_home() -> Path:
-    return Path(os.environ.get("CONTROLPLANE_HOME") or Path.home() / ".controlplane")
+    return absolute_home(os.environ.get("CONTROLPLANE_HOME") or Path.home() / ".controlplane")
+
+
+def absolute_home(home: str | os.PathLike[str]) -> Path:
+    """The home as an absolute path (`~` expanded, a relative one taken from the working
+    directory now): runners start in their job's directory, and read paths derived from it."""
+    return Path(home).expanduser().resolve()
 
 
 class Settings(BaseSettings):
@@ -199,8 +205,8 @@ class Settings(BaseSettings):
     @field_validator("home", mode="before")
     @classmethod
     def _expand_home(cls, v: object) -> object:
-        if isinstance(v, str):
-            return Path(v).expanduser()
+        if isinstance(v, str | os.PathLike):
+            return absolute_home(v)
         return v
 
     # ---- derived layout -------------------------------------------------------------------
