@@ -14,7 +14,7 @@ from jsonschema.exceptions import ValidationError as SchemaValidationError
 from controlplane import api
 from controlplane.budgets import Budgets
 from controlplane.catalog import Catalog
-from controlplane.errors import ControlPlaneError, ErrorCode, invalid
+from controlplane.errors import ControlPlaneError, ErrorCode, invalid, too_large
 from controlplane.estimates import Estimator
 from controlplane.identity import team_for_new_task
 from controlplane.launch import check_scratch
@@ -45,8 +45,7 @@ class Admission:
                                     hint="list the available tools with tools/list")
         inputs_json = json.dumps(req.inputs, separators=(",", ":"), sort_keys=True)
         if len(inputs_json.encode()) > self.settings.max_input_bytes:
-            raise invalid(f"inputs are {len(inputs_json.encode())} bytes; the limit is {self.settings.max_input_bytes}",
-                          hint="pass large data by reference (a URL or object key) instead of inline")
+            raise too_large(f"inputs are {len(inputs_json.encode())} bytes; the limit is {self.settings.max_input_bytes}")
         self.validate_inputs(req.tool_name, req.inputs)
 
         res = req.resources or api.Resources()

@@ -62,6 +62,15 @@ def invalid(message: str, hint: str | None = None, **extra: Any) -> ControlPlane
     return ControlPlaneError(ErrorCode.INVALID_REQUEST, message, hint, **extra)
 
 
+BY_REFERENCE = "pass large data by reference (a URL or object key) instead of inline"
+
+
+def too_large(message: str, **extra: Any) -> ControlPlaneError:
+    """Something a caller sent is over a size limit (inputs, a request body): INVALID_REQUEST,
+    with the hint to pass large data by reference."""
+    return ControlPlaneError(ErrorCode.INVALID_REQUEST, message, BY_REFERENCE, **extra)
+
+
 def not_found(what: str = "task") -> ControlPlaneError:
     # One answer for unknown, expired-and-purged and someone else's: nothing to learn from it.
     return ControlPlaneError(ErrorCode.NOT_FOUND, f"{what} not found")

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 from controlplane.app import ControlPlane
 from controlplane.dashboard import routes as dashboard
+from controlplane.http.body_limit import BodyLimit
 from controlplane.http.listener import Listener
 from controlplane.http.load import CountCalls
 from controlplane.http.quiet_json import QuietJsonRouter
@@ -75,6 +76,7 @@ def http_app(cp: ControlPlane, listener: Listener, host: str) -> Any:
     app.state.scope_gate = compat.wrap_mcp_endpoint(
         app, "/mcp", lambda inner: ScopeGate(inner, auth.tokens.scopes, str(auth.metadata_url))
     ) if isinstance(auth, ResourceServer) else None
+    compat.wrap_mcp_endpoint(app, "/mcp", BodyLimit)  # outermost: before anything reads the body
     return app
 
 
