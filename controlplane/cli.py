@@ -22,7 +22,7 @@ import os
 import sys
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -493,22 +493,63 @@ def _call(url: str, token: str | None, tool: str, args: dict[str, Any]) -> dict[
     try:
         is_error, data = asyncio.run(go())
     except Exception as e:  # noqa: BLE001 - connection problems are the user's to see, briefly
-        err.print(f"[red]cannot reach {url}:[/] {type(e).__name__}: {e}")
-        raise typer.Exit(3) from None
+        _not_served(url, token, e)
     if is_error:
         err.print(f"[red]{data.get('code')}[/]: {data.get('message')}" + (f" ({data['hint']})" if data.get("hint") else ""))
         raise typer.Exit(1)
     return data
 
 
+def _not_served(url: str, token: str | None, e: Exception) -> NoReturn:
+    """Say why a call failed and exit: the server refused the token (401: exit 4, with how to pass
+    one; 403: exit 4) or could not be reached (exit 3). The MCP client's error does not say which,
+    so the server is asked once more, plainly."""
+    status = _refusal(url, token)
+    if status == 401:
+        why = "the token was refused" if token else "this server needs a bearer token"
+        err.print(f"[red]refused by {escape(url)}: 401 Unauthorized[/] ({why}): pass one with --token TOKEN "
+                  "or the CONTROLPLANE_TOKEN environment variable")
+        raise typer.Exit(4)
+    if status == 403:
+        err.print(f"[red]refused by {escape(url)}: 403 Forbidden[/] (the token lacks a scope this call needs)")
+        raise typer.Exit(4)
+    err.print(f"[red]cannot reach {escape(url)}:[/] {type(e).__name__}: {escape(str(e))}")
+    raise typer.Exit(3)
+
+
+def _refusal(url: str, token: str | None) -> int | None:
+    """401 or 403 if the server at `url` refuses this token (or none) outright, else None."""
+    import httpx
+
+    headers = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+    if token:
+        headers["authorization"] = f"Bearer {token}"
+    try:
+        status = httpx.post(url, headers=headers, content=b"{}", timeout=5).status_code
+    except httpx.HTTPError:
+        return None
+    return status if status in (401, 403) else None
+
+
 def _print(data: dict[str, Any], as_json: bool) -> None:
     if as_json:
         print(json.dumps(data, indent=2))
         return
-    table = Table(show_header=False)
+    # One field a line, never wrapped or cut at the terminal's width: states, ids and links stay
+    # whole (a link is copied as it is); each artifact's links on lines of their own.
+    out = Console(soft_wrap=True, highlight=False)
+    artifacts = data.get("artifacts") if isinstance(data.get("artifacts"), list) else []
+    width = max((len(k) for k in data), default=0)
     for k, v in data.items():
-        table.add_row(k, json.dumps(v) if isinstance(v, dict | list) else str(v))
-    Console().print(table)
+        if k == "artifacts" and artifacts:
+            continue
+        out.print(f"{k:<{width}}  {json.dumps(v) if isinstance(v, dict | list) else v}", markup=False)
+    for art in artifacts:
+        out.print(f"artifact {art.get('name')} ({art.get('size_bytes')} bytes, sha256 {art.get('sha256')}, "
+                  f"link expires {art.get('expires_at')})", markup=False)
+        for link in ("download_url", "file_url"):
+            if art.get(link):
+                out.print(f"  {art[link]}", markup=False)
 
 
 @tasks_app.command("list")
@@ -565,8 +606,7 @@ def tasks_watch(url: UrlOpt = DEFAULT_URL, token: TokenOpt = None,
     except KeyboardInterrupt:
         pass
     except Exception as e:  # noqa: BLE001 - connection problems are the user's to see, briefly
-        err.print(f"[red]cannot reach {url}:[/] {type(e).__name__}: {e}")
-        raise typer.Exit(3) from None
+        _not_served(url, token, e)
 
 
 @tasks_app.command("show")

@@ -18,7 +18,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from controlplane.states import FINAL
+from controlplane.states import FINAL, TaskState
 
 STYLE = {"succeeded": "green", "failed": "red", "timed_out": "red", "cancelled": "dim", "expired": "dim",
          "running": "cyan", "queued": "yellow", "scheduled": "yellow"}
@@ -30,18 +30,45 @@ def percent_of(task: dict[str, Any]) -> float:
     return float(task.get("percent") or 0.0)
 
 
-def table(tasks: list[dict[str, Any]], *, at: float | None = None) -> Table:
-    """One frame: task id, tool, state, a progress bar and its percent, when submitted."""
+# Every state fits this wide: a state is never cut.
+STATE_WIDTH = max(len(state) for state in TaskState)
+BAR_WIDTH = 24
+GAP = 2  # between columns
+
+
+def table(tasks: list[dict[str, Any]], *, at: float | None = None, width: int = 200) -> Table:
+    """One frame at most `width` columns wide: task id, state and percent whole (never cut); the
+    tool's name cut if it must be; the progress bar shorter, then left out; then `submitted`."""
     out = Table(box=None, pad_edge=False, title=time.strftime("%H:%M:%S", time.localtime(at or time.time())),
-                title_justify="left")
-    for name in ("task_id", "tool", "state", "progress", "%", "submitted"):
-        out.add_column(name, no_wrap=True, overflow="ignore")
+                title_justify="left", padding=(0, GAP // 2))
+    id_w = max([len("task_id"), *(len(t["task_id"]) for t in tasks)])
+    tool_w = max([len("tool"), *(len(t["tool_name"]) for t in tasks)])
+    submitted_w = max([len("submitted"), *(len(t["submitted_at"]) for t in tasks)])
+    fixed = id_w + STATE_WIDTH + 5 + 2 * GAP
+    tool_w = max(4, min(tool_w, width - fixed - GAP))
+    room = width - fixed - GAP - tool_w
+    bar_w = min(BAR_WIDTH, room - GAP - (submitted_w + GAP if room >= BAR_WIDTH + submitted_w + 2 * GAP else 0))
+    show_bar = bar_w >= 8
+    show_submitted = room - (bar_w + GAP if show_bar else 0) >= submitted_w + GAP
+    out.add_column("task_id", no_wrap=True, min_width=id_w)
+    out.add_column("tool", no_wrap=True, overflow="ellipsis", max_width=tool_w)
+    out.add_column("state", no_wrap=True, min_width=STATE_WIDTH)
+    if show_bar:
+        out.add_column("progress", no_wrap=True, width=bar_w)
+    out.add_column("%", no_wrap=True, justify="right", min_width=5)
+    if show_submitted:
+        out.add_column("submitted", no_wrap=True, min_width=submitted_w)
     for t in tasks:
         pct = percent_of(t)
-        out.add_row(t["task_id"], t["tool_name"], Text(t["state"], style=STYLE.get(t["state"], "")),
-                    ProgressBar(total=100, completed=pct, width=24), f"{pct:5.1f}", t["submitted_at"])
+        cells: list[Any] = [t["task_id"], t["tool_name"], Text(t["state"], style=STYLE.get(t["state"], ""))]
+        if show_bar:
+            cells.append(ProgressBar(total=100, completed=pct, width=bar_w))
+        cells.append(f"{pct:5.1f}")
+        if show_submitted:
+            cells.append(t["submitted_at"])
+        out.add_row(*cells)
     if not tasks:
-        out.add_row("(no tasks)", "", "", "", "", "")
+        out.add_row("(no tasks)", *[""] * (len(out.columns) - 1))
     return out
 
 
@@ -61,7 +88,7 @@ async def watch(url: str, token: str | None, args: dict[str, Any], console: Cons
                 if res.is_error:
                     raise RuntimeError(f"{page.get('code')}: {page.get('message')}")
                 tasks = page["tasks"]
-                live.update(table(tasks), refresh=True)
+                live.update(table(tasks, width=console.width), refresh=True)
                 shown += 1
                 if (until_done and all(t["state"] in FINAL for t in tasks)) or (frames is not None and shown >= frames):
                     return tasks
