@@ -37,7 +37,8 @@ async def test_a_browser_follows_a_task_to_its_end_and_cancels_another(http_serv
     root = http_server.url.removesuffix("/mcp")
     async with Client(http_server.url) as client:
         agent = Agent(client)
-        followed = await agent.submit("exercise", inputs={"sleep_s": 3, "progress_steps": 6, "log_lines": 5})
+        followed = await agent.submit("exercise", inputs={"sleep_s": 3, "progress_steps": 6, "log_lines": 5,
+                                                          "artifact_bytes": 2048})
         doomed = await agent.submit("exercise", inputs={"sleep_s": 120})
 
         async with async_playwright() as pw:
@@ -51,14 +52,27 @@ async def test_a_browser_follows_a_task_to_its_end_and_cancels_another(http_serv
 
                 await page.click(f'a[href="/dashboard/tasks/{followed}"]')
                 await expect(page.locator("#state")).to_have_text("running", timeout=30_000)
+                opened_at = page.url
+                await expect(page.locator("#artifacts")).to_have_text("once the task ends")
                 await expect(page.locator("#state")).to_have_text("succeeded", timeout=60_000)
                 await expect(page.locator("#logs")).to_contain_text("line 4")
                 await expect(page.locator("#percent")).to_have_text("100")
-                assert (await agent.call("get_task_status", task_id=followed))["state"] == "succeeded"
+                status = await agent.call("get_task_status", task_id=followed)
+                assert status["state"] == "succeeded"
+                # The end, as it happened, without a reload: the artifact's link, the timeline's
+                # last move and what the task cost, as get_task_status reports it.
+                await expect(page.locator("#artifacts a")).to_have_text("data.bin", timeout=10_000)
+                await expect(page.locator("#timeline")).to_contain_text("→ succeeded")
+                cost = status["estimated_cost"]
+                await expect(page.locator("#cost")).to_contain_text(f"{cost['amount']:.6f} {cost['currency']}")
+                await expect(page.locator("#cost")).to_contain_text(f"{status['usage']['run_seconds']:g} s run")
+                await expect(page.locator("#completed")).not_to_be_empty()
+                assert page.url == opened_at
                 await page.screenshot(path=str(tmp_path / "followed.png"), full_page=True)
 
                 await page.goto(f"{root}/dashboard/tasks/{doomed}")
                 await expect(page.locator("#state")).to_have_text("running", timeout=30_000)
+                await expect(page.locator("#cost")).to_contain_text("so far")  # recorded while it runs
                 asked: list[str] = []
 
                 async def confirm(dialog: Any) -> None:

@@ -197,7 +197,7 @@ def routes(cp: ControlPlane, auth: AuthProvider | None) -> list[Route]:
         result = await call(svc.result, session.caller, api.GetTaskResult(task_id=task_id))
         logs = await call(svc.tail, session.caller, api.TailTaskLogs(task_id=task_id, from_end=True, limit=LOG_LINES))
         return page("task.html", task=status, timeline=timeline, result=result, logs=logs, session=session,
-                    csrf=sessions.csrf(session), ended=status["state"] in FINAL)
+                    csrf=sessions.csrf(session), ended=status["state"] in FINAL, cost=cost_text(status))
 
     async def stream(request: Request, session: Session) -> Response:
         task_id = request.path_params["task_id"]
@@ -267,10 +267,28 @@ def routes(cp: ControlPlane, auth: AuthProvider | None) -> list[Route]:
     return out
 
 
+def cost_text(status: dict[str, Any]) -> str | None:
+    """A task's usage and estimated cost as its page shows them (`get_task_status`'s `usage` and
+    `estimated_cost`); None while nothing is recorded (the task has not run)."""
+    used, cost = status.get("usage") or {}, status.get("estimated_cost") or {}
+    if status.get("started_at") is None and not used.get("run_seconds"):
+        return None
+    amount = cost.get("amount")
+    priced = f"{amount:.6f} {cost.get('currency', '')}" if amount is not None else "not priced (no list price)"
+    shape = [f"{used.get('run_seconds', 0):g} s run", f"{used.get('vcpu_seconds', 0):g} vCPU-s",
+             f"{used.get('memory_gib_seconds', 0):g} GiB-s"] + \
+        ([f"{used['gpu_seconds']:g} GPU-s"] if used.get("gpu_seconds") else [])
+    so_far = "" if status["state"] in FINAL else " so far"
+    at_submit = cost.get("at_submit")
+    estimate = f"; estimated at submit {at_submit:.6f} {cost.get('currency', '')}" if at_submit is not None else ""
+    return f"{priced}{so_far} ({', '.join(shape)}){estimate}"
+
+
 def _status_view(status: dict[str, Any]) -> dict[str, Any]:
     """What a task's page updates live."""
     progress = status.get("progress") or {}
     return {"state": status["state"], "attempt": status["attempt"], "percent": progress.get("percent"),
+            "cost": cost_text(status),
             "message": progress.get("message"), "phase": progress.get("phase"), "eta_s": progress.get("eta_s"),
             "updated_at": status["updated_at"], "cancel_requested": status["cancel_requested"],
             "error": (status.get("error") or {}).get("message") if isinstance(status.get("error"), dict) else None}

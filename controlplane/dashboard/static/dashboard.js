@@ -39,6 +39,18 @@ function followTask() {
     });
   }
   if (root.dataset.ended === "1") return;
+  // The parts of the page a state change alters (artifacts, timeline, cost, times), taken from the
+  // page as the server renders it now (autoescaped; a parsed document runs no script).
+  const refresh = async () => {
+    const r = await fetch(location.pathname, { credentials: "same-origin", headers: { accept: "text/html" } });
+    if (!r.ok) return;
+    const fresh = new DOMParser().parseFromString(await r.text(), "text/html");
+    for (const id of ["artifacts", "timeline", "cost", "started", "completed", "attempt"]) {
+      const here = document.getElementById(id), there = fresh.getElementById(id);
+      if (here && there) here.replaceWith(document.importNode(there, true));
+    }
+  };
+  let lastState = document.getElementById("state").textContent;
   const url = "/dashboard/tasks/" + encodeURIComponent(root.dataset.task) + "/stream?cursor=" +
     encodeURIComponent(root.dataset.cursor || "");
   const events = new EventSource(url);
@@ -50,6 +62,10 @@ function followTask() {
     if (s.percent != null) { document.getElementById("progress").value = s.percent; set("percent", Math.round(s.percent)); }
     set("message", s.message);
     if (s.error) set("error", s.error);
+    const cost = document.getElementById("cost");
+    cost.textContent = s.cost ?? "not recorded yet";
+    cost.className = s.cost ? "" : "empty";
+    if (s.state !== lastState) { lastState = s.state; refresh(); }
   });
   events.addEventListener("logs", (e) => {
     const stick = logs.scrollTop + logs.clientHeight >= logs.scrollHeight - 4;
@@ -58,6 +74,7 @@ function followTask() {
   });
   events.addEventListener("end", () => {
     events.close();
+    refresh();
     if (cancel) cancel.disabled = true;
     root.dataset.ended = "1";
   });
