@@ -263,3 +263,25 @@ def test_a_pattern_only_python_reads_is_checked_by_the_reference() -> None:
     assert checked.fast is None
     assert checked.is_valid({"s": "aa"})
     assert [e.message for e in checked.errors({"s": "aaaa"})] == ["'aaaa' does not match '^a{,3}$'"]
+
+
+def test_a_reload_keeps_what_it_replaced_for_the_tasks_admitted_before(tmp_path: Path) -> None:
+    """`adopt` swaps the contents whole; a task launches with the tool and class current at its
+    submit (`admitted`), and a removed class is still scheduled (`queues`)."""
+    import time
+
+    cat = Catalog.load(write(tmp_path))
+    before = time.time() - 1
+    edited = GOOD.replace("{extra}", "").replace("{schema_extra}", "").replace('"-m", "relax"', '"-m", "relax2"')
+    edited = edited.replace("[resource_classes.small]", "[resource_classes.big]").replace('"small"', '"big"')
+    new = Catalog.parse(edited, source="new.toml")
+    held = cat.tools
+    cat.adopt(new)
+    after = time.time() + 1
+    assert cat.source == "new.toml" and set(cat.resource_classes) == {"big"} and held is not cat.tools
+    old = cat.admitted("relax", "small", before)
+    assert old.tool.command[-1] == "relax" and old.resource_class.name == "small"
+    assert cat.admitted("relax", "big", after).tool.command[-1] == "relax2"
+    assert [rc.name for rc in cat.queues()] == ["big", "small"]
+    with pytest.raises(LookupError):
+        cat.admitted("nope", "big", before)
