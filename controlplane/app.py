@@ -303,6 +303,7 @@ class ControlPlane:
         if self.public_url is None:
             self.public_url = listener.url
         self.stores.set_base_url(self.public_url)
+        self.service.same_host = True  # links served only while this process lives: add file URLs
         return listener, Starlette(routes=routes(self.route_deps()))
 
     def route_deps(self) -> RouteDeps:

@@ -50,7 +50,7 @@ async def run_demo(settings: Settings, console: Console, inputs: dict[str, Any])
             sub = await _call(client, "lj_relax", inputs)
             task_id = sub["task_id"]
             console.print(f"submitted [bold]lj_relax[/] {json.dumps(inputs)} -> task [green]{task_id}[/] "
-                          f"({sub['status']}, estimated {sub['estimated_runtime_seconds']:.0f} s)")
+                          f"({sub['state']}, estimated {sub['estimated_runtime_seconds']:.0f} s)")
             status = await _follow(client, task_id, console)
             logs = await _call(client, "tail_task_logs", {"task_id": task_id, "from_end": True, "limit": 5})
             console.print("[bold]last log lines[/]")

@@ -28,6 +28,7 @@ from controlplane.identity import Caller, may_cancel, may_read
 from controlplane.budgets import Budgets, budget_exceeded, period_bounds
 from controlplane.limits import Limits, Streams, limit_exceeded
 from controlplane.prices import PriceTable, Pricing, Usage, money, summarize
+from controlplane.objectstore.local import LocalObjectStore
 from controlplane.objectstore.registry import StoreRegistry
 from controlplane.ops import metrics
 from controlplane.settings import Settings
@@ -118,6 +119,10 @@ class TaskService:
             store.tasks.submit_many, write_many_on_loop=store.tasks.submit_many_on_loop,
             gather_s=GROUP_GATHER_S if store.db.is_sqlite else 0.0, in_progress=lambda: self.load.calls)
         self.load.on_answered = self.commits.poke
+        # Whether callers run on this machine and the download links live only as long as this
+        # process (stdio: its own internal listener serves them): local-store artifacts then carry
+        # a `file_url` too, which outlives the server (docs/design/downloads.md).
+        self.same_host = False
 
     # ==== submit ==============================================================================
     def submit(self, owner: str, req: api.SubmitTask) -> dict[str, Any]:
@@ -496,6 +501,8 @@ class TaskService:
                                                      filename=PurePosixPath(a.name).name),
                     "expires_at": iso(math.floor(now) + lifetime),
                 })
+                if self.same_host and isinstance(store, LocalObjectStore):
+                    artifacts[-1]["file_url"] = store.file_url(a.storage_key)
         out = {
             "task_id": task.task_id,
             "state": state,
@@ -514,19 +521,12 @@ class TaskService:
 
     # ==== a catalog tool called directly (the two-stage answer) ===========================================
     async def submit_direct(self, owner: str, tool_name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-        """A catalog tool called by name: its arguments are the inputs (the two-stage answer)."""
+        """A catalog tool called by name: its arguments are the inputs (the two-stage answer). The
+        answer is submit_task's, plus a `message` saying how to follow the task."""
         sub = await self.submit_grouped(owner, api.SubmitTask(tool_name=tool_name, inputs=arguments))
         est = sub["estimated_runtime_seconds"]
-        return {
-            "task_id": sub["task_id"],
-            "status": sub["state"],
-            "estimated_runtime_seconds": est,
-            "queue": sub["queue"],
-            "position": sub["position"],
-            "poll_after_ms": sub["poll_after_ms"],
-            "message": (f"{tool_name} queued as task {sub['task_id']} (estimated runtime {est:.0f} s). "
-                        "Follow it with get_task_status, tail_task_logs and get_task_result."),
-        }
+        return {**sub, "message": (f"{tool_name} queued as task {sub['task_id']} (estimated runtime {est:.0f} s). "
+                                   "Follow it with get_task_status, tail_task_logs and get_task_result.")}
 
     # ==== the operator's view (controlplane.dashboard, /metrics) ===============================
     def timeline(self, owner: str, task_id: str) -> list[dict[str, Any]]:

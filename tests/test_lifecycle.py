@@ -59,10 +59,22 @@ async def test_submit_run_and_collect(agent: Agent, cp) -> None:
     ]
 
 
+async def test_a_catalog_tool_answers_in_the_shape_of_submit_task(agent: Agent) -> None:
+    """One shape: a catalog tool called directly answers what submit_task answers (`state`, the
+    queue, the estimate and its cost), plus a message saying how to follow the task."""
+    direct = await agent.call("exercise", sleep_s=0)
+    submitted = await agent.call("submit_task", tool_name="exercise", inputs={"sleep_s": 0})
+    assert set(direct) == set(submitted) | {"message"}
+    assert direct["state"] == submitted["state"] == "queued" and "status" not in direct
+    assert direct["estimated_cost"]["currency"] == submitted["estimated_cost"]["currency"]
+    for tid in (direct["task_id"], submitted["task_id"]):
+        assert (await agent.wait(tid))["state"] == "succeeded"
+
+
 async def test_catalog_tool_answers_with_task_and_estimate(agent: Agent) -> None:
     out = await agent.call("lj_relax", n_atoms=13, fmax=0.01)
-    assert set(out) >= {"task_id", "status", "estimated_runtime_seconds", "message"}
-    assert out["status"] == "queued" and out["estimated_runtime_seconds"] > 0
+    assert set(out) >= {"task_id", "state", "estimated_runtime_seconds", "message"}
+    assert out["state"] == "queued" and out["estimated_runtime_seconds"] > 0
     st = await agent.wait(out["task_id"])
     assert st["state"] == "succeeded"
     res = await agent.call("get_task_result", task_id=out["task_id"])

@@ -187,7 +187,7 @@ async def test_a_client_without_the_extension_gets_the_two_stage_answer(cp: Cont
     async with Client(server) as plain, tasks_client(server) as tasked:
         res = await plain.call_tool("exercise", {"sleep_s": 0.1})
         sub = res.structured_content
-        assert sub["status"] == "queued" and sub["task_id"].startswith("tsk_")
+        assert sub["state"] == "queued" and sub["task_id"].startswith("tsk_")
         with pytest.raises(MCPError) as e:
             await tasks_get(plain, sub["task_id"])
         assert e.value.error.code == mcp_types.jsonrpc.MISSING_REQUIRED_CLIENT_CAPABILITY
@@ -259,7 +259,7 @@ async def test_legacy_era_tasks_methods_in_their_own_shapes(server_process: Serv
         await rpc.start()
         call = await rpc.request("tools/call", {"name": "exercise", "arguments": {"sleep_s": 0.5, "result": {"y": 2}}})
         sub = call["result"]["structuredContent"]  # the two-stage answer
-        assert sub["status"] == "queued"
+        assert sub["state"] == "queued"
         got = (await rpc.request("tasks/get", {"taskId": sub["task_id"]}))["result"]
         assert got["taskId"] == sub["task_id"] and got["status"] == "working"
         assert {"ttl", "pollInterval", "createdAt", "lastUpdatedAt"} <= set(got)

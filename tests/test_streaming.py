@@ -219,7 +219,7 @@ async def test_seed_000_follow_up_notifications(http_server: Any) -> None:
                 "progress_steps": 8, "sleep_s": 1.5, "result": {"z": 26}},
                 "_meta": {"progressToken": "t1", NOTIFY_META: True}})
             sub = answer["result"]["structuredContent"]
-            assert sub["status"] == "queued"  # stage one: at once
+            assert sub["state"] == "queued"  # stage one: at once
             deadline = time.monotonic() + 60
             while not any(m["method"] == "notifications/tool_result" for _, m in messages):
                 assert time.monotonic() < deadline, messages

@@ -136,6 +136,10 @@ class LocalObjectStore(ObjectStore):
             base.unlink(missing_ok=True)
         return n
 
+    def file_url(self, key: str) -> str:
+        """The object as a `file://` URL: for a caller on this machine, with no server needed."""
+        return self.path_of(key).as_uri()
+
     def signed_url(self, key: str, *, expires_in: int, filename: str) -> str:
         if self.signer is None:
             raise RuntimeError("this local store has no link signer")
