@@ -180,13 +180,16 @@ def self_signed_tls(directory: Path) -> tuple[ssl.SSLContext, Path]:
 # ---- local processes that play cloud jobs ----------------------------------------------------------
 
 def start_process(cmd: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-    """Start a job's container command here: `python` is this interpreter, the working directory and
-    PYTHONPATH are the repository root, `env` goes over os.environ, stdout and stderr are merged into
-    one pipe, and the process leads its own process group (so that killpg reaches its children)."""
+    """Start a job's container command here: `python` is this interpreter (also for the tool the
+    runner starts: its directory leads PATH, as the image's python has the package installed), the
+    working directory and PYTHONPATH are the repository root, `env` goes over os.environ, stdout and
+    stderr are merged into one pipe, and the process leads its own process group (so that killpg
+    reaches its children)."""
     cmd = list(cmd)
     if cmd and cmd[0] == "python":
         cmd[0] = sys.executable
-    return subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(ROOT), **env}, cwd=ROOT,
+    path = os.pathsep.join((os.path.dirname(sys.executable), os.environ.get("PATH", "")))
+    return subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(ROOT), "PATH": path, **env}, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             start_new_session=True)
 
