@@ -3,7 +3,7 @@ terraform {
   required_providers {
     aws = {
       source  = "hashicorp/aws"
-      version = ">= 5.40, < 7"
+      version = ">= 6.25.0, < 7.0.0"
     }
   }
 }

@@ -2,7 +2,6 @@
 #
 #   controlplane catalog export catalog.toml --default-image <tools image> -o catalog.json
 #   terraform init && terraform apply -var-file=my.tfvars
-#   $(terraform output -raw migrate_command)        # the one-shot migration, then replicas start
 #   terraform output -json | controlplane catalog check catalog.toml - --default-image <tools image>
 
 provider "azurerm" {

@@ -14,6 +14,6 @@ output "jobs" {
 }
 
 output "migrate_command" {
-  description = "The one-shot database migration to run after apply."
+  description = "The database migration by hand (each new revision migrates at start; this is for migrating ahead of one)."
   value       = module.controlplane.migrate_command
 }

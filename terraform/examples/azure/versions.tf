@@ -3,7 +3,7 @@ terraform {
   required_providers {
     azurerm = {
       source  = "hashicorp/azurerm"
-      version = ">= 4.42, < 5"
+      version = ">= 4.55.0, < 5.0.0"
     }
   }
 }

@@ -1,7 +1,7 @@
 # A minimal root module: the control plane on Google Cloud in an existing VPC network.
 #
 #   controlplane catalog export catalog.toml --default-image <tools image> -o catalog.json
-#   terraform init && terraform apply -var-file=my.tfvars   (runs the migration job, then the service)
+#   terraform init && terraform apply -var-file=my.tfvars
 #   terraform output -json | controlplane catalog check catalog.toml - --default-image <tools image>
 
 provider "google" {

@@ -3,7 +3,7 @@ terraform {
   required_providers {
     google = {
       source  = "hashicorp/google"
-      version = ">= 6.0, < 8"
+      version = ">= 6.50.0, < 7.0.0"
     }
   }
 }

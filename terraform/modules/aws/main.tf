@@ -306,8 +306,8 @@ resource "aws_secretsmanager_secret_version" "secret_key" {
 
 # ---- AWS Batch: one job definition per catalog tool ---------------------------------------------
 resource "aws_batch_compute_environment" "this" {
-  compute_environment_name_prefix = "${var.name}-"
-  type                            = "MANAGED"
+  name_prefix = "${var.name}-" # hashicorp/aws 6.0 renamed compute_environment_name_prefix
+  type        = "MANAGED"
   compute_resources {
     type               = "FARGATE"
     max_vcpus          = var.batch_max_vcpus
@@ -427,8 +427,9 @@ resource "aws_ecs_task_definition" "server" {
   tags = local.tags
 }
 
-# The one-shot migration: the same image and settings, running `controlplane db upgrade` (see
-# the `migrate_command` output). Replicas do not migrate on start.
+# The migration by hand: the same image and settings, running `controlplane db upgrade` (the
+# `migrate_command` output), e.g. ahead of a rollout. Not needed for one: each new task migrates
+# when it starts, under PostgreSQL's advisory lock, before it listens (CONTROLPLANE_MIGRATE_ON_START).
 resource "aws_ecs_task_definition" "migrate" {
   family                   = "${var.name}-migrate"
   requires_compatibilities = ["FARGATE"]

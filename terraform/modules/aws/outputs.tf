@@ -30,11 +30,13 @@ output "catalog_sha256" {
 }
 
 output "migrate_command" {
-  description = "Runs the one-shot migration (`controlplane db upgrade`): once after the first apply, and before a new image's replicas roll out."
+  description = "Runs the migration (`controlplane db upgrade`) by hand, e.g. ahead of a rollout; not needed otherwise: each new revision migrates at start."
   value = join(" ", [
     "aws ecs run-task --region ${local.region} --cluster ${aws_ecs_cluster.this.name}",
     "--task-definition ${aws_ecs_task_definition.migrate.arn} --launch-type FARGATE",
-    "--network-configuration 'awsvpcConfiguration={subnets=[${join(",", var.private_subnet_ids)}],securityGroups=[${aws_security_group.service.id}],assignPublicIp=DISABLED}'",
+    # no quotes and no spaces: run as `$(terraform output -raw migrate_command)`, the shell splits
+    # the words but keeps quotes, which the AWS CLI would then refuse
+    "--network-configuration awsvpcConfiguration={subnets=[${join(",", var.private_subnet_ids)}],securityGroups=[${aws_security_group.service.id}],assignPublicIp=DISABLED}",
   ])
 }
 

@@ -3,11 +3,11 @@ terraform {
   required_providers {
     aws = {
       source  = "hashicorp/aws"
-      version = ">= 5.40, < 7"
+      version = ">= 6.25.0, < 7.0.0"
     }
     random = {
       source  = "hashicorp/random"
-      version = ">= 3.5, < 4"
+      version = ">= 3.7.2, < 4.0.0"
     }
   }
 }

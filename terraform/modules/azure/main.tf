@@ -348,8 +348,9 @@ resource "azurerm_container_app_job" "tool" {
   }
 }
 
-# The one-shot migration (`controlplane db upgrade`): start it with the `migrate_command` output
-# after the first apply and before a new image's replicas roll out; replicas never migrate.
+# The migration by hand (`controlplane db upgrade`, the `migrate_command` output), e.g. ahead of a
+# rollout. Not needed for one: each new revision migrates when it starts, under PostgreSQL's
+# advisory lock, before it listens (CONTROLPLANE_MIGRATE_ON_START).
 resource "azurerm_container_app_job" "migrate" {
   name                         = "${var.name}-migrate"
   resource_group_name          = azurerm_resource_group.this.name

@@ -30,7 +30,7 @@ output "catalog_sha256" {
 }
 
 output "migrate_command" {
-  description = "Runs the one-shot migration (`controlplane db upgrade`): once after the first apply, and before a new image's replicas roll out."
+  description = "Runs the migration (`controlplane db upgrade`) by hand, e.g. ahead of a rollout; not needed otherwise: each new revision migrates at start."
   value       = "az containerapp job start --name ${azurerm_container_app_job.migrate.name} --resource-group ${azurerm_resource_group.this.name}"
 }
 

@@ -3,11 +3,11 @@ terraform {
   required_providers {
     azurerm = {
       source  = "hashicorp/azurerm"
-      version = ">= 4.42, < 5"
+      version = ">= 4.55.0, < 5.0.0"
     }
     random = {
       source  = "hashicorp/random"
-      version = ">= 3.5, < 4"
+      version = ">= 3.7.2, < 4.0.0"
     }
   }
 }

@@ -260,16 +260,16 @@ resource "google_cloud_run_v2_job" "tool" {
 }
 
 # ---- the control plane -------------------------------------------------------------------------
-# The one-shot migration: the same image, `controlplane db upgrade`. Terraform runs an execution
-# whenever the image changes (run_execution_token) and waits for it to complete before the service
-# rolls out the new image, so replicas never migrate and never start on a database behind them.
+# The migration by hand: the same image, `controlplane db upgrade` (the `migrate_command` output),
+# e.g. to migrate ahead of a rollout. Not needed for one: each new revision migrates when it
+# starts, under PostgreSQL's advisory lock, before it listens (CONTROLPLANE_MIGRATE_ON_START,
+# set by the settings module), so it serves only on a database at its schema.
 resource "google_cloud_run_v2_job" "migrate" {
   project             = var.project
   name                = "${var.name}-migrate"
   location            = var.region
   deletion_protection = false
   labels              = local.labels
-  run_execution_token = substr(sha256(var.control_plane_image), 0, 16)
   template {
     task_count = 1
     template {
@@ -370,8 +370,8 @@ resource "google_cloud_run_v2_service" "server" {
       }
     }
   }
-  depends_on = [google_cloud_run_v2_job.migrate, google_secret_manager_secret_version.secret_key,
-  google_secret_manager_secret_iam_member.server]
+  depends_on = [google_secret_manager_secret_version.database_url, google_secret_manager_secret_version.secret_key,
+  google_secret_manager_secret_iam_member.server, google_sql_database.this, google_sql_user.this]
 }
 
 # MCP clients authenticate with OAuth access tokens the server checks (not Google IAM), so the

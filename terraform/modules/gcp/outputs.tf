@@ -30,7 +30,7 @@ output "catalog_sha256" {
 }
 
 output "migrate_command" {
-  description = "Runs the one-shot migration again by hand (apply runs it whenever the image changes)."
+  description = "Runs the migration (`controlplane db upgrade`) by hand, e.g. ahead of a rollout; not needed otherwise: each new revision migrates at start."
   value       = "gcloud run jobs execute ${google_cloud_run_v2_job.migrate.name} --project ${var.project} --region ${var.region} --wait"
 }
 

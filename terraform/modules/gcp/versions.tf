@@ -3,11 +3,11 @@ terraform {
   required_providers {
     google = {
       source  = "hashicorp/google"
-      version = ">= 6.0, < 8"
+      version = ">= 6.50.0, < 7.0.0"
     }
     random = {
       source  = "hashicorp/random"
-      version = ">= 3.5, < 4"
+      version = ">= 3.7.2, < 4.0.0"
     }
   }
 }

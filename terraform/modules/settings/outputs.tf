@@ -18,7 +18,10 @@ output "environment" {
   value = merge(local.auth_env, {
     CONTROLPLANE_PUBLIC_URL       = var.public_url
     CONTROLPLANE_CATALOG_JSON     = jsonencode(local.server_catalog)
-    CONTROLPLANE_MIGRATE_ON_START = "false"
+    # Each new revision migrates the database before it listens, under PostgreSQL's advisory
+    # lock (one at a time; the others wait, then find it current): no manual step, and no
+    # replica serves on a schema behind its code.
+    CONTROLPLANE_MIGRATE_ON_START = "true"
     CONTROLPLANE_ALLOWED_HOSTS    = local.probe_hosts
     CONTROLPLANE_LOG_LEVEL        = "INFO"
     # Jobs hold no storage permission: they read and write their own attempt's keys through
