@@ -125,8 +125,10 @@ def test_the_control_plane_image_migrates_once_then_serves_and_answers_its_healt
     serve = dockerfile.exec_form(CONTROL_PLANE, "CMD")
     health = dockerfile.exec_form(CONTROL_PLANE, "HEALTHCHECK")
 
-    # A replica started before the one-shot migration refuses to start, and says what to run.
-    refused = subprocess.run(serve, env=env, capture_output=True, text=True, timeout=60)
+    # The image alone (CONTROLPLANE_MIGRATE_ON_START=false) refuses a database behind it, and says
+    # what to run. (The modules turn migration at start on: tests/test_terraform_image.py.)
+    refused = subprocess.run(serve, env={**env, "CONTROLPLANE_MIGRATE_ON_START": "false"},
+                             capture_output=True, text=True, timeout=60)
     assert refused.returncode != 0
     assert "controlplane db upgrade" in refused.stderr and "Traceback" not in refused.stderr
 
