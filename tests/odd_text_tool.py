@@ -10,21 +10,25 @@ default), while the inputs and the result, kept as JSON, come back exactly as th
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from controlplane_runner import toolkit
 
+# The tool runs as a module of tests/, which is not an installed package: its PYTHONPATH names the checkout.
+CHECKOUT = str(Path(__file__).resolve().parent.parent)
 CATALOG_ENTRY = """
 [tools.odd_text]
 description = "A test tool whose output holds NUL characters."
 resource_class = "cpu_small"
 command = ["{python}", "-m", "tests.odd_text_tool"]
+env = { PYTHONPATH = "@CHECKOUT@" }
 estimate_s = 1
 
 [tools.odd_text.input_schema]
 type = "object"
 additionalProperties = false
 properties.echo = { type = "string" }
-"""
+""".replace("@CHECKOUT@", CHECKOUT)
 
 
 def main() -> int:

@@ -12,14 +12,18 @@ from __future__ import annotations
 import os
 import sys
 import time
+from pathlib import Path
 
 from controlplane_runner import toolkit
 
+# The tool runs as a module of tests/, which is not an installed package: its PYTHONPATH names the checkout.
+CHECKOUT = str(Path(__file__).resolve().parent.parent)
 CATALOG_ENTRY = """
 [tools.steady]
 description = "A test tool whose percent repeats, goes quiet, steps back and restarts on a retry."
 resource_class = "cpu_small"
 command = ["{python}", "-m", "tests.steady_tool"]
+env = { PYTHONPATH = "@CHECKOUT@" }
 estimate_s = 5
 retry = { max_attempts = 3, backoff_s = 0, retry_on = ["tool_failed"] }
 
@@ -29,7 +33,7 @@ additionalProperties = false
 properties.fail_attempts = { type = "integer", minimum = 0, maximum = 2, default = 0 }
 properties.gap_s = { type = "number", minimum = 0, maximum = 10, default = 0.35 }
 properties.quiet_s = { type = "number", minimum = 0, maximum = 60, default = 1.5 }
-"""
+""".replace("@CHECKOUT@", CHECKOUT)
 
 
 def main() -> int:
