@@ -19,3 +19,21 @@ def test_ci_runs_the_readme_test_command() -> None:
     tests = readme_commands()[1]
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert tests in [ln.strip() for ln in ci]
+
+
+def test_readme_sections_in_a_newcomers_order() -> None:
+    """What it is, your first tool, connecting a host, operating, deploying, then reference."""
+    headings = [ln[3:].strip() for ln in (ROOT / "README.md").read_text().splitlines() if ln.startswith("## ")]
+    wanted = ["What it is", "Your first tool", "Connect your MCP host", "Operate", "Deploy", "Reference"]
+    assert [h for h in headings if h in wanted] == wanted
+    assert len((ROOT / "README.md").read_text().splitlines()) < 400, "long reference belongs in docs/"
+
+
+def test_readme_says_how_installed_names_map_to_folders_and_claims_its_registry_name() -> None:
+    raw = (ROOT / "README.md").read_text()
+    text = " ".join(raw.split())
+    for folder, name in [("providers/", "controlplane_providers"), ("infra/runner/", "controlplane_runner"),
+                         ("infra/tools/", "controlplane_tools")]:
+        assert f"`{folder}` installs as `{name}`" in text or f"`{folder}` as `{name}`" in text
+    assert "pipx install mcp-controlplane" in text and "uvx mcp-controlplane serve" in text
+    assert "<!-- mcp-name: io.github.mcp-controlplane/mcp-controlplane -->" in raw.splitlines()[-1]
