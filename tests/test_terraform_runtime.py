@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from tests.test_terraform import TERRAFORM, blocks
+from tests.test_terraform import TERRAFORM, blocks, resources
 
 SAMPLES = {  # an interpolation's text -> what Terraform would put there
     r'join(",", var.private_subnet_ids)': "subnet-0a1,subnet-0b2",
@@ -44,3 +44,71 @@ def test_migrate_command_reaches_its_cli_as_written_when_run_as_documented(cloud
         value = argv[argv.index("--network-configuration") + 1]
         assert value == ("awsvpcConfiguration={subnets=[subnet-0a1,subnet-0b2],"
                          f"securityGroups=[{value.split('securityGroups=[')[1].split(']')[0]}],assignPublicIp=DISABLED}}")
+
+
+def oauth_attributes() -> set[str]:
+    """The attributes of the settings module's `oauth` object type."""
+    text = (TERRAFORM / "modules" / "settings" / "variables.tf").read_text()
+    body = text.split('variable "oauth"', 1)[1].split("\n}\n", 1)[0]
+    return set(re.findall(r"^\s{4}(\w+)\s+=", body, re.M))
+
+
+def test_every_oauth_setting_a_deployment_needs_has_an_attribute_and_reaches_the_server() -> None:
+    """Cognito and Entra ID name scopes otherwise than tasks:*, so the scope names (and the
+    authorization servers, the algorithm) must be settable; each attribute lands on a setting
+    the server has, and the cloud modules refuse any other (an object type drops it silently)."""
+    from controlplane.settings import Settings
+
+    attributes = oauth_attributes()
+    assert {"scopes", "authorization_servers", "algorithm"} <= attributes
+    main = (TERRAFORM / "modules" / "settings" / "main.tf").read_text()
+    fields = set(Settings.model_fields)
+    for env in re.findall(r"CONTROLPLANE_(AUTH_\w+?)\b(?!\$)", main):
+        assert env.lower() in fields, env
+    assert '"CONTROLPLANE_AUTH_SCOPE_${upper(role)}"' in main
+    for role in ("submit", "read", "cancel", "admin"):
+        assert f"auth_scope_{role}" in fields and re.search(rf"\b{role} = optional\(string\)", 
+                                                            (TERRAFORM / "modules" / "settings" / "variables.tf").read_text())
+    for attribute in attributes - {"scopes"}:
+        assert f"var.oauth.{attribute}" in main, attribute
+    for cloud in ("aws", "gcp", "azure"):
+        text = (TERRAFORM / "modules" / cloud / "variables.tf").read_text()
+        listed = set(re.findall(r'"(\w+)"', text.split('variable "oauth"', 1)[1].split("\n}\n", 1)[0]))
+        assert listed == attributes, f"{cloud}: the oauth attributes it admits differ from the settings module's"
+
+
+def test_azure_job_role_stops_one_execution_and_its_name_is_unique_per_resource_group() -> None:
+    """providers/container_apps cancels with Jobs_StopExecution, which Azure authorizes as
+    Microsoft.App/jobs/stop/execution/action; jobs/stop/action (stop all) is not needed."""
+    provider = (TERRAFORM.parent / "providers" / "container_apps.py").read_text()
+    assert "begin_stop_execution" in provider and "begin_stop_multiple_executions" not in provider
+    [role] = [body for rtype, name, body in resources(TERRAFORM / "modules" / "azure")
+              if rtype == "azurerm_role_definition" and name == "job_runner"]
+    actions = [a.strip('"') for a in role["permissions"][0]["actions"]]
+    assert "Microsoft.App/jobs/stop/execution/action" in actions and "Microsoft.App/jobs/stop/action" not in actions
+    assert "azurerm_resource_group.this.id" in role["name"]  # role names are unique per tenant
+
+
+def test_azure_apps_wait_for_the_role_assignments_they_use() -> None:
+    """Key Vault references and AcrPull work minutes after the assignment: each app or job that
+    reads a secret at creation depends on a wait that follows its assignments."""
+    found = {(rtype, name): body for rtype, name, body in resources(TERRAFORM / "modules" / "azure")}
+    wait = found[("time_sleep", "rbac_propagation")]
+    assert "azurerm_role_assignment.server_secrets" in wait["triggers"]["secrets"]
+    assert "azurerm_role_assignment.migrate_secret" in wait["triggers"]["secrets"]
+    assert "azurerm_role_assignment.acr_pull" in wait["triggers"]["pulls"]
+    for app in (("azurerm_container_app", "server"), ("azurerm_container_app_job", "migrate")):
+        assert found[app]["depends_on"] == ["${time_sleep.rbac_propagation}"], app
+    for secret in ("database_url", "secret_key"):
+        assert found[("azurerm_key_vault_secret", secret)]["depends_on"] == ["${time_sleep.deployer_rbac}"]
+
+
+def test_azure_database_subnet_admits_postgres_between_its_own_servers() -> None:
+    """Zone-redundant HA (on by default) replicates inside the database subnet; the NSG's
+    deny-VNet rule would cut it unless an allow of 5432 within the subnet comes first."""
+    [nsg] = [body for rtype, name, body in resources(TERRAFORM / "modules" / "azure")
+             if rtype == "azurerm_network_security_group" and name == "db"]
+    rules = sorted(({k: str(v).strip('"') for k, v in r.items()} for r in nsg["security_rule"]), key=lambda r: int(r["priority"]))
+    db = "${azurerm_subnet.db.address_prefixes[0]}"
+    first = next(r for r in rules if r["source_address_prefix"] in (db, "VirtualNetwork"))
+    assert first["access"] == "Allow" and first["source_address_prefix"] == db and first["destination_port_range"] == "5432"

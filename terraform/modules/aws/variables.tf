@@ -58,6 +58,13 @@ variable "allowed_cidrs" {
 variable "oauth" {
   description = "The identity provider clients bring access tokens from (README: Authorization); attributes map onto CONTROLPLANE_AUTH_* (issuer_aliases: ..._ISSUER_ALIASES, and so on)."
   type        = any # an object of the attributes listed in the README, typed and defaulted by ../settings
+  validation {
+    # Terraform drops attributes an object type does not name, silently: refuse them here instead
+    condition = alltrue([for k in keys(var.oauth) : contains(["issuer", "issuer_aliases", "jwks_uri", "audience",
+      "extra_audiences", "audience_claim", "scope_request_prefix", "required_claims", "implicit_scopes", "team_claim",
+    "scopes", "authorization_servers", "algorithm"], k)])
+    error_message = "oauth: an attribute the modules do not know (see the module README for the list); it would be dropped silently."
+  }
 }
 
 variable "desired_count" {

@@ -18,13 +18,16 @@ resource "azurerm_user_assigned_identity" "migrate" {
 # ---- the control plane -------------------------------------------------------------------------
 # Start, read and stop executions of its own jobs: a role of exactly those operations, assigned
 # on each tool job.
+# The provider stops one execution (Jobs_StopExecution: jobs/stop/execution/action), never all of a
+# job's (jobs/stop/action, not granted). Role names are unique per tenant: this one carries the
+# resource group's id digest, so two deployments named alike do not collide.
 resource "azurerm_role_definition" "job_runner" {
-  name        = "${var.name}-job-runner"
+  name        = "${var.name}-job-runner-${substr(sha256(azurerm_resource_group.this.id), 0, 8)}"
   scope       = azurerm_resource_group.this.id
-  description = "Start a Container Apps job, read it and its executions, stop its executions."
+  description = "Start a Container Apps job, read it and its executions, stop one of its executions."
   permissions {
     actions = ["Microsoft.App/jobs/read", "Microsoft.App/jobs/*/read", "Microsoft.App/jobs/start/action",
-    "Microsoft.App/jobs/stop/action"]
+    "Microsoft.App/jobs/stop/execution/action"]
   }
   assignable_scopes = [azurerm_resource_group.this.id]
 }
@@ -85,4 +88,15 @@ resource "azurerm_role_assignment" "acr_pull" {
   scope                = var.registry.id
   role_definition_name = "AcrPull"
   principal_id         = each.value
+}
+
+# Azure RBAC takes minutes to reach Key Vault and the registry after an assignment is made: an app
+# or job created at once fails its first secret read or image pull (403). The apps wait this long
+# after their assignments on the first apply (later applies find them in place and do not wait).
+resource "time_sleep" "rbac_propagation" {
+  create_duration = var.rbac_propagation_wait
+  triggers = {
+    secrets = join(",", concat([for a in azurerm_role_assignment.server_secrets : a.id], [azurerm_role_assignment.migrate_secret.id]))
+    pulls   = join(",", [for a in azurerm_role_assignment.acr_pull : a.id])
+  }
 }

@@ -102,6 +102,18 @@ resource "azurerm_network_security_group" "db" {
     destination_address_prefix = azurerm_subnet.db.address_prefixes[0]
   }
   security_rule {
+    # zone-redundant HA: the primary and the standby (both in this subnet) replicate over 5432
+    name                       = "postgres-within-db-subnet"
+    priority                   = 110
+    direction                  = "Inbound"
+    access                     = "Allow"
+    protocol                   = "Tcp"
+    source_port_range          = "*"
+    destination_port_range     = "5432"
+    source_address_prefix      = azurerm_subnet.db.address_prefixes[0]
+    destination_address_prefix = azurerm_subnet.db.address_prefixes[0]
+  }
+  security_rule {
     name                       = "deny-other-vnet-inbound"
     priority                   = 4000
     direction                  = "Inbound"
@@ -224,11 +236,16 @@ resource "azurerm_key_vault" "this" {
   }
 }
 
-# Terraform itself writes the two secrets.
+# Terraform itself writes the two secrets, once its own assignment has propagated.
 resource "azurerm_role_assignment" "deployer_writes_secrets" {
   scope                = azurerm_key_vault.this.id
   role_definition_name = "Key Vault Secrets Officer"
   principal_id         = data.azurerm_client_config.current.object_id
+}
+
+resource "time_sleep" "deployer_rbac" {
+  create_duration = var.rbac_propagation_wait
+  triggers        = { assignment = azurerm_role_assignment.deployer_writes_secrets.id }
 }
 
 resource "azurerm_key_vault_secret" "database_url" {
@@ -237,7 +254,7 @@ resource "azurerm_key_vault_secret" "database_url" {
   key_vault_id = azurerm_key_vault.this.id
   content_type = "text/uri"
   value        = "postgresql://controlplane:${random_password.db.result}@${azurerm_postgresql_flexible_server.this.fqdn}:5432/controlplane?sslmode=require"
-  depends_on   = [azurerm_role_assignment.deployer_writes_secrets]
+  depends_on   = [time_sleep.deployer_rbac]
 }
 
 resource "azurerm_key_vault_secret" "secret_key" {
@@ -246,7 +263,7 @@ resource "azurerm_key_vault_secret" "secret_key" {
   key_vault_id = azurerm_key_vault.this.id
   content_type = "text/plain"
   value        = random_password.secret_key.result
-  depends_on   = [azurerm_role_assignment.deployer_writes_secrets]
+  depends_on   = [time_sleep.deployer_rbac]
 }
 
 # ---- object store ------------------------------------------------------------------------------
@@ -393,7 +410,7 @@ resource "azurerm_container_app_job" "migrate" {
       }
     }
   }
-  depends_on = [azurerm_role_assignment.migrate_secret]
+  depends_on = [time_sleep.rbac_propagation]
 }
 
 resource "azurerm_container_app" "server" {
@@ -469,5 +486,5 @@ resource "azurerm_container_app" "server" {
       }
     }
   }
-  depends_on = [azurerm_role_assignment.server_secrets]
+  depends_on = [time_sleep.rbac_propagation]
 }

@@ -40,5 +40,9 @@ locals {
     var.oauth.audience_claim == null ? {} : { CONTROLPLANE_AUTH_AUDIENCE_CLAIM = var.oauth.audience_claim },
     var.oauth.scope_request_prefix == null ? {} : { CONTROLPLANE_AUTH_SCOPE_REQUEST_PREFIX = var.oauth.scope_request_prefix },
     var.oauth.team_claim == null ? {} : { CONTROLPLANE_AUTH_TEAM_CLAIM = var.oauth.team_claim },
+    var.oauth.algorithm == null ? {} : { CONTROLPLANE_AUTH_ALGORITHM = var.oauth.algorithm },
+    length(var.oauth.authorization_servers) == 0 ? {} : { CONTROLPLANE_AUTH_AUTHORIZATION_SERVERS = join(",", var.oauth.authorization_servers) },
+    { for role, scope in var.oauth.scopes : "CONTROLPLANE_AUTH_SCOPE_${upper(role)}" => scope if scope != null },
   )
+  scopes = [for role in ["submit", "read", "cancel", "admin"] : coalesce(lookup(var.oauth.scopes, role, null), "tasks:${role}")]
 }

@@ -42,7 +42,7 @@ output "oauth" {
     resource                    = local.mcp_url
     audience                    = coalesce(var.oauth.audience, local.mcp_url)
     protected_resource_metadata = "${var.public_url}/.well-known/oauth-protected-resource/mcp"
-    scopes                      = ["tasks:submit", "tasks:read", "tasks:cancel", "tasks:admin"]
+    scopes                      = local.scopes
   }
 }
 

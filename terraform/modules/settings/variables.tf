@@ -39,6 +39,10 @@ variable "oauth" {
     required_claims      = optional(map(string), {})
     implicit_scopes      = optional(list(string), [])
     team_claim           = optional(string)
+    # scope names as they appear in tokens (Cognito: "<resource server>/tasks:submit"), by role
+    scopes                = optional(object({ submit = optional(string), read = optional(string), cancel = optional(string), admin = optional(string) }), {})
+    authorization_servers = optional(list(string), [])
+    algorithm             = optional(string)
   })
 }
 
