@@ -1,4 +1,4 @@
-"""Pushed progress and streaming waits (seeds 000, 002, 003 section 9, 004): wait_task streams a
+"""Pushed progress and streaming waits (docs/design/streaming.md): wait_task streams a
 task's progress and returns its result; a token's progress values strictly increase (MCP), on
 every wire, whatever the task does; notifications come at most 4 a second and never after the
 answer; a wait that times out says so; leaving a wait never cancels the task; 2025-11-25 streams

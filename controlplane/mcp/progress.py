@@ -1,7 +1,7 @@
-"""Progress notifications for one MCP request's progressToken (seeds 000, 002 and 003 section 9).
+"""Progress notifications for one MCP request's progressToken (docs/design/progress-and-completion.md).
 
 `ProgressSender` turns a task's updates (from the progress hub, `controlplane.progress`) into `notifications/progress` for one request's
-progressToken, as MCP and seeds 000, 002 and 003 (section 9) ask: the progress value rises with
+progressToken, as MCP and docs/design/progress-and-completion.md ask: the progress value rises with
 every notification (the class says how, when the task's percent does not), at most 4
 notifications a second per call (later ones within the interval are coalesced into one trailing
 notification that carries the newest state), and nothing after the call's terminal response.

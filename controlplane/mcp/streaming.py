@@ -1,4 +1,4 @@
-"""Streaming a task's progress to a connected client (seeds 000, 002, 004).
+"""Streaming a task's progress to a connected client (docs/design/streaming.md).
 
 * `wait_task` (a canonical tool): holds the call open until the task ends or `timeout_s` passes,
   sending `notifications/progress` for the request's progressToken as the task advances. Over
