@@ -5,12 +5,13 @@ interpolations are filled with sample values) and then used the way the deploy g
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 
 import pytest
 
-from tests.test_terraform import TERRAFORM, blocks, resources
+from tests.test_terraform import TERRAFORM, blocks, parsed, resources
 
 SAMPLES = {  # an interpolation's text -> what Terraform would put there
     r'join(",", var.private_subnet_ids)': "subnet-0a1,subnet-0b2",
@@ -112,3 +113,52 @@ def test_azure_database_subnet_admits_postgres_between_its_own_servers() -> None
     db = "${azurerm_subnet.db.address_prefixes[0]}"
     first = next(r for r in rules if r["source_address_prefix"] in (db, "VirtualNetwork"))
     assert first["access"] == "Allow" and first["source_address_prefix"] == db and first["destination_port_range"] == "5432"
+
+
+def hcl_string(value: str) -> str:
+    """A quoted HCL string literal as the program sees it (python-hcl2 keeps the escapes)."""
+    return value.strip('"').replace("\\\\", "\\")
+
+
+def test_aws_pulls_from_the_ecr_repositories_its_images_name() -> None:
+    """The example passes no ecr_repository_arns although its images are ECR URIs: the module
+    reads each image's repository from its URI and grants pulls from it."""
+    [local] = [b for tf in (TERRAFORM / "modules" / "aws").glob("iam.tf") for b in parsed(tf)["locals"]]
+    pattern = re.compile(hcl_string(local["ecr_uri"]))
+    m = pattern.search("123456789012.dkr.ecr.eu-west-1.amazonaws.com/team/controlplane-tools:0.1.0")
+    assert m and m.groups() == ("123456789012", "eu-west-1", "team/controlplane-tools")
+    assert pattern.search("123456789012.dkr.ecr.eu-west-1.amazonaws.com/cp@sha256:ab").group(3) == "cp"  # type: ignore[union-attr]
+    assert not pattern.search("ghcr.io/acme/controlplane:1")
+    assert "var.control_plane_image" in local["ecr_image_repos"] and "module.settings.jobs" in local["ecr_image_repos"]
+    docs = [body for tf in (TERRAFORM / "modules" / "aws").glob("iam.tf") for block in parsed(tf)["data"]
+            for rtype, named in block.items() for name, body in named.items() if name.strip('"') == "ecr_pull"]
+    assert "local.ecr_repository_arns" in json.dumps(docs)
+
+
+def test_aws_grants_and_trusts_no_more_than_it_uses() -> None:
+    text = (TERRAFORM / "modules" / "aws" / "iam.tf").read_text()
+    provider = (TERRAFORM.parent / "providers" / "aws_batch.py").read_text()
+    assert "filter_log_events" not in provider and '"logs:FilterLogEvents"' not in text
+    monitoring = text.split('data "aws_iam_policy_document" "rds_monitoring_assume"', 1)[1].split("\n}\n", 1)[0]
+    assert '"aws:SourceAccount"' in monitoring  # the confused-deputy guard the ECS roles' trust has
+    main = (TERRAFORM / "modules" / "aws" / "main.tf").read_text()
+    assert "data.aws_region.current.name" not in main  # deprecated in hashicorp/aws 6.x: .region
+
+
+@pytest.mark.parametrize("directory", ["modules/aws", "modules/gcp", "modules/azure", "examples/aws",
+                                       "examples/gcp", "examples/azure"])
+def test_names_the_clouds_refuse_are_refused_at_plan(directory: str) -> None:
+    """RDS identifiers, Key Vault and Container Apps names take no trailing hyphen and no two in
+    a row; the `name` validation refuses them before anything is made."""
+    [variable] = [b['"name"'] for tf in (TERRAFORM / directory).glob("variables.tf")
+                  for b in parsed(tf)["variable"] if '"name"' in b]
+    condition = variable["validation"][0]["condition"]
+    m = re.fullmatch(r'\$\{can\(regex\("(.*)", var\.name\)\) && length\(var\.name\) <= (\d+)\}', condition)
+    assert m, condition
+    pattern, longest = re.compile(hcl_string(m.group(1))), int(m.group(2))
+
+    def accepted(name: str) -> bool:
+        return bool(pattern.search(name)) and len(name) <= longest
+    assert accepted("controlplane") and accepted("cp-1") and accepted("a-b-c")
+    assert not accepted("cp-") and not accepted("cp--x") and not accepted("-cp") and not accepted("1cp")
+    assert not accepted("c") and not accepted("Cp") and not accepted("x" * (longest + 1))

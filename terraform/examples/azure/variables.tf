@@ -31,8 +31,8 @@ variable "name" {
   type        = string
   default     = "controlplane"
   validation {
-    condition     = can(regex("^[a-z][a-z0-9-]{1,11}$", var.name))
-    error_message = "name: 2 to 12 lowercase letters, digits or hyphens, starting with a letter."
+    condition     = can(regex("^[a-z](-?[a-z0-9])+$", var.name)) && length(var.name) <= 12
+    error_message = "name: 2 to 12 lowercase letters, digits or single hyphens, starting with a letter and not ending with a hyphen."
   }
 }
 

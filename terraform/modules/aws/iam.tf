@@ -5,7 +5,14 @@
 locals {
   batch_arn     = "arn:${local.partition}:batch:${local.region}:${local.account}"
   job_def_arns  = [for tool, name in module.settings.job_names : "${local.batch_arn}:job-definition/${name}:*"]
-  ecr_pull      = length(var.ecr_repository_arns) > 0
+  # ECR repositories of the images: those named, and those of every image that is an ECR URI
+  # (<account>.dkr.ecr.<region>.amazonaws.com/<repository>[:tag|@digest])
+  ecr_image_repos = distinct([for image in concat([var.control_plane_image], [for job in module.settings.jobs : job.image]) :
+    format("arn:%s:ecr:%s:%s:repository/%s", local.partition, regex(local.ecr_uri, image)[1], regex(local.ecr_uri, image)[0], regex(local.ecr_uri, image)[2])
+  if can(regex(local.ecr_uri, image))])
+  ecr_uri              = "^([0-9]{12})\\.dkr\\.ecr\\.([a-z0-9-]+)\\.amazonaws\\.com(?:\\.cn)?/([^:@]+)"
+  ecr_repository_arns  = distinct(concat(var.ecr_repository_arns, local.ecr_image_repos))
+  ecr_pull             = length(local.ecr_repository_arns) > 0
 }
 
 data "aws_iam_policy_document" "ecs_tasks_assume" {
@@ -48,7 +55,7 @@ data "aws_iam_policy_document" "server" {
   }
   statement {
     sid       = "ReadItsJobsLogs"
-    actions   = ["logs:GetLogEvents", "logs:FilterLogEvents"]
+    actions   = ["logs:GetLogEvents"] # the provider reads each job's own stream, never filters
     resources = ["${aws_cloudwatch_log_group.jobs.arn}:log-stream:*", aws_cloudwatch_log_group.jobs.arn]
   }
   statement {
@@ -88,7 +95,7 @@ data "aws_iam_policy_document" "ecr_pull" {
     content {
       sid       = "PullImages"
       actions   = ["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer"]
-      resources = var.ecr_repository_arns
+      resources = local.ecr_repository_arns
     }
   }
   dynamic "statement" {
@@ -165,6 +172,11 @@ data "aws_iam_policy_document" "rds_monitoring_assume" {
     principals {
       type        = "Service"
       identifiers = ["monitoring.rds.amazonaws.com"]
+    }
+    condition {
+      test     = "StringEquals"
+      variable = "aws:SourceAccount"
+      values   = [local.account]
     }
   }
 }

@@ -8,7 +8,7 @@ data "aws_partition" "current" {}
 
 locals {
   account   = data.aws_caller_identity.current.account_id
-  region    = data.aws_region.current.name
+  region    = data.aws_region.current.region # `name` is deprecated in hashicorp/aws 6.x
   partition = data.aws_partition.current.partition
 
   public_url  = "https://${var.public_hostname}"
@@ -474,6 +474,9 @@ resource "aws_ecs_service" "server" {
     enable   = true
     rollback = true
   }
+  # A new task migrates the database before it listens (CONTROLPLANE_MIGRATE_ON_START): the load
+  # balancer's failed checks meanwhile do not count against it.
+  health_check_grace_period_seconds = 120
   propagate_tags = "SERVICE"
   tags           = local.tags
   depends_on     = [aws_lb_listener.https]

@@ -3,8 +3,8 @@ variable "name" {
   type        = string
   default     = "controlplane"
   validation {
-    condition     = can(regex("^[a-z][a-z0-9-]{1,19}$", var.name))
-    error_message = "name: 2 to 20 lowercase letters, digits or hyphens, starting with a letter."
+    condition     = can(regex("^[a-z](-?[a-z0-9])+$", var.name)) && length(var.name) <= 20
+    error_message = "name: 2 to 20 lowercase letters, digits or single hyphens, starting with a letter and not ending with a hyphen."
   }
 }
 
@@ -50,7 +50,7 @@ variable "private_subnet_ids" {
 }
 
 variable "allowed_cidrs" {
-  description = "Client networks allowed to reach the HTTPS listener."
+  description = "Networks allowed to reach the HTTPS listener: the clients' and the jobs' (runners call back to the public URL through the NAT gateways: include their public IPs as /32, or the jobs' reports are cut)."
   type        = list(string)
   default     = ["0.0.0.0/0"]
 }
@@ -122,7 +122,7 @@ variable "log_retention_days" {
 }
 
 variable "ecr_repository_arns" {
-  description = "ECR repositories the control-plane and tool images come from (pull access for the execution roles); empty for images in public registries."
+  description = "ECR repositories to grant pulls from besides those the module reads from the images' own URIs (every <account>.dkr.ecr.<region>.amazonaws.com image gets its repository's pull access)."
   type        = list(string)
   default     = []
 }
