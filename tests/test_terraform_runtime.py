@@ -8,10 +8,11 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+from typing import Any
 
 import pytest
 
-from tests.test_terraform import TERRAFORM, blocks, parsed, resources
+from tests.test_terraform import TERRAFORM, blocks, exported, parsed, resources  # noqa: F401 - a fixture
 
 SAMPLES = {  # an interpolation's text -> what Terraform would put there
     r'join(",", var.private_subnet_ids)': "subnet-0a1,subnet-0b2",
@@ -162,3 +163,49 @@ def test_names_the_clouds_refuse_are_refused_at_plan(directory: str) -> None:
     assert accepted("controlplane") and accepted("cp-1") and accepted("a-b-c")
     assert not accepted("cp-") and not accepted("cp--x") and not accepted("-cp") and not accepted("1cp")
     assert not accepted("c") and not accepted("Cp") and not accepted("x" * (longest + 1))
+
+
+def test_gcp_waits_for_its_apis_in_a_fresh_project() -> None:
+    """Service accounts, custom roles and the project lookup fail in a fresh project until the
+    APIs are on; each waits for them, and the Cloud Resource Manager API (the lookup's) is one."""
+    directory = TERRAFORM / "modules" / "gcp"
+    [apis] = [body for rtype, name, body in resources(directory) if rtype == "google_project_service"]
+    assert "cloudresourcemanager.googleapis.com" in apis["for_each"]
+    waits = "${google_project_service.apis}"
+    for rtype, name, body in resources(directory):
+        if rtype in ("google_service_account", "google_project_iam_custom_role", "google_storage_bucket",
+                     "google_sql_database_instance", "google_compute_global_address"):
+            assert waits in body.get("depends_on", []), f"{rtype}.{name} does not wait for the APIs"
+    [project] = [b['"google_project"']['"this"'] for tf in directory.glob("*.tf") for b in parsed(tf).get("data", [])
+                 if '"google_project"' in b]
+    assert project["depends_on"] == [waits]
+
+
+def test_gcp_example_can_reuse_a_networks_private_service_access() -> None:
+    [module] = [b['"controlplane"'] for b in parsed(TERRAFORM / "examples" / "gcp" / "main.tf")["module"]]
+    assert module["create_private_service_access"] == "${var.create_private_service_access}"
+
+
+def test_gcp_runs_jobs_with_run_permissions_only() -> None:
+    """jobs.run with overrides is authorized by run.jobs.run and run.jobs.runWithOverrides on the
+    job; the provider never reads the job itself (run.jobs.get) nor needs to act as its account."""
+    provider = (TERRAFORM.parent / "providers" / "cloud_run.py").read_text()
+    assert "get_job" not in provider and "run_job" in provider
+    text = (TERRAFORM / "modules" / "gcp" / "iam.tf").read_text()
+    code = "\n".join(ln for ln in text.splitlines() if not ln.lstrip().startswith("#"))
+    assert '"run.jobs.get"' not in code and "roles/iam.serviceAccountUser" not in code
+
+
+def test_gcp_refuses_what_cloud_run_would_at_plan(exported: dict[str, Any]) -> None:
+    """Job names over 63 characters or taking the migration job's name, and a catalog over Cloud
+    Run's 32,768 characters for one env value, are refused by preconditions; the default catalog
+    fits with room to spare."""
+    found = {(rtype, name): body for rtype, name, body in resources(TERRAFORM / "modules" / "gcp")}
+    [job_pre] = found[("google_cloud_run_v2_job", "tool")]["lifecycle"][0]["precondition"]
+    assert "<= 63" in job_pre["condition"] and '!= "${var.name}-migrate"' in job_pre["condition"]
+    [svc_pre] = found[("google_cloud_run_v2_service", "server")]["lifecycle"][0]["precondition"]
+    assert svc_pre["condition"] == "${length(local.server_env.CONTROLPLANE_CATALOG_JSON) <= 32768}"
+    assert len(json.dumps(exported["catalog"], separators=(",", ":"))) < 32768 // 2
+    [az_pre] = [b for rtype, name, b in resources(TERRAFORM / "modules" / "azure")
+                if (rtype, name) == ("azurerm_container_app_job", "tool")][0]["lifecycle"][0]["precondition"]
+    assert '!= "${var.name}-migrate"' in az_pre["condition"]

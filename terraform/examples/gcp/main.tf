@@ -19,6 +19,8 @@ module "controlplane" {
   control_plane_image = var.control_plane_image
   network             = var.network
   subnetwork          = var.subnetwork
+
+  create_private_service_access = var.create_private_service_access
   public_hostname     = var.public_hostname
   oauth               = var.oauth
   deletion_protection = var.deletion_protection

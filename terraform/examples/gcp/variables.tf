@@ -82,3 +82,9 @@ variable "deletion_protection" {
   type        = bool
   default     = true
 }
+
+variable "create_private_service_access" {
+  description = "Reserve a range and peer `network` with Google's services (Cloud SQL's private IP); false when the network has private service access already (a second peering would fail)."
+  type        = bool
+  default     = true
+}

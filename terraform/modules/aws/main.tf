@@ -366,8 +366,9 @@ resource "aws_batch_job_definition" "tool" {
   tags = merge(local.tags, { "controlplane:tool" = each.key })
   lifecycle {
     precondition {
-      condition     = module.settings.job_names_unique
-      error_message = "Two catalog tools map onto one job definition name (names are lowercased, '_' becomes '-'): rename one."
+      # (a tool named `migrate` is fine here: the migration is an ECS task definition, not a Batch job definition)
+      condition     = module.settings.job_names_unique && length(module.settings.job_names[each.key]) <= 128
+      error_message = "Job definition names are <name>-<tool>, lowercased with '_' as '-': one per tool, at most 128 characters (Batch's limit): rename one."
     }
   }
 }

@@ -359,8 +359,8 @@ resource "azurerm_container_app_job" "tool" {
   }
   lifecycle {
     precondition {
-      condition     = module.settings.job_names_unique && length(module.settings.job_names[each.key]) <= 32
-      error_message = "Job names are <name>-<tool>, lowercased with '_' as '-', at most 32 characters (Azure's limit), one per tool: shorten or rename the tool, or the name."
+      condition     = module.settings.job_names_unique && length(module.settings.job_names[each.key]) <= 32 && module.settings.job_names[each.key] != "${var.name}-migrate"
+      error_message = "Job names are <name>-<tool>, lowercased with '_' as '-', at most 32 characters (Azure's limit), one per tool, and not <name>-migrate (the migration job's): shorten or rename the tool, or the name."
     }
   }
 }

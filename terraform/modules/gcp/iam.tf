@@ -5,18 +5,21 @@ resource "google_service_account" "server" {
   project      = var.project
   account_id   = "${var.name}-server"
   display_name = "${var.name}: the control plane"
+  depends_on   = [google_project_service.apis]
 }
 
 resource "google_service_account" "jobs" {
   project      = var.project
   account_id   = "${var.name}-jobs"
   display_name = "${var.name}: tool jobs (the runner)"
+  depends_on   = [google_project_service.apis]
 }
 
 resource "google_service_account" "migrate" {
   project      = var.project
   account_id   = "${var.name}-migrate"
   display_name = "${var.name}: the one-shot database migration"
+  depends_on   = [google_project_service.apis]
 }
 
 # ---- the control plane -------------------------------------------------------------------------
@@ -26,8 +29,9 @@ resource "google_project_iam_custom_role" "job_runner" {
   role_id     = replace("${var.name}_job_runner", "-", "_")
   title       = "${var.name}: run and watch its tool jobs"
   description = "Run a job with per-execution overrides, read and cancel its executions."
-  permissions = ["run.jobs.get", "run.jobs.run", "run.jobs.runWithOverrides", "run.executions.get",
-  "run.executions.list", "run.executions.cancel"]
+  permissions = ["run.jobs.run", "run.jobs.runWithOverrides", "run.executions.get", "run.executions.list",
+  "run.executions.cancel"]
+  depends_on = [google_project_service.apis]
 }
 
 resource "google_cloud_run_v2_job_iam_member" "server" {
@@ -39,12 +43,9 @@ resource "google_cloud_run_v2_job_iam_member" "server" {
   member   = google_service_account.server.member
 }
 
-# Running a job with overrides acts as the job's service account.
-resource "google_service_account_iam_member" "server_acts_as_jobs" {
-  service_account_id = google_service_account.jobs.name
-  role               = "roles/iam.serviceAccountUser"
-  member             = google_service_account.server.member
-}
+# No iam.serviceAccountUser on the jobs' account: running a job, with overrides, is authorized by
+# run.jobs.run and run.jobs.runWithOverrides on the job (Cloud Run's jobs.run reference); the
+# job's account was set when Terraform made the job.
 
 # Cloud Logging authorizes reading entries per project (a log view cannot select one job's
 # executions by name), so this one grant is project-wide: read log entries, nothing else.
@@ -54,6 +55,7 @@ resource "google_project_iam_custom_role" "log_reader" {
   title       = "${var.name}: read job logs"
   description = "Read log entries (the provider tails its executions' logs)."
   permissions = ["logging.logEntries.list"]
+  depends_on  = [google_project_service.apis]
 }
 
 resource "google_project_iam_member" "server_logs" {

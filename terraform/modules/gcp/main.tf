@@ -2,8 +2,10 @@
 # one Cloud Run job per catalog tool, a GCS bucket and Secret Manager, each with its own service
 # account (iam.tf).
 
+# Read once the APIs are on (the Cloud Resource Manager API answers it; a fresh project has it off).
 data "google_project" "this" {
   project_id = var.project
+  depends_on = [google_project_service.apis]
 }
 
 locals {
@@ -38,8 +40,9 @@ module "settings" {
 }
 
 resource "google_project_service" "apis" {
-  for_each = toset(["run.googleapis.com", "sqladmin.googleapis.com", "secretmanager.googleapis.com",
-  "servicenetworking.googleapis.com", "iam.googleapis.com", "iamcredentials.googleapis.com", "logging.googleapis.com"])
+  for_each = toset(["cloudresourcemanager.googleapis.com", "run.googleapis.com", "sqladmin.googleapis.com",
+    "secretmanager.googleapis.com", "servicenetworking.googleapis.com", "iam.googleapis.com", "iamcredentials.googleapis.com",
+  "logging.googleapis.com", "storage.googleapis.com", "compute.googleapis.com"])
   project            = var.project
   service            = each.value
   disable_on_destroy = false
@@ -52,10 +55,11 @@ resource "google_storage_bucket" "objects" {
   project                     = var.project
   name                        = "${var.project}-${var.name}-objects"
   location                    = var.region
-  uniform_bucket_level_access = true # required by the IAM conditions that confine jobs to tasks/
+  uniform_bucket_level_access = true # access by IAM alone (no object ACLs)
   public_access_prevention    = "enforced"
   force_destroy               = !var.deletion_protection
   labels                      = local.labels
+  depends_on                  = [google_project_service.apis]
   lifecycle_rule {
     condition {
       age = 2
@@ -124,6 +128,7 @@ resource "google_compute_global_address" "private_services" {
   address_type  = "INTERNAL"
   prefix_length = 20
   network       = var.network
+  depends_on    = [google_project_service.apis]
 }
 
 resource "google_service_networking_connection" "private_services" {
@@ -208,7 +213,7 @@ resource "google_sql_database_instance" "this" {
       value = "on"
     }
   }
-  depends_on = [google_service_networking_connection.private_services]
+  depends_on = [google_service_networking_connection.private_services, google_project_service.apis]
 }
 
 resource "google_sql_database" "this" {
@@ -231,7 +236,7 @@ resource "google_cloud_run_v2_job" "tool" {
   name                = module.settings.job_names[each.key]
   location            = var.region
   deletion_protection = false # a job holds no data; its executions' results are in the bucket
-  labels              = merge(local.labels, { "controlplane-tool" = replace(lower(each.key), "_", "-") })
+  labels              = merge(local.labels, { "controlplane-tool" = substr(replace(lower(each.key), "_", "-"), 0, 63) })
   template {
     task_count = 1
     template {
@@ -252,8 +257,8 @@ resource "google_cloud_run_v2_job" "tool" {
   }
   lifecycle {
     precondition {
-      condition     = module.settings.job_names_unique
-      error_message = "Two catalog tools map onto one job name (names are lowercased, '_' becomes '-'): rename one."
+      condition     = module.settings.job_names_unique && length(module.settings.job_names[each.key]) <= 63 && module.settings.job_names[each.key] != "${var.name}-migrate"
+      error_message = "Job names are <name>-<tool>, lowercased with '_' as '-': one per tool, at most 63 characters (Cloud Run's limit, also its label values'), and not <name>-migrate (the migration job's): shorten or rename the tool, or the name."
     }
   }
   depends_on = [google_project_service.apis]
@@ -372,6 +377,12 @@ resource "google_cloud_run_v2_service" "server" {
   }
   depends_on = [google_secret_manager_secret_version.database_url, google_secret_manager_secret_version.secret_key,
   google_secret_manager_secret_iam_member.server, google_sql_database.this, google_sql_user.this]
+  lifecycle {
+    precondition {
+      condition     = length(local.server_env.CONTROLPLANE_CATALOG_JSON) <= 32768
+      error_message = "The catalog the server is given (CONTROLPLANE_CATALOG_JSON) is over Cloud Run's 32,768 characters for one environment value: shorten descriptions and schemas, or split the deployment."
+    }
+  }
 }
 
 # MCP clients authenticate with OAuth access tokens the server checks (not Google IAM), so the
