@@ -121,3 +121,33 @@ def test_the_catalogs_the_docs_show_are_valid(path: Path) -> None:
     for block in re.findall(r"^```toml[^\n]*\n(.*?)^```", path.read_text(), re.MULTILINE | re.DOTALL):
         if "[tools." in block or "\n[tools" in block:
             Catalog.from_data(tomllib.loads(block), source=str(path.relative_to(ROOT)))
+
+
+def slug(heading: str) -> str:
+    """A heading's anchor as GitHub and mkdocs' toc make it (for the headings this repository has)."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.MULTILINE | re.DOTALL)
+    return {slug(m) for m in re.findall(r"^#{1,6} (.+)$", text, re.MULTILINE)}
+
+
+def test_links_between_the_repositorys_markdown_files_resolve() -> None:
+    """Outside docs/ (which the strict build checks), a relative link names a file that exists, and
+    a heading of it when it names an anchor: README.md and terraform's READMEs link into docs/."""
+    broken = []
+    for path in repository_files():
+        if path.suffix != ".md" or DOCS in path.parents:
+            continue
+        for target in re.findall(r"\]\(([^)\s]+)\)", path.read_text()):
+            if re.match(r"[a-z]+:", target) or target.startswith("#"):
+                continue
+            file, _, anchor = target.partition("#")
+            dest = (path.parent / file).resolve()
+            if not dest.exists():
+                broken.append(f"{path.relative_to(ROOT)}: {target}")
+            elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+                broken.append(f"{path.relative_to(ROOT)}: {target} (no such heading)")
+    assert not broken, "\n".join(broken)
