@@ -46,6 +46,22 @@ app.add_typer(limits_app, name="limits")
 app.add_typer(budgets_app, name="budgets")
 
 err = Console(stderr=True)
+
+
+def _version(shown: bool) -> None:
+    if shown:
+        from controlplane import __version__
+
+        print(f"mcp-controlplane {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                                help="Print the version and exit")] = False) -> None:
+    """mcp-controlplane: run heavy compute as durable tasks for AI agents."""
+
+
 HomeOpt = Annotated[Path | None, typer.Option("--home", help="State directory (default $CONTROLPLANE_HOME or "
                                               "~/.controlplane)", envvar="CONTROLPLANE_HOME")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the raw JSON answer")]

@@ -459,3 +459,22 @@ async def expire_soon(cp: ControlPlane, tid: str) -> None:
         assert time.monotonic() < deadline, "the task did not expire"
         await cp.reconciler.cycle()
         await anyio.sleep(0.05)
+
+
+@pytest.fixture(scope="session")
+def built() -> Iterator[Any]:
+    """The sdist and the wheel of this checkout, built once a session (tests/installed.py)."""
+    from tests.installed import build, outside_the_checkout
+
+    with outside_the_checkout("mcp-controlplane-dist-") as out:
+        yield build(out)
+
+
+@pytest.fixture(scope="session")
+def installed(built: Any) -> Iterator[Any]:
+    """The wheel alone installed non-editable in a fresh venv outside the checkout, as `pipx
+    install mcp-controlplane` or `uvx mcp-controlplane` installs it (tests/installed.py)."""
+    from tests.installed import install, outside_the_checkout
+
+    with outside_the_checkout("mcp-controlplane-venv-") as root:
+        yield install(built.wheel, root / "venv")

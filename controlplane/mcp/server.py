@@ -19,7 +19,7 @@ from fastmcp.exceptions import NotFoundError
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 from fastmcp.tools.base import ToolResult
 
-from controlplane import api
+from controlplane import __version__, api
 from controlplane.http.routes import routes
 from controlplane.mcp import compat
 from controlplane.mcp.auth import build_auth
@@ -102,7 +102,7 @@ def build_server(cp: ControlPlane, *, with_auth: bool = True) -> FastMCP:
     mcp = compat.ControlPlaneMCP(
         name="mcp-controlplane",
         instructions=INSTRUCTIONS,
-        version="0.1.0",
+        version=__version__,
         lifespan=lifespan,
         mask_error_details=True,
         dereference_schemas=False,  # our schemas are inlined once when the tools are built
