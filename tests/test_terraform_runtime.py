@@ -201,11 +201,65 @@ def test_gcp_refuses_what_cloud_run_would_at_plan(exported: dict[str, Any]) -> N
     Run's 32,768 characters for one env value, are refused by preconditions; the default catalog
     fits with room to spare."""
     found = {(rtype, name): body for rtype, name, body in resources(TERRAFORM / "modules" / "gcp")}
-    [job_pre] = found[("google_cloud_run_v2_job", "tool")]["lifecycle"][0]["precondition"]
+    job_pre = found[("google_cloud_run_v2_job", "tool")]["lifecycle"][0]["precondition"][0]
     assert "<= 63" in job_pre["condition"] and '!= "${var.name}-migrate"' in job_pre["condition"]
     [svc_pre] = found[("google_cloud_run_v2_service", "server")]["lifecycle"][0]["precondition"]
     assert svc_pre["condition"] == "${length(local.server_env.CONTROLPLANE_CATALOG_JSON) <= 32768}"
     assert len(json.dumps(exported["catalog"], separators=(",", ":"))) < 32768 // 2
-    [az_pre] = [b for rtype, name, b in resources(TERRAFORM / "modules" / "azure")
-                if (rtype, name) == ("azurerm_container_app_job", "tool")][0]["lifecycle"][0]["precondition"]
+    az_pre = [b for rtype, name, b in resources(TERRAFORM / "modules" / "azure")
+              if (rtype, name) == ("azurerm_container_app_job", "tool")][0]["lifecycle"][0]["precondition"][0]
     assert '!= "${var.name}-migrate"' in az_pre["condition"]
+
+
+# ---- job shapes: what each cloud accepts, refused at plan otherwise ------------------------------
+def shape_table(cloud: str, name: str) -> dict[str, list[int]]:
+    """A locals table of vCPU -> memory, its range(a, b, c) entries expanded as Terraform does."""
+    [table] = [b[name] for tf in (TERRAFORM / "modules" / cloud).glob("main.tf") for b in parsed(tf)["locals"] if name in b]
+    out = {}
+    for cpu, value in table.items():
+        m = re.fullmatch(r"\$\{range\((\d+), (\d+), (\d+)\)\}", str(value))
+        out[cpu.strip('"')] = list(range(*map(int, m.groups()))) if m else [int(v) for v in value]
+    return out
+
+
+def tf_cpu(cpu: float) -> str:
+    return f"{cpu:g}"  # tostring(1) = "1", tostring(0.25) = "0.25"
+
+
+SHAPE_CONDITIONS = {  # the precondition each job resource has, and what it means
+    "aws": ("${each.value.gpu == 0 && contains(try(local.fargate_memory_mb[tostring(each.value.cpu)], []), "
+            "each.value.memory_mb)}",
+            lambda job: job["gpu"] == 0 and job["memory_mb"] in shape_table("aws", "fargate_memory_mb").get(tf_cpu(job["cpu"]), [])),
+    "gcp": ("${each.value.gpu == 0 && each.value.memory_mb >= try(local.cloud_run_memory_mb[tostring(each.value.cpu)][0], "
+            "1000000000) && each.value.memory_mb <= try(local.cloud_run_memory_mb[tostring(each.value.cpu)][1], 0)}",
+            lambda job: job["gpu"] == 0 and tf_cpu(job["cpu"]) in shape_table("gcp", "cloud_run_memory_mb")
+            and shape_table("gcp", "cloud_run_memory_mb")[tf_cpu(job["cpu"])][0] <= job["memory_mb"]
+            <= shape_table("gcp", "cloud_run_memory_mb")[tf_cpu(job["cpu"])][1]),
+    "azure": ("${each.value.gpu == 0 && each.value.cpu >= 0.25 && each.value.cpu <= 4 && floor(each.value.cpu * 4) == "
+              "each.value.cpu * 4 && each.value.memory_mb == each.value.cpu * 2048}",
+              lambda job: job["gpu"] == 0 and 0.25 <= job["cpu"] <= 4 and float(job["cpu"] * 4).is_integer()
+              and job["memory_mb"] == job["cpu"] * 2048),
+}
+# (cpu, memory_mb, gpu) -> accepted?, from each cloud's documentation
+SHAPES = {
+    "aws": {(1, 2048, 0): True, (0.25, 512, 0): True, (4, 30720, 0): True, (16, 122880, 0): True,
+            (1, 1024, 0): False, (0.25, 1536, 0): False, (3, 6144, 0): False, (8, 18432, 0): False, (1, 2048, 1): False},
+    "gcp": {(1, 2048, 0): True, (2, 8192, 0): True, (8, 32768, 0): True, (4, 2048, 0): True,
+            (1, 8192, 0): False, (4, 1024, 0): False, (3, 4096, 0): False, (0.5, 512, 0): False, (1, 2048, 1): False},
+    "azure": {(1, 2048, 0): True, (0.25, 512, 0): True, (4, 8192, 0): True, (1.75, 3584, 0): True,
+              (1, 4096, 0): False, (0.3, 614, 0): False, (8, 16384, 0): False, (1, 2048, 1): False},
+}
+
+
+@pytest.mark.parametrize("cloud", sorted(SHAPE_CONDITIONS))
+def test_each_job_shape_is_one_the_cloud_runs_and_gpus_are_refused_at_plan(cloud: str, exported: dict[str, Any]) -> None:
+    """A resource class whose cpu/memory the cloud would refuse (or whose GPU it would drop, or
+    the server refuse) fails the plan naming the tool; the default catalog's classes pass."""
+    condition, means = SHAPE_CONDITIONS[cloud]
+    [job] = [body for rtype, name, body in resources(TERRAFORM / "modules" / cloud) if name == "tool"
+             and rtype in ("aws_batch_job_definition", "google_cloud_run_v2_job", "azurerm_container_app_job")]
+    assert condition in [p["condition"] for p in job["lifecycle"][0]["precondition"]]
+    for (cpu, memory_mb, gpu), accepted in SHAPES[cloud].items():
+        assert means({"cpu": cpu, "memory_mb": memory_mb, "gpu": gpu}) is accepted, (cloud, cpu, memory_mb, gpu)
+    for tool, spec in exported["jobs"].items():
+        assert means(spec), f"{cloud}: the default catalog's {tool} would be refused"

@@ -305,6 +305,19 @@ resource "aws_secretsmanager_secret_version" "secret_key" {
 }
 
 # ---- AWS Batch: one job definition per catalog tool ---------------------------------------------
+locals {
+  # vCPU -> the memory (MiB) Fargate pairs with it (AWS Batch on Fargate: resourceRequirements)
+  fargate_memory_mb = {
+    "0.25" = [512, 1024, 2048]
+    "0.5"  = range(1024, 4097, 1024)
+    "1"    = range(2048, 8193, 1024)
+    "2"    = range(4096, 16385, 1024)
+    "4"    = range(8192, 30721, 1024)
+    "8"    = range(16384, 61441, 4096)
+    "16"   = range(32768, 122881, 8192)
+  }
+}
+
 resource "aws_batch_compute_environment" "this" {
   name_prefix = "${var.name}-" # hashicorp/aws 6.0 renamed compute_environment_name_prefix
   type        = "MANAGED"
@@ -369,6 +382,10 @@ resource "aws_batch_job_definition" "tool" {
       # (a tool named `migrate` is fine here: the migration is an ECS task definition, not a Batch job definition)
       condition     = module.settings.job_names_unique && length(module.settings.job_names[each.key]) <= 128
       error_message = "Job definition names are <name>-<tool>, lowercased with '_' as '-': one per tool, at most 128 characters (Batch's limit): rename one."
+    }
+    precondition {
+      condition     = each.value.gpu == 0 && contains(try(local.fargate_memory_mb[tostring(each.value.cpu)], []), each.value.memory_mb)
+      error_message = "Tool ${each.key}: resource class ${each.value.resource_class} (cpu ${each.value.cpu}, memory_mb ${each.value.memory_mb}, gpu ${each.value.gpu}) is not a Fargate shape: vCPU 0.25, 0.5, 1, 2, 4, 8 or 16 with the memory Fargate pairs with it (1 vCPU: 2048 to 8192 in steps of 1024), and no GPU (Fargate has none)."
     }
   }
 }

@@ -362,6 +362,11 @@ resource "azurerm_container_app_job" "tool" {
       condition     = module.settings.job_names_unique && length(module.settings.job_names[each.key]) <= 32 && module.settings.job_names[each.key] != "${var.name}-migrate"
       error_message = "Job names are <name>-<tool>, lowercased with '_' as '-', at most 32 characters (Azure's limit), one per tool, and not <name>-migrate (the migration job's): shorten or rename the tool, or the name."
     }
+    precondition {
+      # the Consumption profile: cpu 0.25 to 4 in steps of 0.25, 2 GiB per vCPU, no GPU
+      condition     = each.value.gpu == 0 && each.value.cpu >= 0.25 && each.value.cpu <= 4 && floor(each.value.cpu * 4) == each.value.cpu * 4 && each.value.memory_mb == each.value.cpu * 2048
+      error_message = "Tool ${each.key}: resource class ${each.value.resource_class} (cpu ${each.value.cpu}, memory_mb ${each.value.memory_mb}, gpu ${each.value.gpu}) is not a Container Apps Consumption shape: cpu 0.25 to 4 in steps of 0.25 with memory_mb = cpu x 2048, and no GPU (Consumption has none)."
+    }
   }
 }
 

@@ -230,6 +230,17 @@ resource "google_sql_user" "this" {
 }
 
 # ---- one Cloud Run job per catalog tool ---------------------------------------------------------
+locals {
+  # vCPU -> [least, most] memory (MiB) a Cloud Run job takes with it (at least 1 vCPU for a job)
+  cloud_run_memory_mb = {
+    "1" = [512, 4096]
+    "2" = [512, 8192]
+    "4" = [2048, 16384]
+    "6" = [4096, 24576]
+    "8" = [4096, 32768]
+  }
+}
+
 resource "google_cloud_run_v2_job" "tool" {
   for_each            = module.settings.jobs
   project             = var.project
@@ -259,6 +270,10 @@ resource "google_cloud_run_v2_job" "tool" {
     precondition {
       condition     = module.settings.job_names_unique && length(module.settings.job_names[each.key]) <= 63 && module.settings.job_names[each.key] != "${var.name}-migrate"
       error_message = "Job names are <name>-<tool>, lowercased with '_' as '-': one per tool, at most 63 characters (Cloud Run's limit, also its label values'), and not <name>-migrate (the migration job's): shorten or rename the tool, or the name."
+    }
+    precondition {
+      condition     = each.value.gpu == 0 && each.value.memory_mb >= try(local.cloud_run_memory_mb[tostring(each.value.cpu)][0], 1000000000) && each.value.memory_mb <= try(local.cloud_run_memory_mb[tostring(each.value.cpu)][1], 0)
+      error_message = "Tool ${each.key}: resource class ${each.value.resource_class} (cpu ${each.value.cpu}, memory_mb ${each.value.memory_mb}, gpu ${each.value.gpu}) is not a Cloud Run job shape: cpu 1, 2, 4, 6 or 8 with 512-4096, 512-8192, 2048-16384, 4096-24576, 4096-32768 MiB; this module makes no GPU jobs."
     }
   }
   depends_on = [google_project_service.apis]
