@@ -263,3 +263,17 @@ def test_each_job_shape_is_one_the_cloud_runs_and_gpus_are_refused_at_plan(cloud
         assert means({"cpu": cpu, "memory_mb": memory_mb, "gpu": gpu}) is accepted, (cloud, cpu, memory_mb, gpu)
     for tool, spec in exported["jobs"].items():
         assert means(spec), f"{cloud}: the default catalog's {tool} would be refused"
+
+
+def test_azure_tool_jobs_have_no_network_path_to_the_database() -> None:
+    """Tool code is not vetted: on AWS and Google the jobs' network reaches no database. On Azure
+    the database NSG admits the apps' subnet, so the tool jobs run in an environment outside the
+    VNet; the server and the migration stay in the VNet-integrated one."""
+    found = {(rtype, name): body for rtype, name, body in resources(TERRAFORM / "modules" / "azure")}
+    jobs_env = found[("azurerm_container_app_job", "tool")]["container_app_environment_id"]
+    env_name = re.fullmatch(r"\$\{azurerm_container_app_environment\.(\w+)\.id\}", jobs_env)
+    assert env_name, jobs_env
+    assert "infrastructure_subnet_id" not in found[("azurerm_container_app_environment", env_name.group(1))]
+    for app in (("azurerm_container_app", "server"), ("azurerm_container_app_job", "migrate")):
+        env = found[app]["container_app_environment_id"]
+        assert env != jobs_env and "infrastructure_subnet_id" in found[("azurerm_container_app_environment", env.split(".")[1])]

@@ -322,6 +322,22 @@ resource "azurerm_container_app_environment" "this" {
   tags = local.tags
 }
 
+# The tool jobs' own environment, outside the VNet: a tool runs code the control plane does not
+# vet, and in the server's environment it would share the apps' subnet, which the database's NSG
+# admits. Here a job reaches the internet only (the control plane's public URL, the signed blob
+# URLs, the registry). Consumption-only: nothing is billed while no job runs.
+resource "azurerm_container_app_environment" "jobs" {
+  name                       = "${var.name}-jobs"
+  resource_group_name        = azurerm_resource_group.this.name
+  location                   = azurerm_resource_group.this.location
+  log_analytics_workspace_id = azurerm_log_analytics_workspace.this.id
+  workload_profile {
+    name                  = "Consumption"
+    workload_profile_type = "Consumption"
+  }
+  tags = local.tags
+}
+
 # One manual-trigger job per catalog tool. Each start carries the container in full (the provider
 # replaces the template: image, args, the runner's env, cpu and memory); this is its default.
 resource "azurerm_container_app_job" "tool" {
@@ -329,7 +345,7 @@ resource "azurerm_container_app_job" "tool" {
   name                         = module.settings.job_names[each.key]
   resource_group_name          = azurerm_resource_group.this.name
   location                     = azurerm_resource_group.this.location
-  container_app_environment_id = azurerm_container_app_environment.this.id
+  container_app_environment_id = azurerm_container_app_environment.jobs.id
   workload_profile_name        = "Consumption"
   replica_timeout_in_seconds   = each.value.max_runtime_s + 600 # a backstop: the control plane stops executions itself
   replica_retry_limit          = 0                              # the control plane retries by its catalog's policy
