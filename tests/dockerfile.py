@@ -56,3 +56,38 @@ def copies(path: Path, root: Path) -> list[tuple[Path, str]]:
             *sources, dest = shlex.split(rest)
             found += [(root / src, dest) for src in sources]
     return found
+
+
+def volumes(path: Path) -> list[str]:
+    """The paths the final stage declares a VOLUME (JSON or plain form)."""
+    found: list[str] = []
+    for op, rest in final_stage(path):
+        if op == "VOLUME":
+            found += volumes_of(rest)
+    return found
+
+
+def user(path: Path) -> tuple[int, int]:
+    """(uid, gid) of the final stage's last USER, which must be numeric (uid[:gid])."""
+    [*_, last] = [rest for op, rest in final_stage(path) if op == "USER"]
+    uid, _, gid = last.partition(":")
+    return int(uid), int(gid or uid)
+
+
+def made_before_volume(path: Path, volume: str) -> tuple[int, int, str] | None:
+    """(uid, gid, mode) of the `install -d -o UID -g GID -m MODE PATH` by which a RUN before the
+    VOLUME line makes that volume's directory (None if none does: changes after VOLUME are lost)."""
+    stage = final_stage(path)
+    declared = next(i for i, (op, rest) in enumerate(stage) if op == "VOLUME" and volume in volumes_of(rest))
+    for op, rest in stage[:declared]:
+        if op == "RUN":
+            for command in rest.split("&&"):
+                words = shlex.split(command)
+                if words[:2] == ["install", "-d"] and words[-1] == volume:
+                    options = dict(zip(words[2:-1:2], words[3:-1:2]))
+                    return int(options["-o"]), int(options["-g"]), options.get("-m", "0755")
+    return None
+
+
+def volumes_of(rest: str) -> list[str]:
+    return json.loads(rest) if rest.startswith("[") else rest.split()
