@@ -187,13 +187,23 @@ def test_gcp_example_can_reuse_a_networks_private_service_access() -> None:
 
 
 def test_gcp_runs_jobs_with_run_permissions_only() -> None:
-    """jobs.run with overrides is authorized by run.jobs.run and run.jobs.runWithOverrides on the
-    job; the provider never reads the job itself (run.jobs.get) nor needs to act as its account."""
+    """The job role holds exactly the permissions of the Cloud Run calls the provider makes (each
+    method's IAM permission, from Cloud Run's REST reference), and the server does not act as the
+    jobs' account: jobs.run with overrides is authorized by run.jobs.run and
+    run.jobs.runWithOverrides on the job."""
+    calls = {"get_job": {"run.jobs.get"}, "run_job": {"run.jobs.run", "run.jobs.runWithOverrides"},
+             "get_execution": {"run.executions.get"}, "list_executions": {"run.executions.list"},
+             "cancel_execution": {"run.executions.cancel"}}
     provider = (TERRAFORM.parent / "providers" / "cloud_run.py").read_text()
-    assert "get_job" not in provider and "run_job" in provider
-    text = (TERRAFORM / "modules" / "gcp" / "iam.tf").read_text()
-    code = "\n".join(ln for ln in text.splitlines() if not ln.lstrip().startswith("#"))
-    assert '"run.jobs.get"' not in code and "roles/iam.serviceAccountUser" not in code
+    made = set().union(*(perms for call, perms in calls.items() if re.search(rf"\.(?:jobs|executions)\.{call}\b", provider)))
+    assert "run.jobs.run" in made
+    for module, tf in (("gcp", "iam.tf"), ("gcp-jobs", "main.tf")):
+        text = (TERRAFORM / "modules" / module / tf).read_text()
+        code = "\n".join(ln for ln in text.splitlines() if not ln.lstrip().startswith("#"))
+        [block] = re.findall(r'resource "google_project_iam_custom_role" "job_runner" \{(.*?)\n\}', code, re.S)
+        granted = set(re.findall(r'"(run\.[\w.]+)"', block))
+        assert granted == made, f"{module}: grants {sorted(granted - made)} unused, lacks {sorted(made - granted)}"
+        assert "roles/iam.serviceAccountUser" not in code
 
 
 def test_gcp_refuses_what_cloud_run_would_at_plan(exported: dict[str, Any]) -> None:

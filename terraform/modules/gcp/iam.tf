@@ -29,8 +29,8 @@ resource "google_project_iam_custom_role" "job_runner" {
   role_id     = replace("${var.name}_job_runner", "-", "_")
   title       = "${var.name}: run and watch its tool jobs"
   description = "Run a job with per-execution overrides, read and cancel its executions."
-  permissions = ["run.jobs.run", "run.jobs.runWithOverrides", "run.executions.get", "run.executions.list",
-  "run.executions.cancel"]
+  permissions = ["run.jobs.get", "run.jobs.run", "run.jobs.runWithOverrides", "run.executions.get",
+  "run.executions.list", "run.executions.cancel"]
   depends_on = [google_project_service.apis]
 }
 

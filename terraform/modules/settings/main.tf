@@ -22,12 +22,12 @@ locals {
     }) }
   })
 
-  mcp_url = "${var.public_url}/mcp"
+  mcp_url = var.public_url == null ? null : "${var.public_url}/mcp"
   # Host names (ports aside) the server answers besides its public URL's: load balancers' and the
   # platforms' health probes address a replica by its private IP, which the DNS-rebinding guard
   # would otherwise refuse (421). Patterns: the RFC 1918 ranges and link-local.
   probe_hosts = "10.*,172.1[6-9].*,172.2[0-9].*,172.3[01].*,192.168.*,169.254.*"
-  auth_env = merge(
+  auth_env = var.oauth == null ? {} : merge(
     {
       CONTROLPLANE_AUTH_ISSUER          = var.oauth.issuer
       CONTROLPLANE_AUTH_ISSUER_ALIASES  = join(",", var.oauth.issuer_aliases)
@@ -44,5 +44,5 @@ locals {
     length(var.oauth.authorization_servers) == 0 ? {} : { CONTROLPLANE_AUTH_AUTHORIZATION_SERVERS = join(",", var.oauth.authorization_servers) },
     { for role, scope in var.oauth.scopes : "CONTROLPLANE_AUTH_SCOPE_${upper(role)}" => scope if scope != null },
   )
-  scopes = [for role in ["submit", "read", "cancel", "admin"] : coalesce(lookup(var.oauth.scopes, role, null), "tasks:${role}")]
+  scopes = [for role in ["submit", "read", "cancel", "admin"] : try(coalesce(var.oauth.scopes[role], "tasks:${role}"), "tasks:${role}")]
 }

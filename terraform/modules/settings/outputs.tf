@@ -37,7 +37,7 @@ output "catalog_sha256" {
 
 output "oauth" {
   description = "What to give MCP clients and the identity provider: the resource (the token audience), the metadata URL, the scopes."
-  value = {
+  value = var.oauth == null ? null : {
     issuer                      = var.oauth.issuer
     resource                    = local.mcp_url
     audience                    = coalesce(var.oauth.audience, local.mcp_url)
@@ -49,4 +49,9 @@ output "oauth" {
 output "mcp_url" {
   description = "The MCP endpoint agents connect to."
   value       = local.mcp_url
+}
+
+output "catalog" {
+  description = "The catalog the server is given, as JSON (each tool pointed at its job): what a control plane elsewhere (a laptop) loads with CONTROLPLANE_CATALOG_PATH."
+  value       = jsonencode(local.server_catalog)
 }

@@ -44,9 +44,11 @@ variable "oauth" {
     authorization_servers = optional(list(string), [])
     algorithm             = optional(string)
   })
+  default = null # the jobs-only modules: a control plane on a laptop keeps its own settings
 }
 
 variable "public_url" {
-  description = "The control plane's public base URL (https://host); the MCP endpoint is <public_url>/mcp."
+  description = "The control plane's public base URL (https://host); the MCP endpoint is <public_url>/mcp. Null for the jobs-only modules."
   type        = string
+  default     = null
 }

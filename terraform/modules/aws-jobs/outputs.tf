@@ -1,0 +1,29 @@
+output "environment" {
+  description = "The CONTROLPLANE_* settings to give the control plane (export them, or put them in its environment)."
+  value = {
+    CONTROLPLANE_OBJECT_STORE_URL = "s3://${aws_s3_bucket.objects.bucket}"
+    CONTROLPLANE_AWS_BATCH_REGION = local.region
+    CONTROLPLANE_JOB_STORE_ACCESS = var.job_store_access
+  }
+}
+
+output "catalog" {
+  description = "The catalog with each tool pointed at its job definition, as JSON: save it (terraform output -raw catalog > catalog.json) and set CONTROLPLANE_CATALOG_PATH to it."
+  value       = module.settings.catalog
+}
+
+output "jobs" {
+  description = "Tool -> its job definition: name, id (ARN), image, cpu, memory_mb (what `controlplane catalog check` compares)."
+  value = { for tool, def in aws_batch_job_definition.tool : tool => {
+    name      = def.name
+    id        = def.arn
+    image     = module.settings.jobs[tool].image
+    cpu       = module.settings.jobs[tool].cpu
+    memory_mb = module.settings.jobs[tool].memory_mb
+  } }
+}
+
+output "operator_policy" {
+  description = "The IAM policy (JSON) the control plane's own credentials need: attach it to the user or role that runs it."
+  value       = data.aws_iam_policy_document.operator.json
+}
