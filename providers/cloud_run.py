@@ -24,7 +24,10 @@ How it maps the core's contract onto Cloud Run:
   execution's name is read from the operation's metadata and the operation is never waited on.
   RunJob is NOT idempotent: a 5xx may come after the execution was created. So a launch is never
   retried in place (only a 429, which the service refused before doing anything); the control
-  plane's launch retry looks the execution up with `find` first.
+  plane's launch retry looks the execution up with `find` first, and after such a failure `find`
+  takes an empty list as "not listed yet" for `LIST_LAG_S` before it answers "not launched".
+  On a job's first use its maxRetries is read (GetJob): a job that would run a failed task again
+  (Cloud Run's default is 3) is refused with LAUNCH_FAILED, as a rerun runs the tool twice.
 * find = list the job's executions and match the attempt's own marker, `CONTROLPLANE_JOB_NAME`
   in the execution's container env (overrides are applied to the execution's template).
 * poll: there is no batch get and no state filter, so `poll_key` is the job: the reconciler
@@ -35,9 +38,12 @@ How it maps the core's contract onto Cloud Run:
 * cancel = CancelExecution, idempotent: an execution that has already ended (or vanished)
   answers as cancelled; the control plane repeats it until the execution reports it stopped.
 * logs = Cloud Logging entries of the execution (resource `cloud_run_job`, label
-  `run.googleapis.com/execution_name`), oldest first, cursor = timestamp + insertId. Cloud
-  Logging allows about 60 reads a minute per project: reads take a place in a per-project
-  limiter without waiting (a tail over the quota answers "try again" with its cursor), and
+  `run.googleapis.com/execution_name`), oldest first, cursor = timestamp (nanoseconds) +
+  insertId, the service's own order, both in the query. One read is one entries.list call (an
+  answer "search not finished" is continued by the next read at that cursor). Cloud Logging
+  allows about 60 reads a minute per project: every HTTP request of the logging client takes a
+  place in a per-project limiter without waiting (a tail over the quota answers "try again"
+  with its cursor), and
   concurrent tails of one task share pages for a few seconds. Entries reach Cloud Logging with a
   delay of seconds (a line that arrives later with an earlier timestamp than the cursor is not
   seen by this tail); the runner's relay (the default log source) has every line, including
@@ -61,7 +67,8 @@ fakes and private endpoints: `ENDPOINT` (Admin API, e.g. `http://127.0.0.1:8080`
 `LOGGING_ENDPOINT`, `CREDENTIALS_FILE` (a service-account key; default Application Default
 Credentials, the runtime service account on Cloud Run), `ANONYMOUS` (no credentials: fakes),
 `MAX_TPS` (Admin API requests a second per project and region, shared by every client in the
-process), `LOG_READS_PER_MIN`, `POLL_INTERVAL_S`, `PAGE_SIZE`, `STUCK_AFTER_S`, `RETRY_DEADLINE_S`.
+process), `LOG_READS_PER_MIN`, `POLL_INTERVAL_S`, `PAGE_SIZE`, `STUCK_AFTER_S`, `RETRY_DEADLINE_S`,
+`LIST_LAG_S`.
 
 Errors: 429 and 5xx are retried with jittered backoff inside each call (each try holds a place
 in the limiter) and, past the deadline, become TransientProviderError, which never fails a task.
@@ -72,6 +79,7 @@ message naming it.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Hashable
@@ -109,14 +117,17 @@ from controlplane_providers.base import (
 )
 
 log = logging.getLogger("controlplane.providers.cloud_run")
+LOGGING_SCOPE = "https://www.googleapis.com/auth/logging.read"
 NO_SCRATCH = ("a Cloud Run execution cannot be given disk: RunJob overrides carry only args, env, the task count "
               "and the timeout, and the container's own filesystem is in memory (it counts against the job's memory)")
 
 MARKER = "CONTROLPLANE_JOB_NAME"  # the env var that names an execution's task attempt
+DEFAULT_MAX_RETRIES = 3  # a job's maxRetries when unset (google/cloud/run/v2/task_template.proto)
 _COND = run_v2.Condition.State
 _REASON = run_v2.Condition.ExecutionReason
 # The Completed condition (state, execution reason) -> our phase and the status word we show.
-# An execution without a final Completed condition is RUNNING while a task runs, else PENDING.
+# An execution without a final Completed condition is RUNNING while a task runs or once one has
+# run (its tasks may have ended while Completed is still reconciling), else PENDING.
 PHASES: dict[tuple[int, int | None], tuple[JobPhase, str]] = {
     (_COND.CONDITION_SUCCEEDED, None): (JobPhase.SUCCEEDED, "SUCCEEDED"),
     (_COND.CONDITION_FAILED, _REASON.NON_ZERO_EXIT_CODE): (JobPhase.FAILED, "FAILED"),
@@ -142,6 +153,7 @@ class CloudRunSettings(ProviderSettings):
     page_size: int = Field(default=500, ge=1, le=1000)  # executions per ListExecutions page
     stuck_after_s: float = Field(default=900.0, gt=0)
     retry_deadline_s: float = Field(default=30.0, ge=0)  # how long one call retries 429/5xx
+    list_lag_s: float = Field(default=60.0, ge=0)  # after an ambiguous RunJob, how long `find` keeps looking
 
 
 class CloudRunOptions(WaitPolicy):
@@ -191,7 +203,9 @@ def _parts(job_path: str) -> tuple[str, str, str]:
 
 
 def execution_status(ex: Any, now: float, stuck_after_s: float, on_stuck: str) -> JobStatus:
-    """One execution as the core's job status, through the table above."""
+    """One execution as the core's job status, through the table above. Before Completed is
+    final: RUNNING while a task runs or once one has run (ENDING: its tasks ended, the
+    condition is still reconciling), else PENDING, aged from the execution's creation."""
     completed = next((c for c in ex.conditions if c.type_ == "Completed"), None)
     state = int(completed.state) if completed is not None else _COND.CONDITION_PENDING
     reason_code = int(completed.execution_reason) if completed is not None else 0
@@ -205,6 +219,12 @@ def execution_status(ex: Any, now: float, stuck_after_s: float, on_stuck: str) -
     if ex.running_count > 0 or reason_code == _REASON.CANCELLING:
         word = "CANCELLING" if reason_code == _REASON.CANCELLING else "RUNNING"
         return JobStatus(JobPhase.RUNNING, reason=message or None, started_at=started or now, raw_status=word)
+    if ex.succeeded_count or ex.failed_count or ex.cancelled_count or started:
+        # Its tasks ran (and, with none running, ended) while Completed is still reconciling:
+        # the execution is ending, not waiting to start.
+        ended = bool(ex.succeeded_count or ex.failed_count or ex.cancelled_count)
+        return JobStatus(JobPhase.RUNNING, reason=message or None, started_at=started or now,
+                         raw_status="ENDING" if ended else "RUNNING")
     waiting, give_up = waiting_verdict("PENDING", now - (_ts(ex.create_time) or now),
                                        message or "waiting for the execution to start",
                                        stuck_after_s=stuck_after_s, on_stuck=on_stuck, noun="execution")
@@ -243,10 +263,13 @@ class CloudRunProvider(Provider[CloudRunHandle]):
         self.jobs = run_v2.JobsClient(credentials=self.credentials, transport="rest", client_options=options)
         self.executions = run_v2.ExecutionsClient(credentials=self.credentials, transport="rest",
                                                   client_options=options)
-        self._logging: Any = None
+        self._logging: dict[str, Any] = {}  # project -> its Cloud Logging client
         self._logging_lock = threading.Lock()
         self._pages = logtail.SharedPages()
         self._log_uris: dict[str, str] = {}  # execution -> its log_uri, learnt from polls
+        self._searches: dict[tuple[str, str, int], str] = {}  # (execution, cursor, size) -> an unfinished search's token
+        self._jobs_checked: set[str] = set()  # jobs whose retry setting was found safe
+        self._unsure: dict[str, float] = {}  # job_name -> when its RunJob failed ambiguously (monotonic)
 
     @staticmethod
     def _credentials(settings: CloudRunSettings) -> Any:
@@ -291,10 +314,33 @@ class CloudRunProvider(Provider[CloudRunHandle]):
         return None  # pragma: no cover
 
     # ---- launch / find --------------------------------------------------------------------------
+    def _check_job(self, job_path: str) -> None:
+        """On a job's first use: refuse one whose failed task Cloud Run would run again (its
+        maxRetries, 3 when unset): a rerun runs the tool a second time for one attempt."""
+        if job_path in self._jobs_checked:
+            return
+        try:
+            job = self._call(job_path, self.jobs.get_job, name=job_path)
+        except PermanentProviderError as e:
+            if isinstance(e.__cause__, gexc.NotFound):
+                raise PermanentProviderError(f"the Cloud Run job {job_path} does not exist (provider_options.job "
+                                             "of the catalog names a job the operator has not created)") from None
+            raise
+        template = job.template.template
+        retries = template.max_retries if "max_retries" in template else DEFAULT_MAX_RETRIES
+        if retries != 0:
+            raise PermanentProviderError(
+                f"the Cloud Run job {job_path} reruns a failed task (maxRetries {retries}"
+                f"{'' if 'max_retries' in template else ', unset: Cloud Run defaults to 3'}), which would run the "
+                "tool again for the same attempt; set it to 0 (gcloud run jobs update JOB --max-retries 0) and "
+                "let the catalog's retry policy decide")
+        self._jobs_checked.add(job_path)
+
     def launch(self, spec: LaunchSpec) -> CloudRunHandle:
         opts: CloudRunOptions = spec.options
         if spec.scratch_mb:
             raise PermanentProviderError(f"scratch_mb={spec.scratch_mb}: {NO_SCRATCH}")
+        self._check_job(opts.job_path)
         override = run_v2.RunJobRequest.Overrides.ContainerOverride(
             name=opts.container or "", args=list(spec.command),
             env=[run_v2.EnvVar(name=k, value=v) for k, v in sorted(spec.env.items())])
@@ -306,6 +352,10 @@ class CloudRunProvider(Provider[CloudRunHandle]):
             # 5xx the execution may exist; the control plane's retry calls `find` first.
             operation = self._call(opts.job_path, self.jobs.run_job, retry_on=(gexc.TooManyRequests,),
                                    request=request)
+        except TransientProviderError as e:
+            if not isinstance(e.__cause__, gexc.TooManyRequests):  # it may have run: `find` must look a while
+                self._unsure[spec.job_name] = time.monotonic()
+            raise
         except PermanentProviderError as e:
             if isinstance(e.__cause__, gexc.NotFound):
                 raise PermanentProviderError(f"the Cloud Run job {opts.job_path} does not exist (provider_options.job "
@@ -314,10 +364,12 @@ class CloudRunProvider(Provider[CloudRunHandle]):
         execution = operation.metadata
         if execution is None or not execution.name:
             # The operation has no execution yet: look it up by its marker rather than guess.
+            self._unsure[spec.job_name] = time.monotonic()
             found = self.find(spec)
             if found is None:
                 raise TransientProviderError("RunJob answered without an execution name")
             return found
+        self._unsure.pop(spec.job_name, None)
         return self._handle(execution, spec)
 
     def _handle(self, execution: Any, spec: LaunchSpec) -> CloudRunHandle:
@@ -328,10 +380,20 @@ class CloudRunProvider(Provider[CloudRunHandle]):
                               on_stuck=opts.on_stuck)
 
     def find(self, spec: LaunchSpec) -> CloudRunHandle | None:
+        """The attempt's execution, by its marker. After a RunJob of this attempt failed in a way
+        that may have started it, an empty list is not proof: ListExecutions can lag behind the
+        execution it created, so for `list_lag_s` after that failure an empty look raises
+        TransientProviderError (look again later) instead of answering None (launch again)."""
         opts: CloudRunOptions = spec.options
         found = [ex for ex in self._list(opts.job_path) if _marker(ex) == spec.job_name]
         if not found:
+            unsure = self._unsure.get(spec.job_name)
+            if unsure is not None and time.monotonic() - unsure < self.settings.list_lag_s:
+                raise TransientProviderError(f"{spec.job_name}: RunJob failed after it may have created the execution, "
+                                             "which Cloud Run does not list yet; looking again before launching again")
+            self._unsure.pop(spec.job_name, None)
             return None
+        self._unsure.pop(spec.job_name, None)
         if len(found) > 1:
             log.warning("%d Cloud Run executions carry %s; following the newest", len(found), spec.job_name)
         return self._handle(max(found, key=lambda ex: _ts(ex.create_time) or 0), spec)
@@ -394,54 +456,84 @@ class CloudRunProvider(Provider[CloudRunHandle]):
                 raise
 
     # ---- logs -----------------------------------------------------------------------------------
+    def _log_limiter(self, project: str) -> ratelimit.SlidingWindowLimiter:
+        return ratelimit.shared(ratelimit.key("logging", account=project, endpoint=self.settings.logging_endpoint),
+                                self.settings.log_reads_per_min, window_s=60.0)
+
     def _logging_client(self, project: str) -> Any:
+        """The project's Cloud Logging client, whose every HTTP request takes a place in the
+        project's read limiter without waiting (ratelimit.OverQuota when none is free)."""
         with self._logging_lock:
-            if self._logging is None:
+            client = self._logging.get(project)
+            if client is None:
+                import google.auth
+                from google.auth.transport.requests import AuthorizedSession
                 from google.cloud import logging as gcl
 
+                credentials = self.credentials or google.auth.default(scopes=[LOGGING_SCOPE])[0]
+                session = ratelimit.limit_session(AuthorizedSession(credentials), lambda: self._log_limiter(project))
                 options = {"api_endpoint": self.settings.logging_endpoint} if self.settings.logging_endpoint else None
-                self._logging = gcl.Client(project=project, credentials=self.credentials, _use_grpc=False,
-                                           client_options=options)
-            return self._logging
+                client = self._logging[project] = gcl.Client(project=project, credentials=credentials, _http=session,
+                                                             _use_grpc=False, client_options=options)
+            return client
 
     def logs(self, handle: CloudRunHandle, cursor: str | None, limit: int) -> LogPage:
         return self._pages.get((handle.execution, cursor, limit), lambda: self._read_logs(handle, cursor, limit))
 
     def _read_logs(self, handle: CloudRunHandle, cursor: str | None, limit: int) -> LogPage:
+        """One page: one entries.list call, from the cursor (the last entry returned: its
+        timestamp to the nanosecond and its insertId, the service's own order) on."""
         project, region, job = _parts(handle.job)
         execution = handle.execution.rsplit("/", 1)[-1]
-        after_ts, _ = logtail.split_cursor(cursor)
-        # Always bound by time: without a timestamp term Cloud Logging searches the last 24 h only.
-        since = after_ts or _rfc3339((handle.created_at or time.time()) - 60)
-        query = "\n".join([
+        try:
+            after = _log_cursor(cursor)
+        except ValueError:
+            return LogPage([], cursor, reason="malformed cursor: pass the next_cursor of a previous answer")
+        terms = [
             'resource.type = "cloud_run_job"',
             f'resource.labels.job_name = "{job}"',
             f'resource.labels.location = "{region}"',
             f'labels."run.googleapis.com/execution_name" = "{execution}"',
-            f'timestamp >= "{since}"',
-        ])
-        limiter = ratelimit.shared(ratelimit.key("logging", account=project, endpoint=self.settings.logging_endpoint),
-                                   self.settings.log_reads_per_min, window_s=60.0)
-
-        def read() -> LogPage:
-            # One page: entries at the cursor's instant that were returned before are skipped, so
-            # a little more than `limit` is asked for. (The client's pager hides page tokens; with
-            # page_size == max_results it reads one page.)
-            size = min(1000, limit + 50)
+        ]
+        if after is None:
+            # Always bound by time: without a timestamp term Cloud Logging searches the last 24 h only.
+            terms.append(f'timestamp >= "{_ns_text(_rfc3339((handle.created_at or time.time()) - 60))}"')
+        else:
+            ts, insert_id = after
+            terms.append(f'timestamp >= "{ts}"')
+            terms.append(f'(timestamp > "{ts}" OR insertId > {_quoted(insert_id)})')
+        body: dict[str, Any] = {"resourceNames": [f"projects/{project}"], "filter": "\n".join(terms),
+                                "orderBy": "timestamp asc", "pageSize": limit}
+        search = (handle.execution, cursor or "", limit)
+        token = self._searches.pop(search, None)
+        if token:
+            body["pageToken"] = token  # the same request, continuing a search that had not finished
+        try:
+            # The SDK's list_entries pager reads the next page before it looks at max_results (one
+            # more call a read) and gives timestamps to the microsecond; its connection sends one
+            # request, and answers the entries as the service wrote them.
+            answer = self._logging_client(project)._connection.api_request(method="POST", path="/entries:list",
+                                                                          data=body)
+        except ratelimit.OverQuota as e:
+            return logtail.over_quota(cursor, f"Cloud Logging allows {self.settings.log_reads_per_min} reads a "
+                                      "minute per project", e.wait_s)
+        except TRANSIENT as e:
+            raise TransientProviderError(f"Cloud Logging: {type(e).__name__}") from e
+        except gexc.GoogleAPICallError as e:
+            raise PermanentProviderError(f"Cloud Logging: {e.message}") from e
+        entries = answer.get("entries") or []
+        if not entries and answer.get("nextPageToken"):
+            self._searches[search] = answer["nextPageToken"]
+            return LogPage([], cursor, reason="Cloud Logging has not finished searching; ask again to continue")
+        keyed = []
+        for e in entries:
             try:
-                entries = list(self._logging_client(project).list_entries(
-                    resource_names=[f"projects/{project}"], filter_=query, order_by="timestamp asc", page_size=size,
-                    max_results=size))
-            except TRANSIENT as e:
-                raise TransientProviderError(f"Cloud Logging: {type(e).__name__}") from e
-            except gexc.GoogleAPICallError as e:
-                raise PermanentProviderError(f"Cloud Logging: {e.message}") from e
-            return logtail.after_cursor(
-                (((_rfc3339(e.timestamp), e.insert_id or ""), LogLine(ts=e.timestamp.timestamp(), message=_text(e.payload)))
-                 for e in entries), cursor, limit)
-
-        return logtail.within_quota(limiter, cursor, f"Cloud Logging allows {self.settings.log_reads_per_min} reads a "
-                                    "minute per project", read)
+                ts = _ns_text(e["timestamp"])
+            except (KeyError, ValueError):
+                continue  # the service stamps every entry; one it did not cannot be placed
+            keyed.append(((ts, e.get("insertId") or ""), LogLine(ts=_epoch(ts), message=_entry_text(e))))
+        page = logtail.after_cursor(keyed, None if after is None else f"{after[0]}|{after[1]}", limit)
+        return LogPage(page.lines, page.next_cursor if page.lines else cursor)
 
     def price_region(self, options: CloudRunOptions) -> str | None:
         return _parts(options.job_path)[1]
@@ -467,9 +559,47 @@ def _marker(execution: Any) -> str | None:
     return None
 
 
-def _text(payload: Any) -> str:
-    if isinstance(payload, str):
-        return payload.rstrip("\n")
+def _entry_text(entry: dict[str, Any]) -> str:
+    """A LogEntry's line: its textPayload, or its jsonPayload's message (else the whole payload)."""
+    if "textPayload" in entry:
+        return str(entry["textPayload"]).rstrip("\n")
+    payload = entry.get("jsonPayload")
     if isinstance(payload, dict):
         return str(payload.get("message") or payload)
     return "" if payload is None else str(payload)
+
+
+_TIMESTAMP = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d)")
+
+
+def _ns_text(text: str) -> str:
+    """An RFC3339 timestamp as UTC with nine fractional digits and Z: the fixed-width form that
+    sorts as the instants do. (proto3 JSON writes 0, 3, 6 or 9 digits.)"""
+    m = _TIMESTAMP.fullmatch(text.strip())
+    if not m:
+        raise ValueError(f"not an RFC3339 timestamp: {text!r}")
+    base, frac, zone = m.groups()
+    if zone != "Z":
+        base = datetime.fromisoformat(base + zone).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    return f"{base}.{(frac or '').ljust(9, '0')}Z"
+
+
+def _epoch(ns_text: str) -> float:
+    """Epoch seconds of a `_ns_text` timestamp (for display; cursors keep the text)."""
+    return datetime.fromisoformat(ns_text[:19] + "+00:00").timestamp() + int(ns_text[20:29]) / 1e9
+
+
+def _quoted(text: str) -> str:
+    """A string value of the Logging query language."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _log_cursor(cursor: str | None) -> tuple[str, str] | None:
+    """(timestamp, insertId) of a log cursor, the timestamp in `_ns_text` form (cursors written
+    before nanoseconds were kept carry six digits); None for the start; ValueError if malformed."""
+    if not cursor:
+        return None
+    ts, sep, insert_id = cursor.partition("|")
+    if not sep:
+        raise ValueError("no insertId")
+    return _ns_text(ts), insert_id

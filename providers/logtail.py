@@ -5,8 +5,9 @@ a few agents tailing a few tasks would ask for, and both order entries by a time
 repeat. So the providers that read them share three habits, kept here:
 
 * `within_quota`: a read takes a place in the per-project (per-workspace) limiter without
-  waiting; over the quota the tail answers "try again in N s" with its cursor unchanged, rather
-  than hang an MCP call.
+  waiting; over the quota the tail answers "try again in N s" with its cursor unchanged
+  (`over_quota`), rather than hang an MCP call. (Cloud Run holds each HTTP call of its logging
+  client in the limiter instead, `ratelimit.QuotaAdapter`, and answers the same page.)
 * `SharedPages`: concurrent tails of one execution at one cursor share one read for a few
   seconds (one read per key at a time).
 * `after_cursor`: the cursor is (timestamp text, tiebreak id); a page is asked for from the
@@ -32,12 +33,18 @@ def within_quota(limiter: SlidingWindowLimiter, cursor: str | None, quota: str, 
     `quota` names the limit for the caller ("Cloud Logging allows 60 reads a minute per project")."""
     place = limiter.try_acquire()
     if place is None:
-        return LogPage([], cursor, reason=(
-            f"{quota}; try again in {limiter.wait_s():.0f} s (the runner's own log, source='task', has every line)"))
+        return over_quota(cursor, quota, limiter.wait_s())
     try:
         return read()
     finally:
         limiter.release(place)
+
+
+def over_quota(cursor: str | None, quota: str, wait_s: float) -> LogPage:
+    """The empty page a tail gets when the read quota has no place for it: same cursor, and when
+    to try again."""
+    return LogPage([], cursor, reason=(
+        f"{quota}; try again in {wait_s:.0f} s (the runner's own log, source='task', has every line)"))
 
 
 def split_cursor(cursor: str | None) -> tuple[str, str]:

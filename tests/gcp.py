@@ -23,8 +23,17 @@ NotFound, 429 -> TooManyRequests, 503 -> ServiceUnavailable, 400 -> BadRequest).
 
 Where it differs from the real services:
 - Jobs are created with `fake.create_job(...)` (there is no CreateJob route). One container per
-  job; whatever `taskCount` says, one task (index 0, attempt 0) runs; failed tasks are never
-  retried (the job's maxRetries is 0); no parallelism, no resources, no volumes, no IAM.
+  job; whatever `taskCount` says, one task (index 0) runs; a failed task is run again up to the
+  job's maxRetries (`max_retries=None` leaves it unset: the service's default of 3), as attempt
+  1, 2, ...; no parallelism, no resources, no volumes, no IAM.
+- Requests are strict, as the service's JSON transcoding is: a body or query field the proto
+  does not have answers 400 INVALID_ARGUMENT ("Unknown name ..."), as does a pageSize above 1000
+  for entries.list.
+- Levers for the edges: `list_lag_s` (an execution is listed only this long after it was
+  created; GetExecution sees it at once), `ambiguous_runs` (the next n RunJob calls create their
+  execution, then answer 503), `reconcile_s` (after its task ended, an execution's Completed
+  condition stays RECONCILING this long, no task running), `unfinished_searches` (the next n
+  entries.list calls answer no entries and a nextPageToken: "the search did not finish").
 - A task that exceeds its timeout is SIGKILLed and the execution fails with a message saying so
   (no executionReason: the real service's exact reason for this case is not modelled).
 - The run_job Operation finishes (done, `response` = the Execution) when the execution finishes,
@@ -32,10 +41,12 @@ Where it differs from the real services:
   gone too (404).
 - stdout and stderr are merged into the log `run.googleapis.com%2Fstdout`; no request logs, and
   system logs (`run.googleapis.com%2Fvarlog%2Fsystem`) only with `fake.system_logs = True`.
-- The logging filter language is a subset: a conjunction (AND, or whitespace/newlines) of
-  `field op value` with op in = != > >= < <=; anything else (OR, NOT, parentheses, `:`, regular
-  expressions, unknown fields) answers 400 INVALID_ARGUMENT rather than matching wrongly.
-  String comparisons are exact (case-sensitive). pageSize above 1000 is capped to 1000.
+- The logging filter language is a subset: comparisons `field op value` (op in = != > >= < <=)
+  joined by AND (or whitespace/newlines) and OR, NOT and parentheses, OR binding tighter than
+  AND as the service documents; anything else (`:`, regular expressions, functions, unknown
+  fields) answers 400 INVALID_ARGUMENT rather than matching wrongly. String comparisons are
+  exact (case-sensitive). Timestamps are stamped in nanoseconds and answered as proto3 JSON
+  writes them (0, 3, 6 or 9 fractional digits); entries are ordered by timestamp, then insertId.
 - Quotas are off unless set (`logging_quota_per_min`); fault injection is random per request.
 """
 
@@ -52,6 +63,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -83,9 +95,17 @@ def rfc3339(t: float | None) -> str | None:
 
 
 def rfc3339_ns(ns: int) -> str:
-    """Nanoseconds since the epoch -> RFC3339 UTC with nanoseconds and Z (as Cloud Logging answers)."""
+    """Nanoseconds since the epoch -> RFC3339 UTC as proto3 JSON writes a Timestamp (and Cloud
+    Logging answers): Z, and 0, 3, 6 or 9 fractional digits, as few as the value needs."""
     secs, frac = divmod(ns, 1_000_000_000)
-    return datetime.fromtimestamp(secs, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S") + f".{frac:09d}Z"
+    text = datetime.fromtimestamp(secs, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+    if frac == 0:
+        return text + "Z"
+    digits = f"{frac:09d}"
+    for width in (3, 6):
+        if digits[width:] == "0" * (9 - width):
+            return f"{text}.{digits[:width]}Z"
+    return f"{text}.{digits}Z"
 
 
 _RFC3339 = re.compile(r"(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?"
@@ -135,6 +155,33 @@ def invalid(message: str) -> ApiError:
     return ApiError(400, "INVALID_ARGUMENT", message)
 
 
+# Request fields, as the protos name them in JSON (google/logging/v2/logging.proto,
+# google/cloud/run/v2/job.proto and execution.proto); a dict value lists a message's own fields.
+LIST_ENTRIES_FIELDS: dict[str, Any] = {"resourceNames": None, "projectIds": None, "filter": None, "orderBy": None,
+                                       "pageSize": None, "pageToken": None}
+_ENV_VAR = {"name": None, "value": None, "valueSource": None}
+RUN_JOB_FIELDS: dict[str, Any] = {"name": None, "validateOnly": None, "etag": None, "overrides": {
+    "containerOverrides": {"name": None, "args": None, "env": _ENV_VAR, "clearArgs": None},
+    "taskCount": None, "timeout": None}}
+CANCEL_FIELDS: dict[str, Any] = {"name": None, "validateOnly": None, "etag": None}
+QUERY_FIELDS = {"_list_executions": {"pageSize", "pageToken", "showDeleted"}}
+SYSTEM_QUERY = {"$alt", "alt", "prettyPrint", "key"}
+
+
+def strict(body: Any, fields: dict[str, Any], where: str = "") -> None:
+    """ApiError(400) for a field the message does not have, as the service's JSON transcoding
+    answers it ("Invalid JSON payload received. Unknown name ...")."""
+    for item in body if isinstance(body, list) else [body]:
+        if not isinstance(item, dict):
+            continue
+        for name, value in item.items():
+            if name not in fields:
+                raise invalid(f'Invalid JSON payload received. Unknown name "{name}" at \'{where}\': Cannot find field.'
+                              if where else f'Invalid JSON payload received. Unknown name "{name}": Cannot find field.')
+            if isinstance(fields[name], dict):
+                strict(value, fields[name], f"{where}.{name}" if where else name)
+
+
 def _page_token(cursor: Any) -> str:
     return base64.urlsafe_b64encode(json.dumps(cursor).encode()).decode().rstrip("=")
 
@@ -160,6 +207,7 @@ class _Job:
     timeout_s: float
     task_count: int
     labels: dict[str, str]
+    max_retries: int | None = 0  # None: unset, the service's default (3)
     uid: str = field(default_factory=lambda: str(uuid.uuid4()))
     create_time: float = field(default_factory=time.time)
     execution_count: int = 0
@@ -168,6 +216,10 @@ class _Job:
     @property
     def full_name(self) -> str:
         return f"projects/{self.project}/locations/{self.region}/jobs/{self.name}"
+
+    @property
+    def retries(self) -> int:
+        return 3 if self.max_retries is None else self.max_retries
 
 
 @dataclass
@@ -200,6 +252,10 @@ class _Execution:
     timed_out: bool = False
     output_done: threading.Event = field(default_factory=threading.Event)
     generation: int = 1
+    max_retries: int = 0
+    task_attempt: int = 0  # the task's current attempt (0, then 1.. for each retry)
+    ended_mono: float | None = None  # when the task ended for good (the execution then reconciles)
+    outcome: tuple[str, str | None, int | None] | None = None  # (state, message, reason) once reconciled
 
     @property
     def name(self) -> str:
@@ -208,15 +264,16 @@ class _Execution:
 
 # ---- Cloud Logging ------------------------------------------------------------------------------
 
-_FILTER_TERM = re.compile(r"""
-    (?P<and>AND)(?=[\s(]|$)
-  | (?P<field>[A-Za-z_]\w*(?:\.(?:[A-Za-z_][\w-]*|"(?:[^"\\]|\\.)*"))*)
+_KEYWORD = re.compile(r"(AND|OR|NOT)(?=[\s()]|$)")
+_COMPARISON = re.compile(r"""
+    (?P<field>[A-Za-z_]\w*(?:\.(?:[A-Za-z_][\w-]*|"(?:[^"\\]|\\.)*"))*)
     \s*(?P<op>>=|<=|!=|=|>|<)\s*
     (?P<value>"(?:[^"\\]|\\.)*"|[^\s"()]+)
 """, re.X)
 _SEGMENT = re.compile(r'"(?:[^"\\]|\\.)*"|[^.]+')
 _STRING_FIELDS = {("resource", "type"), ("insertId",), ("logName",), ("severity",), ("textPayload",)}
 _TIME_FIELDS = {("timestamp",), ("receiveTimestamp",)}
+Filter = Callable[[dict[str, Any]], bool]
 
 
 def _unquote(text: str) -> str:
@@ -225,24 +282,28 @@ def _unquote(text: str) -> str:
     return text
 
 
-def parse_filter(text: str) -> list[tuple[tuple[str, ...], str, Any]]:
-    """A conjunction of comparisons -> [(field path, op, value)]; ApiError(400) if unsupported."""
-    terms: list[tuple[tuple[str, ...], str, Any]] = []
-    pos, expect_term = 0, True
+def _tokens(text: str) -> list[tuple[str, Any]]:
+    """("(" | ")" | "AND" | "OR" | "NOT", None) and ("cmp", (path, op, value)) tokens."""
+    out: list[tuple[str, Any]] = []
+    pos = 0
     while True:
         while pos < len(text) and text[pos].isspace():
             pos += 1
         if pos >= len(text):
-            break
-        m = _FILTER_TERM.match(text, pos)
-        if not m:
-            raise invalid(f"Unsupported filter (the fake understands `field op \"value\"` joined by AND) near: {text[pos:pos + 40]!r}")
-        pos = m.end()
-        if m.group("and"):
-            if expect_term:
-                raise invalid(f"Unexpected AND in filter: {text!r}")
-            expect_term = True
+            return out
+        if text[pos] in "()":
+            out.append((text[pos], None))
+            pos += 1
             continue
+        if m := _KEYWORD.match(text, pos):
+            out.append((m.group(1), None))
+            pos = m.end()
+            continue
+        m = _COMPARISON.match(text, pos)
+        if not m:
+            raise invalid(f"Unsupported filter (the fake understands `field op \"value\"` with AND, OR, NOT and "
+                          f"parentheses) near: {text[pos:pos + 40]!r}")
+        pos = m.end()
         path = tuple(_unquote(s) for s in _SEGMENT.findall(m.group("field")))
         op, raw = m.group("op"), _unquote(m.group("value"))
         if path in _TIME_FIELDS:
@@ -255,11 +316,66 @@ def parse_filter(text: str) -> list[tuple[tuple[str, ...], str, Any]]:
             value = raw
         else:
             raise invalid(f"Unsupported field in filter: {m.group('field')!r}")
-        terms.append((path, op, value))
-        expect_term = False
-    if expect_term and terms:
-        raise invalid(f"Filter ends with AND: {text!r}")
-    return terms
+        out.append(("cmp", (path, op, value)))
+
+
+def parse_filter(text: str) -> Filter:
+    """A filter -> a predicate on stored entries; ApiError(400) if unsupported or malformed.
+    Precedence as Cloud Logging documents it: NOT, then OR, then AND (or juxtaposition)."""
+    tokens = _tokens(text)
+    pos = 0
+
+    def peek() -> str | None:
+        return tokens[pos][0] if pos < len(tokens) else None
+
+    def conjunction() -> Filter:
+        nonlocal pos
+        parts = [disjunction()]
+        while peek() not in (None, ")"):
+            if peek() == "AND":
+                pos += 1
+            parts.append(disjunction())
+        return lambda e: all(p(e) for p in parts)
+
+    def disjunction() -> Filter:
+        nonlocal pos
+        parts = [negation()]
+        while peek() == "OR":
+            pos += 1
+            parts.append(negation())
+        return lambda e: any(p(e) for p in parts)
+
+    def negation() -> Filter:
+        nonlocal pos
+        if peek() == "NOT":
+            pos += 1
+            inner = primary()
+            return lambda e: not inner(e)
+        return primary()
+
+    def primary() -> Filter:
+        nonlocal pos
+        if pos >= len(tokens):
+            raise invalid(f"Filter ends early: {text!r}")
+        kind, value = tokens[pos]
+        pos += 1
+        if kind == "(":
+            inner = conjunction()
+            if peek() != ")":
+                raise invalid(f"Unbalanced parentheses in filter: {text!r}")
+            pos += 1
+            return inner
+        if kind != "cmp":
+            raise invalid(f"Unexpected {kind} in filter: {text!r}")
+        path, op, wanted = value
+        return lambda e: _compare(_field_value(e, path), op, wanted)
+
+    if not tokens:
+        return lambda e: True
+    predicate = conjunction()
+    if pos != len(tokens):
+        raise invalid(f"Unbalanced parentheses in filter: {text!r}")
+    return predicate
 
 
 def _field_value(entry: dict[str, Any], path: tuple[str, ...]) -> Any:
@@ -289,15 +405,17 @@ class FakeCloudLogging:
         self.url = ""
         self.log_delay_s = 0.0  # ingestion delay: an entry is listed only this long after it is written
         self.logging_quota_per_min: int | None = None  # entries.list calls per rolling 60 s; None: no limit
+        self.unfinished_searches = 0  # the next n entries.list calls answer no entries and a nextPageToken
         self._entries: list[dict[str, Any]] = []
         self._last_ns = 0
         self._seq = 0
         self._calls: list[float] = []  # monotonic times of accepted entries.list calls
 
     def add_log(self, project: str, region: str, job: str, execution: str, text: str, ts: datetime | float | str | None = None,
-                *, log: str = STDOUT_LOG, severity: str = "DEFAULT") -> dict[str, Any]:
+                *, log: str = STDOUT_LOG, severity: str = "DEFAULT", insert_id: str | None = None) -> dict[str, Any]:
         """Write an entry as Cloud Run's agent would for a line of `execution` (short name).
-        `ts`: a datetime, epoch seconds or RFC3339 text; default now."""
+        `ts`: a datetime, epoch seconds or RFC3339 text (up to nanoseconds); default now.
+        `insert_id`: default a fresh one (insertIds need not grow with time)."""
         with self._lock:
             now_ns = time.time_ns()
             if ts is None:
@@ -317,7 +435,7 @@ class FakeCloudLogging:
                            "run.googleapis.com/task_attempt": "0"},
                 "timestamp": rfc3339_ns(ts_ns),
                 "receiveTimestamp": rfc3339_ns(max(now_ns, ts_ns)),
-                "insertId": f"{self._seq:012x}{random.getrandbits(24):06x}",
+                "insertId": insert_id or f"{self._seq:012x}{random.getrandbits(24):06x}",
                 "textPayload": text,
                 "severity": severity,
                 "_ts_ns": ts_ns, "_recv_ns": max(now_ns, ts_ns), "_project": project,
@@ -346,6 +464,7 @@ class FakeCloudLogging:
                                    "Quota exceeded for quota metric 'Read requests' and limit 'Read requests per minute' "
                                    "of service 'logging.googleapis.com'.")
                 self._calls.append(now)
+            strict(body, LIST_ENTRIES_FIELDS)
             names = body.get("resourceNames") or []
             if not names:
                 raise invalid("resourceNames is required")
@@ -355,7 +474,7 @@ class FakeCloudLogging:
                 if not m:
                     raise invalid(f"Unsupported resource name (the fake knows projects/ID only): {n!r}")
                 projects.add(m.group(1))
-            terms = parse_filter(body.get("filter") or "")
+            matches = parse_filter(body.get("filter") or "")
             order = " ".join((body.get("orderBy") or "timestamp asc").lower().split())
             if order not in ("timestamp", "timestamp asc", "timestamp desc"):
                 raise invalid(f"Unsupported orderBy: {body.get('orderBy')!r}")
@@ -364,14 +483,18 @@ class FakeCloudLogging:
                 size = int(body.get("pageSize") or 50)
             except (TypeError, ValueError) as e:
                 raise invalid(f"Invalid pageSize: {body.get('pageSize')!r}") from e
-            if size < 0:
-                raise invalid("pageSize must not be negative")
-            size = min(size, 1000)
+            if size < 0 or size > 1000:
+                raise invalid(f"pageSize must be between 0 and 1000, not {size}")
+            if self.unfinished_searches > 0:  # searched for a while, found nothing yet, not done
+                self.unfinished_searches -= 1
+                return {"nextPageToken": _page_token(body.get("pageToken") or None)}
             found = [e for e in self._entries if e["_project"] in projects and e["_visible_at"] <= now
-                     and all(_compare(_field_value(e, p), op, v) for p, op, v in terms)]
+                     and matches(e)]
             found.sort(key=lambda e: (e["_ts_ns"], e["insertId"]), reverse=desc)
-            if body.get("pageToken"):
-                cursor = _read_page_token(body["pageToken"])
+            cursor = _read_page_token(body["pageToken"]) if body.get("pageToken") else None
+            while isinstance(cursor, str):  # the token of an unfinished search: where it stood
+                cursor = _read_page_token(cursor) if cursor else None
+            if cursor is not None:
                 try:
                     after = (int(cursor[0]), str(cursor[1]))
                 except (TypeError, ValueError, IndexError, KeyError) as e:
@@ -416,6 +539,9 @@ class FakeCloudRun:
         self.cancel_grace_s = cancel_grace_s  # SIGTERM -> SIGKILL delay after a cancel (Cloud Run: 10 s)
         self.system_logs = False  # True: also write run.googleapis.com/varlog/system entries (start, exit)
         self.fault_rate = 0.0  # share of all requests answered 429/503 before doing anything
+        self.list_lag_s = 0.0  # ListExecutions shows an execution only this long after its creation
+        self.ambiguous_runs = 0  # the next n RunJob calls create their execution, then answer 503
+        self.reconcile_s = 0.0  # an ended task's execution stays RECONCILING this long before it completes
         self.rng = random.Random(seed)
         self.faults = 0
         self.requests: list[tuple[float, str, str]] = []  # (monotonic time, method, path without query)
@@ -460,10 +586,11 @@ class FakeCloudRun:
 
     def create_job(self, project: str, region: str, job: str, *, command: list[str], args: list[str] | None = None,
                    env: dict[str, str] | None = None, image: str = "runner:1", timeout_s: float = 600,
-                   task_count: int = 1, labels: dict[str, str] | None = None) -> str:
-        """Create (or replace) a job; returns its full name."""
+                   task_count: int = 1, labels: dict[str, str] | None = None, max_retries: int | None = 0) -> str:
+        """Create (or replace) a job; returns its full name. `max_retries=None` leaves it unset, as
+        a job made without it (the console, `gcloud run jobs create`): Cloud Run's default, 3."""
         j = _Job(project, region, job, image, list(command), list(args or []), dict(env or {}), float(timeout_s),
-                 task_count, dict(labels or {}))
+                 task_count, dict(labels or {}), max_retries)
         with self._lock:
             self._jobs[j.full_name] = j
         return j.full_name
@@ -558,6 +685,14 @@ class FakeCloudRun:
     def logging_quota_per_min(self, value: int | None) -> None:
         self.logging.logging_quota_per_min = value
 
+    @property
+    def unfinished_searches(self) -> int:
+        return self.logging.unfinished_searches
+
+    @unfinished_searches.setter
+    def unfinished_searches(self, value: int) -> None:
+        self.logging.unfinished_searches = value
+
     def log_entries(self, execution: str | None = None) -> list[dict[str, Any]]:
         return self.logging.log_entries(execution)
 
@@ -589,6 +724,11 @@ class FakeCloudRun:
                         payload = json.loads(body) if body.strip() else {}
                     except ValueError as e:
                         raise invalid(f"Invalid JSON payload: {e}") from e
+                    for name in query.keys() - SYSTEM_QUERY - QUERY_FIELDS.get(handler, set()):
+                        raise invalid(f'Invalid JSON payload received. Unknown name "{name}": Cannot bind query '
+                                      "parameter.")
+                    strict(payload, {"_run_job": RUN_JOB_FIELDS, "_cancel_execution": CANCEL_FIELDS,
+                                     "_entries_list": LIST_ENTRIES_FIELDS}.get(handler, {}))
                     return 200, getattr(self, handler)(query=query, body=payload, **m.groupdict())
             raise not_found(f"The requested URL {path} was not found on this server ({method}).")
         except ApiError as e:
@@ -621,6 +761,9 @@ class FakeCloudRun:
                 return self._operation(p, r, e, register=False)
             e = self._new_execution(job, args=args, env=env, task_count=task_count, timeout_s=timeout_s)
             self._active.add(e.name)
+            if self.ambiguous_runs > 0:  # created, and then the answer is lost in a 5xx
+                self.ambiguous_runs -= 1
+                raise ApiError(503, "UNAVAILABLE", "The service is currently unavailable.")
             return self._operation(p, r, e)
 
     def _get_job(self, p: str, r: str, j: str, **_: Any) -> dict[str, Any]:
@@ -632,7 +775,7 @@ class FakeCloudRun:
                 "launchStage": 4,  # GA
                 "template": {"taskCount": job.task_count, "parallelism": 0, "template": {
                     "containers": [_container(job.image, job.command, job.args, job.env)],
-                    "maxRetries": 0, "timeout": duration(job.timeout_s)}},
+                    "maxRetries": job.retries, "timeout": duration(job.timeout_s)}},
                 "observedGeneration": "1", "executionCount": job.execution_count, "reconciling": False,
                 "etag": f'"{job.uid[:8]}"',
             }
@@ -659,8 +802,9 @@ class FakeCloudRun:
             before = cursor
         with self._lock:
             job = self._job(p, r, j)
-            found = sorted((e for e in self._executions.values() if e.job is job and (before is None or e.seq < before)),
-                           key=lambda e: -e.seq)
+            now = time.monotonic()
+            found = sorted((e for e in self._executions.values() if e.job is job and (before is None or e.seq < before)
+                            and now - e.created_mono >= self.list_lag_s), key=lambda e: -e.seq)
             out: dict[str, Any] = {"executions": [self._execution_json(e) for e in found[:size]]}
             if len(found) > size:
                 out["nextPageToken"] = _page_token(found[size - 1].seq)
@@ -673,7 +817,8 @@ class FakeCloudRun:
     def _cancel_execution(self, p: str, r: str, j: str, e: str, body: dict[str, Any], **_: Any) -> dict[str, Any]:
         with self._lock:
             ex = self._execution(p, r, j, e)
-            if body.get("validateOnly") or self.ignore_cancel or ex.state in TERMINAL or ex.cancel_requested:
+            if body.get("validateOnly") or self.ignore_cancel or ex.state in TERMINAL or ex.state == "ending" \
+                    or ex.cancel_requested:
                 return self._operation(p, r, ex)
             ex.cancel_requested = True
             if ex.state == "pending" or (ex.synthetic and ex.proc is None):
@@ -723,7 +868,8 @@ class FakeCloudRun:
             if f"{job.full_name}/executions/{short}" not in self._executions:
                 break
         self._seq += 1
-        e = _Execution(job, short, self._seq, job.image, list(job.command), args, env, task_count, timeout_s, synthetic=synthetic)
+        e = _Execution(job, short, self._seq, job.image, list(job.command), args, env, task_count, timeout_s, synthetic=synthetic,
+                       max_retries=job.retries)
         self._executions[e.name] = e
         job.execution_count += 1
         job.latest = e.name
@@ -750,6 +896,8 @@ class FakeCloudRun:
             completed.update(state=CONDITION_PENDING, message="Waiting for the execution to start.")
         elif e.state in ("running", "cancelling"):
             completed.update(state=CONDITION_RECONCILING, message=e.message or "Execution is running.")
+        elif e.state == "ending":
+            completed.update(state=CONDITION_RECONCILING, message="Execution is completing.")
         elif e.state == "succeeded":
             completed.update(state=CONDITION_SUCCEEDED, message="Execution completed successfully in "
                              f"{(e.completion_time or 0) - (e.start_time or 0):.1f}s.")
@@ -766,6 +914,7 @@ class FakeCloudRun:
             completed,
         ]
         state = e.state
+        ended = e.outcome[0] if state == "ending" and e.outcome else state
         j = e.job
         log_filter = (f'resource.type = "cloud_run_job"\nresource.labels.job_name = "{j.name}"\n'
                       f'resource.labels.location = "{j.region}"\nlabels."run.googleapis.com/execution_name" = "{e.short}"')
@@ -774,14 +923,14 @@ class FakeCloudRun:
             "labels": {"run.googleapis.com/jobUid": j.uid, **j.labels},
             "createTime": rfc3339(e.create_time), "updateTime": rfc3339(e.transition_time),
             "launchStage": 4, "job": j.name, "parallelism": 0, "taskCount": e.task_count,
-            "template": {"containers": [_container(e.image, e.command, e.args, e.env)], "maxRetries": 0,
+            "template": {"containers": [_container(e.image, e.command, e.args, e.env)], "maxRetries": e.max_retries,
                          "timeout": duration(e.timeout_s)},
             "reconciling": not done, "conditions": conditions, "observedGeneration": str(e.generation),
             "runningCount": 1 if state in ("running", "cancelling") else 0,
-            "succeededCount": 1 if state == "succeeded" else 0,
-            "failedCount": 1 if state == "failed" else 0,
-            "cancelledCount": 1 if state == "cancelled" else 0,
-            "retriedCount": 0,
+            "succeededCount": 1 if ended == "succeeded" else 0,
+            "failedCount": 1 if ended == "failed" else 0,
+            "cancelledCount": 1 if ended == "cancelled" else 0,
+            "retriedCount": e.task_attempt,
             "logUri": (f"https://console.cloud.google.com/logs/viewer?project={quote(j.project)}"
                        f"&advancedFilter={quote(log_filter, safe='')}"),
             "etag": f'"{e.uid[:8]}-{e.generation}"',
@@ -816,6 +965,10 @@ class FakeCloudRun:
                 if self.start_jobs and now - e.created_mono >= self.pending_s:
                     self._start(e)
                 return
+            if state == "ending":  # the task ended; the execution's Completed condition catches up
+                if e.outcome is not None and e.ended_mono is not None and now - e.ended_mono >= self.reconcile_s:
+                    self._complete(e, *e.outcome)
+                return
         assert e.proc is not None
         code = play(e, stopping=e.cancel_requested, grace_s=self.cancel_grace_s, now=now)
         if code is None:
@@ -829,20 +982,34 @@ class FakeCloudRun:
                                      f"Container called exit({code}).", log=SYSTEM_LOG)
             if e.cancel_requested:
                 self._complete(e, "cancelled")
+            elif code != 0 and e.task_attempt < e.max_retries:  # the task is run again: attempt n+1
+                e.task_attempt += 1
+                e.proc, e.exited_mono, e.sigterm_mono, e.timed_out = None, None, None, False
+                e.output_done = threading.Event()
+                self._start(e)
             elif e.timed_out:
-                self._complete(e, "failed", f"Task {e.short}-task0 exceeded the configured timeout of "
-                                            f"{duration(e.timeout_s)} and was stopped; the execution failed.", reason=0)
+                self._end(e, "failed", f"Task {e.short}-task0 exceeded the configured timeout of "
+                                       f"{duration(e.timeout_s)} and was stopped; the execution failed.", 0)
             elif code == 0:
-                self._complete(e, "succeeded")
+                self._end(e, "succeeded")
             else:
-                self._complete(e, "failed")
+                self._end(e, "failed")
+
+    def _end(self, e: _Execution, state: str, message: str | None = None, reason: int | None = None) -> None:
+        """The task has ended for good: the execution completes now, or after `reconcile_s`."""
+        if self.reconcile_s <= 0:
+            self._complete(e, state, message, reason)
+            return
+        e.state, e.ended_mono, e.outcome, e.transition_time = "ending", time.monotonic(), (state, message, reason), time.time()
 
     def _start(self, e: _Execution) -> None:
         cmd = [*e.command, *e.args]
         env = {"CLOUD_RUN_EXECUTION": e.short, "CLOUD_RUN_JOB": e.job.name,
-               "CLOUD_RUN_TASK_INDEX": "0", "CLOUD_RUN_TASK_ATTEMPT": "0", "CLOUD_RUN_TASK_COUNT": str(e.task_count),
+               "CLOUD_RUN_TASK_INDEX": "0", "CLOUD_RUN_TASK_ATTEMPT": str(e.task_attempt), "CLOUD_RUN_TASK_COUNT": str(e.task_count),
                **e.env}
-        e.start_time, e.started_mono, e.transition_time = time.time(), time.monotonic(), time.time()
+        if e.start_time is None:
+            e.start_time = time.time()
+        e.started_mono, e.transition_time = time.monotonic(), time.time()
         try:
             proc = start_process(cmd, env)
         except OSError as exc:

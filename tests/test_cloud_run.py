@@ -40,7 +40,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[gcp.FakeCloudRun]:
     with gcp.FakeCloudRun(seed=7) as fake:
         fake.create_job(PROJECT, REGION, JOB, command=RUNNER, args=["python", "-m", "controlplane_tools.exercise"])
         for k, v in {"ENDPOINT": fake.url, "LOGGING_ENDPOINT": fake.url, "ANONYMOUS": "1", "POLL_INTERVAL_S": "0.2",
-                     "MAX_TPS": "500", "RETRY_DEADLINE_S": "20"}.items():
+                     "MAX_TPS": "500", "RETRY_DEADLINE_S": "20", "LIST_LAG_S": "1"}.items():
             monkeypatch.setenv(f"CONTROLPLANE_CLOUD_RUN_{k}", v)
         ratelimit._registry.clear()  # fresh limiters for this fake's endpoint
         yield fake
@@ -305,7 +305,8 @@ def test_every_execution_state_maps_onto_a_phase(fake: gcp.FakeCloudRun) -> None
     from google.cloud import run_v2
 
     def status(**overrides: Any) -> Any:
-        ex = run_v2.Execution(name="x", running_count=overrides.pop("running", 0))
+        ex = run_v2.Execution(name="x", running_count=overrides.pop("running", 0),
+                              succeeded_count=overrides.pop("succeeded", 0))
         cond = overrides.pop("completed", None)
         if cond is not None:
             ex.conditions.append(run_v2.Condition(type_="Completed", state=cond[0], execution_reason=cond[1],
@@ -324,6 +325,8 @@ def test_every_execution_state_maps_onto_a_phase(fake: gcp.FakeCloudRun) -> None
     assert failed.phase == JobPhase.FAILED and failed.reason == "NON_ZERO_EXIT_CODE: exit code 3"
     assert status(completed=(S.CONDITION_FAILED, R.CANCELLED, "")).raw_status == "CANCELLED"
     assert status(completed=(S.CONDITION_FAILED, R.DELETED, "")).phase == JobPhase.GONE
+    ending = status(completed=(S.CONDITION_RECONCILING, 0, ""), succeeded=1)
+    assert (ending.phase, ending.raw_status, ending.waiting_reason) == (JobPhase.RUNNING, "ENDING", None)
     timeout = status(completed=(S.CONDITION_FAILED, 0, "exceeded the configured timeout"))
     assert timeout.phase == JobPhase.FAILED and "timeout" in timeout.reason
     from datetime import UTC, datetime
@@ -365,3 +368,114 @@ class TestCloudRunContract(ProviderContract):
     @pytest.fixture
     def harness(self, fake: gcp.FakeCloudRun, tmp_path: Path) -> CloudRunHarness:
         return CloudRunHarness(tmp_path, fake)
+
+
+# ---- the edges (issue 30): a job that reruns, log reads, nanoseconds, a reconciling end, a lagging list --
+async def test_a_job_that_would_rerun_a_failed_task_is_refused_at_first_use(fake: gcp.FakeCloudRun, gcs: CloudTarget,
+                                                                           home: Path) -> None:
+    """A job made by hand keeps Cloud Run's default maxRetries of 3: a failed tool would run four
+    times for one attempt. The launch is refused with a message that says what to set."""
+    fake.create_job(PROJECT, REGION, "by-hand", command=RUNNER, args=["python", "-m", "controlplane_tools.exercise"],
+                    max_retries=None)
+    gcp.cloud_run_catalog(home, job="by-hand")
+    cp = ControlPlane(Settings(home=home, object_store_url=gcs.url, **FAST))
+    async with Client(build_server(cp)) as client:
+        agent = Agent(client)
+        st = await agent.wait(await agent.submit(inputs={"exit_code": 3}), timeout=60)
+    assert st["state"] == "failed" and st["error"]["code"] == "LAUNCH_FAILED", st
+    assert "by-hand reruns a failed task (maxRetries 3)" in st["error"]["message"]
+    assert "--max-retries 0" in st["error"]["message"]
+    assert fake.executions("by-hand") == [] and fake.runs == {}
+
+
+def _handle(fake: gcp.FakeCloudRun, job: str = JOB) -> CloudRunHandle:
+    [name] = fake.add_executions(PROJECT, REGION, job, 1)
+    return CloudRunHandle(execution=name, job=f"projects/{PROJECT}/locations/{REGION}/jobs/{job}", job_name="x",
+                          created_at=time.time() - 5)
+
+
+def _entries_calls(fake: gcp.FakeCloudRun) -> int:
+    return len([r for r in fake.requests if r[2].endswith("entries:list")])
+
+
+def test_one_log_read_is_one_counted_call(fake: gcp.FakeCloudRun, tmp_path: Path) -> None:
+    """A tail of `limit` lines costs one entries.list call, also when more lines follow; an
+    answer "search not finished" costs one, and the next read continues it; every HTTP call the
+    logging client makes is counted by the project's read limiter."""
+    provider = CloudRunProvider.configured(tmp_path)
+    h = _handle(fake)
+    for i in range(12):
+        fake.add_log(PROJECT, REGION, JOB, h.execution, f"line {i}")
+    fake.reset_counts()
+    page = provider.logs(h, None, 5)
+    assert [ln.message for ln in page.lines] == [f"line {i}" for i in range(5)] and _entries_calls(fake) == 1
+    page = provider.logs(h, page.next_cursor, 5)
+    assert [ln.message for ln in page.lines] == [f"line {i}" for i in range(5, 10)] and _entries_calls(fake) == 2
+
+    fake.unfinished_searches = 1
+    waiting = provider.logs(h, page.next_cursor, 5)
+    assert waiting.lines == [] and "not finished" in (waiting.reason or "") and _entries_calls(fake) == 3
+    rest = provider.logs(h, waiting.next_cursor, 5)
+    assert [ln.message for ln in rest.lines] == ["line 10", "line 11"] and _entries_calls(fake) == 4
+    limiter = ratelimit._registry[ratelimit.key("logging", account=PROJECT, endpoint=fake.url)]
+    assert limiter.calls == _entries_calls(fake) == 4
+
+
+def test_log_lines_closer_than_a_microsecond_come_once_each_in_order(fake: gcp.FakeCloudRun, tmp_path: Path) -> None:
+    """Cloud Logging stamps in nanoseconds and orders by timestamp, then insertId: a tail one line
+    at a time returns every line once, whether lines share a microsecond or an instant."""
+    provider = CloudRunProvider.configured(tmp_path)
+    h = _handle(fake)
+    base = "2030-01-02T03:04:05.123456"
+    # Within one microsecond: insertIds that do not grow with time, and two instants shared.
+    for i, (ns, iid) in enumerate([("001", "m"), ("002", "c"), ("002", "k"), ("500", "a"), ("999", "b"),
+                                   ("999", "z"), ("999", "d")]):
+        fake.add_log(PROJECT, REGION, JOB, h.execution, f"line {i}", ts=f"{base}{ns}Z", insert_id=iid)
+    fake.add_log(PROJECT, REGION, JOB, h.execution, "line 7", ts="2030-01-02T03:04:05.123457Z")  # 6 digits on the wire
+    h = CloudRunHandle(**{**h.__dict__, "created_at": datetime.fromisoformat("2030-01-02T03:04:00+00:00").timestamp()})
+    expected = [e["textPayload"] for e in fake.log_entries(h.execution)]  # the service's order
+    seen, cursor = [], None
+    for _ in range(12):
+        page = provider.logs(h, cursor, 1)
+        seen += [ln.message for ln in page.lines]
+        cursor = page.next_cursor
+    assert seen == expected and sorted(seen) == [f"line {i}" for i in range(8)]
+
+
+def test_an_execution_whose_tasks_ended_is_ending_not_waiting_to_start(fake: gcp.FakeCloudRun, tmp_path: Path) -> None:
+    """Tasks ended, Completed still reconciling (no task running, one succeeded): RUNNING
+    (ENDING) with its start time, never "waiting for the execution to start"."""
+    from tests.provider_contract import PRINT_LINES, unique, wait_for
+
+    harness = CloudRunHarness(tmp_path, fake)
+    fake.reconcile_s = 4
+    p = harness.provider
+    h = p.launch(harness.spec(unique("ending"), PRINT_LINES.format(n=1, code=0)))
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and run_state(fake, h) != "ending":
+        time.sleep(0.05)
+    assert run_state(fake, h) == "ending"
+    [st] = p.poll([h])
+    assert (st.phase, st.raw_status, st.waiting_reason) == (JobPhase.RUNNING, "ENDING", None)
+    assert st.started_at is not None and st.started_at <= time.time()
+    assert wait_for(p, h, {JobPhase.SUCCEEDED}).phase == JobPhase.SUCCEEDED
+
+
+def run_state(fake: gcp.FakeCloudRun, h: CloudRunHandle) -> str:
+    return next(e["state"] for e in fake.executions() if e["name"] == h.execution)
+
+
+async def test_an_ambiguous_run_job_under_a_lagging_list_launches_once(run: Run) -> None:
+    """RunJob creates the execution and answers 503; the list shows it only 3 s later. The
+    scheduler's look-up before launching again does not take one empty list as proof."""
+    provider: CloudRunProvider = run.cp.providers["cloud_run"]
+    provider.settings = provider.settings.model_copy(update={"list_lag_s": 20.0})
+    run.fake.list_lag_s = 3.0
+    run.fake.pending_s = 2.0  # its runner cannot report (and so reveal it) before the look-up
+    run.fake.ambiguous_runs = 1
+    tid = await run.agent.submit(inputs={"sleep_s": 0.5})
+    st = await run.agent.wait(tid, timeout=90)
+    assert st["state"] == "succeeded", st
+    name = f"cp-{tid.removeprefix('tsk_')}-a1"
+    assert run.fake.runs[name] == 1
+    assert [e["env"]["CONTROLPLANE_JOB_NAME"] for e in run.fake.executions()].count(name) == 1
