@@ -40,7 +40,7 @@ def iso(ts: float | None) -> str | None:
 
 @lru_cache(maxsize=4096)
 def _iso_second(second: int) -> str:
-    return datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    return datetime.fromtimestamp(second, UTC).replace(tzinfo=None).isoformat()  # (strftime's %Y: "1", not "0001")
 
 
 def _no_nul(text: str | None) -> str | None:

@@ -29,20 +29,23 @@ PERIODS = ("day", "week", "month")
 
 
 def period_bounds(period: str, now: float) -> tuple[float, float]:
-    """The calendar period (UTC) holding `now`, as [start, end) epoch seconds."""
+    """The calendar period (UTC) holding `now`, as [start, end) epoch seconds; the period that
+    ends after the year 9999 ends at infinity (a datetime cannot hold its end)."""
     t = datetime.fromtimestamp(now, UTC)
     day = t.replace(hour=0, minute=0, second=0, microsecond=0)
     if period == "day":
-        start, end = day, day + timedelta(days=1)
+        start, length = day, timedelta(days=1)
     elif period == "week":
-        start = day - timedelta(days=day.weekday())
-        end = start + timedelta(days=7)
+        start, length = day - timedelta(days=day.weekday()), timedelta(days=7)
     elif period == "month":
-        start = day.replace(day=1)
-        end = (start + timedelta(days=32)).replace(day=1)
+        start, length = day.replace(day=1), timedelta(days=32)
     else:
         raise ValueError(f"unknown period {period!r}; one of {', '.join(PERIODS)}")
-    return start.timestamp(), end.timestamp()
+    try:
+        end = start + length
+    except OverflowError:
+        return start.timestamp(), math.inf
+    return start.timestamp(), (end.replace(day=1) if period == "month" else end).timestamp()
 
 
 class Budgets:

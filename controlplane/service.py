@@ -52,16 +52,19 @@ GROUP_GATHER_S = 0.004
 _ASCII_DIGITS = re.compile(r"[0-9]{1,18}")  # fits a 64-bit integer column on every engine
 
 
-def _epoch(when: datetime | None, field: str) -> float | None:
-    """A filter time as epoch seconds; a time without a zone is UTC."""
+# The times an answer can write (years 1 to 9999, UTC): a filter time beyond them (a zone offset
+# can carry a valid date past either end) means the same as the end itself, as no task lies there.
+EARLIEST = datetime(1, 1, 1, tzinfo=UTC).timestamp()
+LATEST = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC).timestamp()
+
+
+def _epoch(when: datetime | None) -> float | None:
+    """A filter time as epoch seconds, within [EARLIEST, LATEST]; a time without a zone is UTC."""
     if when is None:
         return None
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
-    try:
-        return when.timestamp()
-    except (OverflowError, ValueError, OSError):
-        raise invalid(f"{field}: time out of range") from None
+    return min(max((when - datetime(1970, 1, 1, tzinfo=UTC)).total_seconds(), EARLIEST), LATEST)
 
 
 def queue_full(e: QueueFull) -> ControlPlaneError:
@@ -310,11 +313,12 @@ class TaskService:
         """Usage and cost summed per group over [since, until): the caller's own, or (tasks:admin)
         everyone's or one owner's."""
         now = time.time()
-        until = _epoch(req.until, "until") or now
-        since = _epoch(req.since, "since")
-        if since is None:
-            since = period_bounds("month", until)[0]
-        if since >= until:
+        until = _epoch(req.until)
+        until = now if until is None else until
+        since = _epoch(req.since)
+        if since is None:  # the month `until` falls in (the one before, when it is a month's first instant)
+            since = period_bounds("month", max(until - 0.001, EARLIEST))[0]
+        elif since >= until:
             raise invalid("since: must be before until")
         admin = isinstance(caller, Caller) and caller.admin
         if req.everyone and req.owner is not None:
@@ -408,8 +412,8 @@ class TaskService:
             owner = req.owner
         rows = self.store.tasks.list(
             owner, teams=teams, states_=[s.value for s in req.states] if req.states else None, tool_name=req.tool_name,
-            tags_any=req.tags_any, submitted_after=_epoch(req.submitted_after, "submitted_after"),
-            submitted_before=_epoch(req.submitted_before, "submitted_before"), after=after, limit=req.limit + 1)
+            tags_any=req.tags_any, submitted_after=_epoch(req.submitted_after),
+            submitted_before=_epoch(req.submitted_before), after=after, limit=req.limit + 1)
         more = len(rows) > req.limit
         rows = rows[: req.limit]
         tasks = []

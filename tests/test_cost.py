@@ -244,6 +244,44 @@ async def test_usage_report_sums_by_tool_tag_and_owner_over_a_period_each_caller
     assert "usage" in cli(home, "usage").stdout
 
 
+async def test_usage_report_at_the_edges_answers_a_report_never_internal(home: Path) -> None:
+    """Empty groupings, periods with nothing in them, times at the ends of what a date can be and
+    zones that carry them past it: each is a report (schema-valid, so never refused), and the
+    one total of `group_by: []` is the sum of what ran."""
+    cp = ControlPlane(priced(home))
+    async with Client(build_server(cp)) as client:
+        agent = Agent(client)
+        done = await agent.wait(await agent.submit(inputs={"sleep_s": 0.2}))
+        assert done["state"] == "succeeded"
+
+        one = await agent.call("usage_report", group_by=[])
+        assert one["group_by"] == [] and len(one["groups"]) == 1
+        assert one["groups"][0]["tasks"] == 1 and one["groups"][0]["attempts"] == 1
+        assert one["total"]["estimated_cost"] == pytest.approx(done["estimated_cost"]["amount"], abs=1e-6)
+
+        edges = [  # (arguments, since, until) as the answer writes them
+            ({"until": "2020-01-15T00:00:00Z", "group_by": []}, "2020-01-01T00:00:00.000Z", "2020-01-15T00:00:00.000Z"),
+            ({"until": "2020-03-01T00:00:00Z"}, "2020-02-01T00:00:00.000Z", "2020-03-01T00:00:00.000Z"),
+            ({"until": "1970-01-01T00:00:00Z", "group_by": []}, "1969-12-01T00:00:00.000Z", "1970-01-01T00:00:00.000Z"),
+            ({"until": "9999-12-15T00:00:00Z"}, "9999-12-01T00:00:00.000Z", "9999-12-15T00:00:00.000Z"),
+            ({"until": "9999-12-31T23:59:59-05:00", "group_by": ["tag"]}, "9999-12-01T00:00:00.000Z",
+             "9999-12-31T23:59:59.000Z"),
+            ({"since": "0001-01-01T00:00:00+05:00", "until": "0001-02-01T00:00:00Z", "group_by": ["owner"]},
+             "0001-01-01T00:00:00.000Z", "0001-02-01T00:00:00.000Z"),
+            ({"until": "0001-01-01T00:00:00Z"}, "0001-01-01T00:00:00.000Z", "0001-01-01T00:00:00.000Z"),
+        ]
+        for args, since, until in edges:
+            report = await agent.call("usage_report", **args)
+            assert (report["since"], report["until"], report["groups"]) == (since, until, []), (args, report)
+        # all of time holds the one run
+        everything = await agent.call("usage_report", since="0001-01-01T00:00:00Z", until="9999-12-31T23:59:59Z",
+                                      group_by=[])
+        assert everything["groups"][0]["tasks"] == 1
+        # what stays refused is what no schema can say: a since that is not before its until
+        err = await agent.error("usage_report", since="2020-02-01T00:00:00Z", until="2020-01-01T00:00:00Z")
+        assert err["code"] == "INVALID_REQUEST" and err["message"] == "since: must be before until"
+
+
 # ---- budgets -------------------------------------------------------------------------------------
 async def test_a_submit_that_would_exceed_a_budget_is_refused_and_creates_nothing(home: Path) -> None:
     cp = ControlPlane(priced(home, limits_refresh_s=0.2))

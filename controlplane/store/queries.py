@@ -255,7 +255,7 @@ _USAGE_SUMS = (func.count().label("attempts"), func.coalesce(func.sum(USAGE.c.ru
                func.coalesce(func.sum(USAGE.c.memory_gib_s), 0).label("memory_gib_s"),
                func.coalesce(func.sum(USAGE.c.gpu_s), 0).label("gpu_s"),
                func.sum(USAGE.c.cost).label("cost"),
-               func.sum(case((USAGE.c.cost.is_(None), 1), else_=0)).label("unpriced"))
+               func.coalesce(func.sum(case((USAGE.c.cost.is_(None), 1), else_=0)), 0).label("unpriced"))
 TASK_USAGE = select(*_USAGE_SUMS).where(USAGE.c.task_id == _bp("task_id"))
 BUDGETS_ALL = select(BUDGETS).order_by(BUDGETS.c.scope, BUDGETS.c.subject)
 BUDGET_OF = select(BUDGETS).where(BUDGETS.c.scope == _bp("scope"), BUDGETS.c.subject == _bp("subject"))
@@ -279,7 +279,7 @@ TAG_RUNNING = (select(func.coalesce(func.sum(T.c.estimate_cost), 0))
 def usage_report(group_by: Sequence[str], owner: str | None, since: float, until: float) -> Any:
     """Usage of the attempts that ended in [since, until), summed per group (`tool`, `owner`,
     `tag`: a task counts once under each of its tags, and under None without any), of one
-    owner or of everyone."""
+    owner or of everyone. Without a group, one row of the sums, or none when nothing ended."""
     columns = {"tool": USAGE.c.tool_name.label("tool"), "owner": USAGE.c.owner.label("owner"),
                "tag": TAGS.c.tag.label("tag")}
     keys = [columns[g] for g in group_by]
@@ -288,7 +288,7 @@ def usage_report(group_by: Sequence[str], owner: str | None, since: float, until
          .select_from(source).where(USAGE.c.ended_at >= since, USAGE.c.ended_at < until))
     if owner is not None:
         q = q.where(USAGE.c.owner == owner)
-    return q.group_by(*keys).order_by(*keys) if keys else q
+    return q.group_by(*keys).order_by(*keys) if keys else q.having(func.count() > 0)
 
 
 def operator_jobs(job_states: Sequence[str] | None, limit: int) -> Any:
