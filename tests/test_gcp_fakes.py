@@ -170,3 +170,47 @@ def test_logging_lists_the_process_lines(fake: FakeCloudRun) -> None:
     list(client.list_entries(filter_=flt))
     with pytest.raises(exceptions.TooManyRequests):
         list(client.list_entries(filter_=flt))
+
+
+def test_the_fakes_behave_as_the_services_at_the_edges(fake: FakeCloudRun) -> None:
+    """Strict request fields, maxRetries reruns (3 when unset), a lagging list, an ambiguous
+    RunJob, a reconciling end, an unfinished search, proto3 timestamps and OR in filters."""
+    full = job(fake, name="by-hand", max_retries=None)
+    jobs, execs = run_clients(fake.url)
+    assert jobs.get_job(name=full).template.template.max_retries == 3
+    op = jobs.run_job(request={"name": full, "overrides": {"container_overrides": [{"env": [{"name": "CODE", "value": "2"}]}]}})
+    ex = wait_for(lambda: execs.get_execution(name=op.metadata.name), finished, timeout=20)
+    assert ex.retried_count == 3 and ex.failed_count == 1 and fake.runs["by-hand"] == 4  # ran four times
+
+    import requests
+    r = requests.post(f"{fake.url}/v2/{full}:run", json={"name": full, "overrides": {"taskCount": 1, "maxRetries": 0}})
+    assert r.status_code == 400 and 'Unknown name "maxRetries"' in r.json()["error"]["message"]
+    r = requests.get(f"{fake.url}/v2/{full}/executions", params={"filter": "x"})
+    assert r.status_code == 400 and "Cannot bind query parameter" in r.json()["error"]["message"]
+
+    full = job(fake)
+    fake.list_lag_s, fake.ambiguous_runs, fake.reconcile_s = 1.0, 1, 1.5
+    with pytest.raises(exceptions.ServiceUnavailable):
+        jobs.run_job(request={"name": full})
+    [made] = fake.executions("cp-exercise")
+    assert list(execs.list_executions(parent=full)) == [] and execs.get_execution(name=made["name"]).name
+    ex = wait_for(lambda: execs.get_execution(name=made["name"]), lambda e: e.succeeded_count == 1)
+    assert completed(ex).state == Cond.State.CONDITION_RECONCILING and ex.running_count == 0 and not ex.completion_time
+    assert finished(wait_for(lambda: execs.get_execution(name=made["name"]), finished))
+    assert [e.name for e in execs.list_executions(parent=full)] == [made["name"]]
+
+    client = logging_client(fake.url, P)
+    for ns in ("000000000", "120000000", "123456000", "123456789"):
+        fake.add_log(P, R, "cp-exercise", made["short"], ns, ts=f"2030-01-01T00:00:00.{ns}Z")
+    flt = f'labels."run.googleapis.com/execution_name" = "{made["short"]}" AND timestamp >= "2030-01-01T00:00:00Z"'
+    wire = [e["timestamp"] for e in fake.log_entries(made["short"]) if e["timestamp"].startswith("2030")]
+    assert wire == ["2030-01-01T00:00:00Z", "2030-01-01T00:00:00.120Z", "2030-01-01T00:00:00.123456Z",
+                    "2030-01-01T00:00:00.123456789Z"]
+    some = f'{flt} AND (textPayload = "120000000" OR NOT timestamp < "2030-01-01T00:00:00.123456789Z")'
+    assert [e.payload for e in client.list_entries(filter_=some)] == ["120000000", "123456789"]
+    fake.unfinished_searches = 1
+    session = client._http
+    answer = session.post(f"{fake.url}/v2/entries:list", json={"resourceNames": [f"projects/{P}"], "filter": flt}).json()
+    assert "entries" not in answer and answer["nextPageToken"]
+    with pytest.raises(exceptions.BadRequest):
+        list(client.list_entries(filter_=flt, page_size=1001))

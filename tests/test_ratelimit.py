@@ -62,3 +62,23 @@ def test_a_limiter_counts_waits_throttling_and_errors_for_the_metrics() -> None:
     assert samples[("controlplane_provider_throttled_total", "counted")] == 2
     assert samples[("controlplane_provider_rate_limited_total", "counted")] == 1
     assert samples[("controlplane_provider_request_errors_total", "counted")] == 2
+
+
+def test_a_session_under_a_quota_adapter_sends_no_request_without_a_place() -> None:
+    """Every HTTP request a session sends holds a place (retries and read-aheads of an SDK
+    included); without a place free it is not sent at all."""
+    import pytest
+    import requests
+
+    from controlplane_providers import ratelimit
+    from tests.gcp import FakeCloudRun
+
+    limiter = SlidingWindowLimiter(rate=2, window_s=60)
+    with FakeCloudRun() as fake:
+        session = ratelimit.limit_session(requests.Session(), limiter)
+        for _ in range(2):
+            assert session.get(f"{fake.url}/v2/projects/p/locations/r/jobs/nope").status_code == 404
+        with pytest.raises(ratelimit.OverQuota) as refused:
+            session.get(f"{fake.url}/v2/projects/p/locations/r/jobs/nope")
+        assert len(fake.requests) == 2 and limiter.calls == 2 and limiter.errors == 2
+        assert 0 < refused.value.wait_s <= 60
