@@ -404,7 +404,7 @@ def test_one_log_read_is_one_counted_call(fake: gcp.FakeCloudRun, tmp_path: Path
     logging client makes is counted by the project's read limiter."""
     provider = CloudRunProvider.configured(tmp_path)
     h = _handle(fake)
-    for i in range(12):
+    for i in range(70):  # more than a page of any size a tail of 5 asks for
         fake.add_log(PROJECT, REGION, JOB, h.execution, f"line {i}")
     fake.reset_counts()
     page = provider.logs(h, None, 5)
@@ -416,7 +416,7 @@ def test_one_log_read_is_one_counted_call(fake: gcp.FakeCloudRun, tmp_path: Path
     waiting = provider.logs(h, page.next_cursor, 5)
     assert waiting.lines == [] and "not finished" in (waiting.reason or "") and _entries_calls(fake) == 3
     rest = provider.logs(h, waiting.next_cursor, 5)
-    assert [ln.message for ln in rest.lines] == ["line 10", "line 11"] and _entries_calls(fake) == 4
+    assert [ln.message for ln in rest.lines] == [f"line {i}" for i in range(10, 15)] and _entries_calls(fake) == 4
     limiter = ratelimit._registry[ratelimit.key("logging", account=PROJECT, endpoint=fake.url)]
     assert limiter.calls == _entries_calls(fake) == 4
 
