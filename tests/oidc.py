@@ -18,7 +18,8 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import padding, rsa
+from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, padding, rsa
+from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 
 INTROSPECTION_CLIENT = ("controlplane", "introspection-secret")
 
@@ -31,17 +32,52 @@ def _int(n: int) -> str:
     return b64url(n.to_bytes((n.bit_length() + 7) // 8, "big"))
 
 
+HASHES = {"256": hashes.SHA256, "384": hashes.SHA384, "512": hashes.SHA512}
+CURVES = {"ES256": (ec.SECP256R1, "P-256", 32), "ES384": (ec.SECP384R1, "P-384", 48),
+          "ES512": (ec.SECP521R1, "P-521", 66)}
+
+
 class Key:
-    def __init__(self, kid: str):
-        self.kid = kid
-        self.private = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-        numbers = self.private.public_key().public_numbers()
-        self.jwk = {"kty": "RSA", "kid": kid, "use": "sig", "alg": "RS256", "n": _int(numbers.n), "e": _int(numbers.e)}
+    """A signing key for `alg` (RS*, PS*: RSA; ES*: EC on its curve; EdDSA: Ed25519, or Ed448 with
+    `curve`), its public JWK (declaring `alg` unless `declare_alg` is False) and its PEM."""
+
+    def __init__(self, kid: str, alg: str = "RS256", *, declare_alg: bool = True, curve: str = "Ed25519",
+                 use: str = "sig"):
+        self.kid, self.alg = kid, alg
+        self.private: Any
+        if alg[:2] in ("RS", "PS"):
+            self.private = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+            numbers = self.private.public_key().public_numbers()
+            self.jwk = {"kty": "RSA", "n": _int(numbers.n), "e": _int(numbers.e)}
+        elif alg in CURVES:
+            curve_cls, crv, size = CURVES[alg]
+            self.private = ec.generate_private_key(curve_cls())
+            point = self.private.public_key().public_numbers()
+            self.jwk = {"kty": "EC", "crv": crv, "x": b64url(point.x.to_bytes(size, "big")),
+                        "y": b64url(point.y.to_bytes(size, "big"))}
+        elif alg == "EdDSA":
+            self.private = (ed25519.Ed25519PrivateKey if curve == "Ed25519" else ed448.Ed448PrivateKey).generate()
+            raw = self.private.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+            self.jwk = {"kty": "OKP", "crv": curve, "x": b64url(raw)}
+        else:
+            raise ValueError(alg)
+        self.jwk = {**self.jwk, "kid": kid, "use": use, **({"alg": alg} if declare_alg else {})}
         self.public_pem = self.private.public_key().public_bytes(
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
 
-    def sign(self, signing_input: bytes) -> bytes:
-        return self.private.sign(signing_input, padding.PKCS1v15(), hashes.SHA256())
+    def sign(self, signing_input: bytes, alg: str | None = None) -> bytes:
+        """A JWS signature of `signing_input` with `alg` (default: the key's own)."""
+        alg = alg or self.alg
+        if alg.startswith("RS"):
+            return self.private.sign(signing_input, padding.PKCS1v15(), HASHES[alg[2:]]())
+        if alg.startswith("PS"):
+            digest = HASHES[alg[2:]]()
+            return self.private.sign(signing_input, padding.PSS(padding.MGF1(digest), digest.digest_size), digest)
+        if alg.startswith("ES"):  # JWS wants r || s, each the curve's size (RFC 7518 3.4), not DER
+            r, s = decode_dss_signature(self.private.sign(signing_input, ec.ECDSA(HASHES[alg[2:]]())))
+            size = CURVES[alg][2]
+            return r.to_bytes(size, "big") + s.to_bytes(size, "big")
+        return self.private.sign(signing_input)  # EdDSA
 
 
 class FakeIdP:
@@ -76,9 +112,10 @@ class FakeIdP:
     def introspection_url(self) -> str:
         return f"{self.issuer}/introspect"
 
-    def rotate(self, *, keep_old: bool = False) -> Key:
-        """A new signing key, published; the old ones withdrawn unless `keep_old`."""
-        key = Key(f"k{len(self.keys) + 1}-{secrets.token_hex(3)}")
+    def rotate(self, alg: str = "RS256", *, keep_old: bool = False, **kw: Any) -> Key:
+        """A new signing key for `alg` (`Key`'s options in `kw`), published; the old ones
+        withdrawn unless `keep_old`."""
+        key = Key(f"k{len(self.keys) + 1}-{secrets.token_hex(3)}", alg, **kw)
         self.keys[key.kid] = key
         self.published = [*self.published, key.kid] if keep_old else [key.kid]
         return key
@@ -104,29 +141,34 @@ class FakeIdP:
 
     def token(self, sub: str = "alice", *, audience: str | list[str] | None, scopes: list[str] | None = None,
               key: Key | None = None, header: dict[str, Any] | None = None, **claims: Any) -> str:
-        """A JWT signed RS256 by `key` (default: the newest published key)."""
+        """A JWT signed by `key` (default: the newest published key) with the algorithm of its
+        header (default: the key's own)."""
         key = key or self.current
-        head = {"alg": "RS256", "typ": "JWT", "kid": key.kid, **(header or {})}
+        head = {"alg": key.alg, "typ": "JWT", "kid": key.kid, **(header or {})}
         return self.sign(head, self.claims(sub, audience=audience, scopes=scopes, **claims), key)
 
     @staticmethod
     def encode(header: dict[str, Any], claims: dict[str, Any]) -> bytes:
         return (b64url(json.dumps(header).encode()) + "." + b64url(json.dumps(claims).encode())).encode()
 
-    def sign(self, header: dict[str, Any], claims: dict[str, Any], key: Key) -> str:
+    def sign(self, header: dict[str, Any], claims: dict[str, Any], key: Key, alg: str | None = None) -> str:
+        """Signed by `key` with `alg` (default: the key's own, whatever the header says)."""
         signing_input = self.encode(header, claims)
-        return signing_input.decode() + "." + b64url(key.sign(signing_input))
+        return signing_input.decode() + "." + b64url(key.sign(signing_input, alg))
 
     def unsigned(self, sub: str = "alice", *, audience: str, scopes: list[str]) -> str:
         """`alg: none`: no signature at all."""
         header = {"alg": "none", "typ": "JWT", "kid": self.current.kid}
         return self.encode(header, self.claims(sub, audience=audience, scopes=scopes)).decode() + "."
 
-    def hs256_with_public_key(self, sub: str = "alice", *, audience: str, scopes: list[str]) -> str:
-        """The algorithm-confusion attack: HS256 with the published public key as the HMAC secret."""
-        header = {"alg": "HS256", "typ": "JWT", "kid": self.current.kid}
+    def hs256_with_public_key(self, sub: str = "alice", *, audience: str, scopes: list[str],
+                              key: Key | None = None, secret: bytes | None = None) -> str:
+        """The algorithm-confusion attack: HS256 with a published public key (`key`'s, default the
+        newest; its PEM unless `secret` gives another form of it) as the HMAC secret."""
+        key = key or self.current
+        header = {"alg": "HS256", "typ": "JWT", "kid": key.kid}
         signing_input = self.encode(header, self.claims(sub, audience=audience, scopes=scopes))
-        mac = hmac.new(self.current.public_pem, signing_input, hashlib.sha256).digest()
+        mac = hmac.new(key.public_pem if secret is None else secret, signing_input, hashlib.sha256).digest()
         return signing_input.decode() + "." + b64url(mac)
 
     def opaque_token(self, sub: str = "alice", *, audience: str, scopes: list[str], active: bool = True,

@@ -331,6 +331,58 @@ async def test_keys_rotate_and_a_withdrawn_key_is_refused(server: Any, idp: Fake
     assert idp.jwks_fetches - fetches <= 1 + int((time.monotonic() - started) / 0.3), idp.jwks_fetches - fetches
 
 
+SIGNING_KEYS = [("RS256", {}), ("RS384", {}), ("RS512", {}), ("PS256", {}), ("PS512", {}), ("ES256", {}),
+                ("ES384", {}), ("ES512", {}), ("EdDSA", {}), ("EdDSA", {"curve": "Ed448"}),
+                ("ES256", {"declare_alg": False}), ("PS384", {"declare_alg": False}), ("EdDSA", {"declare_alg": False})]
+
+
+async def test_every_asymmetric_algorithm_the_jwks_declares_is_accepted_bound_to_its_key(
+        server: Any, idp: FakeIdP) -> None:
+    """One JWKS with an RSA, EC (each curve) and OKP key each, some declaring `alg`, some not: a
+    token signed by each with its algorithm lists tasks (a real client, both eras); the
+    confusion attacks are refused with 401 and create nothing."""
+    keys = {f"{alg}{kw}": idp.rotate(alg, keep_old=True, **kw) for alg, kw in SIGNING_KEYS}
+    idp.rotate("ES256", keep_old=True, use="enc")  # a key for encryption signs nothing
+    for name, key in keys.items():
+        for mode in ("auto", "legacy"):
+            async with Client(server.url, auth=idp.token("alice", audience=server.url, scopes=OWN, key=key),
+                              mode=mode) as client:
+                assert (await Agent(client).call("list_tasks"))["tasks"] == [], (name, mode)
+    # a key that does not declare its algorithm is still bound to its type (and an EC key to its curve)
+    undeclared_rsa = keys["PS384{'declare_alg': False}"]
+    r = await post(server.url, idp.sign({"alg": "RS256", "typ": "JWT", "kid": undeclared_rsa.kid},
+                                        idp.claims("bob", audience=server.url, scopes=OWN), undeclared_rsa, "RS256"),
+                   *submit_body("list_tasks"))
+    assert r.status_code == 200, r.text[:200]
+
+    rsa, ec256, ed = keys["RS256{}"], keys["ES256{}"], keys["EdDSA{}"]
+    claims = idp.claims("mallory", audience=server.url, scopes=OWN)
+    attacks = {
+        "alg none": idp.unsigned("mallory", audience=server.url, scopes=OWN),
+        "HS256 keyed with the RSA public key": idp.hs256_with_public_key("mallory", audience=server.url, scopes=OWN,
+                                                                         key=rsa),
+        "HS256 keyed with the EC public key": idp.hs256_with_public_key("mallory", audience=server.url, scopes=OWN,
+                                                                        key=ec256),
+        "HS256 keyed with the raw Ed25519 key": idp.hs256_with_public_key(
+            "mallory", audience=server.url, scopes=OWN, key=ed, secret=__import__("base64").urlsafe_b64decode(
+                ed.jwk["x"] + "==")),
+        "ES256 header on an RSA key": idp.sign({"alg": "ES256", "typ": "JWT", "kid": rsa.kid}, claims, ec256),
+        "RS256 header on an EC key": idp.sign({"alg": "RS256", "typ": "JWT", "kid": ec256.kid}, claims, rsa),
+        "PS256 on a key declaring RS256": idp.sign({"alg": "PS256", "typ": "JWT", "kid": rsa.kid}, claims, rsa, "PS256"),
+        "ES384 header on a P-256 key": idp.sign({"alg": "ES384", "typ": "JWT", "kid": ec256.kid}, claims, ec256),
+        "EdDSA header on an EC key": idp.sign({"alg": "EdDSA", "typ": "JWT", "kid": ec256.kid}, claims, ed),
+        "signed by the encryption key": idp.token("mallory", audience=server.url, scopes=OWN),
+        "a critical header": idp.token("mallory", audience=server.url, scopes=OWN, key=ec256,
+                                       header={"crit": ["exp"], "b64": True}),
+    }
+    before = task_count(server.cp)
+    for name, token in attacks.items():
+        r = await post(server.url, token, *submit_body())
+        assert r.status_code == 401, (name, r.status_code, r.text[:200])
+        assert challenge(r)["error"] == "invalid_token", name
+    assert task_count(server.cp) == before
+
+
 async def test_a_token_trusted_from_before_is_refused_once_it_expires(server: Any, idp: FakeIdP) -> None:
     """Verified JWTs are remembered for a while (the signature check is most of what OAuth costs a
     call), but never past their exp."""

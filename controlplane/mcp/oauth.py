@@ -3,11 +3,12 @@
 
 What fastmcp does, and what is ours:
 
-* fastmcp's `JWTVerifier` checks a JWT: the signature with the one configured algorithm (so
-  `alg: none`, and HS256 signed with the public key as its secret, are refused), keys from the
-  issuer's JWKS (cached an hour, fetched again when a token names a key it does not know, at
-  most once per `CONTROLPLANE_AUTH_JWKS_REFRESH_S`: a removed key is refused once the set was
-  read again), `iss`, `aud` (when the audience claim is `aud`) and `exp`. fastmcp's
+* `JwksVerifier` (`controlplane.mcp.jwks`, fastmcp's `JWTVerifier` with the algorithms each key
+  of the issuer's JWKS is for: RS*, PS*, ES*, EdDSA, never `none` nor an HMAC one) checks a JWT:
+  its signature, keys cached an hour and fetched again when a token names a key it does not
+  know, at most once per `CONTROLPLANE_AUTH_JWKS_REFRESH_S` (a removed key is refused once the
+  set was read again), `iss`, `aud` (when the audience claim is `aud`) and `exp`. fastmcp's
+  `JWTVerifier` checks HS* tokens with the one configured secret. fastmcp's
   `IntrospectionTokenVerifier` asks an RFC 7662 endpoint about opaque tokens. A JWT once verified
   is trusted again, unchecked, for `CONTROLPLANE_AUTH_VERIFIED_CACHE_S` (60 s) at most and never
   past its `exp`: its signature check is most of what OAuth costs a call.
@@ -54,6 +55,7 @@ from starlette.routing import Route
 
 from controlplane.identity import Caller, owner_of, team_of
 from controlplane.mcp.auth import digest, load_tokens
+from controlplane.mcp.jwks import JwksVerifier
 from controlplane.settings import Settings, csv
 
 log = logging.getLogger("controlplane.auth")
@@ -199,12 +201,14 @@ class OAuthTokens(TokenVerifier):
             raise AuthConfigError(f"CONTROLPLANE_AUTH_ALGORITHM={settings.auth_algorithm} is symmetric: it needs "
                                   "CONTROLPLANE_AUTH_HS_SECRET (and no JWKS)")
         self.jwt: JWTVerifier | None = None
-        if symmetric or jwks_uri:
-            # `aud` is fastmcp's to check; `client_id` (Cognito) is ours, below.
-            self.jwt = JWTVerifier(
-                public_key=settings.auth_hs_secret if symmetric else None, jwks_uri=None if symmetric else jwks_uri,
-                issuer=self.issuers, audience=self.audiences if self.audience_claim == "aud" else None,
-                algorithm=settings.auth_algorithm, jwks_refresh_interval=settings.auth_jwks_refresh_s)
+        # `aud` is the verifier's to check; `client_id` (Cognito) is ours, below.
+        audience = self.audiences if self.audience_claim == "aud" else None
+        if symmetric:
+            self.jwt = JWTVerifier(public_key=settings.auth_hs_secret, issuer=self.issuers, audience=audience,
+                                   algorithm=settings.auth_algorithm)
+        elif jwks_uri:
+            self.jwt = JwksVerifier(jwks_uri=jwks_uri, issuer=self.issuers, audience=audience,
+                                    jwks_refresh_interval=settings.auth_jwks_refresh_s)
         self.introspection: IntrospectionTokenVerifier | None = None
         if settings.auth_introspection_url:
             if not (settings.auth_introspection_client_id and settings.auth_introspection_client_secret):
