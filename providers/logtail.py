@@ -7,7 +7,7 @@ repeat. So the providers that read them share three habits, kept here:
 * `within_quota`: a read takes a place in the per-project (per-workspace) limiter without
   waiting; over the quota the tail answers "try again in N s" with its cursor unchanged
   (`over_quota`), rather than hang an MCP call. (Cloud Run holds each HTTP call of its logging
-  client in the limiter instead, `ratelimit.QuotaAdapter`, and answers the same page.)
+  client in the limiter instead, `ratelimit.limit_session`, and answers the same page.)
 * `SharedPages`: concurrent tails of one execution at one cursor share one read for a few
   seconds (one read per key at a time).
 * `after_cursor`: the cursor is (timestamp text, tiebreak id); a page is asked for from the

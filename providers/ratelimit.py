@@ -5,7 +5,7 @@ project, and region (`key(...)`, `shared(...)`) and makes every HTTP request to 
 place in it, retries included. How a request is held depends on the SDK, not on the limiter:
 `BotocoreHook` hooks botocore's request events (botocore retries inside the SDK), `held`
 wraps one call for SDKs whose own retries the provider switches off and does itself (Google's
-API core), and `QuotaAdapter` sits under a `requests` session, so that every HTTP request the
+API core), and `limit_session` puts an adapter under a `requests` session, so that every HTTP request the
 session sends takes a place, whatever the SDK above it does (a pager that reads ahead, a
 retry). `try_acquire` serves quotas a caller would rather report than wait for (Cloud
 Logging's 60 reads a minute: a log tail answers "try again" instead of hanging).
@@ -26,14 +26,13 @@ an error status, told at `release`): the operator's metrics read these counts at
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
-
-from requests.adapters import HTTPAdapter
 
 _registry: dict[str, SlidingWindowLimiter] = {}
 _registry_lock = threading.Lock()
@@ -133,43 +132,51 @@ class BotocoreHook:
 
 
 class OverQuota(Exception):
-    """A request was not sent: its limiter had no place free (`QuotaAdapter` without waiting)."""
+    """A request was not sent: its limiter had no place free (`limit_session` without waiting)."""
 
     def __init__(self, limiter: SlidingWindowLimiter):
         super().__init__(f"no place free in {limiter.rate} a {limiter.window_s:g} s")
         self.wait_s = limiter.wait_s()
 
 
-class QuotaAdapter(HTTPAdapter):
-    """A `requests` transport adapter: every request sent through it holds a place in `limiter`
-    (or in the limiter a function names at each request: limiters are found by name, `shared`)
-    from before it is sent until its answer has come. Without `wait`, a request that finds no
-    place free is not sent and raises OverQuota (mount it on a session for "https://" and
-    "http://": `limit_session`)."""
+@functools.cache
+def _quota_adapter() -> type:
+    """The QuotaAdapter class, made on first use: `requests` comes with the SDKs whose sessions it
+    limits (google-auth), not with a bare install, which imports this module for its metrics."""
+    from requests.adapters import HTTPAdapter
 
-    def __init__(self, limiter: SlidingWindowLimiter | Callable[[], SlidingWindowLimiter], *, wait: bool = False):
-        super().__init__()
-        self.limiter, self.wait = limiter, wait
+    class QuotaAdapter(HTTPAdapter):
+        """A `requests` transport adapter: every request sent through it holds a place in `limiter`
+        (or in the limiter a function names at each request: limiters are found by name, `shared`)
+        from before it is sent until its answer has come. Without `wait`, a request that finds no
+        place free is not sent and raises OverQuota (mount it on a session for "https://" and
+        "http://": `limit_session`)."""
 
-    def send(self, request: Any, *args: Any, **kwargs: Any) -> Any:
-        limiter = self.limiter if isinstance(self.limiter, SlidingWindowLimiter) else self.limiter()
-        token = limiter.acquire() if self.wait else limiter.try_acquire()
-        if token is None:
-            raise OverQuota(limiter)
-        try:
-            response = super().send(request, *args, **kwargs)
-        except BaseException:
-            limiter.release(token, failed=True)
-            raise
-        limiter.release(token, status=response.status_code)
-        return response
+        def __init__(self, limiter: SlidingWindowLimiter | Callable[[], SlidingWindowLimiter], *, wait: bool = False):
+            super().__init__()
+            self.limiter, self.wait = limiter, wait
+
+        def send(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+            limiter = self.limiter if isinstance(self.limiter, SlidingWindowLimiter) else self.limiter()
+            token = limiter.acquire() if self.wait else limiter.try_acquire()
+            if token is None:
+                raise OverQuota(limiter)
+            try:
+                response = super().send(request, *args, **kwargs)
+            except BaseException:
+                limiter.release(token, failed=True)
+                raise
+            limiter.release(token, status=response.status_code)
+            return response
+
+    return QuotaAdapter
 
 
 def limit_session(session: Any, limiter: SlidingWindowLimiter | Callable[[], SlidingWindowLimiter], *,
                   wait: bool = False) -> Any:
     """`session` (a requests.Session, e.g. google-auth's AuthorizedSession) with every request
-    it sends held in `limiter` (`QuotaAdapter`); returns the session."""
-    adapter = QuotaAdapter(limiter, wait=wait)
+    it sends held in `limiter` (a QuotaAdapter mounted for both schemes); returns the session."""
+    adapter = _quota_adapter()(limiter, wait=wait)
     session.mount("https://", adapter)
     session.mount("http://", adapter)
     return session
