@@ -54,7 +54,22 @@ Tag = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\
 # Text the store keeps or looks up as it is (a tool's inputs are kept as JSON, where NUL is written
 # \u0000 and reaches the tool intact; PostgreSQL's text cannot hold it, so it is refused everywhere
 # else on every engine alike). A task id with NUL is simply no task (`store.tasks.could_be_task_id`).
-StoredText = AfterValidator(_no_nul)
+NO_NUL = r"^[^\x00]*$"  # what the published schema says of such text (the validator's message is clearer)
+
+
+class _StoredText(AfterValidator):
+    """`_no_nul`, stated in the published schema too (on the string branch of an optional field),
+    so that a client that validates before sending is never refused for it."""
+
+    def __get_pydantic_json_schema__(self, core_schema: Any, handler: Any) -> dict[str, Any]:
+        schema = handler(core_schema)
+        for branch in schema.get("anyOf", [schema]):
+            if branch.get("type") == "string":
+                branch["pattern"] = NO_NUL
+        return schema  # type: ignore[no-any-return]
+
+
+StoredText = _StoredText(_no_nul)
 
 
 class _Input(BaseModel):
@@ -112,7 +127,7 @@ class ListTasks(_Input):
     submitted_before: datetime | None = Field(default=None, description="ISO 8601 time")
     limit: int = Field(default=50, ge=1, le=200)
     cursor: str | None = Field(default=None, max_length=64, description="next_cursor of the previous page")
-    owner: str | None = Field(default=None, min_length=1, max_length=200,
+    owner: Annotated[str | None, StoredText] = Field(default=None, min_length=1, max_length=200,
                               description="Whose tasks (default: yours). With tasks:admin anyone's; with a team, "
                                           "a teammate's tasks shared with your team; otherwise none")
 
@@ -136,13 +151,13 @@ class GetTaskResult(_Input):
 
 class UsageReport(_Input):
     group_by: list[Literal["tool", "tag", "owner"]] = Field(
-        default=["tool"], max_length=3, description="Sum per tool, tag and/or owner (a task counts under each of "
+        default=["tool"], max_length=3, json_schema_extra={"uniqueItems": True}, description="Sum per tool, tag and/or owner (a task counts under each of "
         "its tags; [] for one total)")
     since: datetime | None = Field(default=None, description="ISO 8601 time: attempts that ended at or after it "
                                    "(default: the start of the current month, UTC)")
     until: datetime | None = Field(default=None, description="ISO 8601 time: attempts that ended before it "
                                    "(default: now)")
-    owner: str | None = Field(default=None, min_length=1, max_length=200,
+    owner: Annotated[str | None, StoredText] = Field(default=None, min_length=1, max_length=200,
                               description="Whose usage (default: yours); anyone's with tasks:admin")
     everyone: bool = Field(default=False, description="Everyone's usage (tasks:admin only)")
 

@@ -119,7 +119,7 @@ def build_server(cp: ControlPlane, *, with_auth: bool = True) -> FastMCP:
         canonical_tool("submit_task", "Submit a catalog tool to run as a durable task. Returns at once with the "
                        "task id, its queue position and when to poll.", api.SubmitTask, svc.submit_grouped,
                        default_owner=owner, read_only=False, after=followers.maybe_follow,
-                       schema_version=2),  # 2: resources.scratch_mb is applied or refused, no longer ignored
+                       schema_version=3),  # 2: resources.scratch_mb is applied or refused; 3: no NUL (stated)
         canonical_tool("get_task_status", "State, progress (percent, step, phase, message, ETA), timing and "
                        "error of a task.", api.GetTaskStatus, svc.status, default_owner=owner, read_only=True,
                        inline=True),
@@ -128,16 +128,18 @@ def build_server(cp: ControlPlane, *, with_auth: bool = True) -> FastMCP:
                        default_owner=owner, read_only=True, inline=True),
         canonical_tool("list_tasks", "Your tasks, newest first, filtered by state, tool, tags and submission "
                        "time, with cursor pagination.", api.ListTasks, svc.list, default_owner=owner,
-                       read_only=True, inline=True, schema_version=2),  # 2: `owner` (admins, teams)
+                       read_only=True, inline=True, schema_version=3),  # 2: `owner` (admins, teams); 3: no NUL
         canonical_tool("cancel_task", "Cancel a task: a queued task is cancelled at once; a running one is "
                        "stopped (its cloud job or process tree included). Idempotent.", api.CancelTask,
-                       svc.cancel, default_owner=owner, read_only=False, inline=True),
+                       svc.cancel, default_owner=owner, read_only=False, inline=True,
+                       schema_version=2),  # 2: no NUL in reason (stated)
         canonical_tool("get_task_result", "The result of a finished task, its artifacts with signed download "
                        "links (sha256, size, expiry) and its error, if any.", api.GetTaskResult, svc.result,
                        default_owner=owner, read_only=True, inline=True),
         canonical_tool("usage_report", "What your tasks used (vCPU-, GiB- and GPU-seconds) and their estimated "
                        "cost at list prices, summed by tool, tag and/or owner over a period (default: this month).",
-                       api.UsageReport, svc.usage_report, default_owner=owner, read_only=True),
+                       api.UsageReport, svc.usage_report, default_owner=owner, read_only=True,
+                       schema_version=2),  # 2: group_by's uniqueItems, no NUL in owner (stated)
         wait_tool(cp, owner),
     ]
     # Before every 2026-07-28 tools/call with arguments, the SDK checks the request's Mcp-Param-*
