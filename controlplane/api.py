@@ -130,6 +130,8 @@ class ListTasks(_Input):
     owner: Annotated[str | None, StoredText] = Field(default=None, min_length=1, max_length=200,
                               description="Whose tasks (default: yours). With tasks:admin anyone's; with a team, "
                                           "a teammate's tasks shared with your team; otherwise none")
+    everyone: bool = Field(default=False, description="Every owner's tasks, newest first, each with its owner "
+                           "(tasks:admin only)")
 
 
 class CancelTask(_Input):

@@ -37,7 +37,7 @@ from controlplane.outcomes import cancelled_error
 from controlplane.admission import Admission
 from controlplane.group_commit import GroupCommit
 from controlplane.store import BudgetReached, LimitReached, NewTask, QueueFull, Store, Submitted
-from controlplane.store.rows import TaskRow
+from controlplane.store.rows import TaskRow, TaskSummary
 from controlplane_providers.base import Capability, Provider, TransientProviderError
 
 LOG_CURSOR_PREFIX = "log_"
@@ -74,13 +74,14 @@ def queue_full(e: QueueFull) -> ControlPlaneError:
 
 class AdminReads:
     """Admins' reads of other callers' tasks, in each task's audit (task_events, kind
-    `admin_read`, with who read it): at most once per admin and task every `every_s` per
-    server, so that a tail followed page by page is one entry, not hundreds."""
+    `admin_read`, or `admin_list` for a row of list_tasks, with who read it): at most once per
+    admin and task every `every_s` per server, so that a tail followed page by page is one
+    entry, not hundreds."""
 
     def __init__(self, store: Store, every_s: float = 600.0):
         self.store = store
         self.every_s = every_s
-        self._seen: dict[tuple[str, str], float] = {}
+        self._seen: dict[tuple[str, ...], float] = {}
 
     def read(self, admin: str, task: TaskRow) -> None:
         now = time.monotonic()
@@ -88,7 +89,23 @@ class AdminReads:
         if now - self._seen.get(key, -math.inf) < self.every_s:
             return
         self.store.tasks.audit(task.task_id, "admin_read", {"by": str(admin)})  # (WouldBlock: before the write)
-        self._seen[key] = now
+        self._remember([key], now)
+
+    def listed(self, admin: str, rows: list[tuple[TaskSummary, str]]) -> None:
+        """A page of list_tasks showing others' tasks: an `admin_list` entry in each (who listed
+        it), at most once per admin and task every `every_s`, written in one statement."""
+        now = time.monotonic()
+        due = [(r, (str(admin), r.task_id, "list")) for r, owner in rows if owner != str(admin)]
+        due = [(r, key) for r, key in due if now - self._seen.get(key, -math.inf) >= self.every_s]
+        if not due:
+            return
+        self.store.tasks.audit_reads([(r.task_id, r.state.value, r.attempt) for r, _ in due], "admin_list",
+                                     {"by": str(admin)})  # (WouldBlock: before the write)
+        self._remember([key for _, key in due], now)
+
+    def _remember(self, keys: list[tuple[str, ...]], now: float) -> None:
+        for key in keys:
+            self._seen[key] = now
         if len(self._seen) > 10_000:
             self._seen = {k: t for k, t in self._seen.items() if now - t < self.every_s}
 
@@ -404,7 +421,10 @@ class TaskService:
     # ==== list ================================================================================
     def list(self, owner: str, req: api.ListTasks) -> dict[str, Any]:
         after = self._decode_list_cursor(req.cursor) if req.cursor else None
+        if req.everyone:
+            return self._list_everyone(owner, req, after)
         teams = None
+        caller = owner
         if req.owner is not None and req.owner != owner:  # someone else's tasks
             if not isinstance(owner, Caller) or not (owner.admin or owner.teams):
                 return {"tasks": [], "next_cursor": None}  # as for a caller with no tasks
@@ -416,19 +436,43 @@ class TaskService:
             submitted_before=_epoch(req.submitted_before), after=after, limit=req.limit + 1)
         more = len(rows) > req.limit
         rows = rows[: req.limit]
-        tasks = []
-        for r in rows:
-            progress = r.progress
-            tasks.append({
-                "task_id": r.task_id, "state": r.state, "tool_name": r.tool_name,
-                "priority": r.priority, "queue": r.resource_class, "attempt": r.attempt,
-                "submitted_at": iso(r.submitted_at), "started_at": iso(r.started_at),
-                "updated_at": iso(r.updated_at), "completed_at": iso(r.completed_at),
-                "tags": r.tags,
-                "percent": progress.get("percent") if progress else None,
-            })
+        if teams is None and owner != caller:  # an administrator reading another owner's tasks
+            self.audit.listed(caller, [(r, owner) for r in rows])
         cursor = self._encode_list_cursor(rows[-1].submitted_at, rows[-1].pk) if more and rows else None
-        return {"tasks": tasks, "next_cursor": cursor}
+        return {"tasks": [self._listed(r) for r in rows], "next_cursor": cursor}
+
+    def _list_everyone(self, caller: str, req: api.ListTasks, after: tuple[float, int] | None) -> dict[str, Any]:
+        """Every owner's tasks for tasks:admin, each row with its owner (audited); anyone else is
+        refused as usage_report refuses everyone's usage (FORBIDDEN)."""
+        if req.owner is not None:
+            raise invalid("give owner or everyone, not both")
+        if not isinstance(caller, Caller) or not caller.admin:
+            raise ControlPlaneError(ErrorCode.FORBIDDEN, "everyone's tasks need the tasks:admin scope",
+                                    hint="omit everyone to list your own tasks")
+        found = self.store.tasks.list_everyone(
+            states_=[s.value for s in req.states] if req.states else None, tool_name=req.tool_name,
+            tags_any=req.tags_any, submitted_after=_epoch(req.submitted_after),
+            submitted_before=_epoch(req.submitted_before), after_pk=after[1] if after else None,
+            limit=req.limit + 1)
+        more = len(found) > req.limit
+        found = found[: req.limit]
+        self.audit.listed(caller, found)
+        last = found[-1][0] if more and found else None
+        return {"tasks": [{**self._listed(r), "owner": owner} for r, owner in found],
+                "next_cursor": self._encode_list_cursor(last.submitted_at, last.pk) if last else None}
+
+    @staticmethod
+    def _listed(r: TaskSummary) -> dict[str, Any]:
+        """A task as a row of list_tasks shows it."""
+        progress = r.progress
+        return {
+            "task_id": r.task_id, "state": r.state, "tool_name": r.tool_name,
+            "priority": r.priority, "queue": r.resource_class, "attempt": r.attempt,
+            "submitted_at": iso(r.submitted_at), "started_at": iso(r.started_at),
+            "updated_at": iso(r.updated_at), "completed_at": iso(r.completed_at),
+            "tags": r.tags,
+            "percent": progress.get("percent") if progress else None,
+        }
 
     @staticmethod
     def _encode_list_cursor(submitted_at: float, pk: int) -> str:

@@ -158,3 +158,92 @@ async def test_without_the_admin_scope_nobody_sees_others_tasks(server: Any, idp
         assert (await mallory.error("get_task_status", task_id=tid))["code"] == "NOT_FOUND"
         assert (await mallory.error("cancel_task", task_id=tid))["code"] == "NOT_FOUND"
         assert (await mallory.call("list_tasks", owner=people.owner("alice")))["tasks"] == []
+
+
+async def test_an_admin_lists_everyones_tasks_page_by_page_each_with_its_owner_and_audited(
+        server: Any, idp: FakeIdP) -> None:
+    """list_tasks(everyone=true): every owner's tasks newest first, paged, filtered like a list of
+    one's own, each row naming its owner; each listed task's audit says which admin listed it
+    (once however often). Without tasks:admin it is refused as everyone's usage is (FORBIDDEN)."""
+    people = People(idp, server.url)
+    root, alice_owner, bob_owner = people.owner("root"), people.owner("alice"), people.owner("bob")
+    async with people.client("alice") as a, people.client("bob") as b, \
+            people.client("root", scopes=["tasks:admin"]) as r, people.client("eve", team="ops") as e:
+        alice, bob, admin, eve = Agent(a), Agent(b), Agent(r), Agent(e)
+        submitted = []  # (task id, owner), oldest first
+        for agent, owner, tags in [(alice, alice_owner, ["x"]), (bob, bob_owner, []), (alice, alice_owner, []),
+                                   (bob, bob_owner, ["x"]), (alice, alice_owner, ["y"])]:
+            submitted.append((await agent.submit("lj_relax" if tags == ["y"] else "exercise", tags=tags,
+                                                 inputs={"n_atoms": 4, "max_steps": 1} if tags == ["y"] else {}),
+                              owner))
+        for tid, owner in submitted:
+            await (alice if owner == alice_owner else bob).wait(tid)
+        newest_first = list(reversed(submitted))
+
+        seen, cursor, pages = [], None, 0
+        while True:
+            page = await admin.call("list_tasks", everyone=True, limit=2, **({"cursor": cursor} if cursor else {}))
+            seen += [(t["task_id"], t["owner"]) for t in page["tasks"]]
+            pages += 1
+            cursor = page["next_cursor"]
+            if cursor is None:
+                break
+        assert seen == newest_first and pages == 3
+        tagged = await admin.call("list_tasks", everyone=True, tags_any=["x"])
+        assert [(t["task_id"], t["owner"]) for t in tagged["tasks"]] == [newest_first[1], newest_first[4]]
+        by_tool = await admin.call("list_tasks", everyone=True, tool_name="lj_relax")
+        assert [t["task_id"] for t in by_tool["tasks"]] == [newest_first[0][0]]
+        done = await admin.call("list_tasks", everyone=True, states=["succeeded", "failed"])
+        assert {t["task_id"] for t in done["tasks"]} <= {tid for tid, _ in submitted}
+        assert (await admin.call("list_tasks", everyone=True, states=["queued"]))["tasks"] == []
+
+        for plain in (alice, eve):  # an owner, a team member: neither may
+            err = await plain.error("list_tasks", everyone=True)
+            assert err["code"] == "FORBIDDEN" and "tasks:admin" in err["message"], err
+        both = await admin.error("list_tasks", everyone=True, owner=alice_owner)
+        assert both["code"] == "INVALID_REQUEST"
+        # listing one other owner's tasks is an admin read too
+        assert len((await admin.call("list_tasks", owner=bob_owner))["tasks"]) == 2
+
+    for tid, _ in submitted:
+        listed = [ev for ev in server.cp.store.logs.events(tid) if ev.kind == "admin_list"]
+        assert [ev.detail for ev in listed] == [{"by": root}], (tid, listed)  # (pages and filters: once)
+
+
+def test_the_admin_list_walks_the_primary_key_without_sorting(cp: ControlPlane) -> None:
+    """Each filter of list_tasks(everyone=true) reads the tasks along their primary key, newest
+    first, and stops after the page: no engine sorts what matches (5,000 tasks of 50 owners, a
+    third of them tagged, analyzed, as a planner sees a table in use; a rare tag may be read
+    from its own rows, and its few tasks sorted, which is as cheap)."""
+    from sqlalchemy import insert, select, text
+
+    from controlplane import api
+    from controlplane.store import queries as q
+
+    cp.service.submit(cp.settings.default_owner, api.SubmitTask(tool_name="exercise", tags=["t"]))
+    with cp.db.engine.begin() as c:
+        row = dict(c.execute(select(q.T)).mappings().one())
+        row.pop("pk")
+        c.execute(insert(q.T), [{**row, "task_id": f"tsk_{i:026d}", "owner": f"o{i % 50}", "idempotency_key": None,
+                                 "state": ("queued", "succeeded", "running")[i % 3],
+                                 "submitted_at": row["submitted_at"] + i} for i in range(5000)])
+        tasks = c.execute(select(q.T.c.pk, q.T.c.owner, q.T.c.submitted_at).where(q.T.c.task_id.like("tsk_0%"))).all()
+        c.execute(insert(q.TAGS), [{"task_pk": pk, "tag": "t", "owner": owner, "submitted_at": at}
+                                   for pk, owner, at in tasks if pk % 3 == 0])
+        c.execute(text("ANALYZE"))
+    base: dict[str, Any] = dict(states_=None, tool_name=None, tags_any=None, submitted_after=None,
+                                submitted_before=None, after_pk=None, limit=51)
+    with cp.db.engine.connect() as c:
+        for extra in ({}, {"states_": ["queued"]}, {"states_": ["queued", "running"]}, {"tool_name": "exercise"},
+                      {"tags_any": ["t", "u"]}, {"after_pk": 2000, "submitted_after": 1.0}):
+            stmt = q.everyone_page(**{**base, **extra})
+            sql = str(stmt.compile(dialect=cp.db.engine.dialect, compile_kwargs={"literal_binds": True}))
+            plan = " | ".join(str(r[-1] if cp.db.is_sqlite else r[0]) for r in c.exec_driver_sql("EXPLAIN " * (
+                not cp.db.is_sqlite) + "EXPLAIN QUERY PLAN " * cp.db.is_sqlite + sql))
+            assert "SORT" not in plan.upper() and "TEMP B-TREE" not in plan.upper(), (extra, plan)
+            tasks_read = plan.split("SUBQUERY")[0].split("SubPlan")[0]
+            if cp.db.is_sqlite:
+                assert tasks_read.startswith(("SCAN tasks |", "SEARCH tasks USING INTEGER PRIMARY KEY")) \
+                    or tasks_read.strip() == "SCAN tasks", (extra, plan)
+            else:
+                assert "Index Scan Backward using tasks_pkey" in tasks_read, (extra, plan)

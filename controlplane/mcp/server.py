@@ -127,8 +127,8 @@ def build_server(cp: ControlPlane, *, with_auth: bool = True) -> FastMCP:
                        "from_end=true starts at the last lines.", api.TailTaskLogs, svc.tail,
                        default_owner=owner, read_only=True, inline=True),
         canonical_tool("list_tasks", "Your tasks, newest first, filtered by state, tool, tags and submission "
-                       "time, with cursor pagination.", api.ListTasks, svc.list, default_owner=owner,
-                       read_only=True, inline=True, schema_version=3),  # 2: `owner` (admins, teams); 3: no NUL
+                       "time, with cursor pagination (an administrator's: anyone's, or everyone's).", api.ListTasks, svc.list, default_owner=owner,
+                       read_only=True, inline=True, schema_version=4),  # 2: `owner`; 3: no NUL; 4: `everyone`
         canonical_tool("cancel_task", "Cancel a task: a queued task is cancelled at once; a running one is "
                        "stopped (its cloud job or process tree included). Idempotent.", api.CancelTask,
                        svc.cancel, default_owner=owner, read_only=False, inline=True,

@@ -349,6 +349,27 @@ class TaskStore:
                     rows.setdefault(r.pk, r)
         return sorted(rows.values(), key=lambda r: (r.submitted_at, r.pk), reverse=True)[:limit]
 
+    def list_everyone(self, *, states_: Sequence[str] | None = None, tool_name: str | None = None,
+                      tags_any: Sequence[str] | None = None, submitted_after: float | None = None,
+                      submitted_before: float | None = None, after_pk: int | None = None,
+                      limit: int = 50) -> list[tuple[TaskSummary, str]]:
+        """Every owner's tasks, newest first by submission order (`pk`; `after_pk`: the last row of
+        the previous page), each with its owner: an administrator's list."""
+        with self.db.read() as c:
+            result = c.execute(q.everyone_page(states_=states_, tool_name=tool_name, tags_any=tags_any,
+                                               submitted_after=submitted_after, submitted_before=submitted_before,
+                                               after_pk=after_pk, limit=limit))
+            rows = result.all()
+        n = len(q.LIST_FIELDS)
+        return [(TaskSummary(*r[:n]), r[n]) for r in rows]
+
+    def audit_reads(self, reads: Sequence[tuple[str, str, int]], kind: str, detail: dict[str, Any]) -> None:
+        """One audit entry per (task id, state, attempt) as the reader saw them, in one transaction
+        and one statement (an administrator's page of list_tasks); changes nothing else."""
+        now = self.w.clock()
+        with self.w.tx() as c:
+            self.w.events(c, [event_row(tid, kind, state, state, attempt, detail, now) for tid, state, attempt in reads])
+
     def task_ids(self, owner: str, prefix: str, limit: int) -> list[str]:
         """The owner's task ids that start with `prefix`, newest first (for completion)."""
         if not could_be_task_id(prefix):
