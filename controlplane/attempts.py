@@ -5,7 +5,8 @@ happens here, in one transaction (`Store.attempts.open`):
 
 * `apply(task_id, attempt, events)`: the runner's events (by HTTP callback, or read from the
   object store where it spilled them), idempotent by sequence number: log lines, progress, the
-  start, and `finished`, which ends the attempt with the runner's own outcome;
+  start, and `finished`, which ends the attempt with the runner's own outcome (its job is
+  `draining` until the provider says it ended: a container can outlive its runner's report);
 * `end_from_provider(job, status)`: the provider says the job ended (or vanished): the runner's
   events and `result.json` are read from the object store first; without them, the provider's
   word decides;
@@ -72,23 +73,25 @@ class Attempts:
 
     # ---- the runner's events ------------------------------------------------------------------
     def apply(self, task_id: str, attempt: int, events: list[dict[str, Any]],
-              ran_at: tuple[float | None, float | None] = (None, None)) -> Applied:
+              ran_at: tuple[float | None, float | None] = (None, None), *, job_ended: bool = False) -> Applied:
         """Apply a batch; if earlier events are missing (a batch starting past the job's last
         seq + 1), they are read from the object store first. Raises StaleAttempt for an
         attempt that is no longer current. `ran_at`: the job's start and end as its provider
-        reports them (preferred to the runner's for its usage), when the provider ended it."""
+        reports them (preferred to the runner's for its usage), when the provider ended it
+        (`job_ended`: the job is then done; else a launched job drains until the provider says so)."""
         with self.store.attempts.open(task_id, attempt, reporting=True) as a:
             assert a.task is not None and a.job is not None
             fresh = _fresh(events, a.job.event_seq)
             if not fresh or ev.seq_of(fresh[0]) == a.job.event_seq + 1:
-                return self._apply(a, fresh, ran_at)
+                return self._apply(a, fresh, ran_at, job_ended)
             store_url, from_seq = a.task.store_url, a.job.event_seq + 1
         missing = self.read_spilled(store_url, task_id, attempt, from_seq)
         with self.store.attempts.open(task_id, attempt, reporting=True) as a:
             assert a.job is not None
-            return self._apply(a, _fresh(missing + events, a.job.event_seq), ran_at)
+            return self._apply(a, _fresh(missing + events, a.job.event_seq), ran_at, job_ended)
 
-    def _apply(self, a: AttemptTx, fresh: list[dict[str, Any]], ran_at: tuple[float | None, float | None]) -> Applied:
+    def _apply(self, a: AttemptTx, fresh: list[dict[str, Any]], ran_at: tuple[float | None, float | None],
+               job_ended: bool = False) -> Applied:
         assert a.task is not None and a.job is not None
         seq = before = a.job.event_seq
         lines: list[tuple[float | None, str, str, str]] = []
@@ -110,8 +113,12 @@ class Attempts:
             a.start({"worker_id": a.job.worker_id})
         cancel = a.task.cancel_requested
         if outcome is not None:
+            # The runner's word ends the attempt, not its job: a launched job is watched (and
+            # stopped if it lingers) until the provider says it ended.
+            drain = not job_ended and a.job.state == JobState.ACTIVE
             self._end(a, decide(a.task, outcome.as_outcome(), self.policy(a.task.tool_name)),
-                      self._artifacts(a.task, outcome.artifacts), ran_at=_run_times(ran_at, outcome))
+                      self._artifacts(a.task, outcome.artifacts), ran_at=_run_times(ran_at, outcome),
+                      job_state=JobState.DRAINING if drain else JobState.DONE)
         return Applied(ack_seq=seq, cancel=cancel, finished=outcome is not None)
 
     def read_spilled(self, store_url: str, task_id: str, attempt: int, from_seq: int) -> list[dict[str, Any]]:
@@ -145,7 +152,7 @@ class Attempts:
         try:  # events the runner could not deliver by callback are in the object store
             if task is not None:
                 spilled = self.read_spilled(task.store_url, task_id, attempt, job.event_seq + 1)
-                if spilled and self.apply(task_id, attempt, spilled, ran_at).finished:
+                if spilled and self.apply(task_id, attempt, spilled, ran_at, job_ended=True).finished:
                     return "finished"
                 outcome = self.read_outcome(task.store_url, task_id, attempt)
         except StaleAttempt:

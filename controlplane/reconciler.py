@@ -13,7 +13,10 @@ One cycle:
    moved on ("draining") are stopped until the provider confirms it; a job that does not confirm
    it stopped within `stop_confirm_timeout_s` no longer holds its task: the task ends, the job is
    recorded as "abandoned" (`controlplane jobs --state abandoned`) and is still stopped every
-   ABANDONED_RESEND_S until the provider says it ended (some runners ignore a stop);
+   ABANDONED_RESEND_S until the provider says it ended (some runners ignore a stop). A job whose
+   runner reported the attempt's end drains too: done once the provider says it ended, stopped
+   if it still runs `kill_grace_s` plus a poll interval after that report (a container can
+   outlive its runner);
 5. expires finished tasks past their ttl and purges the tombstones and the audit after their
    retention periods (`controlplane.retention`: in bounded batches, within a budget per cycle;
    a failed deletion is retried on the next pass, never skipped).
@@ -289,6 +292,10 @@ class Reconciler:
         if not alive:
             self.store.jobs.move(j.worker_id, JobState.DONE)
             return
+        provider = self.providers.get(j.provider)
+        grace = self.settings.kill_grace_s + (provider.poll_interval_s if provider is not None else 0.0)
+        if j.job_state == JobState.DRAINING and j.stop_requested_at is None and now - (j.seen_at or 0) < grace:
+            return  # its runner reported the end just now: the job may end by itself (and be seen to) first
         abandoned = j.job_state == JobState.ABANDONED
         if not abandoned and now - (j.stop_requested_at or now) >= self.settings.stop_confirm_timeout_s:
             log.warning("job %s did not confirm it stopped within %.0f s: abandoned (still stopped now and then)",

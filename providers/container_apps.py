@@ -39,9 +39,13 @@ How it maps the core's contract onto Azure:
   (202 + body); the long-running poller is never waited on. A start is NOT idempotent: azure-core
   would retry a POST on 500/503/504 or any answer with Retry-After, and the execution may exist by
   then, so a start is retried in place only on 429 (refused before anything was done); the
-  control plane's launch retry looks the execution up with `find` first.
+  control plane's launch retry looks the execution up with `find` first. An answer that does not
+  name the execution (the spec allows a bare 202 with only `Location`), or a start that failed
+  after it may have been accepted, is an ambiguous start: the execution is looked up by its
+  marker, and for `LIST_LAG_S` after it an empty look is "not listed yet", never "not started".
 * find = list the job's executions and match the attempt's own marker, `CONTROLPLANE_JOB_NAME`
-  in the execution template's env.
+  in the execution template's env; an execution listed without its template is read with one
+  GET (remembered) before the list is taken as proof that nothing was started.
 * poll: there is no batch get, so `poll_key` is the job: one paged `jobs_executions.list` per job
   per cycle (nextLink paging, stopping once every watched execution was seen). No `$filter`: the
   documented form matches one status, and a filter on Running would hide the executions still
@@ -55,9 +59,15 @@ How it maps the core's contract onto Azure:
   and still stopped now and then until Azure says it ended).
 * The handle (`ContainerAppsHandle`) is the execution's name with its job's ARM id, the start
   time, the Log Analytics workspace and the waiting policy.
-* logs = Log Analytics, table `ContainerAppConsoleLogs_CL` of the environment's workspace, rows of
-  the job whose replica (ContainerGroupName_s) belongs to the execution, oldest first; cursor =
-  TimeGenerated (the service's 7-digit text) + `_ItemId`. Rows reach Log Analytics 30 s to a few
+* logs = Log Analytics: the environment's "log-analytics" destination writes table
+  `ContainerAppConsoleLogs_CL` (columns `..._s`), its "azure-monitor" destination (a diagnostic
+  setting) `ContainerAppConsoleLogs` (`Log`, `Stream`, `ContainerGroupName`); `LOG_TABLE` names
+  one, or `auto` takes the one the workspace has (the _CL one first; a workspace without it
+  answers "failed to resolve table", and the other is used from then on). Rows of the replicas
+  of the execution (`{execution}-...`), oldest first, in the service's order (TimeGenerated, then
+  `_ItemId`); cursor = TimeGenerated as 100 ns ticks + `_ItemId`, both in the query, so any
+  number of rows at one instant pages through. Times are read as text (`tostring`, whatever
+  precision the service writes) and parsed to ticks, never compared as text. Rows reach Log Analytics 30 s to a few
   minutes after they are written (ingestion delay) and a row ingested late with an earlier
   TimeGenerated than the cursor would be skipped; so the tail holds back the newest
   `LOG_SETTLE_S` seconds (default 60), trading freshness for completeness. The runner's relay
@@ -74,20 +84,22 @@ Settings (`CONTROLPLANE_CONTAINER_APPS_*`): `SUBSCRIPTION_ID`, `ENDPOINT` (ARM, 
 https://management.azure.com), `LOGS_ENDPOINT` (default https://api.loganalytics.io),
 `WORKSPACE_ID`, `CA_BUNDLE` (a PEM to trust: private endpoints, local fakes), `ANONYMOUS` (send a
 placeholder token: fakes only), `MAX_READS_PER_S`, `MAX_WRITES_PER_S`, `LOG_QUERIES_PER_MIN`,
-`LOG_SETTLE_S`, `POLL_INTERVAL_S`, `STUCK_AFTER_S`, `RETRY_TOTAL`, `RETRY_BACKOFF_S`.
+`LOG_SETTLE_S`, `LOG_TABLE`, `POLL_INTERVAL_S`, `STUCK_AFTER_S`, `RETRY_TOTAL`, `RETRY_BACKOFF_S`,
+`LIST_LAG_S`.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import re
 import threading
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from azure.core.credentials import AccessToken
 from azure.core.exceptions import (
@@ -125,7 +137,12 @@ log = logging.getLogger("controlplane.providers.container_apps")
 
 MARKER = "CONTROLPLANE_JOB_NAME"  # the env var that names an execution's task attempt
 CONSUMPTION = "Consumption"
-LOG_TABLE = "ContainerAppConsoleLogs_CL"
+LOG_TABLE = "ContainerAppConsoleLogs_CL"  # the "log-analytics" destination's table
+MONITOR_TABLE = "ContainerAppConsoleLogs"  # the "azure-monitor" destination's (a diagnostic setting)
+# Each table's columns for what a tail reads: (replica, message, stream).
+LOG_COLUMNS = {LOG_TABLE: ("ContainerGroupName_s", "Log_s", "Stream_s"),
+               MONITOR_TABLE: ("ContainerGroupName", "Log", "Stream")}
+TICKS_PER_S = 10_000_000  # Log Analytics' datetime resolution: 100 ns
 # Execution status -> our phase: the one table. Degraded (a replica failing while the execution
 # still runs) stays RUNNING: the runner's heartbeat, not a guess, decides that it is lost. Unknown
 # is waited on like a start (reported, and given up on per on_stuck).
@@ -177,6 +194,9 @@ class ContainerAppsSettings(ProviderSettings):
     max_writes_per_s: float = Field(default=8.0, gt=0)  # ... and writes at 10/s
     log_queries_per_min: int = Field(default=60, ge=1)  # Log Analytics queries, per workspace
     log_settle_s: float = Field(default=60.0, ge=0)  # rows younger than this are not read yet
+    # The console-log table: the log-analytics destination's, the azure-monitor one's, or whichever the workspace has.
+    log_table: Literal["auto", "ContainerAppConsoleLogs_CL", "ContainerAppConsoleLogs"] = "auto"
+    list_lag_s: float = Field(default=60.0, ge=0)  # after an ambiguous start, how long `find` keeps looking
     poll_interval_s: float = Field(default=10.0, gt=0)
     stuck_after_s: float = Field(default=900.0, gt=0)
     retry_total: int = Field(default=8, ge=0)  # azure-core's retries of one call (429/5xx)
@@ -322,6 +342,9 @@ class ContainerAppsProvider(Provider[ContainerAppsHandle]):
         self._lock = threading.Lock()
         self._pages = logtail.SharedPages()
         self._containers: dict[str, tuple[str, str | None]] = {}  # job id -> (container name, image)
+        self._unsure: dict[str, float] = {}  # job_name -> when its start was ambiguous (monotonic)
+        self._markers: dict[str, str | None] = {}  # execution id -> its marker, read by GET (a template never changes)
+        self._tables: dict[str, str] = {}  # workspace -> the console-log table found there (LOG_TABLE auto)
 
     # ---- clients: one per subscription, every try through the shared limiters -------------------
     def _client(self, job_id: str) -> ContainerAppsAPIClient:
@@ -392,14 +415,32 @@ class ContainerAppsProvider(Provider[ContainerAppsHandle]):
             env=[aca.EnvironmentVar(name=k, value=v) for k, v in sorted(spec.env.items())],
             resources=aca.ContainerResources(cpu=cpu, memory=f"{memory_mb / 1024:g}Gi"))])
         _, rg, job = _parts(job_id)
-        started = self._call(job_id, "start", lambda c: c.jobs.begin_start(rg, job, template=template,
-                                                                           polling=False).result())
-        if started is None or not started.name:
-            found = self.find(spec)  # no name in the answer: look it up by its marker rather than guess
-            if found is None:
-                raise TransientProviderError("the job start answered without an execution name")
+        answers: list[Any] = []  # the start's HTTP answers (azure-core's raw_response_hook)
+
+        def start(c: ContainerAppsAPIClient) -> str | None:
+            poller = c.jobs.begin_start(rg, job, template=template, polling=False,
+                                        raw_response_hook=lambda r: answers.append(r.http_response))
+            if not answers or not answers[-1].body():
+                return None  # a bare 202 (Location only): the SDK would fail to parse the empty body
+            return poller.result().name
+
+        try:
+            name = self._call(job_id, "start", start)
+        except TransientProviderError as e:
+            cause = e.__cause__
+            if not (isinstance(cause, HttpResponseError) and cause.status_code == 429):
+                self._unsure[spec.job_name] = time.monotonic()  # it may have started: `find` must look a while
+            raise
+        if not name:
+            # Accepted without naming the execution: look it up by its marker rather than guess.
+            self._unsure[spec.job_name] = time.monotonic()
+            found = self.find(spec)
+            if found is None:  # (find raises while the list may lag; this is past LIST_LAG_S = 0)
+                raise TransientProviderError("the job start was accepted without naming its execution, which is not "
+                                             "listed; looking again before starting again")
             return found
-        return self._handle(started.name, job_id, spec, time.time())
+        self._unsure.pop(spec.job_name, None)
+        return self._handle(name, job_id, spec, time.time())
 
     def _handle(self, execution: str, job_id: str, spec: LaunchSpec, created_at: float) -> ContainerAppsHandle:
         opts: ContainerAppsOptions = spec.options
@@ -409,15 +450,44 @@ class ContainerAppsProvider(Provider[ContainerAppsHandle]):
                                    on_stuck=opts.on_stuck)
 
     def find(self, spec: LaunchSpec) -> ContainerAppsHandle | None:
+        """The attempt's execution, by its marker. An execution the list shows without its
+        template is read with a GET first. After an ambiguous start of this attempt an empty look
+        raises TransientProviderError for `list_lag_s` (look again later) instead of answering
+        None (start again): the list can lag behind the execution the start created."""
         opts: ContainerAppsOptions = spec.options
         job_id = opts.job_id(self.settings.subscription_id)
-        found = [ex for ex in self._list(job_id) if _marker(ex) == spec.job_name]
+        found = [ex for ex in self._list(job_id) if self._marker_of(job_id, ex) == spec.job_name]
         if not found:
+            unsure = self._unsure.get(spec.job_name)
+            if unsure is not None and time.monotonic() - unsure < self.settings.list_lag_s:
+                raise TransientProviderError(f"{spec.job_name}: the job start may have created an execution that "
+                                             "Azure does not list yet; looking again before starting again")
+            self._unsure.pop(spec.job_name, None)
             return None
+        self._unsure.pop(spec.job_name, None)
         if len(found) > 1:
             log.warning("%d Container Apps executions carry %s; following the newest", len(found), spec.job_name)
         newest = max(found, key=lambda ex: _started(ex) or 0.0)
         return self._handle(newest.name, job_id, spec, _started(newest) or time.time())
+
+    def _marker_of(self, job_id: str, ex: Any) -> str | None:
+        """An execution's marker: from the list's copy of its template, else from a GET of it
+        (remembered: an execution's template never changes)."""
+        if ex.properties is not None and ex.properties.template is not None:
+            return _marker(ex)
+        key = ex.id or f"{job_id}/executions/{ex.name}"
+        if key not in self._markers:
+            _, rg, job = _parts(job_id)
+            try:
+                full = self._call(job_id, "get execution", lambda c: c.job_execution(rg, job, ex.name))
+            except PermanentProviderError as e:
+                if not isinstance(e.__cause__, ResourceNotFoundError):
+                    raise
+                return None  # gone since it was listed (not remembered: its name cannot come back)
+            if len(self._markers) >= 100_000:
+                self._markers.clear()
+            self._markers[key] = _marker(full)
+        return self._markers[key]
 
     def _list(self, job_id: str, until: Callable[[set[str]], bool] | None = None) -> list[Any]:
         """The job's executions, page by page (each page one request), stopping early once
@@ -515,21 +585,29 @@ class ContainerAppsProvider(Provider[ContainerAppsHandle]):
         if until <= start:
             return LogPage([], cursor, reason=f"Log Analytics rows are read once {self.settings.log_settle_s:g} s old "
                                               "(ingestion delay)")
-        query = kql(job, handle.execution, cursor, until, limit + 50)
+        table = self.settings.log_table if self.settings.log_table != "auto" else self._tables.get(workspace, LOG_TABLE)
         limiter = ratelimit.shared(ratelimit.key("loganalytics", account=workspace, endpoint=self.settings.logs_endpoint),
                                    self.settings.log_queries_per_min, window_s=60.0)
 
+        def query(table: str) -> Any:
+            return self._logs().query_workspace(workspace, kql(job, handle.execution, cursor, until, limit, table),
+                                                timespan=(start, now + timedelta(minutes=5)))
+
         def read() -> LogPage:
+            nonlocal table
             try:
-                result = self._logs().query_workspace(workspace, query, timespan=(start, now + timedelta(minutes=5)))
+                try:
+                    result = query(table)
+                except HttpResponseError as e:
+                    if self.settings.log_table != "auto" or not _no_table(e, table):
+                        raise
+                    table = self._tables[workspace] = MONITOR_TABLE if table == LOG_TABLE else LOG_TABLE
+                    result = query(table)  # the workspace has the other destination's table
             except AZURE_ERRORS as e:
                 raise _classify(e, "Log Analytics") from e
             tables = getattr(result, "tables", None) or getattr(result, "partial_data", None) or []
             rows = [dict(zip(tables[0].columns, row)) for row in tables[0].rows] if tables else []
-            return logtail.after_cursor(
-                (((r["t"], r["_ItemId"]), LogLine(ts=_parse_ts(r["t"]), message=str(r.get("Log_s") or "").rstrip("\n"),
-                                                  stream=str(r.get("Stream_s") or "stdout"))) for r in rows),
-                cursor, limit)
+            return _page(rows, cursor, limit)
 
         return logtail.within_quota(limiter, cursor, f"Log Analytics queries are limited to "
                                     f"{self.settings.log_queries_per_min} a minute per workspace here", read)
@@ -555,21 +633,92 @@ class ContainerAppsProvider(Provider[ContainerAppsHandle]):
                 f"{ephemeral_storage_mb(shape.cpu)} MiB")
 
 
-def kql(job: str, execution: str, cursor: str | None, until: datetime, take: int) -> str:
-    """The console rows of one execution after `cursor` (TimeGenerated text | _ItemId), oldest
-    first. A job's replicas are named `{execution}-{suffix}`. The timestamp is carried as the
-    service's own 7-digit text (a Python datetime would drop the last digit)."""
-    after_ts, after_id = logtail.split_cursor(cursor)
-    lines = [LOG_TABLE,
-             f"| where ContainerJobName_s == {_q(job)} and ContainerGroupName_s startswith {_q(execution + '-')}"]
-    if after_ts:
-        lines.append(f"| where TimeGenerated >= datetime({after_ts})")
-    lines += [f"| where TimeGenerated <= datetime({until.strftime('%Y-%m-%dT%H:%M:%S.%f')}0Z)",
+def kql(job: str, execution: str, cursor: str | None, until: datetime, take: int, table: str = LOG_TABLE) -> str:
+    """The first `take` console rows of one execution after `cursor` (see `_cursor`), oldest
+    first in the service's order: TimeGenerated, then _ItemId, with the cursor's tiebreak in the
+    query. A job's replicas are named `{execution}-{suffix}`. The time is read as text
+    (`tostring`: all 100 ns digits, which a Python datetime would cut to microseconds)."""
+    replica, message, stream = LOG_COLUMNS[table]
+    where = f"{replica} startswith {_q(execution + '-')}"
+    if table == LOG_TABLE:
+        where = f"ContainerJobName_s == {_q(job)} and {where}"
+    lines = [table, f"| where {where}"]
+    after = _cursor(cursor)
+    if after is not None:
+        at = f"datetime({_render_ticks(after[0])})"
+        lines.append(f"| where TimeGenerated > {at} or (TimeGenerated == {at} and strcmp(_ItemId, {_q(after[1])}) > 0)")
+    lines += [f"| where TimeGenerated <= datetime({_render_ticks(_ticks_of(until))})",
               "| extend t = tostring(TimeGenerated)",
               "| order by TimeGenerated asc, _ItemId asc",
               f"| take {int(take)}",
-              "| project t, _ItemId, Log_s, Stream_s"]
+              f"| project t, _ItemId, {message}, {stream}"]
     return "\n".join(lines)
+
+
+def _page(rows: list[dict[str, Any]], cursor: str | None, limit: int) -> LogPage:
+    """A page of `limit` lines from query rows (in the query's order) after `cursor`; its cursor
+    is the last line's (time in ticks | _ItemId), or the old one."""
+    after = _cursor(cursor)
+    lines: list[LogLine] = []
+    last = None
+    for r in rows:
+        key = (_parse_ticks(str(r["t"])), str(r["_ItemId"]))
+        if after is not None and key <= after:
+            continue  # (the query already excludes them; a row at the cursor is never returned twice)
+        if len(lines) >= limit:
+            break
+        message = r.get("Log_s", r.get("Log"))
+        stream = r.get("Stream_s", r.get("Stream"))
+        lines.append(LogLine(ts=key[0] / TICKS_PER_S, message=str(message or "").rstrip("\n"),
+                             stream=str(stream or "stdout")))
+        last = key
+    return LogPage(lines, f"{_render_ticks(last[0])}|{last[1]}" if last else cursor)
+
+
+def _cursor(cursor: str | None) -> tuple[int, str] | None:
+    """(TimeGenerated in 100 ns ticks since the epoch, _ItemId) of a log cursor, None for the
+    start. A cursor is `time|_ItemId`, its time written with 7 fractional digits (any ISO form
+    is read, cursors of earlier versions too)."""
+    if not cursor:
+        return None
+    ts, _, item = cursor.partition("|")
+    try:
+        return _parse_ticks(ts), item
+    except ValueError:
+        return None  # not a cursor of ours: from the start
+
+
+_TIME = re.compile(r"(\d{4})-(\d{2})-(\d{2})[T ](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,7})\d*)?(Z|[+-]\d{2}:?\d{2})?$")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _parse_ticks(text: str) -> int:
+    """A time as Log Analytics writes it (any number of fractional digits, Z or an offset) ->
+    100 ns ticks since the epoch, exactly (ValueError if it is not one)."""
+    m = _TIME.match(text.strip())
+    if not m:
+        raise ValueError(f"not a time: {text!r}")
+    y, mo, d, h, mi, s, frac, zone = m.groups()
+    at = datetime(int(y), int(mo), int(d), int(h), int(mi), int(s), tzinfo=UTC)
+    if zone and zone != "Z":
+        sign = 1 if zone[0] == "+" else -1
+        at -= sign * timedelta(hours=int(zone[1:3]), minutes=int(zone[-2:]))
+    return (at - _EPOCH) // timedelta(seconds=1) * TICKS_PER_S + int((frac or "0").ljust(7, "0"))
+
+
+def _render_ticks(ticks: int) -> str:
+    """100 ns ticks since the epoch -> `2026-11-23T10:00:00.1234567Z` (a KQL datetime literal)."""
+    secs, frac = divmod(ticks, TICKS_PER_S)
+    return (_EPOCH + timedelta(seconds=secs)).strftime("%Y-%m-%dT%H:%M:%S") + f".{frac:07d}Z"
+
+
+def _ticks_of(t: datetime) -> int:
+    return (t - _EPOCH) // timedelta(microseconds=1) * 10
+
+
+def _no_table(e: HttpResponseError, table: str) -> bool:
+    """Log Analytics' answer to a query of a table the workspace does not have."""
+    return e.status_code == 400 and f"'{table}'" in str(e.message or e) and "resolve" in str(e.message or e)
 
 
 def _q(text: str) -> str:
@@ -592,9 +741,3 @@ def _ts(t: datetime | None) -> float | None:
 
 def _started(execution: Any) -> float | None:
     return _ts(execution.properties.start_time) if execution.properties is not None else None
-
-
-def _parse_ts(text: str) -> float:
-    """TimeGenerated text (up to 7 fractional digits, Z) as epoch seconds."""
-    head, _, frac = text.rstrip("Z").partition(".")
-    return datetime.strptime(head, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC).timestamp() + float(f"0.{frac or 0}")

@@ -38,12 +38,15 @@ Errors use ARM's shape {"error": {"code", "message"}} (404 ResourceNotFound -> R
 401 AuthenticationFailed without `Authorization: Bearer ...`, 429 TooManyRequests, 400 BadRequest).
 
 Log Analytics route: POST /v1/workspaces/{workspace}/query, body {"query", "timespan"}, answer
-{"tables": [{"name": "PrimaryResult", "columns": [{"name", "type"}], "rows": [[...]]}]}. The one
-table ContainerAppConsoleLogs_CL has TimeGenerated (datetime), _ItemId, ContainerJobName_s,
+{"tables": [{"name": "PrimaryResult", "columns": [{"name", "type"}], "rows": [[...]]}]}. The
+workspace has one console-log table, by `fake.log_destination`: "log-analytics" (the default)
+ContainerAppConsoleLogs_CL with TimeGenerated (datetime), _ItemId, ContainerJobName_s,
 ContainerGroupName_s (the replica: `{execution}-{5 chars}`), ContainerName_s, Log_s, Stream_s
-(all string). Datetimes are rendered with 7 fractional digits and Z, also by tostring() (whether
-the real service trims trailing zeros is not checked: carry the text back into datetime(...), which
-reads any precision, rather than comparing texts).
+(all string); "azure-monitor" ContainerAppConsoleLogs with TimeGenerated, _ItemId,
+ContainerAppName, JobName, ContainerGroupName, ContainerName, Log, Stream (a subset of Azure
+Monitor's table reference); querying the other is a SemanticError. Datetimes are rendered with
+7 fractional digits and Z, also by tostring(); `fake.trim_datetimes` drops the fraction's
+trailing zeros (`...:00.12Z`, `...:00Z`): a client must read any precision, never compare texts.
 
 The KQL subset (parsed by a small recursive-descent parser; anything else answers 400
 BadArgumentError rather than match wrongly), type-checked against the columns each operator sees,
@@ -69,7 +72,8 @@ Where it differs from the real services:
 - A container without `command` runs its image's entrypoint from `fake.images` (create_job
   registers the job's image with its command); an unknown image with no command fails the
   execution at once with exit code 127. cpu and memory are echoed, never checked.
-- Execution status: "Processing" until its process starts, "Running" (also while stopping),
+- Execution status: "Processing" until its process starts, "Running" (also while stopping, and
+  after its process exited with `fake.linger` until a stop),
   "Succeeded" (exit 0), "Failed" (non-zero exit or the job's replica timeout: SIGKILL), "Stopped".
   "Degraded" and "Unknown" happen only through `fake.set_status(...)`. startTime is set when the
   process starts, endTime when it ends. No detailedStatus, reason or message.
@@ -77,7 +81,11 @@ Where it differs from the real services:
   execution has ended (whatever its outcome), a stop's when the execution has ended (never with
   `ignore_stop`); the operation of a forgotten execution is gone (404).
 - The `$filter` status comparison is exact (case-sensitive). nextLink carries api-version and an
-  opaque `$skipToken` that also holds the filter.
+  opaque `$skipToken` that also holds the filter. `fake.list_lag_s` hides an execution from the
+  list for that long after its start (a GET finds it at once); `fake.list_templates = False`
+  leaves each execution's template out of the list (properties.template is optional in the spec).
+- A start answers 202 with a body naming the execution; with `fake.start_body = False` a bare 202
+  (`Location`, `Retry-After`, no body), which the 2026-07-01 spec also allows.
 - Executions are kept for ever unless `fake.history_limit` is set (the real service keeps a
   limited history): then the oldest ended executions of a job beyond that many vanish.
 - stdout and stderr are merged into one pipe: every forwarded line has Stream_s "stdout". Rows are
@@ -129,10 +137,19 @@ from tests.fakehttp import Answer, Request, Server, forward_lines, killpg, play,
 
 TERMINAL = {"Succeeded", "Failed", "Stopped"}
 STATUSES = {"Running", "Processing", "Stopped", "Degraded", "Failed", "Unknown", "Succeeded"}
-TABLE = "ContainerAppConsoleLogs_CL"
+TABLE = "ContainerAppConsoleLogs_CL"  # the environment's "log-analytics" destination
+MONITOR_TABLE = "ContainerAppConsoleLogs"  # its "azure-monitor" destination (a diagnostic setting)
 COLUMNS: dict[str, str] = {"TimeGenerated": "datetime", "_ItemId": "string", "ContainerJobName_s": "string",
                            "ContainerGroupName_s": "string", "ContainerName_s": "string", "Log_s": "string",
                            "Stream_s": "string"}
+# ContainerAppConsoleLogs as Azure Monitor's table reference lists it (a subset: no _BilledSize,
+# _IsBillable, SourceSystem, Type, ...), each from the row the fake keeps in the _CL shape.
+MONITOR_COLUMNS: dict[str, tuple[str, str]] = {
+    "TimeGenerated": ("datetime", "TimeGenerated"), "_ItemId": ("string", "_ItemId"),
+    "ContainerAppName": ("string", "ContainerJobName_s"), "JobName": ("string", "ContainerJobName_s"),
+    "ContainerGroupName": ("string", "ContainerGroupName_s"), "ContainerName": ("string", "ContainerName_s"),
+    "Log": ("string", "Log_s"), "Stream": ("string", "Stream_s")}
+TABLES: dict[str, dict[str, str]] = {TABLE: COLUMNS, MONITOR_TABLE: {c: t for c, (t, _) in MONITOR_COLUMNS.items()}}
 TICKS = 10_000_000  # 100 ns ticks a second: Kusto's datetime resolution
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _ALNUM = string.ascii_lowercase + string.digits
@@ -152,6 +169,14 @@ def render_ticks(ticks: int) -> str:
     datetime, and what tostring() of one gives)."""
     secs, frac = divmod(ticks, TICKS)
     return (_EPOCH + timedelta(seconds=secs)).strftime("%Y-%m-%dT%H:%M:%S") + f".{frac:07d}Z"
+
+
+def render_trimmed(ticks: int) -> str:
+    """The same instant with the fraction's trailing zeros (and a bare point) dropped:
+    `2026-11-23T10:00:00.12Z`, `2026-11-23T10:00:00Z` (`fake.trim_datetimes`)."""
+    head, frac = render_ticks(ticks)[:-1].split(".")
+    frac = frac.rstrip("0")
+    return f"{head}.{frac}Z" if frac else f"{head}Z"
 
 
 _DATETIME = re.compile(r"(\d{4})-(\d{2})-(\d{2})(?:[Tt ](\d{2}):(\d{2})(?::(\d{2})(?:\.(\d{1,7}))?)?)?"
@@ -386,10 +411,13 @@ class _Compiler:
     """Recursive descent over the tokens, type-checking against the columns each operator sees and
     building a list of row-set transformations."""
 
-    def __init__(self, query: str):
+    def __init__(self, query: str, tables: set[str] | None = None, render: Callable[[int], str] = render_ticks):
         self.tokens = tokenize(query)
         self.i = 0
         self.schema: dict[str, str] = {}
+        self.tables = {TABLE} if tables is None else tables  # the tables this workspace has
+        self.render = render
+        self.table = TABLE
 
     # token helpers
     def peek(self, offset: int = 0) -> tuple[str, Any]:
@@ -414,9 +442,10 @@ class _Compiler:
     # query
     def compile(self) -> tuple[list[Callable[[list[Row]], list[Row]]], dict[str, str]]:
         table = self.expect("id", what="a table name")
-        if table != TABLE:
+        if table not in self.tables:
             raise semantic(f"Failed to resolve table or column expression named '{table}'")
-        self.schema = dict(COLUMNS)
+        self.table = table
+        self.schema = dict(TABLES[table])
         steps: list[Callable[[list[Row]], list[Row]]] = []
         while self.at("op", "|"):
             self.take()
@@ -579,7 +608,7 @@ class _Compiler:
                 raise semantic("tostring() takes one argument")
             typ, fn = args[0]
             if typ == "datetime":
-                return "string", lambda r: render_ticks(fn(r))
+                return "string", lambda r: self.render(fn(r))
             if typ == "bool":
                 return "string", lambda r: "true" if fn(r) else "false"
             return "string", lambda r: str(fn(r))
@@ -589,14 +618,20 @@ class _Compiler:
         return "long", lambda r: _cmp(a(r), b(r))
 
 
-def run_kql(query: str, rows: list[Row]) -> dict[str, Any]:
-    """Evaluate `query` (the subset above) over `rows` of the console-log table -> the API's table."""
-    steps, schema = _Compiler(query).compile()
+def run_kql(query: str, rows: list[Row], tables: set[str] | None = None,
+            render: Callable[[int], str] = render_ticks) -> dict[str, Any]:
+    """Evaluate `query` (the subset above) over `rows` of the console-log table (kept in the _CL
+    shape; `tables`: the ones the workspace has, default the _CL one) -> the API's table.
+    `render` writes datetimes (in results and by tostring())."""
+    compiler = _Compiler(query, tables, render)
+    steps, schema = compiler.compile()
+    if compiler.table == MONITOR_TABLE:
+        rows = [{c: r[src] for c, (_, src) in MONITOR_COLUMNS.items()} for r in rows]
     for step in steps:
         rows = step(rows)
     return {"name": "PrimaryResult",
             "columns": [{"name": c, "type": t} for c, t in schema.items()],
-            "rows": [[render_ticks(r[c]) if t == "datetime" else r[c] for c, t in schema.items()] for r in rows]}
+            "rows": [[render(r[c]) if t == "datetime" else r[c] for c, t in schema.items()] for r in rows]}
 
 
 # ---- $filter of executions list ------------------------------------------------------------------
@@ -713,6 +748,16 @@ class FakeAzure:
         self.fault_rate = 0.0  # share of authenticated requests answered 429 (Retry-After: 0) first
         self.log_delay_s = 0.0  # ingestion delay: a row is queryable only this long after it is written
         self.query_quota_per_min: int | None = None  # queries per rolling 60 s (not throttled ones); None: no limit
+        # The environment's log destination: "log-analytics" (table ContainerAppConsoleLogs_CL) or
+        # "azure-monitor" (a diagnostic setting: table ContainerAppConsoleLogs); the workspace has that one table.
+        self.log_destination = "log-analytics"
+        self.trim_datetimes = False  # render datetimes without the fraction's trailing zeros
+        self.start_body = True  # False: a start answers a bare 202 (Location, Retry-After, no body), as the spec allows
+        self.list_lag_s = 0.0  # an execution is listed only this long after its start (a GET finds it at once)
+        self.list_templates = True  # False: the executions list leaves out each execution's template
+        # True: an execution whose container exited stays Running until it is stopped (then Stopped), as
+        # Container Apps executions sometimes do (microsoft/azure-container-apps#1071's kin); ignore_stop keeps it so.
+        self.linger = False
         self.rng = random.Random(seed)
         self.faults = 0
         self.requests: list[tuple[float, str, str]] = []  # (monotonic time, method, path without query)
@@ -955,7 +1000,8 @@ class FakeAzure:
             e = self._new_execution(j, template)
             self._active.add(e.name.lower())
             self._prune(j)
-            return 202, {"name": e.name, "id": self._execution_id(e)}, self._operation(e, version)
+            return 202, ({"name": e.name, "id": self._execution_id(e)} if self.start_body else None), \
+                self._operation(e, version)
 
     def _list_executions(self, r: Request, rg: str, job: str, version: str, **_: Any) -> Answer:
         token = (r.query.get("$skipToken") or r.query.get("$skiptoken") or [""])[0]
@@ -968,11 +1014,14 @@ class FakeAzure:
         pred = parse_status_filter(text) if text else (lambda s: True)
         with self._lock:
             j = self._job(rg, job)
+            listed_before = time.monotonic() - self.list_lag_s
             found = sorted((e for e in self._executions.values()
-                            if e.job is j and (before is None or e.seq < before) and pred(e.reported)),
+                            if e.job is j and (before is None or e.seq < before) and pred(e.reported)
+                            and e.created_mono <= listed_before),
                            key=lambda e: -e.seq)
             size = max(1, int(self.page_size))
-            out: dict[str, Any] = {"value": [self._execution_json(e) for e in found[:size]]}
+            out: dict[str, Any] = {"value": [self._execution_json(e, template=self.list_templates)
+                                             for e in found[:size]]}
             if len(found) > size:
                 out["nextLink"] = (f"{self.url}{r.path}?api-version={version}"
                                    f"&$skipToken={_token({'before': found[size - 1].seq, 'filter': text})}")
@@ -1029,7 +1078,8 @@ class FakeAzure:
             self._query_calls.append(now)
             rows = [row for visible, row in self._rows if visible <= now
                     and (window is None or window[0] <= row["TimeGenerated"] < window[1])]
-        table = run_kql(body["query"], rows)  # raises KqlError (400) for anything outside the subset
+        table = run_kql(body["query"], rows, {TABLE if self.log_destination == "log-analytics" else MONITOR_TABLE},
+                        render_trimmed if self.trim_datetimes else render_ticks)  # KqlError (400) outside the subset
         with self._lock:
             self.queries.append((body["query"], timespan))
         return 200, {"tables": [table]}, {}
@@ -1114,13 +1164,14 @@ class FakeAzure:
                 "pid": e.proc.pid if e.proc else None, "exit_code": e.exit_code, "stop_requested": e.stop_requested,
                 "synthetic": e.synthetic}
 
-    def _execution_json(self, e: _Execution) -> dict[str, Any]:
+    def _execution_json(self, e: _Execution, template: bool = True) -> dict[str, Any]:
         props: dict[str, Any] = {"status": e.reported}
         if e.start_time is not None:
             props["startTime"] = rfc3339(e.start_time)
         if e.end_time is not None:
             props["endTime"] = rfc3339(e.end_time)
-        props["template"] = json.loads(json.dumps(e.template))
+        if template:
+            props["template"] = json.loads(json.dumps(e.template))
         return {"id": self._execution_id(e), "name": e.name, "type": "Microsoft.App/jobs/executions", "properties": props}
 
     # -- the executor: plays Container Apps ---------------------------------------------------------------
@@ -1155,6 +1206,8 @@ class FakeAzure:
             if e.status in TERMINAL:
                 return
             e.exit_code = code
+            if self.linger and not e.stop_requested:
+                return  # the container has exited; the execution goes on Running
             if e.stop_requested:
                 self._complete(e, "Stopped")
             elif e.timed_out or code != 0:
@@ -1197,8 +1250,8 @@ class FakeAzure:
         self._prune(e.job)
 
 
-def _render(row: Row) -> dict[str, Any]:
-    return {k: render_ticks(v) if COLUMNS.get(k) == "datetime" else v for k, v in row.items()}
+def _render(row: Row, render: Callable[[int], str] = render_ticks) -> dict[str, Any]:
+    return {k: render(v) if COLUMNS.get(k) == "datetime" else v for k, v in row.items()}
 
 
 def _json_body(raw: bytes, code: str = "BadRequest") -> Any:

@@ -144,6 +144,9 @@ async def test_cancel_stops_the_execution(run: Run) -> None:
     st = await run.agent.wait(tid, timeout=60)
     assert st["state"] == "cancelled" and st["error"]["code"] == "CANCELLED"
     assert execution_of(run.fake, tid, final=True)["status"] == "Stopped" and proc.poll() is not None
+    deadline = time.monotonic() + 30  # done once a poll has seen it ended (the runner's report may come first)
+    while run.cp.store.jobs.get(tid, 1).state != "done" and time.monotonic() < deadline:
+        await anyio.sleep(0.1)
     assert run.cp.store.jobs.get(tid, 1).state == "done" and run.cp.store.jobs.get(tid, 1).abandoned_at is None
 
 
@@ -482,8 +485,15 @@ def test_the_query_is_the_documented_shape() -> None:
                                                                                                  tzinfo=UTC), 60)
     assert q.splitlines()[0] == "ContainerAppConsoleLogs_CL"
     assert "ContainerGroupName_s startswith 'cp-exercise-ab12cde-'" in q  # the execution's replicas
-    assert "TimeGenerated >= datetime(2026-11-23T10:00:00.1234567Z)" in q
+    # The (time, _ItemId) tiebreak is in the query: rows after the cursor, any number at one instant.
+    assert ("TimeGenerated > datetime(2026-11-23T10:00:00.1234567Z) or (TimeGenerated == "
+            "datetime(2026-11-23T10:00:00.1234567Z) and strcmp(_ItemId, 'itm\\'1') > 0)") in q
     assert "TimeGenerated <= datetime(2026-11-23T10:05:00.0000000Z)" in q and "| take 60" in q
+    monitor = kql("cp-exercise", "cp-exercise-ab12cde", None, datetime(2026, 11, 23, 10, 5, tzinfo=UTC), 60,
+                  "ContainerAppConsoleLogs")
+    assert monitor.splitlines()[:2] == ["ContainerAppConsoleLogs", "| where ContainerGroupName startswith "
+                                                                   "'cp-exercise-ab12cde-'"]
+    assert monitor.splitlines()[-1] == "| project t, _ItemId, Log, Stream"
 
 
 # ---- the status table -------------------------------------------------------------------------------
