@@ -77,8 +77,8 @@ class Settings(BaseSettings):
     auth_extra_audiences: str = ""
     # The claim holding the audience: "aud", or "client_id" for Cognito access tokens (no `aud`).
     auth_audience_claim: str = "aud"
-    # The one signing algorithm accepted (`none` never is). A symmetric one (HS256, ...) only with
-    # `auth_hs_secret` instead of a JWKS.
+    # With a JWKS, each key's algorithms are accepted (controlplane/mcp/jwks.py) and this is not
+    # read. A symmetric one (HS256, ...) is the one accepted, with `auth_hs_secret` and no JWKS.
     auth_algorithm: str = "RS256"
     auth_hs_secret: str | None = None
     # Clock skew allowed on `nbf` (a token is refused from the second `exp` passes).
