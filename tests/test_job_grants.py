@@ -141,6 +141,10 @@ async def test_with_the_callback_down_spilled_events_and_the_result_still_end_th
     agent = grants.agent
     tid = await agent.submit(inputs={"progress_steps": 4, "sleep_s": 3, "result": {"late": True}})
     await agent.wait(tid, {"running"}, timeout=60)
+    for _ in range(600):  # the tool runs (its first progress came through the callback): the inputs were read
+        if (await agent.call("get_task_status", task_id=tid)).get("progress"):
+            break
+        await anyio.sleep(0.05)
     grants.switch.down()  # from now on the job reaches neither the callback nor the grants route
     st = await agent.wait(tid, timeout=60)
     assert st["state"] == "succeeded", st
