@@ -38,11 +38,6 @@ def bootstrap_token(key: bytes, task_id: str, attempt: int) -> str:
     return hmac.new(key, f"controlplane/bootstrap\n{task_id}\n{attempt}".encode(), hashlib.sha256).hexdigest()
 
 
-def nonce_digest(nonce: str) -> str:
-    """What the store keeps of a claim's nonce (the nonce itself never rests anywhere)."""
-    return hashlib.sha256(nonce.encode()).hexdigest()
-
-
 def build_launch_spec(task: TaskRow, job: JobRow, catalog: Catalog, settings: Settings, *,
                       secret_key: bytes, callback_url: str | None, store_url: str, python: str) -> LaunchSpec:
     """`python` is what `{python}` in the tool's command means on the provider that runs it."""

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from controlplane.objectstore.base import artifact_key, events_prefix, inputs_key, result_key
+from controlplane.objectstore.claim import claim_key
 from controlplane.objectstore.local import LocalObjectStore
 from controlplane_runner import events
 from tests.conftest import ROOT
@@ -485,6 +486,7 @@ def test_a_burst_of_stop_signals_stops_the_runner(tmp_path: Path) -> None:
                CONTROLPLANE_KILL_GRACE_S="2", PYTHONPATH=str(ROOT))
     tool = "import time; print('sleeping', flush=True); time.sleep(60)"
     for round_ in range(3):
+        store.delete_prefix(claim_key(TASK, 1))  # each round is a new execution of the attempt, not an extra one
         exit_file = tmp_path / f"exit{round_}.json"
         runner = subprocess.Popen([sys.executable, "-m", "controlplane_runner", "--workdir", str(tmp_path / "work"),
                                    "--exit-file", str(exit_file), "--", sys.executable, "-c", tool],

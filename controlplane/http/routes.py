@@ -27,8 +27,9 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from controlplane.launch import bootstrap_token, nonce_digest, runner_secret
+from controlplane.launch import bootstrap_token, runner_secret
 from controlplane.objectstore.base import UnsafeKey, guess_content_type
+from controlplane.objectstore.claim import nonce_digest, take_claim
 from controlplane.objectstore.grants import MAX_NAMES, grant_method, sign_grants
 from controlplane.ops import metrics
 from controlplane.states import FINAL
@@ -102,14 +103,33 @@ def routes(cp: RouteDeps) -> list[Route]:
         nonce = payload.get("nonce")
         if not isinstance(nonce, str) or not 32 <= len(nonce) <= 256:
             return _error(400, "body must be {\"nonce\": a random string of 32 to 256 characters}")
-        claimed = await anyio.to_thread.run_sync(cp.store.jobs.claim_runner_secret, task_id, attempt, nonce_digest(nonce))
+        task = await current(task_id, attempt)
+        if task is None:
+            return _error(409, "this attempt is no longer current", "ATTEMPT_OVER")
+        digest = nonce_digest(nonce)
+        try:  # the object store decides, so that a runner that claimed it without us is seen too
+            holder = await anyio.to_thread.run_sync(
+                lambda: take_claim(cp.stores.get(task.store_url), task_id, attempt, digest, by="control-plane"))
+        except OSError:
+            log.warning("the claim of %s/%s could not be written to the object store", task_id, attempt,
+                        extra={"task_id": task_id, "attempt": attempt, "action": "claim"})
+            return _error(503, "the object store did not answer; try again")
+        claimed = await anyio.to_thread.run_sync(cp.store.jobs.claim_runner_secret, task_id, attempt, holder)
         if claimed is None:
-            return _error(409, "this attempt is no longer current")
-        if not claimed:
-            log.warning("a second claim of the runner secret of %s/%s was refused", task_id, attempt)
-            return _error(403, "the bootstrap token has been used")
+            return _error(409, "this attempt is no longer current", "ATTEMPT_OVER")
+        if not claimed or holder != digest:
+            log.warning("a second execution of %s/%s claimed it and was refused", task_id, attempt,
+                        extra={"task_id": task_id, "attempt": attempt, "action": "claim_refused"})
+            await anyio.to_thread.run_sync(refused_claim, task_id, attempt, task)
+            return _error(403, "another execution holds this attempt's claim", "ALREADY_CLAIMED")
         return JSONResponse({"secret": runner_secret(cp.secret_key, task_id, attempt)},
                             headers={"Cache-Control": "no-store"})
+
+    def refused_claim(task_id: str, attempt: int, task: TaskRow) -> None:
+        """An extra execution of the attempt: counted on its job for the reconciler to stop."""
+        note = getattr(cp.store.jobs, "note_refused_claim", None)
+        if note is not None:
+            note(task_id, attempt)
 
     async def runner_events(request: Request) -> Response:
         who = authenticate(request, runner_secret)

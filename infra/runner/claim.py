@@ -19,7 +19,9 @@ import os
 import sys
 import time
 
-CLAIM_LOST = 75  # EX_TEMPFAIL: another runner holds the job
+CLAIM_LOST = 75  # EX_TEMPFAIL: another runner holds the job (or another execution the attempt)
+CLAIM_REFUSED = 77  # EX_NOPERM: the control plane refused the job's token, or the attempt is over
+CLAIM_UNAVAILABLE = 69  # EX_UNAVAILABLE: nobody could be asked (control plane and object store)
 FLAG = "--claim-file"
 
 

@@ -6,8 +6,8 @@ bootstrap token, which the reporter trades for the secret before its first deliv
     POST {callback}/tasks/{task_id}/attempts/{attempt}/claim   Authorization: Bearer <token>
     {"nonce": <random, this process's own>}   ->   {"secret": ...}
 
-(a retry with the same nonce is answered again; any other claimant gets 403, after which this
-runner delivers through the object store only).
+(a retry with the same nonce is answered again; any other claimant gets 403 ALREADY_CLAIMED). The
+runner claims before anything else (`claim`) and runs the tool only with the claim.
 
 Events (their format is written down in `controlplane_runner.events`) get a sequence number when they
 leave the pending queue (progress is coalesced first: only the latest report in a batch is
@@ -38,9 +38,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from controlplane.objectstore.base import ObjectExists, ObjectStore, events_key
+from controlplane.objectstore.claim import nonce_digest
 from controlplane_runner import events
 
 MAX_BATCH = 2000  # events per POST
+OURS, TAKEN, OVER, REFUSED, UNREACHABLE = "ours", "taken", "over", "refused", "unreachable"  # `Reporter.claim`
 MAX_UNACKED = 50_000  # events held in memory before spilling to the object store
 
 
@@ -143,8 +145,37 @@ class Reporter:
             self._unacked.append(events.number(e, self._next_seq))
             self._next_seq += 1
 
+    def claim(self, wait_s: float) -> str:
+        """Claim the attempt before the tool starts (called once, before `start`): `OURS`,
+        `TAKEN` (another execution holds it), `OVER` (the attempt has ended), `REFUSED` (the token
+        or the request was refused), or `UNREACHABLE` (no answer within `wait_s`)."""
+        deadline = time.monotonic() + wait_s
+        delay = 0.25
+        while True:
+            status, body = self._post({"nonce": self._nonce}, "claim", self.bootstrap)
+            if status == 200 and isinstance(body.get("secret"), str):
+                self.secret = body["secret"]
+                return OURS
+            if status == 403 and body.get("code") == "ALREADY_CLAIMED":
+                return TAKEN
+            if status == 409:
+                return OVER
+            if status is not None and 400 <= status < 500 and status != 429:
+                return REFUSED
+            if status is None and self.endpoint_file:  # unreachable: the server may have moved
+                self._rediscover()
+            if time.monotonic() + delay > deadline:
+                return UNREACHABLE
+            time.sleep(delay)
+            delay = min(5.0, delay * 2)
+
+    @property
+    def nonce_sha256(self) -> str:
+        return nonce_digest(self._nonce)
+
     def _claim(self) -> bool:
-        """Trade the bootstrap token for the attempt's secret. False: not now (or never)."""
+        """Trade the bootstrap token for the attempt's secret (a runner that claimed through the
+        object store, once the control plane answers again). False: not now (or never)."""
         status, body = self._post({"nonce": self._nonce}, "claim", self.bootstrap)
         if status == 200 and isinstance(body.get("secret"), str):
             self.secret = body["secret"]
@@ -152,7 +183,7 @@ class Reporter:
         if status == 409:  # the attempt is over: stop, as for a 409 on events
             self._stale()
         elif status in (400, 401, 403):
-            print(f"runner: the control plane refused this job's bootstrap token ({status}); "
+            print(f"runner: the control plane refused this runner's claim ({status}); "
                   "delivering events through the object store only", file=sys.stderr)
             self.callback_url = None
             self.endpoint_file = None
@@ -224,7 +255,7 @@ class Reporter:
         the runner's threads, so it uses a connection of its own, not the delivery thread's."""
         if not self.callback_url:
             return None
-        if self.secret is None:  # claimed with this runner's nonce, so a second claim is answered too
+        if self.secret is None:  # claimed through the object store: the same nonce is answered now
             status, body = self._post({"nonce": self._nonce}, "claim", self.bootstrap, shared=False)
             if status != 200 or not isinstance(body.get("secret"), str):
                 return None

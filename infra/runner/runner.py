@@ -32,7 +32,9 @@ from controlplane.objectstore.base import (
     result_key,
     safe_artifact_name,
 )
-from controlplane_runner import events, proc
+from controlplane.objectstore.claim import take_claim
+from controlplane_runner import events, proc, reporter
+from controlplane_runner.claim import CLAIM_LOST, CLAIM_REFUSED, CLAIM_UNAVAILABLE
 from controlplane_runner.granted import GrantedStore, NoGrant
 from controlplane_runner.reporter import Reporter
 
@@ -77,6 +79,7 @@ class Runner:
         self.task_id = env["CONTROLPLANE_TASK_ID"]
         self.attempt = int(env.get("CONTROLPLANE_ATTEMPT", "1"))
         self.grace_s = float(env.get("CONTROLPLANE_KILL_GRACE_S", "10"))
+        self.claim_wait_s = float(env.get("CONTROLPLANE_CLAIM_WAIT_S", "60"))
         store_url = env.get("CONTROLPLANE_STORE_URL")
         self.store: ObjectStore | None = None
         self.stop_requested = threading.Event()
@@ -122,6 +125,9 @@ class Runner:
 
     # ---- main -----------------------------------------------------------------------------
     def run(self) -> int:
+        refused = self._claim()
+        if refused is not None:  # another execution runs this attempt, or none may: read, run, write nothing
+            return refused
         proc.become_subreaper()
         if self.args.workdir:  # the caller's directory (the local provider's job dir): it keeps it
             workdir = Path(self.args.workdir)
@@ -131,6 +137,40 @@ class Runner:
         # away anyway, but a runner started on a host (a test, a VM) would leave one per task.
         with tempfile.TemporaryDirectory(prefix="cp-job-") as scratch:
             return self._run_in(Path(scratch))
+
+    def _claim(self) -> int | None:
+        """Claim the attempt (`controlplane.objectstore.claim`) before anything else: None when
+        this execution holds it, else the exit status to end with, the tool never started. The
+        control plane is asked first; only when it does not answer within CONTROLPLANE_CLAIM_WAIT_S
+        does the runner take the claim in the object store itself. A runner with neither (run by
+        hand) has nobody to share the attempt with and runs."""
+        what = f"{self.args.job_name or 'job'} ({self.task_id} attempt {self.attempt})"
+        if self.reporter.callback_url:
+            verdict = self.reporter.claim(self.claim_wait_s)
+            if verdict == reporter.OURS:
+                return None
+            if verdict == reporter.TAKEN:
+                return _not_started(f"{what} is already claimed by another execution", CLAIM_LOST)
+            if verdict == reporter.OVER:
+                return _not_started(f"{what} is no longer the task's current attempt", CLAIM_REFUSED)
+            if verdict == reporter.REFUSED:
+                return _not_started(f"the control plane refused {what}'s bootstrap token", CLAIM_REFUSED)
+        if self.store is None or isinstance(self.store, GrantedStore):
+            if not self.reporter.callback_url:
+                return None
+            return _not_started(f"the control plane did not answer {what}'s claim for {self.claim_wait_s:g}s "
+                                "and this job has no storage access of its own", CLAIM_UNAVAILABLE)
+        mine = self.reporter.nonce_sha256
+        try:
+            holder = take_claim(self.store, self.task_id, self.attempt, mine, by="runner")
+        except OSError as e:
+            return _not_started(f"{what} could not be claimed in the object store ({type(e).__name__})",
+                                CLAIM_UNAVAILABLE)
+        if holder != mine:
+            return _not_started(f"{what} is already claimed by another execution", CLAIM_LOST)
+        if self.reporter.callback_url:
+            print(f"# claimed {what} in the object store: the control plane did not answer", flush=True)
+        return None
 
     def _run_in(self, workdir: Path) -> int:
         artifacts_dir = workdir / "artifacts"
@@ -327,6 +367,12 @@ class Runner:
         if exit_code is None:
             return 1
         return exit_code if status != events.CANCELLED else (exit_code or 143)
+
+
+def _not_started(why: str, status: int) -> int:
+    """Say on the job's console why this execution ends without running the tool."""
+    print(f"# not started: {why}; the tool was not run (exit {status})", flush=True)
+    return status
 
 
 def _scalar(v: Any) -> bool:
