@@ -31,6 +31,7 @@ from controlplane.settings import Settings
 from controlplane_providers.aws_batch import AwsBatchOptions, AwsBatchProvider, BatchHandle
 from controlplane_providers.base import JobPhase, LaunchSpec, PermanentProviderError
 from tests import aws
+from tests.exactly_once import a_late_launch_runs_nothing
 from tests.aws import moto  # noqa: F401  (fixture)
 from tests.cloud import moto_server, run_without_callback, usage_of  # noqa: F401  (fixture)
 from tests.conftest import FAST, Agent, most_in_one_second
@@ -550,3 +551,9 @@ async def test_a_submit_whose_answer_was_lost_is_found_not_submitted_again(moto:
         assert sorted(names) == sorted({cp.store.jobs.get(t, 1).job_name for t in tids}), names  # one job each
     finally:
         proxy.close()
+
+
+async def test_a_late_second_launch_of_an_attempt_runs_nothing(batch: Batch) -> None:
+    """A leader paused past its lease submits the Batch job its successor already submitted: the
+    second job's runner is refused the attempt's claim and exits 75 without running the tool."""
+    await a_late_launch_runs_nothing(batch.cp, batch.agent)

@@ -27,6 +27,7 @@ from controlplane_providers import ratelimit
 from controlplane_providers.base import JobPhase
 from controlplane_providers.cloud_run import CloudRunHandle, CloudRunOptions, CloudRunProvider, execution_status
 from tests import gcp
+from tests.exactly_once import a_late_launch_runs_nothing
 from tests.cloud import CloudTarget, gcs_server, gcs_target, run_without_callback, usage_of  # noqa: F401  (fixture)
 from tests.conftest import FAST, Agent
 from tests.provider_contract import Harness, ProviderContract, still_watched
@@ -479,3 +480,9 @@ async def test_an_ambiguous_run_job_under_a_lagging_list_launches_once(run: Run)
     name = f"cp-{tid.removeprefix('tsk_')}-a1"
     assert run.fake.runs[name] == 1
     assert [e["env"]["CONTROLPLANE_JOB_NAME"] for e in run.fake.executions()].count(name) == 1
+
+
+async def test_a_late_second_launch_of_an_attempt_runs_nothing(run: Run) -> None:
+    """A leader paused past its lease runs the Cloud Run job again for an attempt its successor
+    already started: the second execution's runner is refused the claim and runs nothing."""
+    await a_late_launch_runs_nothing(run.cp, run.agent)

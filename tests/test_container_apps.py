@@ -33,6 +33,7 @@ from controlplane_providers import ratelimit
 from controlplane_providers.base import JobPhase
 from controlplane_providers.container_apps import ContainerAppsHandle, ContainerAppsOptions, ContainerAppsProvider, kql
 from tests import azure
+from tests.exactly_once import a_late_launch_runs_nothing
 from tests.cloud import CloudTarget, azure_target, azurite_server, run_without_callback, usage_of  # noqa: F401  (fixture)
 from tests.conftest import FAST, Agent
 from tests.provider_contract import Harness, ProviderContract, still_watched
@@ -552,3 +553,9 @@ class TestContainerAppsContract(ProviderContract):
     @pytest.fixture
     def harness(self, fake: azure.FakeAzure, tmp_path: Path) -> ContainerAppsHarness:
         return ContainerAppsHarness(tmp_path, fake)
+
+
+async def test_a_late_second_launch_of_an_attempt_runs_nothing(run: Run) -> None:
+    """A leader paused past its lease starts the Container Apps job again for an attempt its
+    successor already started: the second execution's runner is refused the claim and runs nothing."""
+    await a_late_launch_runs_nothing(run.cp, run.agent)
