@@ -16,7 +16,6 @@ nothing are answered as plain JSON (`controlplane.http.quiet_json`).
 from __future__ import annotations
 
 import gc
-import ipaddress
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -25,6 +24,7 @@ from controlplane.app import ControlPlane
 from controlplane.dashboard import routes as dashboard
 from controlplane.http.body_limit import BodyLimit
 from controlplane.http.listener import Listener
+from controlplane.http.loopback import is_loopback
 from controlplane.http.load import CountCalls
 from controlplane.http.quiet_json import QuietJsonRouter
 from controlplane.http.replay import ReplayBuffer
@@ -35,20 +35,9 @@ from controlplane.mcp.oauth import ResourceServer
 from controlplane.mcp.server import build_server
 from controlplane.ops import metrics
 
-LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
-
 
 class UnsafeBind(ValueError):
     pass
-
-
-def is_loopback(host: str) -> bool:
-    if host in LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def http_app(cp: ControlPlane, listener: Listener, host: str) -> Any:

@@ -38,6 +38,8 @@ from starlette.routing import Route
 from controlplane import api
 from controlplane.dashboard.session import COOKIE, Session, Sessions
 from controlplane.errors import ControlPlaneError, ErrorCode, invalid
+from controlplane.http.loopback import is_loopback
+from controlplane.mcp.oauth import ResourceServer, caller_of
 from controlplane.ops import metrics
 from controlplane.states import FINAL, TaskState
 from controlplane_providers import ratelimit
@@ -73,14 +75,11 @@ def templates() -> Any:
 
 
 def routes(cp: ControlPlane, auth: AuthProvider | None) -> list[Route]:
-    from controlplane.mcp.oauth import ResourceServer, caller_of
-    from controlplane.serve import is_loopback
-
     settings = cp.settings
     svc = cp.service
     secure = (cp.public_url or "").startswith("https://")
     sessions = Sessions(cp.secret_key, settings.dashboard_session_s)
-    own_metrics = metrics.registry_for(cp)
+    own_metrics = metrics.registry_for(svc.overview)
     local = Session(settings.default_owner, (), False, True, True, float("inf"), "local")  # no auth: the default owner
 
     def reachable(request: Request, open_: bool) -> bool:

@@ -9,7 +9,8 @@ named by `CONTROLPLANE_AUTH_TOKENS_FILE`, a TOML file:
 
 Tokens are looked up by their SHA-256. The identity becomes the owner of every
 task the caller submits; a caller only ever sees its own tasks. OAuth access tokens from an
-identity provider are `controlplane.mcp.oauth`'s; static tokens keep working beside them.
+identity provider are `controlplane.mcp.oauth`'s, which also chooses between the two
+(`build_auth`); static tokens keep working beside OAuth.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import tomllib
 
-from fastmcp.server.auth.auth import AccessToken, AuthProvider, TokenVerifier
+from fastmcp.server.auth.auth import AccessToken, TokenVerifier
 
 from controlplane.settings import Settings
 
@@ -75,15 +76,3 @@ class BearerTokens(TokenVerifier):
         if ident is None:
             return None
         return AccessToken(token=token, client_id=ident, scopes=[], expires_at=None)
-
-
-def build_auth(settings: Settings, public_url: str | None = None) -> AuthProvider | None:
-    """The HTTP transport's auth: the OAuth resource server when an issuer is configured (static
-    tokens are accepted beside it; `controlplane.mcp.oauth`), else the static tokens, else none.
-    OAuth needs the public URL (the MCP endpoint is the audience and the metadata's resource)."""
-    if settings.oauth and public_url:
-        from controlplane.mcp.oauth import build_resource_server
-
-        return build_resource_server(settings, public_url)
-    tokens = load_tokens(settings)
-    return BearerTokens(tokens) if tokens else None

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-from fastmcp.server.auth import AccessToken, RemoteAuthProvider, TokenVerifier
+from fastmcp.server.auth import AccessToken, AuthProvider, RemoteAuthProvider, TokenVerifier
 from fastmcp.server.auth.providers.introspection import IntrospectionTokenVerifier
 from fastmcp.server.auth.providers.jwt import JWTVerifier
 from fastmcp.utilities.auth import decode_jwt_header
@@ -54,7 +54,7 @@ from starlette.requests import HTTPConnection
 from starlette.routing import Route
 
 from controlplane.identity import Caller, owner_of, team_of
-from controlplane.mcp.auth import digest, load_tokens
+from controlplane.mcp.auth import BearerTokens, digest, load_tokens
 from controlplane.mcp.jwks import JwksVerifier
 from controlplane.settings import Settings, csv
 
@@ -366,6 +366,16 @@ def build_resource_server(settings: Settings, public_url: str) -> ResourceServer
     return ResourceServer(tokens, settings, base_url=public_url)
 
 
+def build_auth(settings: Settings, public_url: str | None = None) -> AuthProvider | None:
+    """The HTTP transport's auth: the OAuth resource server when an issuer is configured (static
+    tokens are accepted beside it), else the static tokens (`controlplane.mcp.auth`), else none.
+    OAuth needs the public URL (the MCP endpoint is the audience and the metadata's resource)."""
+    if settings.oauth and public_url:
+        return build_resource_server(settings, public_url)
+    tokens = load_tokens(settings)
+    return BearerTokens(tokens) if tokens else None
+
+
 def caller_of(token: AccessToken | None) -> str | None:
     """The caller a verified token stands for (None without a token)."""
     if token is None:
@@ -375,5 +385,5 @@ def caller_of(token: AccessToken | None) -> str | None:
     return token.client_id or None
 
 
-__all__ = ["AuthConfigError", "CallerToken", "OAuthTokens", "ResourceServer", "Scopes", "build_resource_server",
-           "caller_of", "discover_jwks_uri"]
+__all__ = ["AuthConfigError", "CallerToken", "OAuthTokens", "ResourceServer", "Scopes", "build_auth",
+           "build_resource_server", "caller_of", "discover_jwks_uri"]

@@ -22,7 +22,7 @@ from fastmcp.tools.base import ToolResult
 from controlplane import __version__, api
 from controlplane.http.routes import routes
 from controlplane.mcp import compat
-from controlplane.mcp.auth import build_auth
+from controlplane.mcp.oauth import build_auth
 from controlplane.errors import invalid
 from controlplane.mcp import completion, resources
 from controlplane.mcp.catalog_tools import CatalogTools, make_catalog_tool

@@ -35,8 +35,8 @@ benchmark's "off" side): the call sites look the object up at call time.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -46,9 +46,6 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from controlplane_providers import ratelimit
-
-if TYPE_CHECKING:
-    from controlplane.app import ControlPlane
 
 REGISTRY = CollectorRegistry(auto_describe=True)  # the process's counters (several servers in one test share it)
 _FAST = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -155,18 +152,40 @@ class TimeMcpCalls:
         await self.inner(scope, receive, timed)
 
 
-class StoreCollector(Collector):
-    """The database's figures, read at scrape time: a grouped count along an index and a few
-    rows (`TaskService.overview`; its cost per scrape is measured by bench/operator.py)."""
+class QueueFigures(Protocol):
+    """One queue as the collector reads it."""
 
-    def __init__(self, cp: ControlPlane):
-        self.cp = cp
+    @property
+    def name(self) -> str: ...
+    @property
+    def waiting(self) -> int: ...
+    @property
+    def busy(self) -> int: ...
+    @property
+    def slots(self) -> int: ...
+
+
+class StoreFigures(Protocol):
+    """The database's figures the collector reads (`TaskService.overview` answers them)."""
+
+    @property
+    def tasks(self) -> Mapping[tuple[str, str], int]: ...  # (state, tool) -> tasks
+    @property
+    def queues(self) -> Sequence[QueueFigures]: ...
+
+
+class StoreCollector(Collector):
+    """The database's figures, read at scrape time by calling `read`: a grouped count along an
+    index and a few rows (`TaskService.overview`; its cost per scrape is measured by bench/operator.py)."""
+
+    def __init__(self, read: Callable[[], StoreFigures]):
+        self.read = read
 
     def collect(self) -> Iterator[Any]:
         yield from self._read()
 
     def _read(self) -> list[Any]:
-        overview = self.cp.service.overview()
+        overview = self.read()
         tasks = GaugeMetricFamily("controlplane_tasks", "Tasks on file, by state and tool", labels=["state", "tool"])
         for (state, tool), n in sorted(overview.tasks.items()):
             tasks.add_metric([state, tool], n)
@@ -206,10 +225,11 @@ class LimiterCollector(Collector):
         yield from (requests, waits, waited, limited, errors)
 
 
-def registry_for(cp: ControlPlane) -> CollectorRegistry:
-    """The scrape-time collectors of one control plane (beside the process-wide `REGISTRY`)."""
+def registry_for(overview: Callable[[], StoreFigures]) -> CollectorRegistry:
+    """The scrape-time collectors of one control plane, whose figures `overview` reads (beside
+    the process-wide `REGISTRY`)."""
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(StoreCollector(cp))
+    reg.register(StoreCollector(overview))
     reg.register(LimiterCollector())
     return reg
 
