@@ -242,7 +242,7 @@ def jobs_list(home: HomeOpt = None,
 
     settings = _settings(home)
     db = Database(settings.resolved_database_url)
-    db.upgrade()
+    _require_head(db)
     rows = Store(db).jobs.for_operator(state, limit)
     if as_json:
         print(json.dumps([{k: getattr(r, k) for k in ("worker_id", "task_id", "attempt", "provider", "job_name",
@@ -286,20 +286,56 @@ def _limit(value: str | None) -> int | None | str:
     return n
 
 
-def _store(home: Path | None) -> Any:
-    """The settings and the store of the home's database (migrated to the current revision)."""
+def _store(home: Path | None, *, migrate: bool = True) -> Any:
+    """The settings and the store of the home's database: migrated to the newest revision for a
+    command that writes, checked to be at it for one that only reads (`_require_head`)."""
     from controlplane.store import Store
     from controlplane.store.db import Database
 
     settings = _settings(home)
     settings.ensure_home()
     db = Database(settings.resolved_database_url)
-    db.upgrade()
+    if migrate:
+        db.upgrade()
+    else:
+        _require_head(db)
     return settings, Store(db)
 
 
-def _caller_store(home: Path | None) -> Any:
-    settings, store = _store(home)
+def _require_head(db: Any) -> None:
+    """Go on only if the database is at the newest revision this version knows; else exit 2
+    saying where it is and what to do. Read-only commands call this instead of migrating: a newer
+    CLI pointed at a deployment must not change the schema under its running servers."""
+    from alembic.script import ScriptDirectory
+    from sqlalchemy.engine import make_url
+
+    from controlplane.store.db import MIGRATIONS_DIR, CannotOpenDatabase
+
+    script = ScriptDirectory(str(MIGRATIONS_DIR))
+    head = script.get_current_head()
+    file = make_url(db.url).database if db.is_sqlite else None
+    try:  # a missing SQLite file is a database never migrated: connecting would create it
+        current = None if file and not Path(file).exists() else db.current_revision()
+    except CannotOpenDatabase as e:
+        err.print(f"[red]error:[/] {escape(str(e))}", soft_wrap=True)
+        raise typer.Exit(2) from None
+    if current == head:
+        return
+    if current is None:
+        where = "has no schema yet (never migrated)"
+    elif current not in {s.revision for s in script.walk_revisions()}:
+        err.print(f"[red]error:[/] the database is at revision {current}, newer than this controlplane knows "
+                  f"(it expects {head}): use the version that migrated it", soft_wrap=True)
+        raise typer.Exit(2)
+    else:
+        where = f"is at revision {current}"
+    err.print(f"[red]error:[/] the database {where}, this controlplane expects {head}: run `controlplane db "
+              "upgrade` first (commands that only read never migrate)", soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def _caller_store(home: Path | None, *, migrate: bool = True) -> Any:
+    settings, store = _store(home, migrate=migrate)
     return settings, store.callers
 
 
@@ -329,7 +365,7 @@ def _limits_table(settings: Any, rows: list[Any], as_json: bool) -> None:
 @limits_app.command("list")
 def limits_list(home: HomeOpt = None, as_json: JsonOpt = False) -> None:
     """The defaults (CONTROLPLANE_LIMIT_*) and every caller's overrides ('(n)': the default applies)."""
-    settings, callers = _caller_store(home)
+    settings, callers = _caller_store(home, migrate=False)
     _limits_table(settings, callers.overrides(), as_json)
 
 
@@ -410,7 +446,7 @@ def _budgets_table(settings: Any, rows: list[Any], as_json: bool) -> None:
 @budgets_app.command("list")
 def budgets_list(home: HomeOpt = None, as_json: JsonOpt = False) -> None:
     """Every budget, in the price table's currency."""
-    settings, store = _store(home)
+    settings, store = _store(home, migrate=False)
     _budgets_table(settings, store.usage.budgets(), as_json)
 
 
@@ -467,7 +503,7 @@ def usage_report(by: Annotated[list[GroupBy] | None, typer.Option("--by", help="
             raise typer.Exit(2) from None
         return (t if t.tzinfo else t.replace(tzinfo=UTC)).timestamp()
 
-    settings, store = _store(home)
+    settings, store = _store(home, migrate=False)
     group_by = list(dict.fromkeys(g.value for g in (by or [GroupBy.tool])))
     end = epoch(until, time.time())
     start = epoch(since, period_bounds("month", end)[0])

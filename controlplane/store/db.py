@@ -475,7 +475,7 @@ class Database:
         with _quiet_alembic():
             from alembic.runtime.migration import MigrationContext
 
-            with self.engine.connect() as conn:
+            with self._connect() as conn:
                 return MigrationContext.configure(conn).get_current_revision()
 
     def dispose(self) -> None:
