@@ -258,6 +258,14 @@ class AwsBatchProvider(Provider[BatchHandle]):
                            stuck_after_s=float(opts.stuck_after_s or self.stuck_after_s), on_stuck=opts.on_stuck)
 
     def find(self, spec: LaunchSpec) -> BatchHandle | None:
+        found = self.find_all(spec)
+        if len(found) > 1:
+            log.warning("%d Batch jobs are named %s; following the newest", len(found), spec.job_name)
+        return found[0] if found else None
+
+    def find_all(self, spec: LaunchSpec) -> list[BatchHandle]:
+        """The Batch jobs of the attempt's name in its queue, newest first: ListJobs filtered by
+        JOB_NAME, which lists jobs of every status (SUBMITTED to FAILED), page by page."""
         # A filter, never a bare listing: without a status or a filter ListJobs returns only
         # RUNNING jobs, and a job submitted just before a crash is SUBMITTED or RUNNABLE.
         found: list[dict[str, Any]] = []
@@ -272,12 +280,11 @@ class AwsBatchProvider(Provider[BatchHandle]):
             token = resp.get("nextToken")
             if not token:
                 break
-        if not found:
-            return None
-        if len(found) > 1:
-            log.warning("%d Batch jobs are named %s; following the newest", len(found), spec.job_name)
-        newest = max(found, key=lambda j: j.get("createdAt", 0))
-        return self._handle(newest["jobId"], spec)
+        found.sort(key=lambda j: j.get("createdAt", 0), reverse=True)
+        return [self._handle(j["jobId"], spec) for j in found]
+
+    def same_job(self, a: BatchHandle, b: BatchHandle) -> bool:
+        return a.job_id == b.job_id
 
     # ---- poll ---------------------------------------------------------------------------------
     def poll(self, handles: list[BatchHandle]) -> list[JobStatus]:

@@ -25,7 +25,9 @@ The contract:
   plane records its intent before calling `launch`, and after a crash it calls
   `find(spec)` to look the job up by `spec.job_name` (deterministic per task and attempt)
   before it launches again, every time. A provider must name or tag its jobs so that `find`
-  works; `find` is required (the registry refuses a provider without it).
+  works; `find` is required (the registry refuses a provider without it). `find_all(spec)`
+  answers every job of that name (a second execution of one attempt is stopped by the
+  reconciler, which tells the attempt's own by `same_job`); its default is `find`'s one job.
 * `poll(handles) -> statuses`, answered in the same order. The control plane groups the watched
   handles by `poll_key(handle)` and hands each group over in calls of at most `poll_batch_size`
   handles, so a cloud without a batch get (Cloud Run, Azure: one list call per job) declares the
@@ -353,6 +355,21 @@ class Provider(ABC, Generic[H]):
     def find(self, spec: LaunchSpec) -> H | None:
         """The handle of a job already launched for `spec.job_name`, or None. Called before any
         launch that may already have happened (a restart, a launch that failed in an unknown way)."""
+
+    def find_all(self, spec: LaunchSpec) -> list[H]:
+        """Every job the runner has for `spec.job_name`, newest first, ended ones included: one
+        normally, more when the attempt was launched again (a paused leader waking after its
+        successor launched, a retried launch whose first try did start, a cloud's own retry).
+        The reconciler stops those that are not the attempt's own. The default is `find`'s one
+        job, for a runner that never keeps two jobs of one name."""
+        found = self.find(spec)
+        return [] if found is None else [found]
+
+    def same_job(self, a: H, b: H) -> bool:
+        """Whether two handles name one job: a handle `find_all` rebuilt can differ from the one
+        `launch` returned in what is not the job's identity (a creation time, a catalog policy).
+        The default compares the encoded handles."""
+        return a.encode() == b.encode()
 
     @abstractmethod
     def poll(self, handles: list[H]) -> list[JobStatus]: ...

@@ -384,8 +384,7 @@ class CloudRunProvider(Provider[CloudRunHandle]):
         that may have started it, an empty list is not proof: ListExecutions can lag behind the
         execution it created, so for `list_lag_s` after that failure an empty look raises
         TransientProviderError (look again later) instead of answering None (launch again)."""
-        opts: CloudRunOptions = spec.options
-        found = [ex for ex in self._list(opts.job_path) if _marker(ex) == spec.job_name]
+        found = self.find_all(spec)
         if not found:
             unsure = self._unsure.get(spec.job_name)
             if unsure is not None and time.monotonic() - unsure < self.settings.list_lag_s:
@@ -396,7 +395,18 @@ class CloudRunProvider(Provider[CloudRunHandle]):
         self._unsure.pop(spec.job_name, None)
         if len(found) > 1:
             log.warning("%d Cloud Run executions carry %s; following the newest", len(found), spec.job_name)
-        return self._handle(max(found, key=lambda ex: _ts(ex.create_time) or 0), spec)
+        return found[0]
+
+    def find_all(self, spec: LaunchSpec) -> list[CloudRunHandle]:
+        """Every execution of the job that carries the attempt's marker, newest first (what the
+        list shows now: no lag rule, unlike `find`)."""
+        opts: CloudRunOptions = spec.options
+        found = [ex for ex in self._list(opts.job_path) if _marker(ex) == spec.job_name]
+        found.sort(key=lambda ex: _ts(ex.create_time) or 0, reverse=True)
+        return [self._handle(ex, spec) for ex in found]
+
+    def same_job(self, a: CloudRunHandle, b: CloudRunHandle) -> bool:
+        return a.execution == b.execution
 
     def _list(self, job_path: str, until: Callable[[Any], bool] | None = None) -> list[Any]:
         """The job's executions, newest first, page by page (stops early once `until` is true)."""

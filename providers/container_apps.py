@@ -454,9 +454,7 @@ class ContainerAppsProvider(Provider[ContainerAppsHandle]):
         template is read with a GET first. After an ambiguous start of this attempt an empty look
         raises TransientProviderError for `list_lag_s` (look again later) instead of answering
         None (start again): the list can lag behind the execution the start created."""
-        opts: ContainerAppsOptions = spec.options
-        job_id = opts.job_id(self.settings.subscription_id)
-        found = [ex for ex in self._list(job_id) if self._marker_of(job_id, ex) == spec.job_name]
+        found = self.find_all(spec)
         if not found:
             unsure = self._unsure.get(spec.job_name)
             if unsure is not None and time.monotonic() - unsure < self.settings.list_lag_s:
@@ -467,8 +465,20 @@ class ContainerAppsProvider(Provider[ContainerAppsHandle]):
         self._unsure.pop(spec.job_name, None)
         if len(found) > 1:
             log.warning("%d Container Apps executions carry %s; following the newest", len(found), spec.job_name)
-        newest = max(found, key=lambda ex: _started(ex) or 0.0)
-        return self._handle(newest.name, job_id, spec, _started(newest) or time.time())
+        return found[0]
+
+    def find_all(self, spec: LaunchSpec) -> list[ContainerAppsHandle]:
+        """Every execution of the job that carries the attempt's marker (an execution listed
+        without its template read with a GET), newest first (what the list shows now: no lag
+        rule, unlike `find`)."""
+        opts: ContainerAppsOptions = spec.options
+        job_id = opts.job_id(self.settings.subscription_id)
+        found = [ex for ex in self._list(job_id) if self._marker_of(job_id, ex) == spec.job_name]
+        found.sort(key=lambda ex: _started(ex) or 0.0, reverse=True)
+        return [self._handle(ex.name, job_id, spec, _started(ex) or time.time()) for ex in found]
+
+    def same_job(self, a: ContainerAppsHandle, b: ContainerAppsHandle) -> bool:
+        return a.job == b.job and a.execution == b.execution
 
     def _marker_of(self, job_id: str, ex: Any) -> str | None:
         """An execution's marker: from the list's copy of its template, else from a GET of it

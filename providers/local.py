@@ -186,6 +186,16 @@ class LocalProvider(Provider[LocalHandle]):
             return LocalHandle(pid=claimed, create_time=0.0, job_dir=str(job_dir))
         return None
 
+    def find_all(self, spec: LaunchSpec) -> list[LocalHandle]:
+        """`find`'s one runner: one job directory per attempt, and a second runner started in it
+        exits at once on the claim file the first holds (`launch` adopts the holder), so two
+        runners of one attempt never both run here."""
+        return super().find_all(spec)
+
+    def same_job(self, a: LocalHandle, b: LocalHandle) -> bool:
+        """One job directory is one job (`find` answers an ended job's with pid 0)."""
+        return a.job_dir == b.job_dir
+
     # ---- poll -----------------------------------------------------------------------------
     def poll(self, handles: list[LocalHandle]) -> list[JobStatus]:
         return [self._status(h) for h in handles]

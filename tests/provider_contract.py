@@ -12,6 +12,7 @@ The suite then checks, through the provider's interface alone:
   the same handle, which polls, reads logs and cancels like the original;
 * find after a crash between the launch intent and the handle finds the one job, and nothing
   for an attempt never launched;
+* find_all lists both jobs of an attempt launched twice, newest first, where the runner keeps both;
 * every phase: PENDING (no capacity), RUNNING, SUCCEEDED, FAILED, GONE, in one poll of
   handles of several poll groups, answered in order;
 * cancel stops a running job, and repeating it (also after the end, and on a vanished job) is
@@ -205,6 +206,29 @@ class ProviderContract:
         assert harness.count_jobs(spec.job_name) == 1
         assert p.find(harness.spec(unique("never"), SLEEP.format(s=0))) is None
 
+    def test_find_all_lists_every_execution_of_one_attempt(self, harness: Harness) -> None:
+        """A paused leader wakes and launches the attempt its successor already launched: where
+        the runner keeps both jobs, `find_all` answers both, newest first (`find`: the newest)."""
+        p = harness.provider
+        spec = harness.spec(unique("twice"), SLEEP.format(s=60))
+        first = p.launch(spec)
+        time.sleep(0.05)  # a later creation (and start) than the first's
+        second = p.launch(spec)
+        try:
+            if harness.count_jobs(spec.job_name) < 2:
+                pytest.skip(f"{p.name} keeps one job per attempt: a second launch adopts the first")
+            wait_for(p, first, {JobPhase.RUNNING})  # (some runners order executions by their start)
+            wait_for(p, second, {JobPhase.RUNNING})
+            found = eventually(lambda: _all_found(p, spec, 2))
+            assert p.same_job(found[0], second) and p.same_job(found[1], first), (found, second, first)
+            assert not p.same_job(first, second)
+            assert p.same_job(eventually(lambda: _found(p, spec)), second)
+            assert p.find_all(harness.spec(unique("never"), SLEEP.format(s=0))) == []
+        finally:
+            for h in {json.dumps(h.encode()): h for h in (first, second)}.values():
+                p.cancel(h, "contract")
+        assert wait_for(p, first, ENDED).phase != JobPhase.RUNNING
+
     def test_every_phase_in_one_poll_in_order(self, harness: Harness) -> None:
         p = harness.provider
         running = p.launch(harness.spec(unique("run"), SLEEP.format(s=30)))
@@ -321,6 +345,12 @@ def _setting(obj: Any, attr: str, value: Any) -> Iterator[None]:
 def _found(p: Provider, spec: LaunchSpec) -> Handle:
     found = p.find(spec)
     assert found is not None, "find did not see the launched job"
+    return found
+
+
+def _all_found(p: Provider, spec: LaunchSpec, n: int) -> list[Handle]:
+    found = p.find_all(spec)
+    assert len(found) == n and all(type(h) is p.handle_type for h in found), found
     return found
 
 
