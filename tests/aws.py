@@ -115,6 +115,23 @@ def keep_submitted(monkeypatch: Any = None) -> None:
         BatchSimpleBackend._mark_job_as_finished = register_only  # type: ignore[method-assign]
 
 
+
+def hook_submits(monkeypatch: Any, hook: Callable[[str], None]) -> None:
+    """Call `hook` in each SubmitJob's own thread on moto's server: "received" before moto makes
+    the job, "created" after (before the answer). A hook that waits holds that call alone."""
+    from moto.batch_simple.models import BatchSimpleBackend
+
+    submit = BatchSimpleBackend.submit_job
+
+    def hooked(self: Any, *args: Any, **kw: Any) -> Any:
+        hook("received")
+        out = submit(self, *args, **kw)
+        hook("created")
+        return out
+
+    monkeypatch.setattr(BatchSimpleBackend, "submit_job", hooked)
+
+
 class BatchExecutor:
     def __init__(self, moto_url: str, *, start_jobs: bool = True,
                  job_env: Callable[[dict[str, str]], dict[str, str]] | None = None):

@@ -758,6 +758,9 @@ class FakeAzure:
         # True: an execution whose container exited stays Running until it is stopped (then Stopped), as
         # Container Apps executions sometimes do (microsoft/azure-container-apps#1071's kin); ignore_stop keeps it so.
         self.linger = False
+        # Called in a start's own thread, outside the fake's lock: "received" before the execution is
+        # made, "created" after (before the answer). A hook that waits holds that call alone.
+        self.launch_hook: Callable[[str], None] | None = None
         self.rng = random.Random(seed)
         self.faults = 0
         self.requests: list[tuple[float, str, str]] = []  # (monotonic time, method, path without query)
@@ -993,6 +996,15 @@ class FakeAzure:
             }, {}
 
     def _start(self, r: Request, rg: str, job: str, version: str, **_: Any) -> Answer:
+        hook = self.launch_hook
+        if hook is not None:
+            hook("received")
+        answer = self._make_execution(r, rg, job, version)
+        if hook is not None:
+            hook("created")
+        return answer
+
+    def _make_execution(self, r: Request, rg: str, job: str, version: str) -> Answer:
         body = _json_body(r.body)
         with self._lock:
             j = self._job(rg, job)

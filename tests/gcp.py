@@ -542,6 +542,9 @@ class FakeCloudRun:
         self.list_lag_s = 0.0  # ListExecutions shows an execution only this long after its creation
         self.ambiguous_runs = 0  # the next n RunJob calls create their execution, then answer 503
         self.reconcile_s = 0.0  # an ended task's execution stays RECONCILING this long before it completes
+        # Called in a RunJob's own thread, outside the fake's lock: "received" before the execution is
+        # made, "created" after (before the answer). A hook that waits holds that call alone.
+        self.launch_hook: Callable[[str], None] | None = None
         self.rng = random.Random(seed)
         self.faults = 0
         self.requests: list[tuple[float, str, str]] = []  # (monotonic time, method, path without query)
@@ -735,6 +738,15 @@ class FakeCloudRun:
             return _error(e)
 
     def _run_job(self, p: str, r: str, j: str, query: Any, body: dict[str, Any]) -> dict[str, Any]:
+        hook = None if body.get("validateOnly") else self.launch_hook
+        if hook is not None:
+            hook("received")
+        answer = self._make_execution(p, r, j, body)
+        if hook is not None:
+            hook("created")
+        return answer
+
+    def _make_execution(self, p: str, r: str, j: str, body: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
             job = self._job(p, r, j)
             overrides = body.get("overrides") or {}
