@@ -103,7 +103,8 @@ class ControlPlane:
                                    self.build_spec, fence=lambda: self.fence,
                                    launch_margin_s=self.settings.leader_lease_s / 3)
         self.reconciler = Reconciler(self.store, self.providers, self.stores, self.attempts, self.settings,
-                                     fence=lambda: self.fence, stop_margin_s=self.settings.leader_lease_s / 3)
+                                     fence=lambda: self.fence, stop_margin_s=self.settings.leader_lease_s / 3,
+                                     build_spec=self.build_spec)
         self.service.limits.refresh()  # operators' limits per caller; read again by the loop below
         self.service.budgets.refresh()  # and their budgets, likewise
         self.hub = ProgressHub(self.store.tasks.get)  # pushes task changes to connected clients

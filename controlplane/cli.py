@@ -248,18 +248,19 @@ def jobs_list(home: HomeOpt = None,
         print(json.dumps([{k: getattr(r, k) for k in ("worker_id", "task_id", "attempt", "provider", "job_name",
                                                         "state", "handle_json", "created_at", "finished_at",
                                                         "abandoned_at", "stop_requested_at", "provider_status",
-                                                        "provider_reason")} for r in rows], indent=2))
+                                                        "provider_reason", "extra_claims", "extra_checked",
+                                                        "extra_stopped")} for r in rows], indent=2))
         return
 
     def when(t: float | None) -> str:
         return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%SZ") if t else ""
 
     table = Table(box=None, pad_edge=False)
-    for name in ("job", "task_id", "provider", "state", "provider status", "created", "abandoned"):
+    for name in ("job", "task_id", "provider", "state", "provider status", "created", "abandoned", "extra"):
         table.add_column(name, no_wrap=True, overflow="ignore")
-    for r in rows:
+    for r in rows:  # extra: claims refused to other executions of the attempt / those of them stopped
         table.add_row(r.job_name, r.task_id, r.provider, r.state, r.provider_status or "", when(r.created_at),
-                      when(r.abandoned_at))
+                      when(r.abandoned_at), f"{r.extra_claims}/{r.extra_stopped}" if r.extra_claims else "")
     Console(width=max(200, Console().width)).print(table)
 
 

@@ -17,7 +17,11 @@ One cycle:
    runner reported the attempt's end drains too: done once the provider says it ended, stopped
    if it still runs `kill_grace_s` plus a poll interval after that report (a container can
    outlive its runner);
-5. expires finished tasks past their ttl and purges the tombstones and the audit after their
+5. stops the extra executions of an attempt: a job whose attempt had a claim refused (another
+   execution of it asked, `JobStore.note_refused_claim`) is looked up by its marker
+   (`Provider.find_all`), and every execution of it that is not the job's own and still runs is
+   stopped, logged and counted (`jobs.extra_stopped`, `controlplane_extra_executions_total`);
+6. expires finished tasks past their ttl and purges the tombstones and the audit after their
    retention periods (`controlplane.retention`: in bounded batches, within a budget per cycle;
    a failed deletion is retried on the next pass, never skipped).
 
@@ -35,6 +39,7 @@ decisions: they are written unfenced, by every replica, before the fenced part o
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import defaultdict
@@ -54,9 +59,10 @@ from controlplane.retention import Retention, Swept
 from controlplane.settings import Settings
 from controlplane.states import JobState, TaskState
 from controlplane.store import Store
-from controlplane.store.leases import Fence
-from controlplane.store.rows import WatchedJob
-from controlplane_providers.base import Handle, JobPhase, JobStatus, MalformedHandle, PermanentProviderError, Provider
+from controlplane.store.leases import Fence, Fenced
+from controlplane.store.rows import JobRow, TaskRow, WatchedJob
+from controlplane_providers.base import (Handle, JobPhase, JobStatus, LaunchSpec, MalformedHandle,
+                                         PermanentProviderError, Provider)
 
 log = logging.getLogger("controlplane.reconciler")
 S = TaskState
@@ -71,6 +77,7 @@ class CycleStats:
     finished: int = 0
     lost: int = 0
     stops: int = 0
+    extra_stopped: int = 0  # extra executions of attempts stopped
     expired: int = 0
     purged: int = 0
     retention: Swept | None = None  # the retention sweep's batches, timings and what it left
@@ -102,8 +109,10 @@ class Reconciler:
     status_budget = 20_000
 
     def __init__(self, store: Store, providers: dict[str, Provider], stores: StoreRegistry, attempts: Attempts,
-                 settings: Settings, fence: Callable[[], Fence | None] = lambda: None, stop_margin_s: float = 0.0):
+                 settings: Settings, fence: Callable[[], Fence | None] = lambda: None, stop_margin_s: float = 0.0,
+                 build_spec: Callable[[TaskRow, JobRow], LaunchSpec] | None = None):
         self.store = store
+        self.build_spec = build_spec  # an attempt's LaunchSpec, as the scheduler builds it (None: extras not looked up)
         self.fence = fence  # the leader's lease fence now (None: unfenced, a single process)
         self.stop_margin_s = stop_margin_s  # lease to spare before a stop is sent
         self._fence: Fence | None = None  # the fence of the cycle under way
@@ -154,6 +163,7 @@ class Reconciler:
         for page in self.store.jobs.watched_pages(self.page_size, now):
             stats.jobs += len(page)
             self._stops(page, now, stats)
+            self._extras(page, stats)
             for name, group in _by_provider(page, due).items():
                 provider = self.providers[name]
                 polled.add(name)
@@ -217,6 +227,60 @@ class Reconciler:
         except Exception as e:  # noqa: BLE001 - retried next cycle
             log.warning("cancel of %s failed: %s", j.job_name, e)
 
+    # ---- extra executions ---------------------------------------------------------------------
+    def _extras(self, jobs: list[WatchedJob], stats: CycleStats) -> None:
+        for j in jobs:
+            if j.extra_claims > j.extra_checked:
+                self._stop_extras(j, stats)
+
+    def _stop_extras(self, j: WatchedJob, stats: CycleStats) -> None:
+        """Another execution of the job's attempt asked for its claim (and was refused): stop
+        every execution of the attempt the provider has, other than the job's own, that still
+        runs. A provider error leaves it for the next cycle; a stop is sent only while the lease
+        has `stop_margin_s` to spare; what was done is recorded fenced."""
+        provider = self.providers.get(j.provider)
+        own = self._handle(provider, j) if provider is not None and j.handle_json else None
+        if provider is None or own is None or self.build_spec is None:
+            return
+        try:
+            spec = self._spec_of(j)
+            found = [] if spec is None else self._call(provider, "find_all", spec)
+            others = [h for h in found if not provider.same_job(h, own)]
+            statuses = self._call(provider, "poll", others) if others else []
+        except PermanentProviderError as e:  # (the tool left the catalog): nothing to look up by
+            log.warning("the executions of %s cannot be looked up: %s", j.job_name, e)
+            others, statuses = [], []
+        except Exception as e:  # noqa: BLE001 - looked into again next cycle
+            log.warning("looking up the executions of %s failed: %s", j.job_name, e)
+            return
+        running = [h for h, st in zip(others, statuses) if st.phase in _ALIVE]
+        if running and self._fence is not None and not self.store.jobs.leases.holds(self._fence, self.stop_margin_s):
+            raise Fenced("the lease has too little time left to stop an extra execution")
+        for h in running:
+            try:
+                self._call(provider, "cancel", h, "an extra execution of the attempt")
+            except Exception as e:  # noqa: BLE001 - found and stopped again next cycle
+                log.warning("stopping an extra execution of %s failed: %s", j.job_name, e)
+                return
+            stats.provider_calls[f"{provider.name}.cancel"] += 1
+            log.warning("stopped an extra execution of task %s attempt %d (%s, %s)", j.task_id, j.attempt,
+                        provider.name, j.job_name,
+                        extra={"task_id": j.task_id, "attempt": j.attempt, "provider": provider.name,
+                               "job_name": j.job_name, "action": "extra_stopped"})
+        self.store.jobs.extra_checked(j.worker_id, j.extra_claims, len(running), self._fence)
+        stats.extra_stopped += len(running)
+        metrics.extra_executions(provider.name, "stopped", len(running))
+
+    def _spec_of(self, j: WatchedJob) -> LaunchSpec | None:
+        """The job's LaunchSpec as the scheduler built it (for a draining job, of its attempt)."""
+        assert self.build_spec is not None
+        task, job = self.store.tasks.get(j.task_id), self.store.jobs.get(j.task_id, j.attempt)
+        if task is None or job is None:
+            return None
+        if task.attempt != j.attempt:
+            task = dataclasses.replace(task, attempt=j.attempt)
+        return self.build_spec(task, job)
+
     # ---- polling ------------------------------------------------------------------------------
     def _poll_batch(self, provider: Provider, key: Any, jobs: list[WatchedJob], handles: list[Handle], now: float,
                     stats: CycleStats, changed: list[tuple[str, str, str | None]]) -> None:
@@ -249,7 +313,7 @@ class Reconciler:
 
     @staticmethod
     def _call(provider: Provider, op: str, *args: Any) -> Any:
-        """A provider call (`op`: poll or cancel), tried three times (a provider retries its own
+        """A provider call (`op`: poll, cancel or find_all), tried three times (a provider retries its own
         transient errors inside; these tries cover a call that failed as a whole, e.g. a dropped
         connection). Each try is counted (`controlplane.ops.metrics`)."""
         for attempt in Retrying(stop=stop_after_attempt(3), wait=wait_exponential(multiplier=0.2, max=2),

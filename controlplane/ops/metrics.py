@@ -11,6 +11,8 @@ database for a metric):
     controlplane_provider_calls_total{provider,op}      the control plane's calls of a provider
     controlplane_provider_errors_total{provider,op}       (launch, find, poll, cancel), and their failures
     controlplane_reconcile_cycle_seconds                one reconciler cycle (the leader's)
+    controlplane_extra_executions_total{provider,action}  extra executions of an attempt: a claim
+        refused to one (action "refused", the runner claim route), one stopped ("stopped", the reconciler)
     controlplane_runner_callback_seconds{route}         the runner callback API (claim, events, heartbeat)
     controlplane_mcp_request_seconds{method}            a POST to /mcp, arrival to the end of its answer
 
@@ -66,11 +68,14 @@ RECONCILE = Histogram("controlplane_reconcile_cycle_seconds", "One reconciler cy
                       registry=REGISTRY)
 CALLBACK = Histogram("controlplane_runner_callback_seconds", "Runner callback requests", ["route"],
                      buckets=_FAST, registry=REGISTRY)
+EXTRA_EXECUTIONS = Counter("controlplane_extra_executions", "Extra executions of an attempt: claims refused to them "
+                           "(refused) and executions the reconciler stopped (stopped)", ["provider", "action"],
+                           registry=REGISTRY)
 MCP_REQUEST = Histogram("controlplane_mcp_request_seconds", "POSTs to the MCP endpoint, to the end of the answer",
                         ["method"], buckets=_FAST, registry=REGISTRY)
 
 NAMES = ("SUBMITS", "COMPLETIONS", "QUEUE_WAIT", "LAUNCH", "PROVIDER_CALLS", "PROVIDER_ERRORS", "RECONCILE",
-         "CALLBACK", "MCP_REQUEST")
+         "CALLBACK", "MCP_REQUEST", "EXTRA_EXECUTIONS")
 
 
 class _Off:
@@ -110,6 +115,13 @@ def provider_call(provider: str, op: str, fn: Callable[..., Any], *args: Any) ->
     except Exception:
         PROVIDER_ERRORS.labels(provider, op).inc()
         raise
+
+
+def extra_executions(provider: str, action: str, n: int = 1) -> None:
+    """`n` extra executions of an attempt on `provider`: "refused" (a claim refused to one) or
+    "stopped" (the reconciler stopped one)."""
+    if n:
+        EXTRA_EXECUTIONS.labels(provider, action).inc(n)
 
 
 def timed_callback(route: str, endpoint: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:

@@ -180,6 +180,21 @@ class JobStore:
             self.db.run(c, q.MARK_STOP_SENT, {"wid": worker_id, "now": now})
         return now
 
+    def note_refused_claim(self, task_id: str, attempt: int) -> None:
+        """A claim of the attempt was refused to an extra execution: counted on the attempt's job
+        (`extra_claims`), for the reconciler to stop that execution and the operator to see it."""
+        with self.w.tx() as c:
+            self.db.run(c, q.NOTE_REFUSED_CLAIM, {"_tid": task_id, "_att": attempt})
+
+    def extra_checked(self, worker_id: str, seen: int, stopped: int, fence: Fence | None = None) -> None:
+        """The reconciler looked into the job's first `seen` refused claims and stopped `stopped`
+        extra executions. With a `fence`, only while the lease is still held (raises
+        `leases.Fenced`)."""
+        with self.w.tx() as c:
+            if fence is not None:
+                self.leases.check(c, fence)
+            self.db.run(c, q.EXTRA_CHECKED, {"_wid": worker_id, "_seen": seen, "_stopped": stopped})
+
     def move(self, worker_id: str, to: JobState) -> None:
         """A watched job's state (draining -> done, ... -> abandoned), if the move is legal now."""
         now = self.w.clock()

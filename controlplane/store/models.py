@@ -197,6 +197,11 @@ class Job(SQLModel, table=True):
     # sha256 of the nonce of the runner that traded the bootstrap token for the attempt's secret.
     secret_claim: str | None = Field(default=None, sa_column=Column(String(64)))
     abandoned_at: float | None = None  # when the control plane stopped waiting for it to confirm it stopped
+    # Extra executions of the attempt: claims refused to them, how many of those the reconciler
+    # has looked into, and how many executions it stopped.
+    extra_claims: int = Field(default=0, sa_column=Column(Integer, nullable=False, server_default="0"))
+    extra_checked: int = Field(default=0, sa_column=Column(Integer, nullable=False, server_default="0"))
+    extra_stopped: int = Field(default=0, sa_column=Column(Integer, nullable=False, server_default="0"))
 
 
 class Lease(SQLModel, table=True):

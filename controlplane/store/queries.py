@@ -147,7 +147,7 @@ LAUNCH_INTENTS = (select(JOBS, T.c.state.label("task_state"))
 WATCHED_PAGE = (select(JOBS.c.worker_id, JOBS.c.task_id, JOBS.c.attempt, JOBS.c.provider, JOBS.c.event_seq,
                        JOBS.c.handle_json, JOBS.c.seen_at, JOBS.c.stop_requested_at, JOBS.c.stop_sent_at,
                        JOBS.c.provider_status, JOBS.c.provider_reason, JOBS.c.created_at,
-                       JOBS.c.state.label("job_state"))
+                       JOBS.c.extra_claims, JOBS.c.extra_checked, JOBS.c.state.label("job_state"))
                 .where(likely(text(f"jobs.{WATCHED_JOBS_WHERE}")),
                        tuple_(JOBS.c.created_at, JOBS.c.worker_id) > tuple_(_bp("after_ts"), _bp("after_wid")))
                 .order_by(JOBS.c.created_at, JOBS.c.worker_id).limit(_bp("lim")))
@@ -166,6 +166,12 @@ MARK_STOP_SENT = update(JOBS).where(JOBS.c.worker_id == _bp("wid")).values(
 CLAIM_SECRET = (update(JOBS).where(JOBS.c.task_id == _bp("_tid"), JOBS.c.attempt == _bp("_att"),
                                    or_(JOBS.c.secret_claim.is_(None), JOBS.c.secret_claim == _bp("_digest")))
                 .values(secret_claim=_bp("_digest")))
+# A claim refused to an extra execution of the attempt, counted on the attempt's job; what the
+# reconciler did about those it looked into (`_seen`: the refused claims it read).
+NOTE_REFUSED_CLAIM = (update(JOBS).where(JOBS.c.task_id == _bp("_tid"), JOBS.c.attempt == _bp("_att"))
+                      .values(extra_claims=JOBS.c.extra_claims + 1))
+EXTRA_CHECKED = (update(JOBS).where(JOBS.c.worker_id == _bp("_wid"))
+                 .values(extra_checked=_bp("_seen"), extra_stopped=JOBS.c.extra_stopped + _bp("_stopped")))
 JOB_HEARTBEAT = update(JOBS).where(JOBS.c.task_id == _bp("_tid"), JOBS.c.attempt == _bp("_att"),
                                    JOBS.c.state == JobState.ACTIVE.value).values(seen_at=_bp("_ts"))
 

@@ -189,6 +189,9 @@ class JobRow(_JobHandle, _Row):
     provider_reason: str | None = None
     secret_claim: str | None = None
     abandoned_at: float | None = None
+    extra_claims: int = 0  # claims refused to extra executions of the attempt
+    extra_checked: int = 0  # ... that the reconciler has looked into
+    extra_stopped: int = 0  # extra executions it stopped
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "state", _JOB_STATES[self.state])
@@ -219,6 +222,8 @@ class WatchedJob(NamedTuple):
     provider_status: str | None
     provider_reason: str | None
     created_at: float  # the job's (with worker_id, the cursor of the reconciler's paged walk)
+    extra_claims: int  # claims refused to extra executions of the attempt
+    extra_checked: int  # ... that the reconciler has looked into
     job_state: JobState
     task_attempt: int | None  # the task's, from here on
     timeout_at: float | None
