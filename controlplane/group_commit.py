@@ -46,8 +46,9 @@ class _Entry(Generic[I]):
 
 
 class GroupCommit(Generic[I, R]):
-    """`await gc.run(item)`: `write_many([item, ...])` in a worker thread, batched with the other
-    items waiting; returns the item's outcome, or raises it when it is an exception."""
+    """`await gc.run(item)`: the item written with the other items waiting, in one batch
+    (`write_many_on_loop` on the event loop when it can, else `write_many` in a worker thread);
+    returns the item's outcome, or raises it when it is an exception. Must run on the loop."""
 
     def __init__(self, write_many: Callable[[Sequence[I]], Sequence[R | Exception]], max_batch: int = 256, *,
                  write_many_on_loop: Callable[[Sequence[I]], Awaitable[Sequence[R | Exception]]] | None = None,
@@ -61,13 +62,13 @@ class GroupCommit(Generic[I, R]):
         self.gather_s = gather_s
         self.in_progress = in_progress
         self._gathering: asyncio.Event | None = None
-        # Tried first: the batch's statements on the loop, only its commit in a thread (see
-        # `Database.write_on_loop`); WouldBlock (the lock taken, a networked engine) -> write_many.
+        # Tried first: the batch on the loop (`Database.write_on_loop`); WouldBlock (the lock
+        # taken, a networked engine) -> write_many in a worker thread.
         self.write_many_on_loop = write_many_on_loop
         self.max_batch = max_batch
         self._waiting: list[_Entry[I]] = []
         self._leading = False
-        self.batches = 0  # commits made (for the benchmark's figures)
+        self.batches = 0  # commits made, and the items they held
         self.items = 0
 
     @property

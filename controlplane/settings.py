@@ -44,7 +44,7 @@ class Settings(BaseSettings):
     migrate_on_start: bool = True
     # The operator's prices over the defaults (controlplane/prices.py); None = home/prices.toml, if it exists.
     prices_file: Path | None = None
-    # Where task inputs, results and artifacts live, as a URL (file://, later s3:// gs:// az://).
+    # Where task inputs, results and artifacts live, as a URL: file://, s3://, gs:// or az://.
     object_store_url: str | None = None
     # Base URL that runners call back and that artifact links point at. None = the URL the
     # server actually listens on (the HTTP transport's, or the internal listener's).

@@ -14,8 +14,10 @@ code base decides whether a state change is allowed.
 
 * `scheduled` means a slot is held and the launch intent is recorded; the job may or may not
   exist yet at the provider.
-* `scheduled|running -> queued` is a retry (a lost job, a transient launch failure); the
-  attempt number goes up in the same transaction.
+* `scheduled|running -> queued` is a retry as the next attempt (a job lost, preempted or never
+  started, a tool that failed with retries left); the attempt number goes up in the same
+  transaction. A launch that fails for a transient reason is tried again within its attempt,
+  the task still `scheduled`.
 * `cancel_requested|cancelling -> succeeded|failed` happens when the job finished before the
   cancel reached it: its outcome is kept, and the event log records the lost race.
 * Only terminal tasks expire; `expired` is final.

@@ -107,7 +107,7 @@ class NewTask:
     max_attempts: int
     estimate_s: float | None
     store_url: str = ""  # '' = the default store
-    max_recoveries: int | None = None  # None: max_attempts - 1 (as before the budgets were apart)
+    max_recoveries: int | None = None  # None: max_attempts - 1
     team: str | None = None  # the team whose members may read it
     limits: SubmitLimits | None = None  # the caller's limits, if it has any
     estimate_cost: float | None = None  # what it should cost (`controlplane.prices`; None: unpriced)
@@ -130,12 +130,10 @@ class _Batch:
       PostgreSQL the batch holds the queue's lock (`Database.lock_queues`), as the scheduler's
       claims do. A queued task cancelled meanwhile there (a cancel takes no queue lock) leaves
       the count high by one until the next batch: it errs towards a full queue, never past the
-      limit, as the read made per task before did within its task. A task rolled back to its
-      savepoint was never counted: it is counted only once written.
+      limit. A task rolled back to its savepoint was never counted: it is counted only once
+      written.
     * `events`: the "submitted" events of the tasks written, inserted together at the end (one
-      executemany instead of a statement per task).
-
-    Per task, these two were a third of the statements a submit runs in a group commit."""
+      executemany instead of a statement per task)."""
 
     def __init__(self, db: Database, c: Any):
         self.db, self.c = db, c
@@ -189,8 +187,7 @@ class TaskStore:
         by a check (QueueFull, LimitReached) has written nothing, since every check comes before
         its first write, and a database error, which would need the savepoint, raises
         `_Unguarded` to have the whole batch run again guarded. SQLite serialises writers, so no
-        idempotency race can end in an IntegrityError there; the two statements a savepoint
-        takes were 10-15% of a submit's statements."""
+        idempotency race can end in an IntegrityError there."""
         now = self.w.clock()
         out: list[Submitted | Exception] = []
         # Admission into a queue, and a caller's limits, are serialised across replicas by locks
