@@ -1,7 +1,7 @@
 """Pushed progress: task updates fanned out to whoever watches a task.
 
 `ProgressHub` hears from the store after every committed change to a task (its state or its
-progress), made by this process or, on PostgreSQL, by another replica (`store.db.ChangeFeed`), and hands the task's latest row to whoever subscribed to it. A subscription keeps
+progress), made by this process or, on PostgreSQL, by another replica (`store.changes.ChangeFeed`), and hands the task's latest row to whoever subscribed to it. A subscription keeps
 only the newest update (older ones are coalesced away), so a slow watcher never holds up the
 others or the store. What a watcher makes of it (MCP progress notifications, resource updates)
 lives in `controlplane.mcp`.
