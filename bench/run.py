@@ -274,9 +274,9 @@ async def call(client: Client, tool: str, args: dict[str, Any]) -> Answer:
 
 def list_cursor(submitted_at: float, pk: int) -> str:
     """A list_tasks cursor continuing below the task (submitted_at, pk), as the service makes them."""
-    from controlplane.service import TaskService
+    from controlplane.service.listing import encode_cursor
 
-    return TaskService._encode_list_cursor(submitted_at, pk)
+    return encode_cursor(submitted_at, pk)
 
 
 def iso(ts: float) -> str:

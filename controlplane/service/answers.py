@@ -1,0 +1,208 @@
+"""The answers of the task operations, as typed models.
+
+Each model's `dump()` is the answer's JSON object exactly as the tools write it: fields in
+declaration order; a field with a default is an optional key, written only when the operation
+set it (even to None); a field without one is always written, null or not.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from typing_extensions import NotRequired, TypedDict
+
+from controlplane.states import TaskState
+
+# A JSON number written as the operation computed it (an int stays an int, unlike `float`).
+Number = Annotated[int | float, WithJsonSchema({"type": "number"})]
+
+
+class Answer(BaseModel):
+    model_config = ConfigDict(frozen=True, populate_by_name=True)
+
+    def dump(self) -> dict[str, Any]:
+        """The answer as the tools write it (optional keys only when set)."""
+        return self.model_dump(by_alias=True, exclude_unset=True)
+
+
+class Money(Answer):
+    amount: Number | None
+    currency: str
+
+
+class CostSoFar(Money):
+    """Cost at list price of what a task used so far, and the estimate made at submit."""
+
+    at_submit: Number | None
+
+
+class UsageFigures(Answer):
+    run_seconds: Number
+    vcpu_seconds: Number
+    memory_gib_seconds: Number
+    gpu_seconds: Number
+
+
+class SubmitAnswer(Answer):
+    task_id: str
+    state: TaskState
+    queue: str
+    position: int | None
+    submitted_at: str | None
+    poll_after_ms: int
+    estimated_runtime_seconds: Number | None
+    estimated_cost: Money
+    deduplicated: bool | None = None  # only when the idempotency key found an earlier task
+    message: str | None = None  # only for a catalog tool called by name
+
+
+class Usage(Answer):
+    """What a task used and its cost: part of a status and of a result."""
+
+    usage: UsageFigures
+    estimated_cost: CostSoFar
+
+
+class TaskStatus(Answer):
+    task_id: str
+    state: TaskState
+    tool_name: str
+    attempt: int
+    max_attempts: int
+    priority: int
+    queue: str
+    position: int | None
+    worker_id: str | None
+    submitted_at: str | None
+    started_at: str | None
+    updated_at: str | None
+    heartbeat_at: str | None
+    completed_at: str | None
+    expires_at: str | None
+    timeout_at: str | None
+    progress: dict[str, Any] | None
+    cancel_requested: bool
+    estimated_runtime_seconds: Number | None
+    tags: list[str]
+    error: dict[str, Any] | None
+    poll_after_ms: int | None
+    usage: UsageFigures
+    estimated_cost: CostSoFar
+    waiting_reason: str | None = None  # only while scheduled, when the provider said why
+    log_link: str | None = None  # only for a provider with a console link
+
+
+class LogLine(Answer):
+    seq: int
+    ts: str | None
+    stream: str
+    level: str
+    message: str
+    attempt: int
+
+
+class LogPage(Answer):
+    task_id: str
+    state: TaskState
+    lines: list[LogLine]
+    next_cursor: str
+    truncated: bool
+    has_more: bool
+
+
+class ProviderLogLine(Answer):
+    ts: str | None
+    stream: str
+    message: str
+
+
+class ProviderLogPage(Answer):
+    task_id: str
+    state: TaskState
+    source: Literal["provider"]
+    attempt: int
+    lines: list[ProviderLogLine]
+    next_cursor: str
+    reason: str | None = None  # only when the page is empty for a reason
+
+
+class ListedTask(TypedDict):
+    """A row of list_tasks: a plain dict (a page holds hundreds; a model per row cost a third more)."""
+
+    task_id: str
+    state: TaskState
+    tool_name: str
+    priority: int
+    queue: str
+    attempt: int
+    submitted_at: str | None
+    started_at: str | None
+    updated_at: str | None
+    completed_at: str | None
+    tags: list[str]
+    percent: Number | None
+    owner: NotRequired[str]  # only in a list of everyone's tasks
+
+
+class TaskList(Answer):
+    tasks: list[ListedTask]
+    next_cursor: str | None
+
+    def dump(self) -> dict[str, Any]:
+        """The rows as they are (already the dicts the answer holds): the serializer cost a
+        page of 200 rows a third more."""
+        return {"tasks": self.tasks, "next_cursor": self.next_cursor}
+
+
+class CancelAnswer(Answer):
+    task_id: str
+    state: TaskState
+    acknowledged: bool
+    message: str | None = None  # only when there was nothing to cancel
+
+
+class Artifact(Answer):
+    artifact_id: str
+    name: str
+    kind: str
+    size_bytes: int
+    sha256: str
+    content_type: str
+    download_url: str
+    expires_at: str | None
+    file_url: str | None = None  # only for a caller on this machine, local store
+
+
+class TaskResult(Answer):
+    task_id: str
+    state: TaskState
+    result: Any
+    artifacts: list[Artifact]
+    error: dict[str, Any] | None
+    completed_at: str | None
+    attempt: int
+    usage: UsageFigures
+    estimated_cost: CostSoFar
+    message: str | None = None  # only while the result is not there (not done, or expired)
+    poll_after_ms: int | None = None  # likewise (null once expired)
+
+
+class UsageReport(Answer):
+    since: str | None
+    until: str | None
+    owner: str | None
+    group_by: list[str]
+    currency: str
+    prices_as_of: str | None
+    groups: list[dict[str, Any]]
+    total: dict[str, Any] | None = None  # not when grouped by tag
+
+
+class TimelineEntry(Answer):
+    ts: str | None
+    kind: str
+    attempt: int | None
+    from_state: str | None = Field(alias="from")
+    to_state: str | None = Field(alias="to")
+    detail: Any

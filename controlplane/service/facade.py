@@ -1,0 +1,124 @@
+"""`TaskService`: the task operations behind the canonical tools, composed from one module per
+operation; answers as JSON-ready dicts (each the `dump()` of its model in `answers`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from controlplane import api
+from controlplane.admission import Admission
+from controlplane.budgets import Budgets
+from controlplane.catalog import Catalog
+from controlplane.estimates import Estimator
+from controlplane.limits import Limits, Streams
+from controlplane.objectstore.registry import StoreRegistry
+from controlplane.prices import PriceTable, Pricing
+from controlplane.service.access import Access, AdminReads
+from controlplane.service.cancel import Cancels
+from controlplane.service.listing import Listing
+from controlplane.service.logs import Logs
+from controlplane.service.reads import Overview, Reads
+from controlplane.service.submit import Submits
+from controlplane.service.usage import Costs
+from controlplane.settings import Settings
+from controlplane.store import Store
+from controlplane.store.rows import TaskRow
+from controlplane_providers.base import Provider
+
+
+class TaskService:
+    """Every operation takes the caller first (an owner string or an `identity.Caller`) and
+    raises `ControlPlaneError`s with the codes of `controlplane.errors`."""
+
+    def __init__(self, settings: Settings, store: Store, catalog: Catalog, stores: StoreRegistry,
+                 estimator: Estimator, providers: dict[str, Provider] | None = None,
+                 wake: Callable[..., None] = lambda **_: None, pricing: Pricing | None = None):
+        self.settings = settings
+        self.store = store
+        self.catalog = catalog
+        self.stores = stores
+        self.estimator = estimator
+        self.providers = providers or {}
+        self.pricing = pricing or Pricing(PriceTable.load(settings.resolved_prices_path), catalog, self.providers)
+        self.budgets = Budgets(store)  # per caller or tag (controlplane.budgets)
+        self.limits = Limits(settings, store)  # per caller (controlplane.limits)
+        self.streams = Streams(self.limits, store)
+        self.audit = AdminReads(store)
+        self.access = Access(store, self.audit)
+        self.admission = Admission(settings, catalog, self.providers, estimator, self.limits, self.pricing,
+                                   self.budgets)
+        self.validate_inputs = self.admission.validate_inputs
+        self.costs = Costs(store, self.pricing)
+        self.submits = Submits(store, self.admission, self.pricing, estimator, self.providers, wake)
+        self.load, self.commits = self.submits.load, self.submits.commits
+        self._submit_alone = self.submits.alone  # the write tried on the loop first (replaceable in tests)
+        self.reads = Reads(settings, store, catalog, stores, estimator, self.providers, self.access, self.costs)
+        self.logs = Logs(settings, store, self.providers, self.access)
+        self.listing = Listing(store, self.access)
+        self.cancels = Cancels(store, self.access, wake)
+
+    @property
+    def same_host(self) -> bool:
+        """Whether callers run on this machine while download links live only as long as this
+        process: local-store artifacts then carry a `file_url` too."""
+        return self.reads.same_host
+
+    @same_host.setter
+    def same_host(self, value: bool) -> None:
+        self.reads.same_host = value
+
+    def submit(self, owner: str, req: api.SubmitTask) -> dict[str, Any]:
+        return self.submits.submit(owner, req).dump()
+
+    async def submit_grouped(self, owner: str, req: api.SubmitTask) -> dict[str, Any]:
+        """`submit` for callers on the event loop (`Submits.grouped`)."""
+        return (await self.submits.grouped(owner, req, self._submit_alone)).dump()
+
+    async def submit_direct(self, owner: str, tool_name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        """A catalog tool called by name: its arguments are the inputs (the two-stage answer)."""
+        sub = await self.submits.grouped(owner, api.SubmitTask(tool_name=tool_name, inputs=arguments),
+                                         self._submit_alone)
+        return Submits.direct(tool_name, sub).dump()
+
+    def poll_after_ms(self, task: TaskRow) -> int:
+        return self.reads.poll_after_ms(task)
+
+    def get(self, owner: str, task_id: str) -> TaskRow | None:
+        """The task if the caller may read it, else None (`Access.get`)."""
+        return self.access.get(owner, task_id)
+
+    def task_ids(self, owner: str, prefix: str, limit: int) -> list[str]:
+        """The caller's task ids starting with `prefix`, newest first (argument completion)."""
+        return self.store.tasks.task_ids(owner, prefix, limit)
+
+    def recent_inputs(self, owner: str, tool_name: str, limit: int) -> list[dict[str, Any]]:
+        """The inputs of the caller's latest tasks of a tool (argument completion)."""
+        return self.store.tasks.recent_inputs(owner, tool_name, limit)
+
+    def status(self, owner: str, req: api.GetTaskStatus) -> dict[str, Any]:
+        return self.reads.status(owner, req).dump()
+
+    def describe(self, task: TaskRow) -> dict[str, Any]:
+        return self.reads.describe(task).dump()
+
+    def result(self, owner: str, req: api.GetTaskResult) -> dict[str, Any]:
+        return self.reads.result(owner, req).dump()
+
+    def usage_report(self, caller: str, req: api.UsageReport) -> dict[str, Any]:
+        return self.costs.report(caller, req).dump()
+
+    def tail(self, owner: str, req: api.TailTaskLogs) -> dict[str, Any]:
+        return self.logs.tail(owner, req).dump()
+
+    def list(self, owner: str, req: api.ListTasks) -> dict[str, Any]:
+        return self.listing.list(owner, req).dump()
+
+    def cancel(self, owner: str, req: api.CancelTask) -> dict[str, Any]:
+        return self.cancels.cancel(owner, req).dump()
+
+    def timeline(self, owner: str, task_id: str) -> list[dict[str, Any]]:
+        return [e.dump() for e in self.reads.timeline(owner, task_id)]
+
+    def overview(self) -> Overview:
+        return self.reads.overview()
