@@ -66,4 +66,6 @@ async def a_late_launch_runs_nothing(cp: ControlPlane, agent: Agent) -> Handle:
     assert st["state"] == "succeeded" and st["attempt"] == 1, st
     assert (await agent.call("get_task_result", task_id=tid))["result"]["once"] is True
     assert [ln["message"] for ln in await agent.all_logs(tid)] == ["line 0", "line 1", "line 2"]
+    job = cp.store.jobs.get(tid, 1)  # what `controlplane jobs` shows the operator
+    assert job is not None and job.extra_claims == 1, job
     return late

@@ -120,16 +120,16 @@ def routes(cp: RouteDeps) -> list[Route]:
         if not claimed or holder != digest:
             log.warning("a second execution of %s/%s claimed it and was refused", task_id, attempt,
                         extra={"task_id": task_id, "attempt": attempt, "action": "claim_refused"})
-            await anyio.to_thread.run_sync(refused_claim, task_id, attempt, task)
+            await anyio.to_thread.run_sync(refused_claim, task_id, attempt)
             return _error(403, "another execution holds this attempt's claim", "ALREADY_CLAIMED")
         return JSONResponse({"secret": runner_secret(cp.secret_key, task_id, attempt)},
                             headers={"Cache-Control": "no-store"})
 
-    def refused_claim(task_id: str, attempt: int, task: TaskRow) -> None:
+    def refused_claim(task_id: str, attempt: int) -> None:
         """An extra execution of the attempt: counted on its job for the reconciler to stop."""
-        note = getattr(cp.store.jobs, "note_refused_claim", None)
-        if note is not None:
-            note(task_id, attempt)
+        cp.store.jobs.note_refused_claim(task_id, attempt)
+        job = cp.store.jobs.get(task_id, attempt)
+        metrics.extra_executions(job.provider if job is not None else "unknown", "refused")
 
     async def runner_events(request: Request) -> Response:
         who = authenticate(request, runner_secret)
