@@ -19,8 +19,9 @@ One cycle:
    outlive its runner);
 5. stops the extra executions of an attempt: a job whose attempt had a claim refused (another
    execution of it asked, `JobStore.note_refused_claim`) is looked up by its marker
-   (`Provider.find_all`), and every execution of it that is not the job's own and still runs is
-   stopped, logged and counted (`jobs.extra_stopped`, `controlplane_extra_executions_total`);
+   (`Provider.find_all`) once the refused runner has had `kill_grace_s` plus a poll interval to
+   exit by itself, and every execution of it that is not the job's own and still runs is stopped,
+   logged and counted (`jobs.extra_stopped`, `controlplane_extra_executions_total`);
 6. expires finished tasks past their ttl and purges the tombstones and the audit after their
    retention periods (`controlplane.retention`: in bounded batches, within a budget per cycle;
    a failed deletion is retried on the next pass, never skipped).
@@ -126,6 +127,10 @@ class Reconciler:
         # Watched jobs whose stored handle did not decode (said once), by worker id: their provider.
         self._unreadable: dict[str, str] = {}
         self._unreadable_now: dict[str, str] = {}  # ... seen so in this cycle
+        # Jobs with refused claims not yet looked into, by worker id: (refused claims, when this
+        # process first saw that many).
+        self._extra_since: dict[str, tuple[int, float]] = {}
+        self._extra_since_now: dict[str, tuple[int, float]] = {}  # ... seen so in this cycle
         self._status_room = self.status_budget  # statuses this cycle may still record
         self.retention = Retention(store, stores, providers, settings)
         self.health = ProviderHealth()  # what the polls looked like, for the operator (ops/health.py)
@@ -156,6 +161,7 @@ class Reconciler:
         due = {name for name, p in self.providers.items()
                if force_poll or now - self._last_poll.get(name, 0) >= p.poll_interval_s}
         said, self._unreadable_now = self._unreadable, {}
+        self._extra_since_now = {}
         queued: dict[tuple[str, Any], tuple[list[WatchedJob], list[Handle]]] = {}  # by (provider, poll key)
         changed: list[tuple[str, str, str | None]] = []  # provider statuses to record
         self._status_room = self.status_budget
@@ -163,7 +169,7 @@ class Reconciler:
         for page in self.store.jobs.watched_pages(self.page_size, now):
             stats.jobs += len(page)
             self._stops(page, now, stats)
-            self._extras(page, stats)
+            self._extras(page, now, stats)
             for name, group in _by_provider(page, due).items():
                 provider = self.providers[name]
                 polled.add(name)
@@ -191,6 +197,7 @@ class Reconciler:
             self._last_poll[name] = now
         # A polled provider's watched jobs were all decoded: those it no longer has are forgotten.
         self._unreadable = {w: p for w, p in said.items() if p not in polled} | self._unreadable_now
+        self._extra_since = self._extra_since_now
         self._expire(now, stats)
         return stats
 
@@ -228,20 +235,29 @@ class Reconciler:
             log.warning("cancel of %s failed: %s", j.job_name, e)
 
     # ---- extra executions ---------------------------------------------------------------------
-    def _extras(self, jobs: list[WatchedJob], stats: CycleStats) -> None:
+    def _extras(self, jobs: list[WatchedJob], now: float, stats: CycleStats) -> None:
+        """Jobs with refused claims not looked into yet: each looked into once the refused runner
+        has had the time to exit by itself (an execution that ends on its own is not stopped, and
+        keeps the exit status that says why it ended)."""
         for j in jobs:
             if j.extra_claims > j.extra_checked:
-                self._stop_extras(j, stats)
+                seen = self._extra_since.get(j.worker_id)
+                since = seen[1] if seen is not None and seen[0] == j.extra_claims else now  # a new refusal: a new grace
+                self._extra_since_now[j.worker_id] = (j.extra_claims, since)
+                provider = self.providers.get(j.provider)
+                grace = self.settings.kill_grace_s + (provider.poll_interval_s if provider is not None else 0.0)
+                if now - since >= grace and self._stop_extras(j, stats):
+                    del self._extra_since_now[j.worker_id]
 
-    def _stop_extras(self, j: WatchedJob, stats: CycleStats) -> None:
+    def _stop_extras(self, j: WatchedJob, stats: CycleStats) -> bool:
         """Another execution of the job's attempt asked for its claim (and was refused): stop
         every execution of the attempt the provider has, other than the job's own, that still
         runs. A provider error leaves it for the next cycle; a stop is sent only while the lease
-        has `stop_margin_s` to spare; what was done is recorded fenced."""
+        has `stop_margin_s` to spare; what was done is recorded fenced. True once recorded."""
         provider = self.providers.get(j.provider)
         own = self._handle(provider, j) if provider is not None and j.handle_json else None
         if provider is None or own is None or self.build_spec is None:
-            return
+            return False
         try:
             spec = self._spec_of(j)
             found = [] if spec is None else self._call(provider, "find_all", spec)
@@ -252,7 +268,7 @@ class Reconciler:
             others, statuses = [], []
         except Exception as e:  # noqa: BLE001 - looked into again next cycle
             log.warning("looking up the executions of %s failed: %s", j.job_name, e)
-            return
+            return False
         running = [h for h, st in zip(others, statuses) if st.phase in _ALIVE]
         if running and self._fence is not None and not self.store.jobs.leases.holds(self._fence, self.stop_margin_s):
             raise Fenced("the lease has too little time left to stop an extra execution")
@@ -261,7 +277,7 @@ class Reconciler:
                 self._call(provider, "cancel", h, "an extra execution of the attempt")
             except Exception as e:  # noqa: BLE001 - found and stopped again next cycle
                 log.warning("stopping an extra execution of %s failed: %s", j.job_name, e)
-                return
+                return False
             stats.provider_calls[f"{provider.name}.cancel"] += 1
             log.warning("stopped an extra execution of task %s attempt %d (%s, %s)", j.task_id, j.attempt,
                         provider.name, j.job_name,
@@ -270,6 +286,7 @@ class Reconciler:
         self.store.jobs.extra_checked(j.worker_id, j.extra_claims, len(running), self._fence)
         stats.extra_stopped += len(running)
         metrics.extra_executions(provider.name, "stopped", len(running))
+        return True
 
     def _spec_of(self, j: WatchedJob) -> LaunchSpec | None:
         """The job's LaunchSpec as the scheduler built it (for a draining job, of its attempt)."""

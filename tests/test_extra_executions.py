@@ -81,7 +81,8 @@ def runner() -> Executions:
 
 @pytest.fixture
 def cp(home: Path, runner: Executions) -> ControlPlane:
-    return ControlPlane(Settings(home=home), providers={"local": runner})
+    """A refused runner is given kill_grace_s to exit by itself: none here, but in its own test."""
+    return ControlPlane(Settings(home=home, kill_grace_s=0.0), providers={"local": runner})
 
 
 def running_task(cp: ControlPlane, runner: Executions) -> tuple[str, str]:
@@ -140,6 +141,30 @@ def test_an_extra_execution_that_ended_by_itself_is_checked_not_stopped(cp: Cont
     cp.reconciler.cycle_sync(force_poll=True)
     job = cp.store.jobs.get(tid, 1)
     assert runner.cancels == [] and (job.extra_claims, job.extra_checked, job.extra_stopped) == (1, 1, 0)
+
+
+def test_a_refused_runner_has_the_grace_to_exit_by_itself(cp: ControlPlane, runner: Executions) -> None:
+    """It exits at once with the status that says why: stopped meanwhile, it would say it was killed."""
+    cp.settings.kill_grace_s = 0.5
+    tid, name = running_task(cp, runner)
+    extra = runner.start(name)
+    cp.store.jobs.note_refused_claim(tid, 1)
+    cp.reconciler.cycle_sync(force_poll=True)
+    assert runner.looks == [] and cp.store.jobs.get(tid, 1).extra_checked == 0  # not yet
+    runner.ended.add(extra.execution)  # it exited
+    time.sleep(0.6)
+    cp.reconciler.cycle_sync(force_poll=True)
+    job = cp.store.jobs.get(tid, 1)
+    assert runner.looks == [name] and runner.cancels == [] and (job.extra_checked, job.extra_stopped) == (1, 0)
+
+    cp.store.jobs.note_refused_claim(tid, 1)  # another one, which lingers: stopped after its own grace
+    third = runner.start(name)
+    cp.reconciler.cycle_sync(force_poll=True)
+    assert runner.cancels == []
+    time.sleep(0.6)
+    cp.reconciler.cycle_sync(force_poll=True)
+    assert runner.cancels == [(third.execution, "an extra execution of the attempt")]
+    assert cp.store.jobs.get(tid, 1).extra_stopped == 1
 
 
 def test_a_failed_look_is_left_for_the_next_cycle(cp: ControlPlane, runner: Executions) -> None:
