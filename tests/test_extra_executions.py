@@ -126,7 +126,8 @@ def test_the_reconciler_stops_an_extra_execution_and_says_so(cp: ControlPlane, r
     job = cp.store.jobs.get(tid, 1)
     assert (job.extra_claims, job.extra_checked, job.extra_stopped) == (1, 1, 1)
     [said] = [r for r in caplog.records if getattr(r, "action", None) == "extra_stopped"]
-    assert (said.task_id, said.attempt, said.provider, said.job_name) == (tid, 1, "local", name)  # type: ignore[attr-defined]
+    fields = ("task_id", "attempt", "provider", "job_name")
+    assert tuple(getattr(said, f) for f in fields) == (tid, 1, "local", name)
 
     cp.reconciler.cycle_sync(force_poll=True)  # looked into: not again
     assert runner.looks == [name] and len(runner.cancels) == 1
