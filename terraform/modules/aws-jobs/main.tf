@@ -15,13 +15,13 @@ locals {
   tags      = merge({ "controlplane:deployment" = var.name }, var.tags)
   batch_arn = "arn:${local.partition}:batch:${local.region}:${local.account}"
 
-  # ECR repositories of the images (as modules/aws reads them)
+  # ECR repositories of the images: those named, and each one an ECR image URI names
   ecr_uri = "^([0-9]{12})\\.dkr\\.ecr\\.([a-z0-9-]+)\\.amazonaws\\.com(?:\\.cn)?/([^:@]+)"
   ecr_repository_arns = distinct(concat(var.ecr_repository_arns, [for job in module.settings.jobs :
     format("arn:%s:ecr:%s:%s:repository/%s", local.partition, regex(local.ecr_uri, job.image)[1], regex(local.ecr_uri, job.image)[0], regex(local.ecr_uri, job.image)[2])
   if can(regex(local.ecr_uri, job.image))]))
 
-  # vCPU -> the memory (MiB) Fargate pairs with it (as in modules/aws)
+  # vCPU -> the memory (MiB) Fargate pairs with it (AWS Batch on Fargate: resourceRequirements)
   fargate_memory_mb = {
     "0.25" = [512, 1024, 2048]
     "0.5"  = range(1024, 4097, 1024)
@@ -34,13 +34,17 @@ locals {
 }
 
 module "settings" {
-  source        = "../settings"
-  name          = var.name
-  catalog       = var.catalog
-  provider_name = "aws_batch"
+  source           = "../settings"
+  name             = var.name
+  catalog          = var.catalog
+  provider_name    = "aws_batch"
+  provider_options = local.provider_options
+}
+
+locals {
   provider_options = { for tool, def in aws_batch_job_definition.tool : tool => {
     job_queue      = aws_batch_job_queue.this.name
-    job_definition = def.arn
+    job_definition = def.arn # pinned to the revision this apply made
     log_group      = aws_cloudwatch_log_group.jobs.name
   } }
 }
@@ -51,9 +55,10 @@ resource "aws_s3_bucket" "objects" {
   #checkov:skip=CKV_AWS_144:Task inputs, results and artifacts expire with their task; a replica in another region would outlive the retention the control plane enforces.
   #checkov:skip=CKV_AWS_21:Objects are written once and deleted when their task is purged; versioning would keep purged task data that retention must remove.
   #checkov:skip=CKV2_AWS_62:Nothing reacts to object events: the runner reports to the control plane itself.
-  #checkov:skip=CKV_AWS_145:SSE-S3 rather than a customer-managed KMS key, which costs a monthly fee while nothing runs; this module costs nothing idle.
-  bucket_prefix = "${var.name}-objects-"
-  force_destroy = true # task data only; the control plane purges it by its own retention
+  #checkov:skip=CKV_AWS_145:SSE-S3 unless kms_key_arn names a key: a customer-managed key costs a monthly fee while nothing runs, and this module alone costs nothing idle.
+  bucket        = var.bucket_name
+  bucket_prefix = var.bucket_name == null ? "${var.name}-objects-" : null
+  force_destroy = var.force_destroy # task data only; the control plane purges it by its own retention
   tags          = local.tags
 }
 
@@ -76,8 +81,10 @@ resource "aws_s3_bucket_server_side_encryption_configuration" "objects" {
   bucket = aws_s3_bucket.objects.id
   rule {
     apply_server_side_encryption_by_default {
-      sse_algorithm = "AES256"
+      sse_algorithm     = var.kms_key_arn == null ? "AES256" : "aws:kms"
+      kms_master_key_id = var.kms_key_arn
     }
+    bucket_key_enabled = var.kms_key_arn != null
   }
 }
 
@@ -118,9 +125,10 @@ resource "aws_s3_bucket_policy" "objects" {
 
 # ---- logs and network --------------------------------------------------------------------------
 resource "aws_cloudwatch_log_group" "jobs" {
-  #checkov:skip=CKV_AWS_158:CloudWatch's own encryption rather than a customer-managed KMS key, which costs a monthly fee while nothing runs.
+  #checkov:skip=CKV_AWS_158:CloudWatch's own encryption unless kms_key_arn names a key, which costs a monthly fee while nothing runs.
   name              = "/aws/batch/${var.name}"
   retention_in_days = var.log_retention_days
+  kms_key_id        = var.kms_key_arn
   tags              = local.tags
 }
 
@@ -129,6 +137,11 @@ resource "aws_security_group" "jobs" {
   description = "Batch jobs: no inbound; HTTPS out to S3, the registry, CloudWatch Logs and the control plane"
   vpc_id      = var.vpc_id
   tags        = local.tags
+  lifecycle {
+    # a new description would replace the group, and the compute environment's network with it:
+    # a group moved here from modules/aws keeps its own words
+    ignore_changes = [description]
+  }
 }
 
 resource "aws_vpc_security_group_egress_rule" "jobs_https" {

@@ -27,3 +27,23 @@ output "operator_policy" {
   description = "The IAM policy (JSON) the control plane's own credentials need: attach it to the user or role that runs it."
   value       = data.aws_iam_policy_document.operator.json
 }
+
+output "provider_options" {
+  description = "Tool -> the provider_options that point it at its job (the queue, its job definition, the log group), as the catalog output has them."
+  value       = local.provider_options
+}
+
+output "bucket" {
+  description = "The object store's bucket: name and ARN."
+  value       = { name = aws_s3_bucket.objects.bucket, arn = aws_s3_bucket.objects.arn }
+}
+
+output "job_queue_arn" {
+  description = "ARN of the jobs' queue."
+  value       = aws_batch_job_queue.this.arn
+}
+
+output "log_group_arn" {
+  description = "ARN of the jobs' CloudWatch log group."
+  value       = aws_cloudwatch_log_group.jobs.arn
+}

@@ -62,3 +62,21 @@ variable "tags" {
   type        = map(string)
   default     = {}
 }
+
+variable "kms_key_arn" {
+  description = "A customer-managed KMS key to encrypt the bucket and the jobs' log group with (its policy must let CloudWatch Logs use it); null: S3's and CloudWatch's own encryption, nothing billed while idle."
+  type        = string
+  default     = null
+}
+
+variable "bucket_name" {
+  description = "The bucket's name; null: `<name>-objects-` and a suffix AWS makes unique."
+  type        = string
+  default     = null
+}
+
+variable "force_destroy" {
+  description = "Whether `terraform destroy` may delete the bucket with task objects still in it."
+  type        = bool
+  default     = true
+}

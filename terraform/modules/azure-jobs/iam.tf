@@ -11,7 +11,7 @@ resource "azurerm_role_assignment" "job_objects" {
 }
 
 resource "azurerm_role_assignment" "job_pull" {
-  for_each             = var.registry == null ? {} : azurerm_container_app_job.tool
+  for_each             = var.registry == null || !var.job_acr_pull ? {} : azurerm_container_app_job.tool
   scope                = var.registry.id
   role_definition_name = "AcrPull"
   principal_id         = each.value.identity[0].principal_id

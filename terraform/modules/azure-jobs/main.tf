@@ -12,10 +12,14 @@ locals {
 }
 
 module "settings" {
-  source        = "../settings"
-  name          = var.name
-  catalog       = var.catalog
-  provider_name = "container_apps"
+  source           = "../settings"
+  name             = var.name
+  catalog          = var.catalog
+  provider_name    = "container_apps"
+  provider_options = local.provider_options
+}
+
+locals {
   provider_options = { for tool, job in azurerm_container_app_job.tool : tool => {
     job = job.id
   } }
@@ -42,12 +46,12 @@ resource "azurerm_storage_account" "objects" {
   #checkov:skip=CKV2_AZURE_1:Encrypted at rest with Microsoft-managed keys plus infrastructure encryption; a customer-managed key would need a Key Vault key and its own rotation.
   #checkov:skip=CKV_AZURE_33:The account has no queues.
   #checkov:skip=CKV_AZURE_43:The name is computed (the name without hyphens and a digest of the resource group id, cut to 24): lowercase letters and digits, as the rule asks; checkov cannot evaluate it.
-  #checkov:skip=CKV_AZURE_206:Task objects expire with their tasks; locally redundant storage is the cheapest idle, and what a laptop's jobs need.
+  #checkov:skip=CKV_AZURE_206:Task objects expire with their tasks; storage_replication picks LRS (the cheapest idle, what a laptop's jobs need) or ZRS (through a zone failure).
   name                              = local.storage_name
   resource_group_name               = azurerm_resource_group.this.name
   location                          = azurerm_resource_group.this.location
   account_tier                      = "Standard"
-  account_replication_type          = "LRS"
+  account_replication_type          = var.storage_replication
   account_kind                      = "StorageV2"
   min_tls_version                   = "TLS1_2"
   https_traffic_only_enabled        = true
@@ -103,6 +107,7 @@ resource "azurerm_container_app_job" "tool" {
     parallelism              = 1
     replica_completion_count = 1
   }
+  # Its own identity (system-assigned: no client id to pass, since each start replaces the env).
   identity {
     type = "SystemAssigned"
   }

@@ -56,3 +56,19 @@ variable "tags" {
   type        = map(string)
   default     = {}
 }
+
+variable "job_acr_pull" {
+  description = "Grant each job's identity AcrPull on `registry` here; false where the caller grants it."
+  type        = bool
+  default     = true
+}
+
+variable "storage_replication" {
+  description = "The storage account's replication: LRS (the cheapest), or ZRS to keep task objects through a zone failure."
+  type        = string
+  default     = "LRS"
+  validation {
+    condition     = contains(["LRS", "ZRS"], var.storage_replication)
+    error_message = "storage_replication: LRS or ZRS."
+  }
+}

@@ -6,7 +6,7 @@
 locals {
   labels     = merge({ "controlplane-deployment" = var.name }, var.labels)
   job_prefix = "projects/${var.project}/locations/${var.region}/jobs"
-  # vCPU -> [least, most] memory (MiB) a Cloud Run job takes with it (as in modules/gcp)
+  # vCPU -> [least, most] memory (MiB) a Cloud Run job takes with it (at least 1 vCPU for a job)
   cloud_run_memory_mb = {
     "1" = [512, 4096]
     "2" = [512, 8192]
@@ -17,18 +17,22 @@ locals {
 }
 
 module "settings" {
-  source        = "../settings"
-  name          = var.name
-  catalog       = var.catalog
-  provider_name = "cloud_run"
+  source           = "../settings"
+  name             = var.name
+  catalog          = var.catalog
+  provider_name    = "cloud_run"
+  provider_options = local.provider_options
+}
+
+locals {
   provider_options = { for tool, job in google_cloud_run_v2_job.tool : tool => {
     job = "${local.job_prefix}/${job.name}"
   } }
 }
 
 resource "google_project_service" "apis" {
-  for_each = toset(["run.googleapis.com", "iam.googleapis.com", "iamcredentials.googleapis.com",
-  "logging.googleapis.com", "storage.googleapis.com"])
+  for_each = toset(var.enable_apis ? ["run.googleapis.com", "iam.googleapis.com", "iamcredentials.googleapis.com",
+  "logging.googleapis.com", "storage.googleapis.com"] : [])
   project            = var.project
   service            = each.value
   disable_on_destroy = false
@@ -42,7 +46,7 @@ resource "google_storage_bucket" "objects" {
   location                    = var.region
   uniform_bucket_level_access = true
   public_access_prevention    = "enforced"
-  force_destroy               = true # task data only; the control plane purges it by its own retention
+  force_destroy               = var.force_destroy # task data only; the control plane purges it by its own retention
   labels                      = local.labels
   depends_on                  = [google_project_service.apis]
   lifecycle_rule {
@@ -65,6 +69,7 @@ resource "google_service_account" "jobs" {
 # Artifact links are V4 signed URLs; gcloud's user credentials hold no key, so the control plane
 # signs through IAM signBlob as this account (CONTROLPLANE_GCS_SIGNER_EMAIL).
 resource "google_service_account" "signer" {
+  count        = var.signer ? 1 : 0
   project      = var.project
   account_id   = "${var.name}-signer"
   display_name = "${var.name}: signs the control plane's artifact links"
@@ -72,9 +77,10 @@ resource "google_service_account" "signer" {
 }
 
 resource "google_storage_bucket_iam_member" "signer" {
+  count  = var.signer ? 1 : 0
   bucket = google_storage_bucket.objects.name
   role   = "roles/storage.objectUser"
-  member = google_service_account.signer.member
+  member = google_service_account.signer[0].member
 }
 
 resource "google_storage_bucket_iam_member" "jobs" {
@@ -167,8 +173,8 @@ resource "google_storage_bucket_iam_member" "operator" {
 }
 
 resource "google_service_account_iam_member" "operator_signs" {
-  count              = var.operator_member == null ? 0 : 1
-  service_account_id = google_service_account.signer.name
+  count              = var.operator_member == null || !var.signer ? 0 : 1
+  service_account_id = google_service_account.signer[0].name
   role               = "roles/iam.serviceAccountTokenCreator"
   member             = var.operator_member
 }

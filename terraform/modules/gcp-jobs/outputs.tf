@@ -2,7 +2,7 @@ output "environment" {
   description = "The CONTROLPLANE_* settings to give the control plane (export them, or put them in its environment)."
   value = {
     CONTROLPLANE_OBJECT_STORE_URL = "gs://${google_storage_bucket.objects.name}"
-    CONTROLPLANE_GCS_SIGNER_EMAIL = google_service_account.signer.email
+    CONTROLPLANE_GCS_SIGNER_EMAIL = one(google_service_account.signer[*].email)
     CONTROLPLANE_JOB_STORE_ACCESS = var.job_store_access
   }
 }
@@ -21,4 +21,14 @@ output "jobs" {
     cpu       = module.settings.jobs[tool].cpu
     memory_mb = module.settings.jobs[tool].memory_mb
   } }
+}
+
+output "provider_options" {
+  description = "Tool -> the provider_options that point it at its Cloud Run job, as the catalog output has them."
+  value       = local.provider_options
+}
+
+output "bucket" {
+  description = "The object store's bucket."
+  value       = google_storage_bucket.objects.name
 }

@@ -44,3 +44,21 @@ variable "labels" {
   type        = map(string)
   default     = {}
 }
+
+variable "signer" {
+  description = "Make a service account that signs artifact links (CONTROLPLANE_GCS_SIGNER_EMAIL), which a control plane on user credentials needs; false where it runs as a service account that signs as itself."
+  type        = bool
+  default     = true
+}
+
+variable "enable_apis" {
+  description = "Turn on the Google APIs the jobs need; false where the caller turns them on (and makes the module depend on it)."
+  type        = bool
+  default     = true
+}
+
+variable "force_destroy" {
+  description = "Whether `terraform destroy` may delete the bucket with task objects still in it."
+  type        = bool
+  default     = true
+}
