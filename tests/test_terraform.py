@@ -72,6 +72,27 @@ def resources(directory: Path) -> list[tuple[str, str, dict[str, Any]]]:
     return found
 
 
+def jobs_module(cloud: str) -> Path:
+    """The jobs-only module a cloud's full module calls for its jobs (its `module "jobs"`)."""
+    full = TERRAFORM / "modules" / cloud
+    return (full / unquote(blocks(full, "module")["jobs"]["source"])).resolve()
+
+
+def deployed_resources(cloud: str) -> list[tuple[str, str, dict[str, Any]]]:
+    """The resources a cloud's full module makes: its own and its jobs module's."""
+    return resources(TERRAFORM / "modules" / cloud) + resources(jobs_module(cloud))
+
+
+def output_value(directory: Path, name: str) -> tuple[Path, str]:
+    """An output's value expression, followed through `${module.X.Y}` to the module that makes it."""
+    value = blocks(directory, "output")[name]["value"]
+    m = re.fullmatch(r"\$\{module\.(\w+)\.(\w+)\}", value) if isinstance(value, str) else None
+    if m is None:
+        return directory, value
+    called = (directory / unquote(blocks(directory, "module")[m.group(1)]["source"])).resolve()
+    return output_value(called, m.group(2))
+
+
 def code(directory: Path) -> str:
     """The directory's .tf text without comment lines."""
     return "\n".join(ln for tf in sorted(directory.glob("*.tf")) for ln in tf.read_text().splitlines()
@@ -112,6 +133,67 @@ def test_module_inputs_exist_in_the_module_and_required_ones_are_given(directory
         assert given <= set(wanted), f"module {name} is given inputs {sorted(given - set(wanted))} it does not have"
         required = {v for v, spec in wanted.items() if "default" not in spec}
         assert required <= given, f"module {name} is not given its required inputs {sorted(required - given)}"
+
+
+@pytest.mark.parametrize("cloud", sorted(CLOUDS))
+def test_each_full_module_makes_its_jobs_with_its_jobs_module_and_passes_its_variables_through(cloud: str) -> None:
+    """modules/<cloud> calls modules/<cloud>-jobs for the jobs, makes no job (nor anything per
+    catalog tool) itself, and gives the jobs module each variable the two share by name as it was
+    given it."""
+    full = TERRAFORM / "modules" / cloud
+    assert jobs_module(cloud) == TERRAFORM / "modules" / f"{cloud}-jobs"
+    mine = [(rtype, name) for rtype, name, body in resources(full) if "module.settings.jobs" in str(body.get("for_each"))]
+    assert not mine and not any(rtype == CLOUDS[cloud] and name == "tool" for rtype, name, _b in resources(full)), mine
+    call = blocks(full, "module")["jobs"]
+    shared = set(blocks(full, "variable")) & set(blocks(jobs_module(cloud), "variable"))
+    assert {"name", "catalog"} <= shared
+    for variable in shared:
+        assert call.get(variable) == f"${{var.{variable}}}", f"{cloud}: module jobs is not given var.{variable}"
+
+
+ADDRESSES = ROOT / "tests" / "terraform_addresses.txt"
+
+
+def moved_blocks(directory: Path) -> dict[str, str]:
+    """from -> to of every `moved` block in a module."""
+    return {unquote(b["from"]).strip("${}"): unquote(b["to"]).strip("${}")
+            for tf in sorted(directory.glob("*.tf")) for b in parsed(tf).get("moved", [])}
+
+
+def declares(directory: Path, address: str) -> bool:
+    """Whether a module declares the resource an address names (`module.X.` followed into module
+    X's source; an instance key, `[0]` or `["k"]`, needs the resource's count or for_each)."""
+    m = re.fullmatch(r"module\.(\w+)\.(.+)", address)
+    if m:
+        calls = blocks(directory, "module")
+        return m.group(1) in calls and declares((directory / unquote(calls[m.group(1)]["source"])).resolve(), m.group(2))
+    m = re.fullmatch(r"(\w+)\.(\w+)(\[.+\])?", address)
+    assert m, f"cannot read the address {address!r}"
+    found = [body for rtype, name, body in resources(directory) if (rtype, name) == m.group(1, 2)]
+    if not found or m.group(3) is None:
+        return bool(found)
+    return ("count" if m.group(3)[1:-1].isdigit() else "for_each") in found[0]
+
+
+@pytest.mark.parametrize("directory", MODULES, ids=lambda p: str(p.relative_to(TERRAFORM)))
+def test_every_address_a_deployment_holds_is_declared_or_moved_where_it_is(directory: Path) -> None:
+    """A resource a module no longer declares would be destroyed, and made again under its new
+    address, unless a `moved` block says where it went: each address tests/terraform_addresses.txt
+    lists is declared where it was, or moved to an address its module (or a module it calls)
+    declares. Every resource the module declares is listed, so the list stays whole."""
+    listed = {line.split()[1] for line in ADDRESSES.read_text().splitlines()
+              if line.strip() and not line.startswith("#") and line.split()[0] == directory.name}
+    moved = moved_blocks(directory)
+    declared = {f"{rtype}.{name}" for rtype, name, _b in resources(directory)}
+    assert declared <= listed, f"not in {ADDRESSES.name}: {sorted(declared - listed)}"
+    for address in sorted(listed):
+        if address in moved:
+            assert declares(directory, moved[address]), f"{address} is moved to {moved[address]}, which nothing declares"
+        else:
+            assert address in declared, f"{address} is gone from {directory.name} with no moved block"
+    for source, target in moved.items():
+        assert declares(directory, target), f"moved {source} -> {target}: nothing declares {target}"
+        assert source not in declared or target.startswith(f"{source}["), f"moved {source}: still declared here"
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
@@ -223,7 +305,7 @@ def tf_string(v: Any) -> str:
 
 def job_resource(cloud: str) -> tuple[str, dict[str, Any]]:
     """The one resource of the module made per catalog tool."""
-    per_tool = [(rtype, body) for rtype, _name, body in resources(TERRAFORM / "modules" / cloud)
+    per_tool = [(rtype, body) for rtype, _name, body in deployed_resources(cloud)
                 if body.get("for_each") == "${module.settings.jobs}"]
     assert len(per_tool) == 1, f"{cloud}: {len(per_tool)} resources are made per catalog tool"
     assert per_tool[0][0] == CLOUDS[cloud]
@@ -283,7 +365,7 @@ def test_every_catalog_tool_gets_one_job_with_its_image_cpu_and_memory(cloud: st
 
 @pytest.mark.parametrize("cloud", sorted(CLOUDS))
 def test_the_jobs_output_has_what_catalog_check_compares(cloud: str) -> None:
-    [value] = [body["value"] for name, body in blocks(TERRAFORM / "modules" / cloud, "output").items() if name == "jobs"]
+    _where, value = output_value(TERRAFORM / "modules" / cloud, "jobs")
     assert value.startswith(f"${{{{for tool, ") and f" in {CLOUDS[cloud]}.tool : tool => " in value
     for key in ("name", "id", "image", "cpu", "memory_mb"):
         assert re.search(rf"[{{,] ?{key} = ", value), f"{cloud}: the jobs output has no {key}"
@@ -306,7 +388,7 @@ def test_the_catalog_the_server_is_given_loads_on_that_clouds_provider(cloud: st
     text = parsed(TERRAFORM / "modules" / "settings" / "main.tf")["locals"][0]["server_catalog"]
     assert "provider = var.provider_name" in text and "merge(rc, {provider_options = {}})" in text
     provider, options = PROVIDER_OPTIONS[cloud]
-    assert f'provider_name = "{provider}"' in (TERRAFORM / "modules" / cloud / "main.tf").read_text()
+    assert re.search(rf'provider_name\s+= "{provider}"', (TERRAFORM / "modules" / cloud / "main.tf").read_text())
     data = json.loads(json.dumps(exported["catalog"]))
     for rc in data["resource_classes"].values():
         rc["provider_options"] = {}
@@ -331,18 +413,27 @@ STORAGE_GRANTS = {  # what could give an identity a way into the bucket
 def test_job_identities_hold_no_storage_permission_and_jobs_use_grants(cloud: str) -> None:
     """A job reaches only its own attempt's keys, through URLs the control plane signs
     (CONTROLPLANE_JOB_STORE_ACCESS=grants, set for every cloud by the settings module): no policy,
-    role or bucket binding names a job identity, except Azure's AcrPull to pull its image."""
-    directory = TERRAFORM / "modules" / cloud
-    for rtype, name, body in resources(directory):
-        if rtype not in STORAGE_GRANTS[cloud]:
-            continue
-        text = json.dumps(body)
-        if re.search(JOB_IDENTITY[cloud], text):
+    role or bucket binding names a job identity, except Azure's AcrPull to pull its image. The
+    jobs module's own grants (for job_store_access = "identity") are made only when asked for,
+    and the full module asks for "grants"."""
+    full = TERRAFORM / "modules" / cloud
+    assert unquote(blocks(full, "module")["jobs"]["job_store_access"]) == "grants"
+    identity_only = re.compile(r'^\$\{var\.job_store_access == "identity" \? ')
+    for directory in (full, jobs_module(cloud)):
+        for rtype, name, body in resources(directory):
+            if rtype not in STORAGE_GRANTS[cloud]:
+                continue
+            text = json.dumps(body)
+            if not re.search(JOB_IDENTITY[cloud], text):
+                continue
+            if directory != full and identity_only.match(str(body.get("count", body.get("for_each", "")))):
+                continue
             assert cloud == "azure" and unquote(body.get("role_definition_name", "")) == "AcrPull", \
                 f"{rtype}.{name} grants a job"
-    if cloud == "aws":  # the job role has no policy document at all
-        docs = {unquote(name) for tf in directory.glob("*.tf") for block in parsed(tf).get("data", [])
-                for rtype, named in block.items() if unquote(rtype) == "aws_iam_policy_document" for name in named}
+    if cloud == "aws":  # the job role has no policy document but the one for "identity"
+        docs = {unquote(name) for directory in (full, jobs_module(cloud)) for tf in directory.glob("*.tf")
+                for block in parsed(tf).get("data", []) for rtype, named in block.items()
+                if unquote(rtype) == "aws_iam_policy_document" for name in named}
         assert "job_execution" in docs and "job" not in docs
     [env] = [body["value"] for name, body in blocks(TERRAFORM / "modules" / "settings", "output").items()
              if name == "environment"]

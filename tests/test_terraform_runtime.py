@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.test_terraform import TERRAFORM, blocks, exported, parsed, resources  # noqa: F401 - a fixture
+from tests.test_terraform import TERRAFORM, blocks, deployed_resources, exported, jobs_module, parsed, resources  # noqa: F401 - a fixture
 
 SAMPLES = {  # an interpolation's text -> what Terraform would put there
     r'join(",", var.private_subnet_ids)': "subnet-0a1,subnet-0b2",
@@ -88,7 +88,8 @@ def test_azure_job_role_stops_one_execution_and_its_name_is_unique_per_resource_
               if rtype == "azurerm_role_definition" and name == "job_runner"]
     actions = [a.strip('"') for a in role["permissions"][0]["actions"]]
     assert "Microsoft.App/jobs/stop/execution/action" in actions and "Microsoft.App/jobs/stop/action" not in actions
-    assert "azurerm_resource_group.this.id" in role["name"]  # role names are unique per tenant
+    # role names are unique per tenant: the name carries a digest of the resource group's id
+    assert re.search(r"sha256\((azurerm_resource_group\.this|local\.resource_group)\.id\)", role["name"]), role["name"]
 
 
 def test_azure_apps_wait_for_the_role_assignments_they_use() -> None:
@@ -172,10 +173,18 @@ def test_gcp_waits_for_its_apis_in_a_fresh_project() -> None:
     [apis] = [body for rtype, name, body in resources(directory) if rtype == "google_project_service"]
     assert "cloudresourcemanager.googleapis.com" in apis["for_each"]
     waits = "${google_project_service.apis}"
-    for rtype, name, body in resources(directory):
-        if rtype in ("google_service_account", "google_project_iam_custom_role", "google_storage_bucket",
-                     "google_sql_database_instance", "google_compute_global_address"):
-            assert waits in body.get("depends_on", []), f"{rtype}.{name} does not wait for the APIs"
+    for module in (directory, jobs_module("gcp")):  # each waits for the APIs its own module turns on
+        for rtype, name, body in resources(module):
+            if rtype in ("google_service_account", "google_project_iam_custom_role", "google_storage_bucket",
+                         "google_sql_database_instance", "google_compute_global_address"):
+                assert waits in body.get("depends_on", []), f"{module.name}: {rtype}.{name} does not wait for the APIs"
+    # ...and the jobs module, told to leave the APIs to the full module, waits for the full module's,
+    # which include every one it would turn on itself
+    call = blocks(directory, "module")["jobs"]
+    assert call["enable_apis"] is False and call["depends_on"] == [waits]
+    [own] = [body for rtype, name, body in resources(jobs_module("gcp")) if rtype == "google_project_service"]
+    assert "var.enable_apis ?" in own["for_each"]
+    assert set(re.findall(r'"([\w.]+\.googleapis\.com)"', own["for_each"])) <= set(re.findall(r'"([\w.]+\.googleapis\.com)"', apis["for_each"]))
     [project] = [b['"google_project"']['"this"'] for tf in directory.glob("*.tf") for b in parsed(tf).get("data", [])
                  if '"google_project"' in b]
     assert project["depends_on"] == [waits]
@@ -210,21 +219,23 @@ def test_gcp_refuses_what_cloud_run_would_at_plan(exported: dict[str, Any]) -> N
     """Job names over 63 characters or taking the migration job's name, and a catalog over Cloud
     Run's 32,768 characters for one env value, are refused by preconditions; the default catalog
     fits with room to spare."""
-    found = {(rtype, name): body for rtype, name, body in resources(TERRAFORM / "modules" / "gcp")}
+    found = {(rtype, name): body for rtype, name, body in deployed_resources("gcp")}
     job_pre = found[("google_cloud_run_v2_job", "tool")]["lifecycle"][0]["precondition"][0]
-    assert "<= 63" in job_pre["condition"] and '!= "${var.name}-migrate"' in job_pre["condition"]
+    assert "<= 63" in job_pre["condition"]
+    migrate = '${!contains(values(module.settings.job_names), "${var.name}-migrate")}'  # no tool's job takes its name
+    assert [p["condition"] for p in found[("google_cloud_run_v2_job", "migrate")]["lifecycle"][0]["precondition"]] == [migrate]
     [svc_pre] = found[("google_cloud_run_v2_service", "server")]["lifecycle"][0]["precondition"]
     assert svc_pre["condition"] == "${length(local.server_env.CONTROLPLANE_CATALOG_JSON) <= 32768}"
     assert len(json.dumps(exported["catalog"], separators=(",", ":"))) < 32768 // 2
     az_pre = [b for rtype, name, b in resources(TERRAFORM / "modules" / "azure")
-              if (rtype, name) == ("azurerm_container_app_job", "tool")][0]["lifecycle"][0]["precondition"][0]
-    assert '!= "${var.name}-migrate"' in az_pre["condition"]
+              if (rtype, name) == ("azurerm_container_app_job", "migrate")][0]["lifecycle"][0]["precondition"]
+    assert [p["condition"] for p in az_pre] == [migrate]
 
 
 # ---- job shapes: what each cloud accepts, refused at plan otherwise ------------------------------
 def shape_table(cloud: str, name: str) -> dict[str, list[int]]:
     """A locals table of vCPU -> memory, its range(a, b, c) entries expanded as Terraform does."""
-    [table] = [b[name] for tf in (TERRAFORM / "modules" / cloud).glob("main.tf") for b in parsed(tf)["locals"] if name in b]
+    [table] = [b[name] for tf in jobs_module(cloud).glob("main.tf") for b in parsed(tf)["locals"] if name in b]
     out = {}
     for cpu, value in table.items():
         m = re.fullmatch(r"\$\{range\((\d+), (\d+), (\d+)\)\}", str(value))
@@ -266,7 +277,7 @@ def test_each_job_shape_is_one_the_cloud_runs_and_gpus_are_refused_at_plan(cloud
     """A resource class whose cpu/memory the cloud would refuse (or whose GPU it would drop, or
     the server refuse) fails the plan naming the tool; the default catalog's classes pass."""
     condition, means = SHAPE_CONDITIONS[cloud]
-    [job] = [body for rtype, name, body in resources(TERRAFORM / "modules" / cloud) if name == "tool"
+    [job] = [body for rtype, name, body in deployed_resources(cloud) if name == "tool"
              and rtype in ("aws_batch_job_definition", "google_cloud_run_v2_job", "azurerm_container_app_job")]
     assert condition in [p["condition"] for p in job["lifecycle"][0]["precondition"]]
     for (cpu, memory_mb, gpu), accepted in SHAPES[cloud].items():
@@ -279,7 +290,7 @@ def test_azure_tool_jobs_have_no_network_path_to_the_database() -> None:
     """Tool code is not vetted: on AWS and Google the jobs' network reaches no database. On Azure
     the database NSG admits the apps' subnet, so the tool jobs run in an environment outside the
     VNet; the server and the migration stay in the VNet-integrated one."""
-    found = {(rtype, name): body for rtype, name, body in resources(TERRAFORM / "modules" / "azure")}
+    found = {(rtype, name): body for rtype, name, body in deployed_resources("azure")}
     jobs_env = found[("azurerm_container_app_job", "tool")]["container_app_environment_id"]
     env_name = re.fullmatch(r"\$\{azurerm_container_app_environment\.(\w+)\.id\}", jobs_env)
     assert env_name, jobs_env

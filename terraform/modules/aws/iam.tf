@@ -41,7 +41,7 @@ data "aws_iam_policy_document" "server" {
   statement {
     sid       = "SubmitToItsQueueWithItsJobDefinitions"
     actions   = ["batch:SubmitJob"]
-    resources = concat([aws_batch_job_queue.this.arn], local.job_def_arns)
+    resources = concat([module.jobs.job_queue_arn], local.job_def_arns)
   }
   statement {
     sid       = "TagAndStopJobs" # job ARNs carry an id Batch picks: they can be named no closer
@@ -56,17 +56,17 @@ data "aws_iam_policy_document" "server" {
   statement {
     sid       = "ReadItsJobsLogs"
     actions   = ["logs:GetLogEvents"] # the provider reads each job's own stream, never filters
-    resources = ["${aws_cloudwatch_log_group.jobs.arn}:log-stream:*", aws_cloudwatch_log_group.jobs.arn]
+    resources = ["${module.jobs.log_group_arn}:log-stream:*", module.jobs.log_group_arn]
   }
   statement {
     sid       = "ItsBucket" # PutObject and GetObject also sign the jobs' upload and input URLs
     actions   = ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"]
-    resources = ["${aws_s3_bucket.objects.arn}/*"]
+    resources = ["${module.jobs.bucket.arn}/*"]
   }
   statement {
     sid       = "ListItsBucket"
     actions   = ["s3:ListBucket"]
-    resources = [aws_s3_bucket.objects.arn]
+    resources = [module.jobs.bucket.arn]
   }
   statement {
     sid       = "ItsKey"
@@ -133,38 +133,6 @@ resource "aws_iam_role_policy" "execution" {
   policy = data.aws_iam_policy_document.execution.json
 }
 
-# ---- Batch jobs -------------------------------------------------------------------------------
-# The job role: what the runner (and the tool) can do with AWS, which is nothing. A job reads its
-# inputs and writes its result, events and artifacts through URLs the control plane presigns for
-# its own attempt's keys (CONTROLPLANE_JOB_STORE_ACCESS=grants), so it holds no S3 or KMS
-# permission and cannot reach another task's objects.
-resource "aws_iam_role" "job" {
-  name               = "${var.name}-job"
-  assume_role_policy = data.aws_iam_policy_document.ecs_tasks_assume.json
-  tags               = local.tags
-}
-
-resource "aws_iam_role" "job_execution" {
-  name               = "${var.name}-job-execution"
-  assume_role_policy = data.aws_iam_policy_document.ecs_tasks_assume.json
-  tags               = local.tags
-}
-
-data "aws_iam_policy_document" "job_execution" {
-  source_policy_documents = [data.aws_iam_policy_document.ecr_pull.json]
-  statement {
-    sid       = "WriteJobLogs"
-    actions   = ["logs:CreateLogStream", "logs:PutLogEvents"]
-    resources = ["${aws_cloudwatch_log_group.jobs.arn}:log-stream:*"]
-  }
-}
-
-resource "aws_iam_role_policy" "job_execution" {
-  name   = "job-execution"
-  role   = aws_iam_role.job_execution.id
-  policy = data.aws_iam_policy_document.job_execution.json
-}
-
 # ---- RDS enhanced monitoring -----------------------------------------------------------------
 data "aws_iam_policy_document" "rds_monitoring_assume" {
   statement {
@@ -192,25 +160,9 @@ resource "aws_iam_role_policy_attachment" "rds_monitoring" {
   policy_arn = "arn:${local.partition}:iam::aws:policy/service-role/AmazonRDSEnhancedMonitoringRole"
 }
 
-# ---- resource policies -------------------------------------------------------------------------
-data "aws_iam_policy_document" "bucket" {
-  statement {
-    sid     = "DenyPlainHttp"
-    effect  = "Deny"
-    actions = ["s3:*"]
-    resources = [aws_s3_bucket.objects.arn, "${aws_s3_bucket.objects.arn}/*"]
-    principals {
-      type        = "*"
-      identifiers = ["*"]
-    }
-    condition {
-      test     = "Bool"
-      variable = "aws:SecureTransport"
-      values   = ["false"]
-    }
-  }
-}
-
+# ---- the key's policy ----------------------------------------------------------------------------
+# The jobs' roles, with none on the bucket (job_store_access = "grants": a job reaches its own
+# attempt's keys through URLs the control plane presigns), are modules/aws-jobs'.
 data "aws_iam_policy_document" "kms" {
   #checkov:skip=CKV_AWS_111:This is a key policy: its "*" resource is this one key, and the account-root statement is the AWS default that lets IAM policies (iam.tf) grant use of it.
   #checkov:skip=CKV_AWS_356:This is a key policy: "*" names the key the policy is attached to, nothing else.

@@ -1,6 +1,7 @@
-# The control plane on AWS: ECS Fargate behind an HTTPS load balancer, RDS PostgreSQL, AWS Batch
-# (Fargate) with one job definition per catalog tool, an S3 bucket, CloudWatch logs and Secrets
-# Manager, all encrypted with one customer-managed KMS key. IAM is in iam.tf.
+# The control plane on AWS: ECS Fargate behind an HTTPS load balancer, RDS PostgreSQL, CloudWatch
+# logs and Secrets Manager, all encrypted with one customer-managed KMS key; its jobs (AWS Batch on
+# Fargate, one job definition per catalog tool, the bucket, the jobs' roles) are modules/aws-jobs'.
+# IAM is in iam.tf; moved.tf keeps deployments made before the split in place.
 
 data "aws_caller_identity" "current" {}
 data "aws_region" "current" {}
@@ -16,25 +17,38 @@ locals {
   tags        = merge({ "controlplane:deployment" = var.name }, var.tags)
 
   server_env = merge(module.settings.environment, {
-    CONTROLPLANE_OBJECT_STORE_URL = "s3://${aws_s3_bucket.objects.bucket}"
+    CONTROLPLANE_OBJECT_STORE_URL = "s3://${module.jobs.bucket.name}"
     CONTROLPLANE_AWS_BATCH_REGION = local.region
   })
 }
 
-# The catalog drives the jobs: one job definition per tool (below), and the server's catalog
-# points each tool at its own.
+# The catalog drives the jobs: one job definition per tool (modules/aws-jobs), and the server's
+# catalog points each tool at its own.
+module "jobs" {
+  source              = "../aws-jobs"
+  name                = var.name
+  catalog             = var.catalog
+  vpc_id              = var.vpc_id
+  subnet_ids          = var.private_subnet_ids
+  assign_public_ip    = false
+  job_store_access    = "grants" # as the settings module tells the server
+  max_vcpus           = var.batch_max_vcpus
+  log_retention_days  = var.log_retention_days
+  ecr_repository_arns = var.ecr_repository_arns
+  kms_key_arn         = aws_kms_key.this.arn
+  bucket_name         = local.bucket_name
+  force_destroy       = !var.deletion_protection
+  tags                = var.tags
+}
+
 module "settings" {
-  source        = "../settings"
-  name          = var.name
-  catalog       = var.catalog
-  provider_name = "aws_batch"
-  provider_options = { for tool, def in aws_batch_job_definition.tool : tool => {
-    job_queue      = aws_batch_job_queue.this.name
-    job_definition = def.arn # pinned to the revision this apply made
-    log_group      = aws_cloudwatch_log_group.jobs.name
-  } }
-  oauth      = var.oauth
-  public_url = local.public_url
+  source           = "../settings"
+  name             = var.name
+  catalog          = var.catalog
+  provider_name    = "aws_batch"
+  provider_options = module.jobs.provider_options
+  oauth            = var.oauth
+  public_url       = local.public_url
 }
 
 # ---- encryption --------------------------------------------------------------------------------
@@ -50,70 +64,9 @@ resource "aws_kms_alias" "this" {
   target_key_id = aws_kms_key.this.key_id
 }
 
-# ---- object store ------------------------------------------------------------------------------
-resource "aws_s3_bucket" "objects" {
-  #checkov:skip=CKV_AWS_18:Access to task objects is through the roles in iam.tf and signed links; operators who need an access log enable CloudTrail S3 data events for the account.
-  #checkov:skip=CKV_AWS_144:Task inputs, results and artifacts expire with their task; a replica in another region would outlive the retention the control plane enforces.
-  #checkov:skip=CKV_AWS_21:Objects are written once and deleted when their task is purged; versioning would keep purged task data that retention must remove.
-  #checkov:skip=CKV2_AWS_62:Nothing reacts to object events: the runner reports to the control plane itself.
-  bucket        = local.bucket_name
-  force_destroy = !var.deletion_protection
-  tags          = local.tags
-}
-
-resource "aws_s3_bucket_public_access_block" "objects" {
-  bucket                  = aws_s3_bucket.objects.id
-  block_public_acls       = true
-  block_public_policy     = true
-  ignore_public_acls      = true
-  restrict_public_buckets = true
-}
-
-resource "aws_s3_bucket_ownership_controls" "objects" {
-  bucket = aws_s3_bucket.objects.id
-  rule {
-    object_ownership = "BucketOwnerEnforced"
-  }
-}
-
-resource "aws_s3_bucket_server_side_encryption_configuration" "objects" {
-  bucket = aws_s3_bucket.objects.id
-  rule {
-    apply_server_side_encryption_by_default {
-      sse_algorithm     = "aws:kms"
-      kms_master_key_id = aws_kms_key.this.arn
-    }
-    bucket_key_enabled = true
-  }
-}
-
-resource "aws_s3_bucket_lifecycle_configuration" "objects" {
-  bucket = aws_s3_bucket.objects.id
-  rule {
-    id     = "abort-incomplete-uploads"
-    status = "Enabled"
-    filter {}
-    abort_incomplete_multipart_upload {
-      days_after_initiation = 2
-    }
-  }
-}
-
-resource "aws_s3_bucket_policy" "objects" {
-  bucket = aws_s3_bucket.objects.id
-  policy = data.aws_iam_policy_document.bucket.json
-}
-
 # ---- logs --------------------------------------------------------------------------------------
 resource "aws_cloudwatch_log_group" "service" {
   name              = "/ecs/${var.name}"
-  retention_in_days = var.log_retention_days
-  kms_key_id        = aws_kms_key.this.arn
-  tags              = local.tags
-}
-
-resource "aws_cloudwatch_log_group" "jobs" {
-  name              = "/aws/batch/${var.name}"
   retention_in_days = var.log_retention_days
   kms_key_id        = aws_kms_key.this.arn
   tags              = local.tags
@@ -194,22 +147,6 @@ resource "aws_vpc_security_group_ingress_rule" "db_from_service" {
   ip_protocol                  = "tcp"
   from_port                    = 5432
   to_port                      = 5432
-}
-
-resource "aws_security_group" "jobs" {
-  name        = "${var.name}-jobs"
-  description = "Batch jobs: no inbound; HTTPS out to S3, the registry and the control plane's callback URL"
-  vpc_id      = var.vpc_id
-  tags        = local.tags
-}
-
-resource "aws_vpc_security_group_egress_rule" "jobs_https" {
-  security_group_id = aws_security_group.jobs.id
-  description       = "S3, the image registry, CloudWatch Logs and the control plane's public URL"
-  cidr_ipv4         = "0.0.0.0/0"
-  ip_protocol       = "tcp"
-  from_port         = 443
-  to_port           = 443
 }
 
 # ---- database ----------------------------------------------------------------------------------
@@ -302,92 +239,6 @@ resource "aws_secretsmanager_secret" "secret_key" {
 resource "aws_secretsmanager_secret_version" "secret_key" {
   secret_id     = aws_secretsmanager_secret.secret_key.id
   secret_string = random_password.secret_key.result
-}
-
-# ---- AWS Batch: one job definition per catalog tool ---------------------------------------------
-locals {
-  # vCPU -> the memory (MiB) Fargate pairs with it (AWS Batch on Fargate: resourceRequirements)
-  fargate_memory_mb = {
-    "0.25" = [512, 1024, 2048]
-    "0.5"  = range(1024, 4097, 1024)
-    "1"    = range(2048, 8193, 1024)
-    "2"    = range(4096, 16385, 1024)
-    "4"    = range(8192, 30721, 1024)
-    "8"    = range(16384, 61441, 4096)
-    "16"   = range(32768, 122881, 8192)
-  }
-}
-
-resource "aws_batch_compute_environment" "this" {
-  name_prefix = "${var.name}-" # hashicorp/aws 6.0 renamed compute_environment_name_prefix
-  type        = "MANAGED"
-  compute_resources {
-    type               = "FARGATE"
-    max_vcpus          = var.batch_max_vcpus
-    subnets            = var.private_subnet_ids
-    security_group_ids = [aws_security_group.jobs.id]
-  }
-  tags = local.tags
-  lifecycle {
-    create_before_destroy = true
-  }
-}
-
-resource "aws_batch_job_queue" "this" {
-  name     = var.name
-  state    = "ENABLED"
-  priority = 1
-  compute_environment_order {
-    order               = 1
-    compute_environment = aws_batch_compute_environment.this.arn
-  }
-  tags = local.tags
-}
-
-resource "aws_batch_job_definition" "tool" {
-  for_each              = module.settings.jobs
-  name                  = module.settings.job_names[each.key]
-  type                  = "container"
-  platform_capabilities = ["FARGATE"]
-  propagate_tags        = true
-  retry_strategy {
-    attempts = 1 # the control plane retries by its catalog's policy
-  }
-  timeout {
-    attempt_duration_seconds = each.value.max_runtime_s + 600 # a backstop: the control plane stops jobs itself
-  }
-  container_properties = jsonencode({
-    image = each.value.image
-    resourceRequirements = [
-      { type = "VCPU", value = tostring(each.value.cpu) },
-      { type = "MEMORY", value = tostring(each.value.memory_mb) },
-    ]
-    jobRoleArn       = aws_iam_role.job.arn
-    executionRoleArn = aws_iam_role.job_execution.arn
-    networkConfiguration = { assignPublicIp = "DISABLED" }
-    fargatePlatformConfiguration = { platformVersion = "LATEST" }
-    readonlyRootFilesystem = false # the runner's scratch directory lives in the container's /tmp
-    logConfiguration = {
-      logDriver = "awslogs"
-      options = {
-        "awslogs-group"         = aws_cloudwatch_log_group.jobs.name
-        "awslogs-region"        = local.region
-        "awslogs-stream-prefix" = module.settings.job_names[each.key]
-      }
-    }
-  })
-  tags = merge(local.tags, { "controlplane:tool" = each.key })
-  lifecycle {
-    precondition {
-      # (a tool named `migrate` is fine here: the migration is an ECS task definition, not a Batch job definition)
-      condition     = module.settings.job_names_unique && length(module.settings.job_names[each.key]) <= 128
-      error_message = "Job definition names are <name>-<tool>, lowercased with '_' as '-': one per tool, at most 128 characters (Batch's limit): rename one."
-    }
-    precondition {
-      condition     = each.value.gpu == 0 && contains(try(local.fargate_memory_mb[tostring(each.value.cpu)], []), each.value.memory_mb)
-      error_message = "Tool ${each.key}: resource class ${each.value.resource_class} (cpu ${each.value.cpu}, memory_mb ${each.value.memory_mb}, gpu ${each.value.gpu}) is not a Fargate shape: vCPU 0.25, 0.5, 1, 2, 4, 8 or 16 with the memory Fargate pairs with it (1 vCPU: 2048 to 8192 in steps of 1024), and no GPU (Fargate has none)."
-    }
-  }
 }
 
 # ---- the control plane on ECS Fargate -------------------------------------------------------------

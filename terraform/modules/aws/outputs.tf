@@ -15,13 +15,7 @@ output "load_balancer_dns_name" {
 
 output "jobs" {
   description = "Tool -> the Batch job definition made for it, as applied (read by `controlplane catalog check`)."
-  value = { for tool, def in aws_batch_job_definition.tool : tool => {
-    name      = def.name
-    id        = def.arn
-    image     = jsondecode(def.container_properties).image
-    cpu       = tonumber(one([for r in jsondecode(def.container_properties).resourceRequirements : r.value if r.type == "VCPU"]))
-    memory_mb = tonumber(one([for r in jsondecode(def.container_properties).resourceRequirements : r.value if r.type == "MEMORY"]))
-  } }
+  value       = module.jobs.jobs
 }
 
 output "catalog_sha256" {
@@ -42,5 +36,5 @@ output "migrate_command" {
 
 output "bucket" {
   description = "The object store's bucket."
-  value       = aws_s3_bucket.objects.bucket
+  value       = module.jobs.bucket.name
 }

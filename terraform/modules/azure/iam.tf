@@ -3,15 +3,15 @@
 
 resource "azurerm_user_assigned_identity" "server" {
   name                = "${var.name}-server"
-  resource_group_name = azurerm_resource_group.this.name
-  location            = azurerm_resource_group.this.location
+  resource_group_name = local.resource_group.name
+  location            = local.resource_group.location
   tags                = local.tags
 }
 
 resource "azurerm_user_assigned_identity" "migrate" {
   name                = "${var.name}-migrate"
-  resource_group_name = azurerm_resource_group.this.name
-  location            = azurerm_resource_group.this.location
+  resource_group_name = local.resource_group.name
+  location            = local.resource_group.location
   tags                = local.tags
 }
 
@@ -22,18 +22,18 @@ resource "azurerm_user_assigned_identity" "migrate" {
 # job's (jobs/stop/action, not granted). Role names are unique per tenant: this one carries the
 # resource group's id digest, so two deployments named alike do not collide.
 resource "azurerm_role_definition" "job_runner" {
-  name        = "${var.name}-job-runner-${substr(sha256(azurerm_resource_group.this.id), 0, 8)}"
-  scope       = azurerm_resource_group.this.id
+  name        = "${var.name}-job-runner-${substr(sha256(local.resource_group.id), 0, 8)}"
+  scope       = local.resource_group.id
   description = "Start a Container Apps job, read it and its executions, stop one of its executions."
   permissions {
     actions = ["Microsoft.App/jobs/read", "Microsoft.App/jobs/*/read", "Microsoft.App/jobs/start/action",
     "Microsoft.App/jobs/stop/execution/action"]
   }
-  assignable_scopes = [azurerm_resource_group.this.id]
+  assignable_scopes = [local.resource_group.id]
 }
 
 resource "azurerm_role_assignment" "server_runs_jobs" {
-  for_each           = azurerm_container_app_job.tool
+  for_each           = module.jobs.jobs
   scope              = each.value.id
   role_definition_id = azurerm_role_definition.job_runner.role_definition_resource_id
   principal_id       = azurerm_user_assigned_identity.server.principal_id
@@ -41,20 +41,20 @@ resource "azurerm_role_assignment" "server_runs_jobs" {
 
 # The jobs' console logs, in the deployment's own workspace.
 resource "azurerm_role_assignment" "server_reads_logs" {
-  scope                = azurerm_log_analytics_workspace.this.id
+  scope                = module.jobs.log_analytics_workspace.id
   role_definition_name = "Log Analytics Reader"
   principal_id         = azurerm_user_assigned_identity.server.principal_id
 }
 
 resource "azurerm_role_assignment" "server_objects" {
-  scope                = azurerm_storage_container.objects.id
+  scope                = module.jobs.storage.container_id
   role_definition_name = "Storage Blob Data Contributor"
   principal_id         = azurerm_user_assigned_identity.server.principal_id
 }
 
 # Artifact links are signed with a user-delegation key (no account keys exist).
 resource "azurerm_role_assignment" "server_delegates" {
-  scope                = azurerm_storage_account.objects.id
+  scope                = module.jobs.storage.account_id
   role_definition_name = "Storage Blob Delegator"
   principal_id         = azurerm_user_assigned_identity.server.principal_id
 }
@@ -67,7 +67,7 @@ resource "azurerm_role_assignment" "server_secrets" {
 }
 
 # ---- tool jobs ---------------------------------------------------------------------------------
-# None on the storage account: a job reads its inputs and writes its result, events and artifacts
+# Each job's own identity is modules/azure-jobs'. None on the storage account: a job reads its inputs and writes its result, events and artifacts
 # through SAS URLs the control plane signs with a user delegation key for its own attempt's blobs
 # (CONTROLPLANE_JOB_STORE_ACCESS=grants), so it cannot reach another task's objects. A job's
 # identity pulls its image (AcrPull, below) and nothing else.
@@ -83,7 +83,7 @@ resource "azurerm_role_assignment" "migrate_secret" {
 resource "azurerm_role_assignment" "acr_pull" {
   for_each = var.registry == null ? {} : merge(
     { server = azurerm_user_assigned_identity.server.principal_id, migrate = azurerm_user_assigned_identity.migrate.principal_id },
-    { for tool, job in azurerm_container_app_job.tool : "job-${tool}" => job.identity[0].principal_id },
+    { for tool, principal_id in module.jobs.job_principal_ids : "job-${tool}" => principal_id },
   )
   scope                = var.registry.id
   role_definition_name = "AcrPull"

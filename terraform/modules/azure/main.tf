@@ -1,6 +1,8 @@
-# The control plane on Azure: Container Apps (the service and one manual-trigger job per catalog
-# tool) in a VNet-integrated environment, PostgreSQL Flexible Server on a private subnet, a storage
-# account, Log Analytics and Key Vault, with managed identities (iam.tf).
+# The control plane on Azure: a container app in a VNet-integrated environment, PostgreSQL Flexible
+# Server on a private subnet and Key Vault, with managed identities (iam.tf); its jobs (the resource
+# group, the storage account, Log Analytics, the jobs' own environment outside the VNet and one
+# manual-trigger job per catalog tool) are modules/azure-jobs'. moved.tf keeps deployments made
+# before the split in place.
 
 data "azurerm_client_config" "current" {}
 
@@ -8,58 +10,59 @@ locals {
   tags       = merge({ "controlplane-deployment" = var.name }, var.tags)
   app_fqdn   = "${var.name}.${azurerm_container_app_environment.this.default_domain}"
   public_url = "https://${coalesce(var.public_hostname, local.app_fqdn)}"
-  # storage account names: 3-24 lowercase letters and digits, unique in Azure
-  storage_name = substr("${replace(var.name, "-", "")}${substr(sha256(azurerm_resource_group.this.id), 0, 12)}", 0, 24)
 
   server_env = merge(module.settings.environment, {
-    CONTROLPLANE_OBJECT_STORE_URL                 = "az://${azurerm_storage_account.objects.name}/${azurerm_storage_container.objects.name}"
+    CONTROLPLANE_OBJECT_STORE_URL                 = "az://${module.jobs.storage.account_name}/${module.jobs.storage.container_name}"
     CONTROLPLANE_CONTAINER_APPS_SUBSCRIPTION_ID   = data.azurerm_client_config.current.subscription_id
-    CONTROLPLANE_CONTAINER_APPS_WORKSPACE_ID      = azurerm_log_analytics_workspace.this.workspace_id
+    CONTROLPLANE_CONTAINER_APPS_WORKSPACE_ID      = module.jobs.log_analytics_workspace.workspace_id
     AZURE_CLIENT_ID                               = azurerm_user_assigned_identity.server.client_id
   })
 }
 
-# The catalog drives the jobs: one Container Apps job per tool (below), and the server's catalog
-# points each tool at its own.
+# The catalog drives the jobs: one Container Apps job per tool (modules/azure-jobs), and the
+# server's catalog points each tool at its own. The jobs' environment is outside the VNet: a tool
+# runs code the control plane does not vet, and in the server's environment it would share the
+# apps' subnet, which the database's NSG admits.
+module "jobs" {
+  source              = "../azure-jobs"
+  name                = var.name
+  resource_group_name = var.resource_group_name
+  location            = var.location
+  catalog             = var.catalog
+  job_store_access    = "grants" # as the settings module tells the server
+  registry            = var.registry
+  job_acr_pull        = false # acr_pull (iam.tf) grants it, and the apps wait for it
+  storage_replication = "ZRS"
+  log_retention_days  = var.log_retention_days
+  tags                = var.tags
+}
+
 module "settings" {
-  source        = "../settings"
-  name          = var.name
-  catalog       = var.catalog
-  provider_name = "container_apps"
-  provider_options = { for tool, job in azurerm_container_app_job.tool : tool => {
-    job = job.id
-  } }
-  oauth      = var.oauth
-  public_url = local.public_url
+  source           = "../settings"
+  name             = var.name
+  catalog          = var.catalog
+  provider_name    = "container_apps"
+  provider_options = module.jobs.provider_options
+  oauth            = var.oauth
+  public_url       = local.public_url
 }
 
-resource "azurerm_resource_group" "this" {
-  name     = var.resource_group_name
-  location = var.location
-  tags     = local.tags
-}
-
-resource "azurerm_log_analytics_workspace" "this" {
-  name                = "${var.name}-logs"
-  resource_group_name = azurerm_resource_group.this.name
-  location            = azurerm_resource_group.this.location
-  sku                 = "PerGB2018"
-  retention_in_days   = var.log_retention_days
-  tags                = local.tags
+locals {
+  resource_group = module.jobs.resource_group
 }
 
 # ---- network: the apps' subnet, and the database's (private, delegated) -------------------------
 resource "azurerm_virtual_network" "this" {
   name                = var.name
-  resource_group_name = azurerm_resource_group.this.name
-  location            = azurerm_resource_group.this.location
+  resource_group_name = local.resource_group.name
+  location            = local.resource_group.location
   address_space       = [var.address_space]
   tags                = local.tags
 }
 
 resource "azurerm_subnet" "apps" {
   name                 = "apps"
-  resource_group_name  = azurerm_resource_group.this.name
+  resource_group_name  = local.resource_group.name
   virtual_network_name = azurerm_virtual_network.this.name
   address_prefixes     = [cidrsubnet(var.address_space, 1, 0)]
   delegation {
@@ -73,7 +76,7 @@ resource "azurerm_subnet" "apps" {
 
 resource "azurerm_subnet" "db" {
   name                 = "db"
-  resource_group_name  = azurerm_resource_group.this.name
+  resource_group_name  = local.resource_group.name
   virtual_network_name = azurerm_virtual_network.this.name
   address_prefixes     = [cidrsubnet(var.address_space, 2, 2)]
   delegation {
@@ -87,8 +90,8 @@ resource "azurerm_subnet" "db" {
 
 resource "azurerm_network_security_group" "db" {
   name                = "${var.name}-db"
-  resource_group_name = azurerm_resource_group.this.name
-  location            = azurerm_resource_group.this.location
+  resource_group_name = local.resource_group.name
+  location            = local.resource_group.location
   tags                = local.tags
   security_rule {
     name                       = "postgres-from-apps"
@@ -133,8 +136,8 @@ resource "azurerm_subnet_network_security_group_association" "db" {
 
 resource "azurerm_network_security_group" "apps" {
   name                = "${var.name}-apps"
-  resource_group_name = azurerm_resource_group.this.name
-  location            = azurerm_resource_group.this.location
+  resource_group_name = local.resource_group.name
+  location            = local.resource_group.location
   tags                = local.tags
 }
 
@@ -145,13 +148,13 @@ resource "azurerm_subnet_network_security_group_association" "apps" {
 
 resource "azurerm_private_dns_zone" "db" {
   name                = "${var.name}.private.postgres.database.azure.com"
-  resource_group_name = azurerm_resource_group.this.name
+  resource_group_name = local.resource_group.name
   tags                = local.tags
 }
 
 resource "azurerm_private_dns_zone_virtual_network_link" "db" {
   name                  = "${var.name}-db"
-  resource_group_name   = azurerm_resource_group.this.name
+  resource_group_name   = local.resource_group.name
   private_dns_zone_name = azurerm_private_dns_zone.db.name
   virtual_network_id    = azurerm_virtual_network.this.id
   tags                  = local.tags
@@ -170,9 +173,9 @@ resource "random_password" "secret_key" {
 
 resource "azurerm_postgresql_flexible_server" "this" {
   #checkov:skip=CKV2_AZURE_57:The server is VNet-integrated instead (a delegated private subnet, public access off, private DNS): Azure offers private endpoints only to servers with public access networking.
-  name                          = "${var.name}-${substr(sha256(azurerm_resource_group.this.id), 0, 8)}"
-  resource_group_name           = azurerm_resource_group.this.name
-  location                      = azurerm_resource_group.this.location
+  name                          = "${var.name}-${substr(sha256(local.resource_group.id), 0, 8)}"
+  resource_group_name           = local.resource_group.name
+  location                      = local.resource_group.location
   version                       = "16"
   sku_name                      = var.db_sku
   storage_mb                    = 32768
@@ -221,9 +224,9 @@ resource "azurerm_key_vault" "this" {
   #checkov:skip=CKV_AZURE_109:Container Apps resolves Key Vault references from outside the VNet (it is not a trusted service for the vault firewall); access is by Azure RBAC, granted per secret to the identities in iam.tf.
   #checkov:skip=CKV_AZURE_189:As above: the vault keeps its public endpoint for Container Apps' secret references and for Terraform; RBAC per secret guards it.
   #checkov:skip=CKV2_AZURE_32:No private endpoint, for the reason above.
-  name                       = "${var.name}-${substr(sha256(azurerm_resource_group.this.id), 0, 8)}"
-  resource_group_name        = azurerm_resource_group.this.name
-  location                   = azurerm_resource_group.this.location
+  name                       = "${var.name}-${substr(sha256(local.resource_group.id), 0, 8)}"
+  resource_group_name        = local.resource_group.name
+  location                   = local.resource_group.location
   tenant_id                  = data.azurerm_client_config.current.tenant_id
   sku_name                   = "standard"
   rbac_authorization_enabled = true
@@ -266,54 +269,12 @@ resource "azurerm_key_vault_secret" "secret_key" {
   depends_on   = [time_sleep.deployer_rbac]
 }
 
-# ---- object store ------------------------------------------------------------------------------
-resource "azurerm_storage_account" "objects" {
-  #checkov:skip=CKV_AZURE_59:Agents download artifacts through signed links to the blob endpoint, from outside Azure; the account admits no anonymous access and no shared keys.
-  #checkov:skip=CKV2_AZURE_33:No private endpoint: the blob endpoint serves signed artifact links to agents on the internet.
-  #checkov:skip=CKV2_AZURE_1:Encrypted at rest with Microsoft-managed keys plus infrastructure encryption; a customer-managed key would need a Key Vault key and its own rotation.
-  #checkov:skip=CKV_AZURE_33:The account has no queues.
-  #checkov:skip=CKV_AZURE_43:The name is computed (the name without hyphens and a digest of the resource group id, cut to 24): lowercase letters and digits, as the rule asks; checkov cannot evaluate it.
-  #checkov:skip=CKV_AZURE_206:Task objects expire with their tasks; zone-redundant storage keeps them through a zone failure, which is what the control plane needs.
-  name                              = local.storage_name
-  resource_group_name               = azurerm_resource_group.this.name
-  location                          = azurerm_resource_group.this.location
-  account_tier                      = "Standard"
-  account_replication_type          = "ZRS"
-  account_kind                      = "StorageV2"
-  min_tls_version                   = "TLS1_2"
-  https_traffic_only_enabled        = true
-  shared_access_key_enabled         = false # links are signed with user-delegation keys
-  allow_nested_items_to_be_public   = false
-  infrastructure_encryption_enabled = true
-  local_user_enabled                = false
-  tags                              = local.tags
-  blob_properties {
-    delete_retention_policy {
-      days = 7
-    }
-    container_delete_retention_policy {
-      days = 7
-    }
-  }
-  sas_policy {
-    expiration_period = "07.00:00:00" # artifact links live at most 7 days (max_artifact_url_ttl_s)
-    expiration_action = "Log"
-  }
-}
-
-resource "azurerm_storage_container" "objects" {
-  #checkov:skip=CKV2_AZURE_21:Blob reads are authorized per identity (iam.tf) and by signed link; turn on the account's diagnostic settings to log them.
-  name                  = "objects"
-  storage_account_id    = azurerm_storage_account.objects.id
-  container_access_type = "private"
-}
-
 # ---- Container Apps ----------------------------------------------------------------------------
 resource "azurerm_container_app_environment" "this" {
   name                       = var.name
-  resource_group_name        = azurerm_resource_group.this.name
-  location                   = azurerm_resource_group.this.location
-  log_analytics_workspace_id = azurerm_log_analytics_workspace.this.id
+  resource_group_name        = local.resource_group.name
+  location                   = local.resource_group.location
+  log_analytics_workspace_id = module.jobs.log_analytics_workspace.id
   infrastructure_subnet_id   = azurerm_subnet.apps.id
   workload_profile {
     name                  = "Consumption"
@@ -322,82 +283,24 @@ resource "azurerm_container_app_environment" "this" {
   tags = local.tags
 }
 
-# The tool jobs' own environment, outside the VNet: a tool runs code the control plane does not
-# vet, and in the server's environment it would share the apps' subnet, which the database's NSG
-# admits. Here a job reaches the internet only (the control plane's public URL, the signed blob
-# URLs, the registry). Consumption-only: nothing is billed while no job runs.
-resource "azurerm_container_app_environment" "jobs" {
-  name                       = "${var.name}-jobs"
-  resource_group_name        = azurerm_resource_group.this.name
-  location                   = azurerm_resource_group.this.location
-  log_analytics_workspace_id = azurerm_log_analytics_workspace.this.id
-  workload_profile {
-    name                  = "Consumption"
-    workload_profile_type = "Consumption"
-  }
-  tags = local.tags
-}
-
-# One manual-trigger job per catalog tool. Each start carries the container in full (the provider
-# replaces the template: image, args, the runner's env, cpu and memory); this is its default.
-resource "azurerm_container_app_job" "tool" {
-  for_each                     = module.settings.jobs
-  name                         = module.settings.job_names[each.key]
-  resource_group_name          = azurerm_resource_group.this.name
-  location                     = azurerm_resource_group.this.location
-  container_app_environment_id = azurerm_container_app_environment.jobs.id
-  workload_profile_name        = "Consumption"
-  replica_timeout_in_seconds   = each.value.max_runtime_s + 600 # a backstop: the control plane stops executions itself
-  replica_retry_limit          = 0                              # the control plane retries by its catalog's policy
-  tags                         = merge(local.tags, { "controlplane-tool" = each.key })
-  manual_trigger_config {
-    parallelism              = 1
-    replica_completion_count = 1
-  }
-  # Its own identity (system-assigned: no client id to pass, since each start replaces the env).
-  identity {
-    type = "SystemAssigned"
-  }
-  dynamic "registry" {
-    for_each = var.registry == null ? [] : [var.registry]
-    content {
-      server   = registry.value.server
-      identity = "System"
-    }
-  }
-  template {
-    container {
-      name   = "runner"
-      image  = each.value.image
-      cpu    = each.value.cpu
-      memory = format("%gGi", each.value.memory_mb / 1024)
-    }
-  }
-  lifecycle {
-    precondition {
-      condition     = module.settings.job_names_unique && length(module.settings.job_names[each.key]) <= 32 && module.settings.job_names[each.key] != "${var.name}-migrate"
-      error_message = "Job names are <name>-<tool>, lowercased with '_' as '-', at most 32 characters (Azure's limit), one per tool, and not <name>-migrate (the migration job's): shorten or rename the tool, or the name."
-    }
-    precondition {
-      # the Consumption profile: cpu 0.25 to 4 in steps of 0.25, 2 GiB per vCPU, no GPU
-      condition     = each.value.gpu == 0 && each.value.cpu >= 0.25 && each.value.cpu <= 4 && floor(each.value.cpu * 4) == each.value.cpu * 4 && each.value.memory_mb == each.value.cpu * 2048
-      error_message = "Tool ${each.key}: resource class ${each.value.resource_class} (cpu ${each.value.cpu}, memory_mb ${each.value.memory_mb}, gpu ${each.value.gpu}) is not a Container Apps Consumption shape: cpu 0.25 to 4 in steps of 0.25 with memory_mb = cpu x 2048, and no GPU (Consumption has none)."
-    }
-  }
-}
-
 # The migration by hand (`controlplane db upgrade`, the `migrate_command` output), e.g. ahead of a
 # rollout. Not needed for one: each new revision migrates when it starts, under PostgreSQL's
 # advisory lock, before it listens (CONTROLPLANE_MIGRATE_ON_START).
 resource "azurerm_container_app_job" "migrate" {
   name                         = "${var.name}-migrate"
-  resource_group_name          = azurerm_resource_group.this.name
-  location                     = azurerm_resource_group.this.location
+  resource_group_name          = local.resource_group.name
+  location                     = local.resource_group.location
   container_app_environment_id = azurerm_container_app_environment.this.id
   workload_profile_name        = "Consumption"
   replica_timeout_in_seconds   = 600
   replica_retry_limit          = 1
   tags                         = local.tags
+  lifecycle {
+    precondition {
+      condition     = !contains(values(module.settings.job_names), "${var.name}-migrate")
+      error_message = "A tool's job would be named <name>-migrate, this job's name: rename the tool."
+    }
+  }
   manual_trigger_config {
     parallelism              = 1
     replica_completion_count = 1
@@ -436,7 +339,7 @@ resource "azurerm_container_app_job" "migrate" {
 
 resource "azurerm_container_app" "server" {
   name                         = var.name
-  resource_group_name          = azurerm_resource_group.this.name
+  resource_group_name          = local.resource_group.name
   container_app_environment_id = azurerm_container_app_environment.this.id
   revision_mode                = "Single"
   workload_profile_name        = "Consumption"

@@ -15,13 +15,7 @@ output "app_fqdn" {
 
 output "jobs" {
   description = "Tool -> the Container Apps job made for it, as applied (read by `controlplane catalog check`)."
-  value = { for tool, job in azurerm_container_app_job.tool : tool => {
-    name      = job.name
-    id        = job.id
-    image     = job.template[0].container[0].image
-    cpu       = job.template[0].container[0].cpu
-    memory_mb = tonumber(trimsuffix(job.template[0].container[0].memory, "Gi")) * 1024
-  } }
+  value       = module.jobs.jobs
 }
 
 output "catalog_sha256" {
@@ -31,10 +25,10 @@ output "catalog_sha256" {
 
 output "migrate_command" {
   description = "Runs the migration (`controlplane db upgrade`) by hand, e.g. ahead of a rollout; not needed otherwise: each new revision migrates at start."
-  value       = "az containerapp job start --name ${azurerm_container_app_job.migrate.name} --resource-group ${azurerm_resource_group.this.name}"
+  value       = "az containerapp job start --name ${azurerm_container_app_job.migrate.name} --resource-group ${module.jobs.resource_group.name}"
 }
 
 output "storage_account" {
   description = "The object store's storage account."
-  value       = azurerm_storage_account.objects.name
+  value       = module.jobs.storage.account_name
 }

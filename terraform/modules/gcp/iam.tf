@@ -8,13 +8,6 @@ resource "google_service_account" "server" {
   depends_on   = [google_project_service.apis]
 }
 
-resource "google_service_account" "jobs" {
-  project      = var.project
-  account_id   = "${var.name}-jobs"
-  display_name = "${var.name}: tool jobs (the runner)"
-  depends_on   = [google_project_service.apis]
-}
-
 resource "google_service_account" "migrate" {
   project      = var.project
   account_id   = "${var.name}-migrate"
@@ -35,7 +28,7 @@ resource "google_project_iam_custom_role" "job_runner" {
 }
 
 resource "google_cloud_run_v2_job_iam_member" "server" {
-  for_each = google_cloud_run_v2_job.tool
+  for_each = module.jobs.jobs
   project  = var.project
   location = var.region
   name     = each.value.name
@@ -65,7 +58,7 @@ resource "google_project_iam_member" "server_logs" {
 }
 
 resource "google_storage_bucket_iam_member" "server" {
-  bucket = google_storage_bucket.objects.name
+  bucket = module.jobs.bucket
   role   = "roles/storage.objectUser"
   member = google_service_account.server.member
 }
@@ -86,9 +79,9 @@ resource "google_secret_manager_secret_iam_member" "server" {
 }
 
 # ---- tool jobs ---------------------------------------------------------------------------------
-# None on the bucket: a job reads its inputs and writes its result, events and artifacts through
-# URLs the control plane signs (signBlob, above) for its own attempt's keys
-# (CONTROLPLANE_JOB_STORE_ACCESS=grants), so it cannot reach another task's objects.
+# Their service account is modules/gcp-jobs', with none on the bucket: a job reads its inputs and
+# writes its result, events and artifacts through URLs the control plane signs (signBlob, above)
+# for its own attempt's keys (job_store_access = "grants"), so it cannot reach another task's objects.
 
 # ---- the migration -----------------------------------------------------------------------------
 resource "google_secret_manager_secret_iam_member" "migrate" {

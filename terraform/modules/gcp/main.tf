@@ -1,6 +1,7 @@
-# The control plane on Google Cloud: a Cloud Run service, Cloud SQL for PostgreSQL on a private IP,
-# one Cloud Run job per catalog tool, a GCS bucket and Secret Manager, each with its own service
-# account (iam.tf).
+# The control plane on Google Cloud: a Cloud Run service, Cloud SQL for PostgreSQL on a private IP
+# and Secret Manager, each with its own service account (iam.tf); its jobs (one Cloud Run job per
+# catalog tool, the bucket, the jobs' service account) are modules/gcp-jobs'. moved.tf keeps
+# deployments made before the split in place.
 
 # Read once the APIs are on (the Cloud Resource Manager API answers it; a fresh project has it off).
 data "google_project" "this" {
@@ -14,10 +15,9 @@ locals {
   run_url    = "https://${var.name}-${data.google_project.this.number}.${var.region}.run.app"
   public_url = var.public_hostname == null ? local.run_url : "https://${var.public_hostname}"
   labels     = merge({ "controlplane-deployment" = var.name }, var.labels)
-  job_prefix = "projects/${var.project}/locations/${var.region}/jobs"
 
   server_env = merge(module.settings.environment, {
-    CONTROLPLANE_OBJECT_STORE_URL = "gs://${google_storage_bucket.objects.name}"
+    CONTROLPLANE_OBJECT_STORE_URL = "gs://${module.jobs.bucket}"
   })
   secret_env = {
     CONTROLPLANE_DATABASE_URL = google_secret_manager_secret.database_url.secret_id
@@ -25,18 +25,30 @@ locals {
   }
 }
 
-# The catalog drives the jobs: one Cloud Run job per tool (below), and the server's catalog points
-# each tool at its own.
+# The catalog drives the jobs: one Cloud Run job per tool (modules/gcp-jobs), and the server's
+# catalog points each tool at its own. The server signs links as itself: no signer account.
+module "jobs" {
+  source           = "../gcp-jobs"
+  name             = var.name
+  project          = var.project
+  region           = var.region
+  catalog          = var.catalog
+  job_store_access = "grants" # as the settings module tells the server
+  signer           = false
+  enable_apis      = false # the APIs below include the jobs'
+  force_destroy    = !var.deletion_protection
+  labels           = var.labels
+  depends_on       = [google_project_service.apis]
+}
+
 module "settings" {
-  source        = "../settings"
-  name          = var.name
-  catalog       = var.catalog
-  provider_name = "cloud_run"
-  provider_options = { for tool, job in google_cloud_run_v2_job.tool : tool => {
-    job = "${local.job_prefix}/${job.name}"
-  } }
-  oauth      = var.oauth
-  public_url = local.public_url
+  source           = "../settings"
+  name             = var.name
+  catalog          = var.catalog
+  provider_name    = "cloud_run"
+  provider_options = module.jobs.provider_options
+  oauth            = var.oauth
+  public_url       = local.public_url
 }
 
 resource "google_project_service" "apis" {
@@ -46,28 +58,6 @@ resource "google_project_service" "apis" {
   project            = var.project
   service            = each.value
   disable_on_destroy = false
-}
-
-# ---- object store ------------------------------------------------------------------------------
-resource "google_storage_bucket" "objects" {
-  #checkov:skip=CKV_GCP_62:Access to task objects is through the service accounts in iam.tf and signed links; turn on Data Access audit logs for storage.googleapis.com to log reads.
-  #checkov:skip=CKV_GCP_78:Objects are written once and deleted when their task is purged; versioning would keep purged task data that retention must remove.
-  project                     = var.project
-  name                        = "${var.project}-${var.name}-objects"
-  location                    = var.region
-  uniform_bucket_level_access = true # access by IAM alone (no object ACLs)
-  public_access_prevention    = "enforced"
-  force_destroy               = !var.deletion_protection
-  labels                      = local.labels
-  depends_on                  = [google_project_service.apis]
-  lifecycle_rule {
-    condition {
-      age = 2
-    }
-    action {
-      type = "AbortIncompleteMultipartUpload"
-    }
-  }
 }
 
 # ---- secrets -----------------------------------------------------------------------------------
@@ -229,56 +219,6 @@ resource "google_sql_user" "this" {
   password = random_password.db.result
 }
 
-# ---- one Cloud Run job per catalog tool ---------------------------------------------------------
-locals {
-  # vCPU -> [least, most] memory (MiB) a Cloud Run job takes with it (at least 1 vCPU for a job)
-  cloud_run_memory_mb = {
-    "1" = [512, 4096]
-    "2" = [512, 8192]
-    "4" = [2048, 16384]
-    "6" = [4096, 24576]
-    "8" = [4096, 32768]
-  }
-}
-
-resource "google_cloud_run_v2_job" "tool" {
-  for_each            = module.settings.jobs
-  project             = var.project
-  name                = module.settings.job_names[each.key]
-  location            = var.region
-  deletion_protection = false # a job holds no data; its executions' results are in the bucket
-  labels              = merge(local.labels, { "controlplane-tool" = substr(replace(lower(each.key), "_", "-"), 0, 63) })
-  template {
-    task_count = 1
-    template {
-      service_account = google_service_account.jobs.email
-      max_retries     = 0 # the control plane retries by its catalog's policy
-      # A backstop (Cloud Run allows 168 h): the control plane stops executions itself.
-      timeout = "${min(each.value.max_runtime_s + 600, 604800)}s"
-      containers {
-        image = each.value.image
-        resources {
-          limits = {
-            cpu    = tostring(each.value.cpu)
-            memory = "${each.value.memory_mb}Mi"
-          }
-        }
-      }
-    }
-  }
-  lifecycle {
-    precondition {
-      condition     = module.settings.job_names_unique && length(module.settings.job_names[each.key]) <= 63 && module.settings.job_names[each.key] != "${var.name}-migrate"
-      error_message = "Job names are <name>-<tool>, lowercased with '_' as '-': one per tool, at most 63 characters (Cloud Run's limit, also its label values'), and not <name>-migrate (the migration job's): shorten or rename the tool, or the name."
-    }
-    precondition {
-      condition     = each.value.gpu == 0 && each.value.memory_mb >= try(local.cloud_run_memory_mb[tostring(each.value.cpu)][0], 1000000000) && each.value.memory_mb <= try(local.cloud_run_memory_mb[tostring(each.value.cpu)][1], 0)
-      error_message = "Tool ${each.key}: resource class ${each.value.resource_class} (cpu ${each.value.cpu}, memory_mb ${each.value.memory_mb}, gpu ${each.value.gpu}) is not a Cloud Run job shape: cpu 1, 2, 4, 6 or 8 with 512-4096, 512-8192, 2048-16384, 4096-24576, 4096-32768 MiB; this module makes no GPU jobs."
-    }
-  }
-  depends_on = [google_project_service.apis]
-}
-
 # ---- the control plane -------------------------------------------------------------------------
 # The migration by hand: the same image, `controlplane db upgrade` (the `migrate_command` output),
 # e.g. to migrate ahead of a rollout. Not needed for one: each new revision migrates when it
@@ -320,6 +260,12 @@ resource "google_cloud_run_v2_job" "migrate" {
   }
   depends_on = [google_secret_manager_secret_version.database_url, google_secret_manager_secret_iam_member.migrate,
   google_sql_database.this, google_sql_user.this]
+  lifecycle {
+    precondition {
+      condition     = !contains(values(module.settings.job_names), "${var.name}-migrate")
+      error_message = "A tool's job would be named <name>-migrate, this job's name: rename the tool."
+    }
+  }
 }
 
 resource "google_cloud_run_v2_service" "server" {

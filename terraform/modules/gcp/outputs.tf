@@ -15,13 +15,7 @@ output "service_uri" {
 
 output "jobs" {
   description = "Tool -> the Cloud Run job made for it, as applied (read by `controlplane catalog check`)."
-  value = { for tool, job in google_cloud_run_v2_job.tool : tool => {
-    name      = job.name
-    id        = "${local.job_prefix}/${job.name}"
-    image     = job.template[0].template[0].containers[0].image
-    cpu       = tonumber(job.template[0].template[0].containers[0].resources[0].limits["cpu"])
-    memory_mb = tonumber(trimsuffix(job.template[0].template[0].containers[0].resources[0].limits["memory"], "Mi"))
-  } }
+  value       = module.jobs.jobs
 }
 
 output "catalog_sha256" {
@@ -36,5 +30,5 @@ output "migrate_command" {
 
 output "bucket" {
   description = "The object store's bucket."
-  value       = google_storage_bucket.objects.name
+  value       = module.jobs.bucket
 }
