@@ -252,8 +252,10 @@ class Reconciler:
     def _stop_extras(self, j: WatchedJob, stats: CycleStats) -> bool:
         """Another execution of the job's attempt asked for its claim (and was refused): stop
         every execution of the attempt the provider has, other than the job's own, that still
-        runs. A provider error leaves it for the next cycle; a stop is sent only while the lease
-        has `stop_margin_s` to spare; what was done is recorded fenced. True once recorded."""
+        runs, unless the job's own ended while its attempt is current (it may be the execution that
+        was refused: `_follow_holder`). A provider error leaves it for the next cycle; a stop is sent
+        only while the lease has `stop_margin_s` to spare; what was done is recorded fenced. True
+        once recorded."""
         provider = self.providers.get(j.provider)
         own = self._handle(provider, j) if provider is not None and j.handle_json else None
         if provider is None or own is None or self.build_spec is None:
@@ -262,13 +264,15 @@ class Reconciler:
             spec = self._spec_of(j)
             found = [] if spec is None else self._call(provider, "find_all", spec)
             others = [h for h in found if not provider.same_job(h, own)]
-            statuses = self._call(provider, "poll", others) if others else []
+            *statuses, own_status = self._call(provider, "poll", [*others, own])
         except PermanentProviderError as e:  # (the tool left the catalog): nothing to look up by
             log.warning("the executions of %s cannot be looked up: %s", j.job_name, e)
-            others, statuses = [], []
+            others, statuses, own_status = [], [], None
         except Exception as e:  # noqa: BLE001 - looked into again next cycle
             log.warning("looking up the executions of %s failed: %s", j.job_name, e)
             return False
+        if not j.draining and own_status is not None and own_status.phase not in _ALIVE:
+            return False  # the job's own execution may be the one refused: the holder is followed, not stopped
         running = [h for h, st in zip(others, statuses) if st.phase in _ALIVE]
         if running and self._fence is not None and not self.store.jobs.leases.holds(self._fence, self.stop_margin_s):
             raise Fenced("the lease has too little time left to stop an extra execution")
@@ -286,6 +290,34 @@ class Reconciler:
         self.store.jobs.extra_checked(j.worker_id, j.extra_claims, len(running), self._fence)
         stats.extra_stopped += len(running)
         metrics.extra_executions(provider.name, "stopped", len(running))
+        return True
+
+    def _follow_holder(self, j: WatchedJob, stats: CycleStats) -> bool:
+        """The job's execution ended, and its attempt had a claim refused: the execution that was
+        refused may be this one, racing a late launch that claimed first. Then an execution of the
+        attempt still runs (the claim's holder; a refused one exits at once): the job follows the
+        newest such execution instead of ending the attempt. False: none runs (or none can be
+        looked up now), and the job ends as its provider says."""
+        provider = self.providers.get(j.provider)
+        own = self._handle(provider, j) if provider is not None and j.handle_json else None
+        if provider is None or own is None or self.build_spec is None:
+            return False
+        try:
+            spec = self._spec_of(j)
+            found = [] if spec is None else self._call(provider, "find_all", spec)
+            others = [h for h in found if not provider.same_job(h, own)]
+            statuses = self._call(provider, "poll", others) if others else []
+        except Exception as e:  # noqa: BLE001 - the job ends as its provider says
+            log.warning("looking up the other executions of %s failed: %s", j.job_name, e)
+            return False
+        running = [h for h, st in zip(others, statuses) if st.phase in _ALIVE]
+        if not running or not self.store.jobs.follow(j.worker_id, running[0].encode(), self._fence):
+            return False
+        stats.provider_calls[f"{provider.name}.find_all"] += 1
+        log.warning("job %s ended refused its claim; following the execution of task %s attempt %d that holds it",
+                    j.job_name, j.task_id, j.attempt,
+                    extra={"task_id": j.task_id, "attempt": j.attempt, "provider": provider.name,
+                           "job_name": j.job_name, "action": "followed"})
         return True
 
     def _spec_of(self, j: WatchedJob) -> LaunchSpec | None:
@@ -352,6 +384,8 @@ class Reconciler:
             if j.draining:
                 self._drain(j, alive, now, stats)
             elif not alive:
+                if j.extra_claims and self._follow_holder(j, stats):
+                    continue  # it lost its attempt's claim to another execution, which runs the tool
                 outcome = self.attempts.end_from_provider(j, st)
                 if outcome == "lost":
                     stats.lost += 1

@@ -69,3 +69,35 @@ async def a_late_launch_runs_nothing(cp: ControlPlane, agent: Agent) -> Handle:
     job = cp.store.jobs.get(tid, 1)  # what `controlplane jobs` shows the operator
     assert job is not None and job.extra_claims == 1, job
     return late
+
+
+async def a_recorded_execution_refused_its_claim_is_left_for_the_holder(cp: ControlPlane, agent: Agent) -> None:
+    """The execution the control plane recorded is the one refused (a late launch claimed first):
+    the job follows the execution that holds the claim, which finishes the attempt; nothing is
+    stopped that runs the tool, and the task succeeds at its first attempt."""
+    from sqlalchemy import update
+
+    from controlplane.store.models import Job
+
+    tid = await agent.submit(inputs={"sleep_s": 4, "log_lines": 3, "result": {"once": True}})
+    await claimed_by_its_runner(cp, tid)  # the first execution holds the claim and runs the tool
+    task, job = cp.store.tasks.get(tid), cp.store.jobs.get(tid, 1)
+    assert task is not None and job is not None
+    provider = cp.providers[job.provider]
+    late = await anyio.to_thread.run_sync(provider.launch, cp.build_spec(task, job))
+    with cp.db.engine.begin() as c:  # as if the late execution were the one the control plane recorded
+        c.execute(update(Job.__table__).where(Job.__table__.c.worker_id == job.worker_id)
+                  .values(handle_json=json_of(late)))
+    st = await agent.wait(tid, timeout=90)
+    assert st["state"] == "succeeded" and st["attempt"] == 1, st
+    assert (await agent.call("get_task_result", task_id=tid))["result"]["once"] is True
+    assert [ln["message"] for ln in await agent.all_logs(tid)] == ["line 0", "line 1", "line 2"]
+    followed = cp.store.jobs.get(tid, 1)
+    assert followed is not None and provider.same_job(provider.handle(followed.handle_json), provider.handle(job.handle_json))
+    assert followed.extra_claims == 1 and followed.extra_stopped == 0, followed
+
+
+def json_of(handle: Handle) -> str:
+    import json
+
+    return json.dumps(handle.encode())

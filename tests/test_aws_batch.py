@@ -31,7 +31,7 @@ from controlplane.settings import Settings
 from controlplane_providers.aws_batch import AwsBatchOptions, AwsBatchProvider, BatchHandle
 from controlplane_providers.base import JobPhase, LaunchSpec, PermanentProviderError
 from tests import aws
-from tests.exactly_once import a_late_launch_runs_nothing
+from tests.exactly_once import a_late_launch_runs_nothing, a_recorded_execution_refused_its_claim_is_left_for_the_holder
 from tests.aws import moto  # noqa: F401  (fixture)
 from tests.cloud import moto_server, run_without_callback, usage_of  # noqa: F401  (fixture)
 from tests.conftest import FAST, Agent, most_in_one_second
@@ -557,3 +557,8 @@ async def test_a_late_second_launch_of_an_attempt_runs_nothing(batch: Batch) -> 
     """A leader paused past its lease submits the Batch job its successor already submitted: the
     second job's runner is refused the attempt's claim and exits 75 without running the tool."""
     await a_late_launch_runs_nothing(batch.cp, batch.agent)
+
+
+async def test_a_recorded_execution_refused_its_claim_leaves_the_attempt_to_the_holder(batch: Batch) -> None:
+    """The late launch claimed first: the job follows the execution that holds the claim."""
+    await a_recorded_execution_refused_its_claim_is_left_for_the_holder(batch.cp, batch.agent)

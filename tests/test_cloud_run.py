@@ -27,7 +27,7 @@ from controlplane_providers import ratelimit
 from controlplane_providers.base import JobPhase
 from controlplane_providers.cloud_run import CloudRunHandle, CloudRunOptions, CloudRunProvider, execution_status
 from tests import gcp
-from tests.exactly_once import a_late_launch_runs_nothing
+from tests.exactly_once import a_late_launch_runs_nothing, a_recorded_execution_refused_its_claim_is_left_for_the_holder
 from tests.cloud import CloudTarget, gcs_server, gcs_target, run_without_callback, usage_of  # noqa: F401  (fixture)
 from tests.conftest import FAST, Agent
 from tests.provider_contract import Harness, ProviderContract, still_watched
@@ -486,3 +486,8 @@ async def test_a_late_second_launch_of_an_attempt_runs_nothing(run: Run) -> None
     """A leader paused past its lease runs the Cloud Run job again for an attempt its successor
     already started: the second execution's runner is refused the claim and runs nothing."""
     await a_late_launch_runs_nothing(run.cp, run.agent)
+
+
+async def test_a_recorded_execution_refused_its_claim_leaves_the_attempt_to_the_holder(run: Run) -> None:
+    """The late launch claimed first: the job follows the execution that holds the claim."""
+    await a_recorded_execution_refused_its_claim_is_left_for_the_holder(run.cp, run.agent)

@@ -107,6 +107,23 @@ class JobStore:
                          {"worker_id": worker_id, "job_name": job.job_name}, now)
             return True
 
+    def follow(self, worker_id: str, handle: dict[str, Any], fence: Fence | None = None) -> bool:
+        """The job's execution ended refused its attempt's claim while another execution of the
+        attempt holds it and runs: the job follows that one from now on (its handle replaced).
+        With a `fence`, only while the lease is still held (raises `leases.Fenced`)."""
+        now = self.w.clock()
+        with self.w.tx() as c:
+            if fence is not None:
+                self.leases.check(c, fence)
+            rows = self.db.run(c, q.GET_JOB_BY_WORKER, {"worker_id": worker_id})
+            job = JobRow.from_row(rows[0]) if rows else None
+            if job is None or job.state != J.ACTIVE:
+                return False
+            self.db.run(c, q.UPDATE_JOB, {"_wid": worker_id, "handle_json": json.dumps(handle)})
+            self.w.event(c, job.task_id, "followed", None, None, job.attempt,
+                         {"worker_id": worker_id, "job_name": job.job_name}, now)
+            return True
+
     def drop_unlaunched(self, task_id: str, attempt: int, error: dict[str, Any]) -> None:
         """A cancel arrived before the job was launched (or the launch found nothing): the task
         is cancelled with `error` and the launch intent is dropped, in one transaction."""
