@@ -52,6 +52,7 @@ def build_launch_spec(task: TaskRow, job: JobRow, catalog: Catalog, settings: Se
         "CONTROLPLANE_STORE_URL": store_url,
         "CONTROLPLANE_HEARTBEAT_S": str(settings.heartbeat_interval_s),
         "CONTROLPLANE_KILL_GRACE_S": str(settings.kill_grace_s),
+        "CONTROLPLANE_CLAIM_WAIT_S": str(settings.claim_wait_s),
     })
     if settings.job_store_access != "identity":
         env["CONTROLPLANE_STORE_ACCESS"] = settings.job_store_access

@@ -155,6 +155,9 @@ class Settings(BaseSettings):
     start_timeout_s: float = 600.0
     # SIGTERM -> SIGKILL grace for a job's process tree.
     kill_grace_s: float = 5.0
+    # How long a job's runner waits for the control plane to answer its claim before it claims
+    # the attempt in the object store itself (the tool starts only once the claim is held).
+    claim_wait_s: float = 60.0
     # How long a cancelled/timed-out job may take to confirm it stopped before we stop waiting.
     stop_confirm_timeout_s: float = 120.0
 

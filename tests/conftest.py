@@ -119,7 +119,7 @@ def anyio_backend() -> str:
 
 
 FAST = dict(scheduler_interval_s=0.1, reconcile_interval_s=0.2, heartbeat_interval_s=0.5, heartbeat_timeout_s=20,
-            kill_grace_s=1.0, leader_lease_s=3.0)
+            kill_grace_s=1.0, leader_lease_s=3.0, claim_wait_s=2.0)
 
 
 @pytest.fixture

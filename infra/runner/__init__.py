@@ -18,6 +18,8 @@ Environment the control plane gives the runner:
                                                  through URLs signed by the control plane
                                                  (`controlplane_runner.granted`)
     CONTROLPLANE_HEARTBEAT_S, CONTROLPLANE_KILL_GRACE_S
+    CONTROLPLANE_CLAIM_WAIT_S                    seconds to wait for the control plane to answer the
+                                                 claim before claiming in the object store (60)
 
 Environment the runner gives the tool (the job contract a tool is written against):
 
