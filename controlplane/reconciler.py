@@ -256,14 +256,12 @@ class Reconciler:
         was refused: `_follow_holder`). A provider error leaves it for the next cycle; a stop is sent
         only while the lease has `stop_margin_s` to spare; what was done is recorded fenced. True
         once recorded."""
-        provider = self.providers.get(j.provider)
-        own = self._handle(provider, j) if provider is not None and j.handle_json else None
-        if provider is None or own is None or self.build_spec is None:
+        looked = self._lookable(j)
+        if looked is None:
             return False
+        provider, own = looked
         try:
-            spec = self._spec_of(j)
-            found = [] if spec is None else self._call(provider, "find_all", spec)
-            others = [h for h in found if not provider.same_job(h, own)]
+            others = self._other_executions(j, provider, own)
             *statuses, own_status = self._call(provider, "poll", [*others, own])
         except PermanentProviderError as e:  # (the tool left the catalog): nothing to look up by
             log.warning("the executions of %s cannot be looked up: %s", j.job_name, e)
@@ -298,14 +296,12 @@ class Reconciler:
         attempt still runs (the claim's holder; a refused one exits at once): the job follows the
         newest such execution instead of ending the attempt. False: none runs (or none can be
         looked up now), and the job ends as its provider says."""
-        provider = self.providers.get(j.provider)
-        own = self._handle(provider, j) if provider is not None and j.handle_json else None
-        if provider is None or own is None or self.build_spec is None:
+        looked = self._lookable(j)
+        if looked is None:
             return False
+        provider, own = looked
         try:
-            spec = self._spec_of(j)
-            found = [] if spec is None else self._call(provider, "find_all", spec)
-            others = [h for h in found if not provider.same_job(h, own)]
+            others = self._other_executions(j, provider, own)
             statuses = self._call(provider, "poll", others) if others else []
         except Exception as e:  # noqa: BLE001 - the job ends as its provider says
             log.warning("looking up the other executions of %s failed: %s", j.job_name, e)
@@ -319,6 +315,20 @@ class Reconciler:
                     extra={"task_id": j.task_id, "attempt": j.attempt, "provider": provider.name,
                            "job_name": j.job_name, "action": "followed"})
         return True
+
+    def _lookable(self, j: WatchedJob) -> tuple[Provider, Handle] | None:
+        """The job's provider and own handle, when its attempt's executions can be looked up."""
+        provider = self.providers.get(j.provider)
+        own = self._handle(provider, j) if provider is not None and j.handle_json else None
+        if provider is None or own is None or self.build_spec is None:
+            return None
+        return provider, own
+
+    def _other_executions(self, j: WatchedJob, provider: Provider, own: Handle) -> list[Handle]:
+        """The attempt's executions other than the job's own (`find_all`; raises what it raises)."""
+        spec = self._spec_of(j)
+        found = [] if spec is None else self._call(provider, "find_all", spec)
+        return [h for h in found if not provider.same_job(h, own)]
 
     def _spec_of(self, j: WatchedJob) -> LaunchSpec | None:
         """The job's LaunchSpec as the scheduler built it (for a draining job, of its attempt)."""
