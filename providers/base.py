@@ -289,6 +289,11 @@ class PermanentProviderError(ProviderError):
     """The request is wrong and will stay wrong (e.g. an unknown job queue)."""
 
 
+class CapacityProviderError(ProviderError):
+    """The runner has no room for the job now (a full region or zone, a vCPU, job or concurrency
+    quota): the request is sound and may succeed later or on another placement."""
+
+
 class MalformedHandle(ProviderError, ValueError):
     """A stored handle that is not one of this provider's (a missing or mistyped field)."""
 
