@@ -41,7 +41,6 @@ with, which must have mcp-controlplane installed; default this one), `JOBS_DIR`,
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -70,14 +69,22 @@ from controlplane_providers.base import (
     Shape,
     omitted_if_none,
 )
+from controlplane_providers.jobdirs import (
+    console_tail,
+    create_time,
+    is_job_dir,
+    kill_remains,
+    read_json,
+    runner_of,
+    runs_job,
+    signal_group,
+    write_json,
+)
 from controlplane_runner.claim import CLAIM_LOST
 
 log = logging.getLogger("controlplane.providers.local")
 
 CLAIM_WAIT_S = 30.0
-# What an ended job's status carries of its console (JobStatus.last_output).
-TAIL_BYTES = 4096
-TAIL_LINES = 20
 NO_SCRATCH = ("local jobs write to this host's disk (the job directory's work/), shared with everything else on "
               "the host: nothing reserves scratch space for one job")
 
@@ -130,7 +137,7 @@ class LocalProvider(Provider[LocalHandle]):
         # No runner holds the job (a directory without a claim is a launch that died, or one
         # still on its way: whichever runner claims first runs, the other exits at once).
         command = list(spec.command)
-        _write_json(job_dir / "launch.json", {"task_id": spec.task_id, "attempt": spec.attempt,
+        write_json(job_dir / "launch.json", {"task_id": spec.task_id, "attempt": spec.attempt,
                                               "tool": spec.tool_name, "command": command})
         env = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLPLANE_")}
         env.update(spec.env)
@@ -146,7 +153,7 @@ class LocalProvider(Provider[LocalHandle]):
             child = subprocess.Popen(argv, cwd=job_dir, env=env, stdin=subprocess.DEVNULL, stdout=console,
                                      stderr=subprocess.STDOUT, start_new_session=True)
         self._children[child.pid] = child
-        mine = LocalHandle(pid=child.pid, create_time=_create_time(child.pid), job_dir=str(job_dir),
+        mine = LocalHandle(pid=child.pid, create_time=create_time(child.pid), job_dir=str(job_dir),
                            launched_at=launched_at)
         if self._claimed(child, job_dir) or child.returncode != CLAIM_LOST:
             return mine  # ours (or it died starting: poll says it is gone)
@@ -157,7 +164,7 @@ class LocalProvider(Provider[LocalHandle]):
         thing it does, so this is the interpreter's start-up, a few tens of milliseconds."""
         deadline = time.monotonic() + CLAIM_WAIT_S
         while time.monotonic() < deadline:
-            if (_read_json(job_dir / "runner.pid") or {}).get("pid") == child.pid:
+            if (read_json(job_dir / "runner.pid") or {}).get("pid") == child.pid:
                 return True
             if child.poll() is not None:
                 return False
@@ -170,15 +177,15 @@ class LocalProvider(Provider[LocalHandle]):
         job_dir = self.jobs_dir / spec.job_name
         if not job_dir.exists():
             return None
-        claim = _read_json(job_dir / "runner.pid") or {}
+        claim = read_json(job_dir / "runner.pid") or {}
         claimed = claim.get("pid") if isinstance(claim.get("pid"), int) else None
         if claimed is not None:
-            runner = _runner_of(claimed, spec.job_name)
+            runner = runner_of(claimed, spec.job_name)
             if runner is not None:
                 return LocalHandle(pid=runner.pid, create_time=runner.create_time(), job_dir=str(job_dir))
         else:
             for p in psutil.process_iter(["pid", "cmdline", "create_time"]):
-                if _runs_job(p.info.get("cmdline") or [], spec.job_name):
+                if runs_job(p.info.get("cmdline") or [], spec.job_name):
                     return LocalHandle(pid=p.info["pid"], create_time=p.info["create_time"], job_dir=str(job_dir))
         if (job_dir / "exit.json").exists():
             return LocalHandle(pid=0, create_time=0.0, job_dir=str(job_dir))
@@ -202,15 +209,15 @@ class LocalProvider(Provider[LocalHandle]):
 
     def _status(self, h: LocalHandle) -> JobStatus:
         job_dir = Path(h.job_dir)
-        outcome = _read_json(job_dir / "exit.json")
+        outcome = read_json(job_dir / "exit.json")
         if outcome is None and self._alive(h):
             # psutil's create_time is derived from boot time and can be off by a second: the
             # wall clock at launch is the better start time.
             return JobStatus(JobPhase.RUNNING, started_at=h.launched_at, raw_status="running")
         if outcome is None:  # it may have finished between the two looks
-            outcome = _read_json(job_dir / "exit.json")
+            outcome = read_json(job_dir / "exit.json")
         if outcome is None:
-            _kill_remains(job_dir)  # gone means gone: no tool of a lost attempt runs beside its retry
+            kill_remains(job_dir)  # gone means gone: no tool of a lost attempt runs beside its retry
             return JobStatus(JobPhase.GONE, reason="the runner process ended without reporting an outcome",
                              raw_status="gone", last_output=console_tail(job_dir / "console.log"))
         code = outcome.get("exit_code")
@@ -244,7 +251,7 @@ class LocalProvider(Provider[LocalHandle]):
     # ---- cancel ---------------------------------------------------------------------------
     def cancel(self, handle: LocalHandle, reason: str = "cancelled") -> None:
         if not self._alive(handle):
-            _kill_remains(Path(handle.job_dir))
+            kill_remains(Path(handle.job_dir))
             return
         job_dir = Path(handle.job_dir)
         marker = job_dir / "cancel_requested_at"
@@ -255,7 +262,7 @@ class LocalProvider(Provider[LocalHandle]):
             marker.write_text(str(first))
         pid = handle.pid
         if time.time() - first < self.kill_grace_s + 5:
-            _signal_group(pid, signal.SIGTERM)  # the runner forwards it to the tool's group
+            signal_group(pid, signal.SIGTERM)  # the runner forwards it to the tool's group
             return
         # The runner did not finish stopping in time: kill it and everything below it.
         try:
@@ -269,7 +276,7 @@ class LocalProvider(Provider[LocalHandle]):
             except ProcessLookupError:
                 pass
         for g in groups:
-            _signal_group(g, signal.SIGKILL)
+            signal_group(g, signal.SIGKILL)
         for p in tree:
             try:
                 p.kill()
@@ -304,7 +311,7 @@ class LocalProvider(Provider[LocalHandle]):
         job_dir = Path(handle.job_dir)
         if not job_dir.is_dir():
             return True
-        if not _is_job_dir(job_dir, self.jobs_dir):
+        if not is_job_dir(job_dir, self.jobs_dir):
             log.warning("not releasing %s: not a job directory of this provider", job_dir)
             return True
         shutil.rmtree(job_dir, ignore_errors=True)
@@ -312,92 +319,3 @@ class LocalProvider(Provider[LocalHandle]):
 
     def scratch_note(self, shape: Shape) -> str:
         return NO_SCRATCH
-
-
-def console_tail(path: Path, max_bytes: int = TAIL_BYTES, max_lines: int = TAIL_LINES) -> tuple[str, ...]:
-    """The last lines of a job's console (at most `max_lines`, from its last `max_bytes`): what a
-    runner printed before it died is gone with the job directory, so its end keeps them."""
-    try:
-        with open(path, "rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            f.seek(max(0, size - max_bytes))
-            raw = f.read(max_bytes)
-    except OSError:
-        return ()
-    lines = raw.decode("utf-8", "replace").replace("\x00", "\ufffd").splitlines()  # NUL: no database holds it
-    if size > max_bytes and lines:
-        lines = lines[1:]  # the first is cut
-    return tuple(ln for ln in lines if ln.strip())[-max_lines:]
-
-
-def _is_job_dir(path: Path, jobs_dir: Path) -> bool:
-    """A directory this provider made: in its jobs directory, or (another JOBS_DIR setting before a
-    restart) one that holds what `launch` writes first."""
-    return path.resolve().parent == jobs_dir.resolve() or (path / "launch.json").is_file()
-
-
-def _runs_job(cmdline: list[str], job_name: str) -> bool:
-    """A runner's command line names its job: `--job-name NAME`."""
-    return any(cmdline[i] == "--job-name" and cmdline[i + 1] == job_name for i in range(len(cmdline) - 1))
-
-
-def _runner_of(pid: int, job_name: str) -> psutil.Process | None:
-    """The live process `pid`, if it is the runner of `job_name` (a pid alone may have been reused)."""
-    try:
-        p = psutil.Process(pid)
-        if p.status() != psutil.STATUS_ZOMBIE and _runs_job(p.cmdline(), job_name):
-            return p
-    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-        pass
-    return None
-
-
-def _create_time(pid: int) -> float:
-    try:
-        return psutil.Process(pid).create_time()
-    except psutil.NoSuchProcess:
-        return 0.0
-
-
-def _kill_remains(job_dir: Path) -> None:
-    """Kill what is left of a job whose runner died without stopping its tool (the tool runs in a
-    process group of its own, which outlives a runner killed with SIGKILL or by the OOM killer).
-
-    The runner wrote the group's id (the tool's pid) and when it started (`tool.pid`). The group is
-    the tool's while its leader is that process (its start time matches), or while the leader is
-    gone but members remain: Linux does not hand out a pid still in use as a process group id. A
-    leader with another start time is someone else's process that got the number: left alone."""
-    recorded = _read_json(job_dir / "tool.pid")
-    if not recorded or not isinstance(recorded.get("pgid"), int) or recorded["pgid"] <= 1:
-        return
-    pgid = recorded["pgid"]
-    try:
-        leader_started = psutil.Process(pgid).create_time()
-    except psutil.NoSuchProcess:
-        leader_started = None
-    except psutil.AccessDenied:
-        return
-    if leader_started is not None and abs(leader_started - float(recorded.get("started_at") or 0)) > 2.0:
-        return
-    _signal_group(pgid, signal.SIGKILL)
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _read_json(path: Path) -> dict | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
