@@ -32,16 +32,13 @@ How it maps the core's contract onto Batch:
   (yet) is an empty page with a reason.
 * The handle (`BatchHandle`) is the job id with its name, queue, log group and waiting policy.
 
-Scratch disk is the job definition's, never the submit's: SubmitJob's containerOverrides carry
-only command, environment, instanceType and resourceRequirements (GPU, MEMORY, VCPU), so a job
-gets what its job definition gives. A Fargate job definition gives the job its task's ephemeral
-storage: `ephemeralStorage.sizeInGiB` (21 to 200 GiB), 20 GiB when unset. On EC2 resources Batch
-reserves no disk for a job (ephemeralStorage is Fargate's only; jobs share the instance's
-storage). So `scratch_limit_mb` reads the job definition (DescribeJobDefinitions: the latest
-ACTIVE revision of a bare name, cached a minute): its ephemeral storage on Fargate, None on EC2,
-and `launch` checks it again, refusing (LAUNCH_FAILED) a task whose job definition no longer
-gives what it asked for. A task that needs more scratch needs a resource class (or tool) whose
-job definition has more.
+Scratch disk is the job definition's, never the submit's (SubmitJob cannot change it): a Fargate
+job definition's `ephemeralStorage` (20 GiB when unset), none on EC2 resources. `scratch_limit_mb`
+reads the job definition (`aws/storage.py`, cached a minute) and `launch` checks it again.
+
+No capacity error at launch: SubmitJob answers only ClientException and ServerException, and a
+queue whose compute environments cannot scale takes the job and leaves it RUNNABLE, which `poll`
+reports as waiting and gives up on per `on_stuck` (`aws/errors.py`).
 
 Settings (`CONTROLPLANE_AWS_BATCH_*`): `REGION` (else boto3's chain), `ENDPOINT_URL` (an emulator
 or a private endpoint; boto3's own `AWS_ENDPOINT_URL_BATCH` works too), `LOGS_ENDPOINT_URL`,
@@ -73,6 +70,8 @@ from pydantic_settings import SettingsConfigDict
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from controlplane_providers import ratelimit
+from controlplane_providers.aws.errors import classify, throttled
+from controlplane_providers.aws.storage import Storage, read_definition, storage_of
 from controlplane_providers.base import (
     Capability,
     Handle,
@@ -94,7 +93,6 @@ from controlplane_providers.base import (
 log = logging.getLogger("controlplane.providers.aws_batch")
 
 DEFAULT_LOG_GROUP = "/aws/batch/job"
-FARGATE_DEFAULT_STORAGE_GIB = 20  # a Fargate job's ephemeral storage when its job definition sets none
 DEFINITION_TTL_S = 60.0  # how long a job definition's facts are trusted before they are read again
 # Batch status -> the core's job phase: the one table.
 PHASES: dict[str, JobPhase] = {
@@ -107,38 +105,11 @@ PHASES: dict[str, JobPhase] = {
     "FAILED": JobPhase.FAILED,
 }
 WAITING = {"RUNNABLE": "waiting for compute capacity", "STARTING": "starting its container"}
-THROTTLING_CODES = {"TooManyRequestsException", "ThrottlingException", "RequestLimitExceeded"}
-TRANSIENT_CODES = THROTTLING_CODES | {"ServerException", "ServiceUnavailable", "InternalFailure"}
 _TAG_VALUE = re.compile(r"[^\w .:/=+\-@]")
 
 
 def _tag(value: str) -> str:
     return _TAG_VALUE.sub("_", value)[:256]
-
-
-def _code_and_status(e: ClientError) -> tuple[str, int]:
-    return (str(e.response.get("Error", {}).get("Code", "")),
-            int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0))
-
-
-def _throttled(e: BaseException) -> bool:
-    """Refused for the rate before anything was done: safe to send again as it was."""
-    if not isinstance(e, ClientError):
-        return False
-    code, status = _code_and_status(e)
-    return code in THROTTLING_CODES or status == 429
-
-
-def classify(e: Exception) -> Exception:
-    """A Batch/Logs error as the core's transient (retry later) or permanent (wrong request)."""
-    if isinstance(e, ClientError):
-        code, status = _code_and_status(e)
-        if code in TRANSIENT_CODES or status == 429 or status >= 500:
-            return TransientProviderError(f"{code or status}: {e}")
-        return PermanentProviderError(f"{code}: {e.response.get('Error', {}).get('Message', e)}")
-    if isinstance(e, BotoCoreError):
-        return TransientProviderError(str(e))
-    return e
 
 
 class AwsBatchSettings(ProviderSettings):
@@ -170,14 +141,6 @@ class BatchHandle(Handle):
     on_stuck: str = "wait"
 
 
-@dataclass(frozen=True)
-class _Storage:
-    """What a job definition guarantees a job of scratch disk (None: nothing), and why."""
-
-    limit_mb: int | None
-    note: str
-
-
 class AwsBatchProvider(Provider[BatchHandle]):
     name = "aws_batch"
     Settings = AwsBatchSettings
@@ -204,7 +167,7 @@ class AwsBatchProvider(Provider[BatchHandle]):
         for client in (self.batch, self.submitter):
             ratelimit.BotocoreHook(self.limiter).install(client, "batch")  # every request, retries too
         self._streams: dict[str, str] = {}  # job id -> log stream, learnt from DescribeJobs
-        self._storage: dict[str, tuple[float, _Storage]] = {}  # job definition -> (read at, its storage)
+        self._storage: dict[str, tuple[float, Storage]] = {}  # job definition -> (read at, its storage)
         self._storage_lock = threading.Lock()
 
     def _call(self, fn: Any, **kwargs: Any) -> Any:
@@ -244,7 +207,7 @@ class AwsBatchProvider(Provider[BatchHandle]):
     def _submit(self, **request: Any) -> dict[str, Any]:
         """SubmitJob, retried here only while it is throttled (see the module's doc)."""
         try:
-            for attempt in Retrying(retry=retry_if_exception(_throttled), wait=wait_random_exponential(multiplier=0.25, max=8),
+            for attempt in Retrying(retry=retry_if_exception(throttled), wait=wait_random_exponential(multiplier=0.25, max=8),
                                     stop=stop_after_attempt(8), reraise=True):
                 with attempt:
                     return self.submitter.submit_job(**request)
@@ -381,7 +344,7 @@ class AwsBatchProvider(Provider[BatchHandle]):
     def scratch_note(self, shape: Shape) -> str:
         return self._job_storage(shape.options.job_definition).note
 
-    def _job_storage(self, ref: str) -> _Storage:
+    def _job_storage(self, ref: str) -> Storage:
         """The scratch disk job definition `ref` gives a job, read at most once a minute (a stale
         answer is used while Batch is throttled or unavailable)."""
         now = time.monotonic()
@@ -390,7 +353,7 @@ class AwsBatchProvider(Provider[BatchHandle]):
         if known is not None and now - known[0] < DEFINITION_TTL_S:
             return known[1]
         try:
-            storage = _storage_of(ref, self._definition(ref))
+            storage = storage_of(ref, read_definition(self._call, self.batch, ref))
         except TransientProviderError:
             if known is not None:
                 return known[1]
@@ -398,41 +361,3 @@ class AwsBatchProvider(Provider[BatchHandle]):
         with self._storage_lock:
             self._storage[ref] = (now, storage)
         return storage
-
-    def _definition(self, ref: str) -> dict[str, Any] | None:
-        """The job definition SubmitJob would use for `ref`: an ARN, name:revision, or a name
-        (its latest ACTIVE revision)."""
-        if ref.startswith("arn:"):
-            found = self._call(self.batch.describe_job_definitions, jobDefinitions=[ref]).get("jobDefinitions", [])
-        else:
-            name, _, revision = ref.partition(":")
-            found, token = [], None
-            while True:
-                kwargs: dict[str, Any] = {"jobDefinitionName": name, "status": "ACTIVE"}
-                if token:
-                    kwargs["nextToken"] = token
-                resp = self._call(self.batch.describe_job_definitions, **kwargs)
-                found += resp.get("jobDefinitions", [])
-                token = resp.get("nextToken")
-                if not token:
-                    break
-            if revision:
-                found = [d for d in found if str(d.get("revision")) == revision]
-        return max(found, key=lambda d: int(d.get("revision") or 0)) if found else None
-
-
-def _storage_of(ref: str, definition: dict[str, Any] | None) -> _Storage:
-    if definition is None:
-        return _Storage(None, f"AWS Batch has no active job definition {ref}")
-    named = f"job definition {definition.get('jobDefinitionName', ref)}:{definition.get('revision', '?')}"
-    if "FARGATE" not in (definition.get("platformCapabilities") or []):
-        return _Storage(None, f"{named} runs on EC2 resources, where AWS Batch reserves no disk for a job (jobs share "
-                              "the instance's storage; only a Fargate job definition's ephemeralStorage is reserved)")
-    props = definition.get("containerProperties") or next(
-        iter((definition.get("ecsProperties") or {}).get("taskProperties") or []), {})
-    size = (props.get("ephemeralStorage") or {}).get("sizeInGiB")
-    gib = int(size or FARGATE_DEFAULT_STORAGE_GIB)
-    how = "its ephemeralStorage" if size else "Fargate's default, as it sets no ephemeralStorage"
-    return _Storage(gib * 1024, f"{named} runs on Fargate with {gib} GiB ({gib * 1024} MiB) of ephemeral storage "
-                                f"({how}); a job gets its job definition's storage (SubmitJob cannot change it), so "
-                                "more needs a job definition with a larger ephemeralStorage (up to 200 GiB)")
