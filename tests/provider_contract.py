@@ -18,6 +18,9 @@ The suite then checks, through the provider's interface alone:
 * cancel stops a running job, and repeating it (also after the end, and on a vanished job) is
   harmless;
 * native logs read page by page return every line once, in order;
+* log reads keep to the log service's read quota: a read over it answers at once with an empty
+  page, a reason and its cursor unchanged, the service sees no more reads than the quota allows,
+  and the tail goes on from that cursor once the quota has room, losing no line;
 * throttled calls (429/5xx) are survived: nothing fails for them, and no attempt runs twice;
 * release stops nothing (a running job keeps running) and is harmless to repeat once it ended;
 * a provider that cannot reserve scratch disk says so, and refuses a launch that asks for it
@@ -37,6 +40,7 @@ from typing import Any
 
 import pytest
 
+from controlplane_providers import ratelimit
 from controlplane_providers.base import (
     Capability,
     Handle,
@@ -60,6 +64,8 @@ class Harness:
     options: ProviderOptions
     capacity: Any = None  # an object whose `start_jobs = False` keeps new jobs waiting (the fake's executor)
     faults: Any = None  # an object whose `fault_rate` makes that share of API calls answer 429 or 5xx
+    # The provider's setting for its log service's read quota (reads a minute), if it keeps one.
+    log_quota_setting: str | None = None
 
     def count_jobs(self, job_name: str) -> int:
         """How many jobs the runner has for one attempt's job name."""
@@ -80,6 +86,23 @@ class Harness:
         """A share of the provider's API calls answer 429 or 5xx inside the block."""
         with _setting(self.faults, "fault_rate", rate):
             yield
+
+    def log_reads(self) -> int | None:
+        """How many log reads the runner's log service has answered so far (None: not counted)."""
+        return None
+
+    @contextmanager
+    def log_quota(self, reads: int) -> Iterator[None]:
+        """The provider's log reads have a fresh quota of `reads` a minute inside the block, and
+        a fresh default one after it."""
+        settings = self.provider.settings  # type: ignore[attr-defined]
+        self.provider.settings = settings.model_copy(update={self.log_quota_setting: reads})  # type: ignore[attr-defined]
+        ratelimit._registry.clear()  # the quota's limiter is made afresh on the next read
+        try:
+            yield
+        finally:
+            self.provider.settings = settings  # type: ignore[attr-defined]
+            ratelimit._registry.clear()
 
     def spec(self, job_name: str, script: str, *, max_runtime_s: int = 120, scratch_mb: int = 0) -> LaunchSpec:
         return LaunchSpec(task_id="tsk_" + job_name, attempt=1, job_name=job_name, tool_name="contract", owner="me",
@@ -293,6 +316,32 @@ class ProviderContract:
 
         eventually(read_all)
 
+    def test_log_reads_keep_to_the_quota(self, harness: Harness) -> None:
+        p = harness.provider
+        if harness.log_quota_setting is None:
+            pytest.skip(f"{p.name} keeps no log read quota of its own")
+        h = p.launch(harness.spec(unique("quota"), PRINT_LINES.format(n=25, code=0)))
+        wait_for(p, h, ENDED)
+        eventually(lambda: _lines_from(p, h, None, 100, 25))  # every line has reached the log service
+        seen: list[str] = []
+        cursor = None
+        with harness.log_quota(3):
+            before = harness.log_reads()
+            for _ in range(3):
+                page = p.logs(h, cursor, 4)
+                assert page.lines and page.reason is None, page
+                seen += [ln.message for ln in page.lines]
+                cursor = page.next_cursor
+            for _ in range(2):  # over the quota: at once, nothing read, the tail stays where it was
+                started = time.monotonic()
+                over = p.logs(h, cursor, 4)
+                assert time.monotonic() - started < 5
+                assert over.lines == [] and over.reason and over.next_cursor == cursor, over
+            if before is not None:
+                assert harness.log_reads() - before <= 3  # the service saw no read over the quota
+        seen += _lines_from(p, h, cursor, 100, 25 - len([m for m in seen if m.startswith("line ")]))
+        assert [m for m in seen if m.startswith("line ")] == [f"line {i}" for i in range(25)], seen
+
     def test_release_stops_nothing_and_repeats_harmlessly(self, harness: Harness) -> None:
         p = harness.provider
         h = p.launch(harness.spec(unique("rel"), SLEEP.format(s=30)))
@@ -352,6 +401,14 @@ def _all_found(p: Provider, spec: LaunchSpec, n: int) -> list[Handle]:
     found = p.find_all(spec)
     assert len(found) == n and all(type(h) is p.handle_type for h in found), found
     return found
+
+
+def _lines_from(p: Provider, h: Handle, cursor: str | None, limit: int, want: int) -> list[str]:
+    """The messages of one page from `cursor`, once it holds `want` lines of the script's."""
+    page = p.logs(h, cursor, limit)
+    messages = [ln.message for ln in page.lines]
+    assert len([m for m in messages if m.startswith("line ")]) == want, page
+    return messages
 
 
 def _released(p: Provider, h: Handle) -> bool:

@@ -340,6 +340,8 @@ def test_every_execution_state_maps_onto_a_phase(fake: gcp.FakeCloudRun) -> None
 
 # ---- the provider contract suite --------------------------------------------------------------------
 class CloudRunHarness(Harness):
+    log_quota_setting = "log_reads_per_min"
+
     def __init__(self, home: Path, fake: gcp.FakeCloudRun):
         self.fake = self.capacity = self.faults = fake  # start_jobs, fault_rate
         fake.create_job(PROJECT, REGION, "contract", command=RUNNER)
@@ -362,6 +364,9 @@ class CloudRunHarness(Harness):
 
     def forget(self, handle: CloudRunHandle) -> None:
         self.fake.forget(handle.execution)
+
+    def log_reads(self) -> int:
+        return _entries_calls(self.fake)
 
 
 

@@ -527,6 +527,8 @@ def test_every_execution_status_maps_onto_a_phase(fake: azure.FakeAzure, tmp_pat
 
 # ---- the provider contract suite --------------------------------------------------------------------
 class ContainerAppsHarness(Harness):
+    log_quota_setting = "log_queries_per_min"
+
     def __init__(self, home: Path, fake: azure.FakeAzure):
         self.fake = self.capacity = self.faults = fake  # start_jobs, fault_rate
         fake.create_job(RG, "contract", command=RUNNER)
@@ -547,6 +549,9 @@ class ContainerAppsHarness(Harness):
 
     def forget(self, handle: ContainerAppsHandle) -> None:
         self.fake.forget(handle.execution)
+
+    def log_reads(self) -> int:
+        return len(self.fake.queries)
 
 
 class TestContainerAppsContract(ProviderContract):
