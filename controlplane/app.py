@@ -25,8 +25,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import AsyncIterator
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import Any
@@ -35,26 +34,26 @@ import anyio
 import anyio.to_thread
 
 from controlplane.attempts import Attempts
-from controlplane.catalog import Catalog, CatalogError, ensure_catalog, file_format, parse_data, server_problems
+from controlplane.catalog import Catalog, CatalogError, ensure_catalog
+from controlplane.catalog_open import open_for, prepare
 from controlplane.catalog_watch import CatalogStatus, CatalogWatch
 from controlplane.estimates import Estimator
-from controlplane.prices import PriceError, PriceTable, Pricing
 from controlplane.http.listener import Listener
 from controlplane.http.routes import RouteDeps, routes
 from controlplane.launch import build_launch_spec
 from controlplane.objectstore.registry import StoreRegistry
 from controlplane.ops import metrics, traces
+from controlplane.prices import PriceError, PriceTable, Pricing
 from controlplane.progress import ProgressHub
 from controlplane.reconciler import Reconciler
 from controlplane.scheduler import Scheduler
 from controlplane.service import TaskService
 from controlplane.settings import Settings
+from controlplane.store import Store
 from controlplane.store.db import ChangeFeed, Database
 from controlplane.store.leases import Fence, Fenced
-from controlplane.store import Store
 from controlplane.store.rows import JobRow, TaskRow
-from controlplane_providers import registry
-from controlplane_providers.base import LaunchSpec, PermanentProviderError, Provider, ProviderContext
+from controlplane_providers.base import LaunchSpec, PermanentProviderError, Provider
 
 log = logging.getLogger("controlplane")
 SCHEDULER_MIN_GAP_S = 0.02
@@ -90,7 +89,7 @@ class ControlPlane:
         self.secret_key = self.settings.secret_key()
         self.stores = StoreRegistry(self.settings.resolved_object_store_url, self.secret_key)
         self.providers: dict[str, Provider] = dict(providers or {})
-        self.providers.update(self._open_for(self.catalog))
+        self.providers.update(open_for(self.catalog, self.settings, self.stores, self.providers))
         self.estimator = Estimator(self.store.tasks.runtimes)
         try:  # prices of what attempts use: the defaults, and the operator's file over them
             self.pricing = Pricing(PriceTable.load(self.settings.resolved_prices_path), self.catalog, self.providers)
@@ -122,41 +121,6 @@ class ControlPlane:
         self._running = 0
 
     # ---- the catalog ---------------------------------------------------------------------------
-    def _open_for(self, catalog: Catalog) -> dict[str, Provider]:
-        """Check `catalog` against the server's settings, open the object stores it names and
-        create the providers it names that are not open yet (returned). CatalogError otherwise."""
-        problems = server_problems(catalog, max_ttl_s=self.settings.max_ttl_s)
-        if problems:
-            raise CatalogError(*problems)
-        for url in catalog.store_urls():  # open every store the catalog names, failing early
-            self.stores.get(url)
-        if self.settings.job_store_access == "grants":
-            for url in [self.settings.resolved_object_store_url, *catalog.store_urls()]:
-                if not self.stores.get(url).signs_uploads:
-                    raise CatalogError(f"CONTROLPLANE_JOB_STORE_ACCESS=grants needs object stores that sign "
-                                       f"uploads (s3://, gs://, az://); {url.split('://', 1)[0]}:// does not")
-        context = ProviderContext(home=self.settings.home, kill_grace_s=self.settings.kill_grace_s,
-                                  endpoint_file=self.settings.endpoint_file)
-        opened: dict[str, Provider] = {}
-        for name in catalog.providers():
-            if name not in self.providers:
-                try:
-                    opened[name] = registry.create(name, context)
-                except registry.ProviderUnavailable as e:
-                    raise CatalogError(f"{catalog.source}: {e}") from None
-        return opened
-
-    def _prepare_catalog(self, text: str) -> tuple[Catalog, dict[str, Provider]]:
-        """The catalog file's new text, validated as at start, off to the side (in a worker thread)."""
-        path = self.settings.resolved_catalog_path
-        new = Catalog.from_data(parse_data(text, source=str(path), fmt=file_format(path)), source=str(path))
-        try:
-            return new, self._open_for(new)
-        except CatalogError:
-            raise
-        except Exception as e:  # noqa: BLE001 - an object store that cannot be opened, said without internals
-            raise CatalogError(f"{path}: an object store it names cannot be opened ({type(e).__name__})") from None
-
     async def reload_catalog(self) -> bool:
         """Take the catalog file again if it changed: validated off to the side, then swapped in
         whole (True). A file with problems leaves the catalog as it was: every problem is logged
@@ -168,7 +132,7 @@ class ControlPlane:
         if text is None:
             return False
         try:
-            new, opened = await anyio.to_thread.run_sync(self._prepare_catalog, text)
+            new, opened = await anyio.to_thread.run_sync(prepare, text, self.settings, self.stores, self.providers)
         except CatalogError as e:
             self.catalog_status = replace(self.catalog_status, refused_at=time.time(), problems=e.problems)
             log.error("the catalog file changed, but the server keeps revision %d: %d problem(s)\n%s",
@@ -194,15 +158,15 @@ class ControlPlane:
         return f"{self.public_url.rstrip('/')}/runner/v1" if self.public_url else None
 
     def build_spec(self, task: TaskRow, job: JobRow) -> LaunchSpec:
-        """The task's job as its tool was when the task was admitted (PermanentProviderError when
-        this process never knew that tool: removed from the catalog before a restart)."""
+        """The task's job as its tool was when the task was admitted, at its job's placement
+        (PermanentProviderError when this process never knew that tool: removed from the catalog
+        before a restart)."""
+        python, store_url = self.providers[job.provider].python, self.stores.get(task.store_url).url
         try:
-            self.catalog.admitted(task.tool_name, task.resource_class, task.submitted_at)
+            return build_launch_spec(task, job, self.catalog, self.settings, secret_key=self.secret_key,
+                                     callback_url=self.callback_url, store_url=store_url, python=python)
         except LookupError as e:
             raise PermanentProviderError(str(e)) from None
-        return build_launch_spec(task, job, self.catalog, self.settings, secret_key=self.secret_key,
-                                 callback_url=self.callback_url, store_url=self.stores.get(task.store_url).url,
-                                 python=self.providers[task.provider].python)
 
     def wake(self, *, scheduler: bool = True, reconciler: bool = True, queued_in: str | None = None) -> None:
         """Run the scheduler and/or the reconciler soon (callable from any thread). `queued_in`: a
