@@ -96,7 +96,8 @@ class Harness:
         """The provider's log reads have a fresh quota of `reads` a minute inside the block, and
         a fresh default one after it."""
         settings = self.provider.settings  # type: ignore[attr-defined]
-        self.provider.settings = settings.model_copy(update={self.log_quota_setting: reads})  # type: ignore[attr-defined]
+        quota = settings.model_copy(update={self.log_quota_setting: reads})
+        self.provider.settings = quota  # type: ignore[attr-defined]
         ratelimit._registry.clear()  # the quota's limiter is made afresh on the next read
         try:
             yield

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -17,75 +16,22 @@ from controlplane.app import ControlPlane
 from controlplane.ops import metrics
 from controlplane.settings import Settings
 from controlplane.store.leases import Fence, Fenced
-from controlplane_providers.base import (Handle, JobPhase, JobStatus, LaunchSpec, Provider,
-                                         TransientProviderError)
+from tests.doubles import MemoryProvider
 from tests.test_states import new_task
 
 
-@dataclass(frozen=True)
-class ExecHandle(Handle):
-    execution: str
-    job_name: str
-    seen_at: float | None = None  # differs between a launched handle and a found one (not identity)
-
-
-class Executions(Provider[ExecHandle]):
-    """A runner that keeps every execution of a name: each runs until stopped or `ended`."""
-
-    name = "local"
-    handle_type = ExecHandle
-    poll_interval_s = 0.0
-
-    def __init__(self) -> None:
-        self.executions: dict[str, list[str]] = {}  # job name -> executions, oldest first
-        self.ended: set[str] = set()
-        self.cancels: list[tuple[str, str]] = []
-        self.looks: list[str] = []  # find_all's job names
-        self.fail_looks = 0  # the next n find_all calls fail (throttled)
-
-    def start(self, job_name: str) -> ExecHandle:
-        execution = f"{job_name}-{len(self.executions.setdefault(job_name, [])) + 1}"
-        self.executions[job_name].append(execution)
-        return ExecHandle(execution, job_name, seen_at=time.time())
-
-    def launch(self, spec: LaunchSpec) -> ExecHandle:
-        return self.start(spec.job_name)
-
-    def find(self, spec: LaunchSpec) -> ExecHandle | None:
-        found = self.find_all(spec)
-        return found[0] if found else None
-
-    def find_all(self, spec: LaunchSpec) -> list[ExecHandle]:
-        self.looks.append(spec.job_name)
-        if self.fail_looks:
-            self.fail_looks -= 1
-            raise TransientProviderError("throttled")
-        return [ExecHandle(e, spec.job_name) for e in reversed(self.executions.get(spec.job_name, []))]
-
-    def same_job(self, a: ExecHandle, b: ExecHandle) -> bool:
-        return a.execution == b.execution
-
-    def poll(self, handles: list[ExecHandle]) -> list[JobStatus]:
-        return [JobStatus(JobPhase.FAILED, exit_code=75, raw_status="failed") if h.execution in self.ended
-                else JobStatus(JobPhase.RUNNING, started_at=time.time(), raw_status="running") for h in handles]
-
-    def cancel(self, handle: ExecHandle, reason: str = "cancelled") -> None:
-        self.cancels.append((handle.execution, reason))
-        self.ended.add(handle.execution)
+@pytest.fixture
+def runner() -> MemoryProvider:
+    return MemoryProvider()
 
 
 @pytest.fixture
-def runner() -> Executions:
-    return Executions()
-
-
-@pytest.fixture
-def cp(home: Path, runner: Executions) -> ControlPlane:
+def cp(home: Path, runner: MemoryProvider) -> ControlPlane:
     """A refused runner is given kill_grace_s to exit by itself: none here, but in its own test."""
     return ControlPlane(Settings(home=home, kill_grace_s=0.0), providers={"local": runner})
 
 
-def running_task(cp: ControlPlane, runner: Executions) -> tuple[str, str]:
+def running_task(cp: ControlPlane, runner: MemoryProvider) -> tuple[str, str]:
     """A running task whose attempt's job runs one execution: (task id, job name)."""
     assert cp.store.tasks.submit(new_task(), queue_limit=100).created
     [(task, job)] = cp.store.jobs.claim_for_launch("cpu_small", capacity=100)
@@ -99,7 +45,7 @@ def stopped_metric() -> float:
                                              {"provider": "local", "action": "stopped"}) or 0.0
 
 
-def test_a_refused_claim_is_counted_on_its_attempts_job_alone(cp: ControlPlane, runner: Executions) -> None:
+def test_a_refused_claim_is_counted_on_its_attempts_job_alone(cp: ControlPlane, runner: MemoryProvider) -> None:
     tid, _ = running_task(cp, runner)
     other, _ = running_task(cp, runner)
     cp.store.jobs.note_refused_claim(tid, 1)
@@ -110,7 +56,7 @@ def test_a_refused_claim_is_counted_on_its_attempts_job_alone(cp: ControlPlane, 
     assert cp.store.jobs.get(other, 1).extra_claims == 0
 
 
-def test_the_reconciler_stops_an_extra_execution_and_says_so(cp: ControlPlane, runner: Executions,
+def test_the_reconciler_stops_an_extra_execution_and_says_so(cp: ControlPlane, runner: MemoryProvider,
                                                              caplog: pytest.LogCaptureFixture) -> None:
     tid, name = running_task(cp, runner)
     cp.reconciler.cycle_sync(force_poll=True)
@@ -135,16 +81,16 @@ def test_the_reconciler_stops_an_extra_execution_and_says_so(cp: ControlPlane, r
 
 
 def test_an_extra_execution_that_ended_by_itself_is_checked_not_stopped(cp: ControlPlane,
-                                                                        runner: Executions) -> None:
+                                                                        runner: MemoryProvider) -> None:
     tid, name = running_task(cp, runner)
-    runner.ended.add(runner.start(name).execution)  # its runner was refused and exited 75
+    runner.end(runner.start(name), 75)  # its runner was refused and exited 75
     cp.store.jobs.note_refused_claim(tid, 1)
     cp.reconciler.cycle_sync(force_poll=True)
     job = cp.store.jobs.get(tid, 1)
     assert runner.cancels == [] and (job.extra_claims, job.extra_checked, job.extra_stopped) == (1, 1, 0)
 
 
-def test_a_refused_runner_has_the_grace_to_exit_by_itself(cp: ControlPlane, runner: Executions) -> None:
+def test_a_refused_runner_has_the_grace_to_exit_by_itself(cp: ControlPlane, runner: MemoryProvider) -> None:
     """It exits at once with the status that says why: stopped meanwhile, it would say it was killed."""
     cp.settings.kill_grace_s = 0.5
     tid, name = running_task(cp, runner)
@@ -152,7 +98,7 @@ def test_a_refused_runner_has_the_grace_to_exit_by_itself(cp: ControlPlane, runn
     cp.store.jobs.note_refused_claim(tid, 1)
     cp.reconciler.cycle_sync(force_poll=True)
     assert runner.looks == [] and cp.store.jobs.get(tid, 1).extra_checked == 0  # not yet
-    runner.ended.add(extra.execution)  # it exited
+    runner.end(extra, 75)  # it exited
     time.sleep(0.6)
     cp.reconciler.cycle_sync(force_poll=True)
     job = cp.store.jobs.get(tid, 1)
@@ -168,7 +114,7 @@ def test_a_refused_runner_has_the_grace_to_exit_by_itself(cp: ControlPlane, runn
     assert cp.store.jobs.get(tid, 1).extra_stopped == 1
 
 
-def test_a_failed_look_is_left_for_the_next_cycle(cp: ControlPlane, runner: Executions) -> None:
+def test_a_failed_look_is_left_for_the_next_cycle(cp: ControlPlane, runner: MemoryProvider) -> None:
     tid, name = running_task(cp, runner)
     runner.start(name)
     cp.store.jobs.note_refused_claim(tid, 1)
@@ -180,7 +126,7 @@ def test_a_failed_look_is_left_for_the_next_cycle(cp: ControlPlane, runner: Exec
     assert cp.store.jobs.get(tid, 1).extra_stopped == 1
 
 
-def test_a_leader_that_lost_its_lease_stops_nothing(cp: ControlPlane, runner: Executions) -> None:
+def test_a_leader_that_lost_its_lease_stops_nothing(cp: ControlPlane, runner: MemoryProvider) -> None:
     tid, name = running_task(cp, runner)
     runner.start(name)
     cp.store.jobs.note_refused_claim(tid, 1)

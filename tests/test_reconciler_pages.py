@@ -9,8 +9,6 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -21,79 +19,40 @@ from controlplane.settings import Settings
 from controlplane.states import WATCHED, JobState, TaskState
 from controlplane.store import queries as q
 from controlplane.store.models import WATCHED_JOBS_WHERE
-from controlplane_providers.base import Handle, JobPhase, JobStatus, LaunchSpec, MalformedHandle, Provider
+from controlplane_providers.base import JobPhase, JobStatus, MalformedHandle
 from tests.conftest import query_plan
+from tests.doubles import MemoryHandle, MemoryProvider
 from tests.test_states import new_task
 
 PAGE = 7
 BATCH = 4
 
 
-@dataclass(frozen=True)
-class PageHandle(Handle):
-    job: str
-    group: str
-
-
-class PagedDouble(Provider[PageHandle]):
-    """Says every job runs unless told otherwise (`ended`); records every poll and stop."""
-
-    name = "local"
-    capabilities = frozenset()
-    handle_type = PageHandle
-    poll_batch_size = BATCH
-    poll_interval_s = 0.0
-
-    def __init__(self) -> None:
-        self.polls: list[list[PageHandle]] = []
-        self.cancels: list[tuple[str, str]] = []
-        self.ended: dict[str, JobStatus] = {}
-        self.on_first_poll: Callable[[], None] | None = None
-
-    def launch(self, spec: LaunchSpec) -> PageHandle:
-        raise AssertionError("the tests launch nothing")
-
-    def find(self, spec: LaunchSpec) -> PageHandle | None:
-        return None
-
-    def poll_key(self, handle: PageHandle) -> str:
-        return handle.group
-
-    def poll(self, handles: list[PageHandle]) -> list[JobStatus]:
-        self.polls.append(list(handles))
-        if self.on_first_poll is not None:
-            act, self.on_first_poll = self.on_first_poll, None
-            act()
-        running = JobStatus(JobPhase.RUNNING, started_at=time.time(), raw_status="running")
-        return [self.ended.get(h.job, running) for h in handles]
-
-    def cancel(self, handle: PageHandle, reason: str = "cancelled") -> None:
-        self.cancels.append((handle.job, reason))
-
-    def polled(self) -> Counter[str]:
-        return Counter(h.job for call in self.polls for h in call)
+@pytest.fixture
+def double() -> MemoryProvider:
+    """Every job runs until told otherwise; a stopped one too (its task stays cancelling)."""
+    double = MemoryProvider(poll_batch_size=BATCH)
+    double.ignore_cancel = True
+    return double
 
 
 @pytest.fixture
-def double() -> PagedDouble:
-    return PagedDouble()
-
-
-@pytest.fixture
-def cp(home: Path, double: PagedDouble) -> ControlPlane:
+def cp(home: Path, double: MemoryProvider) -> ControlPlane:
     cp = ControlPlane(Settings(home=home), providers={"local": double})
     cp.reconciler.page_size = PAGE
     return cp
 
 
-def running(cp: ControlPlane, n: int, groups: tuple[str, ...] = ("g1", "g2")) -> dict[str, str]:
+def running(cp: ControlPlane, double: MemoryProvider, n: int,
+            groups: tuple[str, ...] = ("g1", "g2")) -> dict[str, str]:
     """`n` running tasks, each with an active job (its handle in one of `groups`, in turn):
     {job name: task id}."""
     for _ in range(n):
         assert cp.store.tasks.submit(new_task(), queue_limit=10_000).created
     out = {}
     for i, (task, job) in enumerate(cp.store.jobs.claim_for_launch("cpu_small", capacity=10_000)):
-        assert cp.store.jobs.record_launch(job.worker_id, {"job": job.job_name, "group": groups[i % len(groups)]})
+        handle = double.start(job.job_name, group=groups[i % len(groups)])
+        assert cp.store.jobs.record_launch(job.worker_id, handle.encode())
         cp.attempts.mark_running(task.task_id, task.attempt, time.time())
         out[job.job_name] = task.task_id
     return out
@@ -103,8 +62,9 @@ def walk_order(cp: ControlPlane) -> list[str]:
     return [j.job_name for j in cp.store.jobs.watched()]
 
 
-def test_a_cycle_over_many_pages_polls_every_job_once_in_as_few_calls(cp: ControlPlane, double: PagedDouble) -> None:
-    jobs = running(cp, 50)  # 8 pages of 7
+def test_a_cycle_over_many_pages_polls_every_job_once_in_as_few_calls(cp: ControlPlane,
+                                                                      double: MemoryProvider) -> None:
+    jobs = running(cp, double, 50)  # 8 pages of 7
     stats = cp.reconciler.cycle_sync(force_poll=True)
     assert stats.jobs == 50
     assert double.polled() == Counter(list(jobs))  # each exactly once
@@ -117,18 +77,18 @@ def test_a_cycle_over_many_pages_polls_every_job_once_in_as_few_calls(cp: Contro
 
 
 def test_jobs_that_end_or_start_during_the_walk_are_reconciled_at_most_once(cp: ControlPlane,
-                                                                           double: PagedDouble) -> None:
-    jobs = running(cp, 30)
+                                                                           double: MemoryProvider) -> None:
+    jobs = running(cp, double, 30)
     order = walk_order(cp)
     failed, gone_meanwhile = order[2], order[-1]
-    double.ended[failed] = JobStatus(JobPhase.FAILED, reason="exit 3", exit_code=3, raw_status="failed")
+    double.set_status(failed, JobStatus(JobPhase.FAILED, reason="exit 3", exit_code=3, raw_status="failed"))
     started: dict[str, str] = {}
 
     def meanwhile() -> None:  # during the first poll, before the last page is read
         cp.attempts.end_lost(jobs[gone_meanwhile], 1, "its runner said it ended", job_state=JobState.DONE)
-        started.update(running(cp, 1))
+        started.update(running(cp, double, 1))
 
-    double.on_first_poll = meanwhile
+    double.on_next_poll = meanwhile
     stats = cp.reconciler.cycle_sync(force_poll=True)
     polled = double.polled()
     assert max(polled.values()) == 1  # nothing twice
@@ -141,14 +101,14 @@ def test_jobs_that_end_or_start_during_the_walk_are_reconciled_at_most_once(cp: 
 
 
 def test_a_burst_of_first_statuses_is_recorded_over_cycles_and_decides_nothing_late(
-        cp: ControlPlane, double: PagedDouble) -> None:
+        cp: ControlPlane, double: MemoryProvider) -> None:
     """A cycle records at most `status_budget` provider statuses (bounded writes per cycle); the
     rest are recorded by the next cycles. What a status decides does not wait: a job that ended
     is reconciled in the cycle that sees it, recorded status or not."""
     cp.reconciler.status_budget = 8
-    jobs = running(cp, 20)
+    jobs = running(cp, double, 20)
     ended = walk_order(cp)[-1]  # walked last: past the budget
-    double.ended[ended] = JobStatus(JobPhase.FAILED, reason="exit 3", exit_code=3, raw_status="failed")
+    double.set_status(ended, JobStatus(JobPhase.FAILED, reason="exit 3", exit_code=3, raw_status="failed"))
     stats = cp.reconciler.cycle_sync(force_poll=True)
     assert stats.finished == 1 and cp.store.tasks.get(jobs[ended]).state == TaskState.FAILED.value
     recorded = [j.provider_status for j in cp.store.jobs.watched()]
@@ -159,8 +119,8 @@ def test_a_burst_of_first_statuses_is_recorded_over_cycles_and_decides_nothing_l
     assert {j.provider_status for j in cp.store.jobs.watched()} == {"running"}
 
 
-def test_a_job_past_its_timeout_and_silent_is_stopped_once(cp: ControlPlane, double: PagedDouble) -> None:
-    jobs = running(cp, 20)
+def test_a_job_past_its_timeout_and_silent_is_stopped_once(cp: ControlPlane, double: MemoryProvider) -> None:
+    jobs = running(cp, double, 20)
     late = walk_order(cp)[-1]  # on the last page
     now = time.time()
     with cp.db.write() as c:
@@ -174,8 +134,8 @@ def test_a_job_past_its_timeout_and_silent_is_stopped_once(cp: ControlPlane, dou
     assert len(double.polls) == 2 * 2 * math.ceil(10 / BATCH)  # and every job polled, both cycles
 
 
-def test_a_cancel_reaches_the_job_on_whichever_page_it_falls(cp: ControlPlane, double: PagedDouble) -> None:
-    jobs = running(cp, 20)
+def test_a_cancel_reaches_the_job_on_whichever_page_it_falls(cp: ControlPlane, double: MemoryProvider) -> None:
+    jobs = running(cp, double, 20)
     order = walk_order(cp)
     first, last = order[0], order[-1]
     for name in (first, last):
@@ -187,10 +147,10 @@ def test_a_cancel_reaches_the_job_on_whichever_page_it_falls(cp: ControlPlane, d
 
 
 def test_a_job_with_an_unreadable_handle_is_named_once_and_forgotten_once_not_watched(
-        cp: ControlPlane, double: PagedDouble, caplog: pytest.LogCaptureFixture) -> None:
+        cp: ControlPlane, double: MemoryProvider, caplog: pytest.LogCaptureFixture) -> None:
     """Said once while it is watched, however many cycles; once it is no longer watched the
     reconciler holds nothing for it (a long-lived server does not grow with such jobs)."""
-    jobs = running(cp, 10)
+    jobs = running(cp, double, 10)
     damaged = walk_order(cp)[3]
     with cp.db.write() as c:
         c.execute(text("update jobs set handle_json = '{\"job\": 7}' where task_id = :t"), {"t": jobs[damaged]})
@@ -204,11 +164,12 @@ def test_a_job_with_an_unreadable_handle_is_named_once_and_forgotten_once_not_wa
     assert cp.reconciler._unreadable == {}
 
 
-def test_a_page_of_handles_decodes_together_and_a_bad_one_is_named_alone(double: PagedDouble) -> None:
-    good = ['{"job": "a", "group": "g"}', '{"job": "b", "group": "g", "added_later": 1}']
-    assert double.handles(good) == [PageHandle("a", "g"), PageHandle("b", "g")]
+def test_a_page_of_handles_decodes_together_and_a_bad_one_is_named_alone(double: MemoryProvider) -> None:
+    good = ['{"job": "a", "execution": "a", "group": "g"}',
+            '{"job": "b", "execution": "b", "group": "g", "added_later": 1}']
+    assert double.handles(good) == [MemoryHandle("a", "a", "g"), MemoryHandle("b", "b", "g")]
     out = double.handles([good[0], '{"job": 7}', "", good[1]])
-    assert out[0] == PageHandle("a", "g") and out[3] == PageHandle("b", "g")
+    assert out[0] == MemoryHandle("a", "a", "g") and out[3] == MemoryHandle("b", "b", "g")
     assert isinstance(out[1], MalformedHandle) and "provider local" in str(out[1]) and "job" in str(out[1])
     assert isinstance(out[2], MalformedHandle)
 
@@ -221,13 +182,13 @@ def test_a_page_is_one_range_of_the_index_of_watched_jobs(cp: ControlPlane) -> N
     assert plan == ["SEARCH jobs USING INDEX ix_jobs_watched ((created_at,worker_id)>(?,?))"]
 
 
-def test_what_a_cloud_says_is_kept_whatever_its_words(cp: ControlPlane, double: PagedDouble) -> None:
+def test_what_a_cloud_says_is_kept_whatever_its_words(cp: ControlPlane, double: MemoryProvider) -> None:
     """A status word longer than its column and a reason holding NUL (text PostgreSQL cannot
     keep as it is) are recorded alike on every engine, and the cycle goes on."""
-    jobs = running(cp, 2)
+    jobs = running(cp, double, 2)
     odd, plain = list(jobs)
-    double.ended[odd] = JobStatus(JobPhase.PENDING, raw_status="WAITING_FOR_A_VERY_LONG_TIME_INDEED_" * 2,
-                                  waiting_reason="no capacity\x00 in the zone")
+    double.set_status(odd, JobStatus(JobPhase.PENDING, raw_status="WAITING_FOR_A_VERY_LONG_TIME_INDEED_" * 2,
+                                     waiting_reason="no capacity\x00 in the zone"))
     cp.reconciler.cycle_sync(force_poll=True)
     got = cp.store.jobs.get(jobs[odd], 1)
     assert (got.provider_status, got.provider_reason) == ("WAITING_FOR_A_VERY_LONG_TIME_IND",
