@@ -59,7 +59,6 @@ import re
 import signal
 import string
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -70,7 +69,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from tests.fakehttp import Answer, Request, Server, forward_lines, killpg, play, reap, start_process
+from tests.fakehttp import Answer, FakeCloud, Request, forward_lines, killpg, play, start_process
 
 EXECUTION_TYPE = "type.googleapis.com/google.cloud.run.v2.Execution"
 
@@ -140,11 +139,21 @@ def duration(seconds: float) -> str:
 
 
 class ApiError(Exception):
-    """Answered as Google's JSON error: {"error": {"code", "message", "status"}}."""
+    """Answered as Google's JSON error: {"error": {"code", "message", "status"}}, with "details"
+    (google.rpc.ErrorInfo and the like) when it has any."""
 
-    def __init__(self, code: int, status: str, message: str):
+    def __init__(self, code: int, status: str, message: str, details: list[dict[str, Any]] | None = None):
         super().__init__(message)
-        self.code, self.status, self.message = code, status, message
+        self.code, self.status, self.message, self.details = code, status, message, details or []
+
+
+def quota_refused(reason: str, project: str) -> ApiError:
+    """Google's 429 for a quota: RESOURCE_EXHAUSTED, its kind in the ErrorInfo reason
+    (google/api/error_reason.proto: RATE_LIMIT_EXCEEDED for a rate, RESOURCE_QUOTA_EXCEEDED for
+    an allocation)."""
+    info = {"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": reason, "domain": "googleapis.com",
+            "metadata": {"consumer": f"projects/{project}", "service": "run.googleapis.com"}}
+    return ApiError(429, "RESOURCE_EXHAUSTED", "Quota exceeded for the project in this region.", [info])
 
 
 def not_found(message: str) -> ApiError:
@@ -525,14 +534,14 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
 ]
 
 
-class FakeCloudRun:
+class FakeCloudRun(FakeCloud):
     """Cloud Run Admin API v2 (jobs, executions, operations) and Cloud Logging entries.list on one
     local port, with an executor thread that runs executions as local processes. See the module
     docstring; every control is a plain attribute or method and is safe to use from any thread."""
 
     def __init__(self, *, pending_s: float = 0.05, start_jobs: bool = True, seed: int | None = None,
                  cancel_grace_s: float = 10.0):
-        self._lock = threading.RLock()
+        super().__init__(seed=seed)
         self.start_jobs = start_jobs  # False: executions stay pending (no capacity)
         self.pending_s = pending_s  # how long an execution is pending before its process starts
         self.ignore_cancel = False  # True: :cancel answers 200 and nothing happens
@@ -541,49 +550,23 @@ class FakeCloudRun:
         self.fault_rate = 0.0  # share of all requests answered 429/503 before doing anything
         self.list_lag_s = 0.0  # ListExecutions shows an execution only this long after its creation
         self.ambiguous_runs = 0  # the next n RunJob calls create their execution, then answer 503
+        # The next n RunJob calls answer 429 RESOURCE_EXHAUSTED (creating nothing) for an allocation
+        # quota (RESOURCE_QUOTA_EXCEEDED) or for the rate (RATE_LIMIT_EXCEEDED).
+        self.quota_refusals = 0
+        self.rate_refusals = 0
         self.reconcile_s = 0.0  # an ended task's execution stays RECONCILING this long before it completes
         # Called in a RunJob's own thread, outside the fake's lock: "received" before the execution is
         # made, "created" after (before the answer). A hook that waits holds that call alone.
         self.launch_hook: Callable[[str], None] | None = None
-        self.rng = random.Random(seed)
-        self.faults = 0
-        self.requests: list[tuple[float, str, str]] = []  # (monotonic time, method, path without query)
-        self.runs: dict[str, int] = {}  # CONTROLPLANE_JOB_NAME -> executions started (processes)
-        self.processes: dict[str, subprocess.Popen[bytes]] = {}  # execution full name -> process
         self.logging = FakeCloudLogging(self._lock)
         self._names = random.Random()
         self._jobs: dict[str, _Job] = {}
         self._executions: dict[str, _Execution] = {}  # full name -> execution (forgotten ones removed)
-        self._active: set[str] = set()  # executions (with a process to play) not finished yet
         self._operations: dict[str, str] = {}  # operation full name -> execution full name
         self._seq = 0
         self._synthetic = 0
-        self._stop = threading.Event()
-
-        self._server = Server(self._respond, name="fake-cloud-run-http")
-        self.port = self._server.port
-        self.url = self._server.url
+        self._serve("fake-cloud-run")
         self.logging.url = self.url
-        self._executor = threading.Thread(target=self._loop, name="fake-cloud-run-executor", daemon=True)
-        self._executor.start()
-
-    # -- lifecycle --------------------------------------------------------------------------------
-
-    def __enter__(self) -> FakeCloudRun:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Stop serving, stop the executor, SIGKILL every process group still running."""
-        if self._stop.is_set():
-            return
-        self._stop.set()
-        self._server.stop()
-        self._executor.join(10)
-        for proc in list(self.processes.values()):
-            reap(proc)
 
     # -- setup and inspection (tests) -------------------------------------------------------------
 
@@ -738,6 +721,11 @@ class FakeCloudRun:
             return _error(e)
 
     def _run_job(self, p: str, r: str, j: str, query: Any, body: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            for kind, reason in (("quota_refusals", "RESOURCE_QUOTA_EXCEEDED"), ("rate_refusals", "RATE_LIMIT_EXCEEDED")):
+                if getattr(self, kind) > 0:
+                    setattr(self, kind, getattr(self, kind) - 1)
+                    raise quota_refused(reason, p)
         hook = None if body.get("validateOnly") else self.launch_hook
         if hook is not None:
             hook("received")
@@ -955,17 +943,6 @@ class FakeCloudRun:
 
     # -- the executor: plays Cloud Run -----------------------------------------------------------------
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            with self._lock:
-                active = [self._executions[n] for n in self._active if n in self._executions]
-            for e in active:
-                try:
-                    self._step(e)
-                except Exception as exc:  # noqa: BLE001 - keep playing Cloud Run for the others
-                    print(f"fake cloud run: {e.name}: {exc!r}", file=sys.stderr)
-            self._stop.wait(0.01)
-
     def _step(self, e: _Execution) -> None:
         now = time.monotonic()
         with self._lock:
@@ -1029,9 +1006,7 @@ class FakeCloudRun:
             self._complete(e, "failed", f"Task {e.short}-task0 failed to start: {exc}", reason=0)
             return
         e.proc, e.state = proc, "running"
-        self.processes[e.name] = proc
-        key = e.env.get("CONTROLPLANE_JOB_NAME", e.job.name)
-        self.runs[key] = self.runs.get(key, 0) + 1
+        self._started(e.name, proc, e.env.get("CONTROLPLANE_JOB_NAME", e.job.name))
         forward_lines(proc, lambda line: self.logging.add_log(e.job.project, e.job.region, e.job.name, e.short, line),
                       e.output_done, name=f"logs-{e.short}")
 
@@ -1056,7 +1031,10 @@ def _container(image: str, command: list[str], args: list[str], env: dict[str, s
 
 
 def _error(e: ApiError) -> tuple[int, dict[str, Any]]:
-    return e.code, {"error": {"code": e.code, "message": e.message, "status": e.status}}
+    error: dict[str, Any] = {"code": e.code, "message": e.message, "status": e.status}
+    if e.details:
+        error["details"] = e.details
+    return e.code, {"error": error}
 
 
 # ---- clients (the real SDKs pointed at the fake) ---------------------------------------------------
