@@ -58,7 +58,7 @@ class Admission:
                                     ("gpu", res.gpu, rc.gpu)):
             if asked is not None and asked > limit:
                 raise invalid(f"resources.{field}={asked} exceeds resource class '{rc_name}' limit of {limit}")
-        check_scratch(self.providers.get(tool.provider), self.catalog, tool.name, rc_name, res.scratch_mb)
+        check_scratch(self.providers, self.catalog, tool.name, rc_name, res.scratch_mb)
         max_runtime = res.max_runtime_s or tool.default_runtime_s
         if max_runtime > tool.max_runtime_s:
             raise invalid(f"resources.max_runtime_s={max_runtime} exceeds the tool's max of {tool.max_runtime_s}")

@@ -37,8 +37,8 @@ from controlplane.catalog import Catalog, RetryPolicy
 from controlplane.objectstore.base import UnsafeKey, artifact_key, events_prefix, result_key, safe_artifact_name
 from controlplane.objectstore.registry import StoreRegistry
 from controlplane.ops import metrics, traces
-from controlplane.outcomes import (Decision, decide, decide_launch_failure, decide_lost, decide_provider_failure,
-                                   with_output)
+from controlplane.outcomes import (Decision, decide, decide_elsewhere, decide_launch_failure, decide_lost,
+                                   decide_provider_failure, with_output)
 from controlplane.prices import Pricing
 from controlplane.settings import Settings
 from controlplane.states import TERMINAL, JobState, TaskState
@@ -194,6 +194,16 @@ class Attempts:
                 self._end(a, decide_launch_failure(a.task, reason, self.policy(a.task.tool_name)),
                           ran=False, job_state=job_state)
 
+    def end_elsewhere(self, task_id: str, attempt: int, status: str, reason: str, *, refusals: int,
+                      placements: int) -> None:
+        """The job's placement had no room for it (nothing started): the provider's word is kept
+        on the job and the task is queued again to run elsewhere (`outcomes.decide_elsewhere`)."""
+        with self.store.attempts.open(task_id, attempt) as a:
+            if a.current and a.task is not None:
+                a.refused(status, reason)
+                self._end(a, decide_elsewhere(a.task, reason, self.policy(a.task.tool_name), refusals=refusals,
+                                              placements=placements), ran=False)
+
     def mark_running(self, task_id: str, attempt: int, started_at: float | None) -> None:
         """The provider says the job runs although the runner has not reported yet."""
         with self.store.attempts.open(task_id, attempt) as a:
@@ -226,7 +236,7 @@ class Attempts:
         if start is None:
             return
         end = ran_at[1] or a.now
-        priced = self.pricing.of_task(task)
+        priced = self.pricing.of_attempt(task, a.job)
         used = priced.usage(end - start)
         region = priced.region[:64] if priced.region else None  # (the column's width)
         a.record_usage({"region": region, "started_at": start, "ended_at": max(start, end),

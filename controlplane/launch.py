@@ -27,7 +27,7 @@ from controlplane.catalog import Catalog, ResourceClass
 from controlplane.errors import ControlPlaneError, ErrorCode, invalid
 from controlplane.settings import Settings
 from controlplane.store.rows import JobRow, TaskRow
-from controlplane_providers.base import LaunchSpec, Provider, Shape, TransientProviderError
+from controlplane_providers.base import LaunchSpec, Provider, ProviderOptions, Shape, TransientProviderError
 
 
 def runner_secret(key: bytes, task_id: str, attempt: int) -> str:
@@ -40,9 +40,13 @@ def bootstrap_token(key: bytes, task_id: str, attempt: int) -> str:
 
 def build_launch_spec(task: TaskRow, job: JobRow, catalog: Catalog, settings: Settings, *,
                       secret_key: bytes, callback_url: str | None, store_url: str, python: str) -> LaunchSpec:
-    """`python` is what `{python}` in the tool's command means on the provider that runs it."""
+    """The job of `task`'s attempt at the placement `job` runs on. `python` is what `{python}` in
+    the tool's command means on that placement's provider. LookupError when the tool as
+    admitted is unknown or has no such placement."""
     admitted = catalog.admitted(task.tool_name, task.resource_class, task.submitted_at)  # as at submit
     tool, rc = admitted.tool, admitted.resource_class
+    if not 0 <= job.placement < len(admitted.placements) or admitted.placements[job.placement].provider != job.provider:
+        raise LookupError(f"tool '{tool.name}' has no placement {job.placement} on the {job.provider} provider")
     res = json.loads(task.resources_json or "{}")
     env = dict(tool.env)
     env.update({
@@ -64,7 +68,8 @@ def build_launch_spec(task: TaskRow, job: JobRow, catalog: Catalog, settings: Se
         owner=task.owner, command=tuple(c.replace("{python}", python) for c in tool.command), image=tool.image,
         env=env, **asked_shape(res, rc),
         scratch_mb=int(res.get("scratch_mb") or 0),  # what the task asked for: a class reserves nothing by itself
-        max_runtime_s=int(task.max_runtime_s), resource_class=rc.name, options=admitted.options,
+        max_runtime_s=int(task.max_runtime_s), resource_class=rc.name,
+        options=admitted.placements[job.placement].options,
     )
 
 
@@ -75,21 +80,28 @@ def asked_shape(res: dict[str, Any], rc: ResourceClass) -> dict[str, Any]:
             "gpu": int(res.get("gpu") if res.get("gpu") is not None else rc.gpu)}
 
 
-def check_scratch(provider: Provider[Any] | None, catalog: Catalog, tool_name: str, rc_name: str,
+def check_scratch(providers: dict[str, Provider[Any]], catalog: Catalog, tool_name: str, rc_name: str,
                   asked: int | None) -> None:
     """INVALID_REQUEST naming `resources.scratch_mb`, with the provider's reason, unless the task's
-    job will really have `asked` MiB of scratch disk: at most the resource class's `scratch_mb`
-    (when it sets one) and what the provider guarantees for the class's shape. 0 or None asks
-    for nothing. The provider may have to ask its cloud (a job definition), so this may block."""
+    job will really have `asked` MiB of scratch disk wherever it runs: at most the resource
+    class's `scratch_mb` (when it sets one) and what each of the tool's placements' providers
+    guarantees for the class's shape. 0 or None asks for nothing. A provider may have to ask its
+    cloud (a job definition), so this may block."""
     if not asked:
         return
     rc = catalog.resource_classes[rc_name]
     if rc.scratch_mb is not None and asked > rc.scratch_mb:
         raise invalid(f"resources.scratch_mb={asked} exceeds resource class '{rc_name}' limit of {rc.scratch_mb}")
+    for placed in catalog.placements(tool_name):
+        _check_scratch_at(providers.get(placed.provider), placed.provider, placed.options, rc, asked)
+
+
+def _check_scratch_at(provider: Provider[Any] | None, name: str, options: ProviderOptions, rc: ResourceClass,
+                      asked: int) -> None:
+    rc_name = rc.name
     if provider is None:
-        raise invalid(f"resources.scratch_mb: the {catalog.tools[tool_name].provider} provider is not available to "
-                      "confirm scratch disk")
-    shape = Shape(rc.name, rc.cpu, rc.memory_mb, rc.gpu, catalog.options[tool_name])
+        raise invalid(f"resources.scratch_mb: the {name} provider is not available to confirm scratch disk")
+    shape = Shape(rc.name, rc.cpu, rc.memory_mb, rc.gpu, options)
     blocking.must_not_block()
     try:
         limit = provider.scratch_limit_mb(shape)

@@ -9,6 +9,9 @@ again while `failures + 1 < max_attempts`; a job that was lost, preempted or cou
 launched (`worker_lost`, `launch_failed`: the infrastructure's fault, not the tool's) is
 recovered while `recoveries < max_recoveries`. Either only if the policy's `retry_on` names the
 kind. The wait before the next attempt is `backoff_delay`: exponential, capped, with jitter.
+
+A launch its placement refused for capacity, where the tool has other placements, is neither:
+the task is queued again to run elsewhere (`decide_elsewhere`), spending no budget.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ class Decision:
     result: dict[str, Any] | None = None
     note: str | None = None  # recorded in the task event (e.g. "cancel lost the race")
     backoff_s: float = 0.0  # for a retry: how long the task waits before its next attempt
-    retry: str | None = None  # for a retry: the budget it draws on ("failure" or "recovery")
+    retry: str | None = None  # for a retry: the budget it draws on ("failure", "recovery"), or "elsewhere" (none)
 
     @property
     def is_retry(self) -> bool:
@@ -124,6 +127,20 @@ def decide_launch_failure(task: TaskRow, message: str, policy: RetryPolicy) -> D
     """The job never ran: the provider refused it, or it waited for capacity past its limit."""
     err = task_error(TaskErrorCode.LAUNCH_FAILED, message)
     return _retry_or(task, "launch_failed", policy, Decision(TaskState.FAILED, error=err))
+
+
+def decide_elsewhere(task: TaskRow, message: str, policy: RetryPolicy, *, refusals: int,
+                     placements: int) -> Decision:
+    """The attempt's placement had no room for its job (nothing started) and the tool has
+    `placements` of them: the task is queued again for the next attempt to run elsewhere,
+    spending no retry budget. The first refusals of a round of the placements retry at once;
+    once `refusals` in a row have come round them all, the task waits `backoff_delay` (per
+    round), so that a task every placement refuses does not spin."""
+    if task.state in (TaskState.CANCEL_REQUESTED, TaskState.CANCELLING):
+        return Decision(TaskState.CANCELLED, error=cancelled_error(task.cancel_reason))
+    rounds = refusals // max(1, placements)
+    wait = backoff_delay(max(policy.backoff_s, 1.0), rounds) if rounds else 0.0
+    return Decision(TaskState.QUEUED, note=f"retry elsewhere: {message}", backoff_s=wait, retry="elsewhere")
 
 
 def decide_provider_failure(task: TaskRow, reason: str | None, exit_code: int | None,

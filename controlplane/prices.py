@@ -35,8 +35,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from controlplane.catalog import Catalog
 from controlplane.launch import asked_shape
-from controlplane.store.rows import TaskRow
-from controlplane_providers.base import Provider
+from controlplane.store.rows import JobRow, TaskRow
+from controlplane_providers.base import Provider, ProviderOptions
 
 RESOURCES = ("vcpu", "memory_gib", "gpu")
 
@@ -206,17 +206,31 @@ class Pricing:
         return self.table.currency
 
     def of(self, tool_name: str, provider_name: str, resource_class: str, resources_json: dict[str, Any]) -> Priced:
-        """A task's shape (its `resources`, else its class's) and its provider's rate where it runs."""
+        """A task's shape (its `resources`, else its class's) and its provider's rate where it
+        runs (its tool's first placement)."""
+        return self._priced(provider_name, resource_class, resources_json, self.catalog.options.get(tool_name))
+
+    def of_task(self, task: TaskRow) -> Priced:
+        """`of` for a task on file, at its tool's first placement."""
+        return self.of(task.tool_name, task.provider, task.resource_class, json.loads(task.resources_json or "{}"))
+
+    def of_attempt(self, task: TaskRow, job: JobRow | None) -> Priced:
+        """`of` for an attempt on file (its usage, ended or running), at the placement its job
+        runs on (the task's first without a job)."""
+        if job is None:
+            return self.of_task(task)
+        placed = self.catalog.placements(task.tool_name)
+        here = placed[job.placement] if 0 <= job.placement < len(placed) else None
+        options = here.options if here is not None and here.provider == job.provider else None
+        return self._priced(job.provider, task.resource_class, json.loads(task.resources_json or "{}"), options)
+
+    def _priced(self, provider_name: str, resource_class: str, resources_json: dict[str, Any],
+                options: ProviderOptions | None) -> Priced:
         rc = self.catalog.resource_classes.get(resource_class)
         shape = asked_shape(resources_json, rc) if rc is not None else {"cpu": 0.0, "memory_mb": 0, "gpu": 0}
         provider = self.providers.get(provider_name)
-        options = self.catalog.options.get(tool_name)
         region = provider.price_region(options) if provider is not None and options is not None else None
         return Priced(shape["cpu"], shape["memory_mb"], shape["gpu"], region, self.table.rate(provider_name, region))
-
-    def of_task(self, task: TaskRow) -> Priced:
-        """`of` for a task on file (the usage of its attempts, ended or running)."""
-        return self.of(task.tool_name, task.provider, task.resource_class, json.loads(task.resources_json or "{}"))
 
     def estimate(self, priced: Priced, runtime_s: float | None) -> float | None:
         """The cost of a run of `runtime_s` (the runtime estimate, from the tool's history)."""

@@ -6,9 +6,10 @@ a downtime, or a busy day a ttl ago). One sweep over all of them would hold the 
 its polls of running jobs) for minutes, and one transaction over them the write lock (every
 submit waits behind it). So each cycle:
 
-* expires due tasks `retention_batch` at a time: their objects are deleted and their provider's
-  leftovers released first (a local job's directory), task by task; then the batch's log and
-  artifact rows go and the tasks become tombstones in one short transaction (a log longer than
+* expires due tasks `retention_batch` at a time: their objects are deleted and what their jobs
+  left at their providers released first (a local job's directory; each job by the provider it
+  ran on), task by task; then the batch's log and artifact rows go and the tasks become
+  tombstones in one short transaction (a log longer than
   LOG_ROWS_PER_TX lines is deleted in slices of that size first, each its own transaction);
 * walks each terminal state's due tasks from a cursor kept between cycles, so the next cycle
   resumes where this one stopped; a task whose deletion failed (or whose job still runs) is
@@ -134,7 +135,7 @@ class Retention:
         jobs, and (in slices) a long log. False: not now (retried on the next pass)."""
         try:
             self.stores.get(t.store_url).delete_prefix(task_prefix(t.task_id))
-            if not self._release(t.task_id, t.provider):
+            if not self._release(t.task_id):
                 return False  # a job of the task still runs and keeps its things: ask again next pass
         except Exception as e:  # noqa: BLE001 - retried next pass; the task stays until it works
             log.warning("deleting the objects of %s failed (will retry): %s", t.task_id, e)
@@ -145,15 +146,14 @@ class Retention:
             self._timed(out, self.store.retention.drop_logs, t.task_id, below)
         return True
 
-    def _release(self, task_id: str, provider_name: str) -> bool:
-        """What the provider keeps of the task's jobs (a local job's directory) goes too. False:
-        a job still runs (and keeps what it has)."""
-        provider = self.providers.get(provider_name)
-        if provider is None:
-            return True
+    def _release(self, task_id: str) -> bool:
+        """What its provider keeps of each of the task's jobs (a local job's directory) goes too,
+        each job with the provider of the placement it ran on. False: a job still runs (and
+        keeps what it has)."""
         released = []
         for job in self.store.jobs.of_task(task_id):
-            if job.handle_json:
+            provider = self.providers.get(job.provider)
+            if provider is not None and job.handle_json:
                 try:
                     handle = provider.handle(job.handle_json)
                 except MalformedHandle as e:  # nothing it names can be found again: nothing to release

@@ -6,6 +6,12 @@ transaction. Only then is the provider called. An intent this process did not ju
 (a restart, or a launch attempt that failed in an unknown way) is first looked up with
 `provider.find(job_name)`, so a job is never launched twice for one attempt.
 
+Each claim chooses the placement its attempt runs on (`controlplane.placement`), kept on its job:
+the launch goes there. A placement that refuses a launch for capacity (`CapacityProviderError`)
+is retried with backoff like any transient error when it is the tool's only one; when the tool
+has others, the attempt ends and the task is queued again for the next attempt to run elsewhere
+(`Attempts.end_elsewhere`), spending no retry budget.
+
 Across replicas, the leader's claims, its last look before each provider call and its record of
 each launch are fenced by its lease epoch (`store.leases`, which says why claims alone are not
 enough): a leader paused past its lease wakes to find its writes refused and launches nothing.
@@ -28,11 +34,12 @@ from controlplane.objectstore.base import inputs_key
 from controlplane.objectstore.registry import StoreRegistry
 from controlplane.ops import metrics, traces
 from controlplane.outcomes import cancelled_error
+from controlplane.placement import NO_CAPACITY, Placer
 from controlplane.states import JobState, TaskState
 from controlplane.store import Store
 from controlplane.store.leases import Fence, Fenced
 from controlplane.store.rows import JobRow, TaskRow
-from controlplane_providers.base import LaunchSpec, PermanentProviderError, Provider
+from controlplane_providers.base import CapacityProviderError, LaunchSpec, PermanentProviderError, Provider
 
 
 class JobNotFoundYet(Exception):
@@ -52,6 +59,7 @@ class Scheduler:
         self.fence = fence  # the leader's lease fence now (None: unfenced, a single process)
         self.launch_margin_s = launch_margin_s  # lease to spare before a provider call
         self.catalog = catalog
+        self.placer = Placer(catalog)
         self.attempts = attempts
         self.providers = providers
         self.stores = stores
@@ -80,7 +88,7 @@ class Scheduler:
                 continue  # slots full or nothing ready: no write transaction
             try:
                 claimed = await anyio.to_thread.run_sync(self.store.jobs.claim_for_launch, rc.name,
-                                                         rc.max_concurrency, None, self.fence())
+                                                         rc.max_concurrency, None, self.fence(), self.placer)
             except Fenced as e:
                 log.warning("claims left to the new leader: %s", e)
                 return 0
@@ -113,14 +121,47 @@ class Scheduler:
             self._forget(wid)  # the attempt ends: nothing will retry it
             await anyio.to_thread.run_sync(self.attempts.end_unlaunched, job.task_id, job.attempt,
                                            f"the provider refused to start the job: {e}")
+        except CapacityProviderError as e:
+            try:
+                moved = await anyio.to_thread.run_sync(self._elsewhere, job, str(e))
+            except Exception:  # noqa: BLE001 - the store: the launch is tried again, and refused again
+                moved = False
+            if moved:
+                log.warning("launch of %s refused for capacity on %s, next attempt elsewhere: %s", job.job_name,
+                            job.provider, e)
+                self._forget(wid)
+            else:  # the tool's only placement: wait for room there, as for any transient error
+                self._back_off(job, e)
         except Exception as e:  # noqa: BLE001 - transient or unknown: retry with backoff, find first
-            n = self._failures.get(wid, 0) + 1
-            self._failures[wid] = n
-            delay = min(60.0, 0.5 * 2 ** (n - 1))
-            self._retry_at[wid] = time.monotonic() + delay
-            log.warning("launch of %s failed (try %d, next in %.1fs): %s", job.job_name, n, delay, e)
+            self._back_off(job, e)
         finally:
             self._inflight.discard(wid)
+
+    def _back_off(self, job: JobRow, e: Exception) -> None:
+        """Try the launch again later (the next try looks the job up first), sooner the fewer tries."""
+        wid = job.worker_id
+        n = self._failures.get(wid, 0) + 1
+        self._failures[wid] = n
+        delay = min(60.0, 0.5 * 2 ** (n - 1))
+        self._retry_at[wid] = time.monotonic() + delay
+        log.warning("launch of %s failed (try %d, next in %.1fs): %s", job.job_name, n, delay, e)
+
+    def _elsewhere(self, job: JobRow, reason: str) -> bool:
+        """The job's placement refused it for capacity: when its tool has other placements, end
+        the attempt so that the next runs elsewhere (True); False when it has no other."""
+        task = self.store.tasks.get(job.task_id)
+        placements = self.placer.placements(task) if task is not None else ()
+        if len(placements) < 2:
+            return False
+        earlier = [j for j in self.store.jobs.of_task(job.task_id) if j.attempt < job.attempt]
+        refusals = 1  # this one, and those in a row before it
+        for j in reversed(earlier):
+            if j.provider_status != NO_CAPACITY:
+                break
+            refusals += 1
+        self.attempts.end_elsewhere(job.task_id, job.attempt, NO_CAPACITY, reason, refusals=refusals,
+                                    placements=len(placements))
+        return True
 
     def _forget(self, wid: str) -> None:
         """Drop what a launch's retries kept (its backoff), once the launch is done either way."""

@@ -52,9 +52,11 @@ class Logs:
     def _provider_tail(self, task: TaskRow, req: api.TailTaskLogs, limit: int) -> ProviderLogPage:
         """A page of the job runner's own log (CloudWatch, the local console) for the current
         attempt; its cursor wraps the provider's (e.g. CloudWatch's forward token)."""
-        provider = self.providers.get(task.provider)
+        job = self.store.jobs.get(task.task_id, task.attempt)
+        where = job.provider if job is not None else task.provider  # the attempt's placement's
+        provider = self.providers.get(where)
         if provider is None or not provider.supports(Capability.LOGS):
-            raise ControlPlaneError(ErrorCode.CAPABILITY_MISSING, f"the {task.provider} provider keeps no log "
+            raise ControlPlaneError(ErrorCode.CAPABILITY_MISSING, f"the {where} provider keeps no log "
                                     "of its own", hint="use source='task'")
         if req.from_end:
             raise invalid("from_end is not available with source='provider'")
@@ -66,7 +68,6 @@ class Logs:
         page: dict[str, Any] = {"task_id": task.task_id, "state": task.state, "source": "provider",
                                 "attempt": task.attempt, "lines": [],
                                 "next_cursor": req.cursor or PROVIDER_CURSOR_PREFIX}
-        job = self.store.jobs.get(task.task_id, task.attempt)
         if job is None or not job.handle_json:
             return ProviderLogPage(**page, reason="the job has not been launched yet")
         blocking.must_not_block()  # a cloud logging API

@@ -20,7 +20,7 @@ from controlplane.service.usage import Costs
 from controlplane.settings import Settings
 from controlplane.states import TERMINAL, TaskState
 from controlplane.store import Store
-from controlplane.store.rows import TaskRow
+from controlplane.store.rows import JobRow, TaskRow
 from controlplane_providers.base import Capability, Provider
 
 
@@ -68,15 +68,15 @@ class Reads:
                 progress["eta_s"] = eta
         used = self.costs.of(task)
         extra: dict[str, str] = {}
-        provider = self.providers.get(task.provider)
-        links = provider is not None and provider.supports(Capability.LOG_LINK)
-        if state == TaskState.SCHEDULED or links:
+        job = None
+        if state == TaskState.SCHEDULED or self._may_link(task):  # (else its job says nothing here)
             job = self.store.jobs.get(task.task_id, task.attempt)
-            if job is not None:
-                if state == TaskState.SCHEDULED and job.provider_reason:
-                    extra["waiting_reason"] = job.provider_reason  # e.g. no compute capacity yet
-                if links and job.handle_json:
-                    extra["log_link"] = provider.log_link(provider.handle(job.handle_json))  # type: ignore[union-attr]
+        if job is not None:  # the attempt's own placement
+            provider = self.providers.get(job.provider)
+            if state == TaskState.SCHEDULED and job.provider_reason:
+                extra["waiting_reason"] = job.provider_reason  # e.g. no compute capacity yet
+            if provider is not None and provider.supports(Capability.LOG_LINK) and job.handle_json:
+                extra["log_link"] = provider.log_link(provider.handle(job.handle_json))
         return TaskStatus(
             task_id=task.task_id, state=state, tool_name=task.tool_name, attempt=task.attempt,
             max_attempts=task.max_attempts, priority=task.priority, queue=task.resource_class,
@@ -86,11 +86,21 @@ class Reads:
             completed_at=iso(task.completed_at), expires_at=iso(task.expires_at), timeout_at=iso(task.timeout_at),
             progress=progress, cancel_requested=bool(task.cancel_requested),
             estimated_runtime_seconds=task.estimate_s, tags=task.tags, error=task.error,
-            poll_after_ms=None if state in TERMINAL or state == TaskState.EXPIRED else self.poll_after_ms(task),
+            poll_after_ms=None if state in TERMINAL or state == TaskState.EXPIRED else self.poll_after_ms(task, job),
             usage=used.usage, estimated_cost=used.estimated_cost, **extra)
 
-    def poll_after_ms(self, task: TaskRow) -> int:
-        return poll_after_ms(task, self.estimator, self.providers)
+    def poll_after_ms(self, task: TaskRow, job: JobRow | None = None) -> int:
+        """`polling.poll_after_ms` at the placement of the task's attempt (`job`: its job, when read)."""
+        where = job.provider if job is not None else None
+        if where is None and task.state == TaskState.SCHEDULED and len(self.catalog.placements(task.tool_name)) > 1:
+            placed = self.store.jobs.get(task.task_id, task.attempt)
+            where = placed.provider if placed is not None else None
+        return poll_after_ms(task, self.estimator, self.providers, where)
+
+    def _may_link(self, task: TaskRow) -> bool:
+        """Whether a provider the task's attempts may run on links to a job's log in its console."""
+        names = {p.provider for p in self.catalog.placements(task.tool_name)} | {task.provider}
+        return any((p := self.providers.get(n)) is not None and p.supports(Capability.LOG_LINK) for n in names)
 
     def result(self, caller: str, req: api.GetTaskResult) -> TaskResult:
         task = self.access.readable(caller, req.task_id)

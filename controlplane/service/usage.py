@@ -39,7 +39,10 @@ class Costs:
             used = Usage(sums["run_s"], sums["vcpu_s"], sums["memory_gib_s"], sums["gpu_s"])
             cost, unpriced = sums["cost"] or 0.0, sums["unpriced"] or 0  # (NULL sums: no attempt recorded)
         if running:
-            priced = self.pricing.of_task(task)
+            # at the placement its job runs on (read only for a tool that has more than one)
+            placed_apart = len(self.pricing.catalog.placements(task.tool_name)) > 1
+            priced = self.pricing.of_attempt(task, self.store.jobs.get(task.task_id, task.attempt)
+                                             if placed_apart else None)
             so_far = priced.usage(time.time() - task.started_at)  # type: ignore[operator]
             used = used + so_far
             now_cost = so_far.cost(priced.rate)

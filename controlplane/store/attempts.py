@@ -23,6 +23,7 @@ from controlplane.store.rows import JobRow, TaskRow
 from controlplane.store.writer import Writer
 
 S = TaskState
+_BUDGETS = {"failure": "failures", "recovery": "recoveries"}  # a retry "elsewhere" spends neither
 _RESET_ON_RETRY = dict(worker_id=None, started_at=None, timeout_at=None, scheduled_at=None, heartbeat_at=None,
                        progress_json=None, stop_reason=None)
 
@@ -92,7 +93,7 @@ class AttemptTx:
         """End the attempt: its job leaves the watched states, its artifacts are registered, and
         the task moves to `to` (a terminal state), or with `retry` ("failure": the tool failed;
         "recovery": the job was lost, preempted or not launched) back to queued as the next
-        attempt, counted against that budget."""
+        attempt, counted against that budget ("elsewhere": its placement had no room, no budget)."""
         assert self.task is not None and self.job is not None
         task, job = self.task, self.job
         if job.state in REPORTING or job_state == JobState.ABANDONED:
@@ -114,15 +115,24 @@ class AttemptTx:
             vals["error_json"] = json.dumps(error)
             detail["error"] = error.get("code")
         if retry is not None:
-            counter = "failures" if retry == "failure" else "recoveries"
             detail["retry"] = retry
-            vals.update(_RESET_ON_RETRY, attempt=task.attempt + 1, not_before=not_before,
-                        **{counter: getattr(task, counter) + 1})
+            vals.update(_RESET_ON_RETRY, attempt=task.attempt + 1, not_before=not_before)
+            counter = _BUDGETS.get(retry)
+            if counter is not None:
+                vals[counter] = getattr(task, counter) + 1
             self._pending.pop("progress_json", None)
             return self._move(S.QUEUED, kind="retry", detail=detail, values=vals)
         if result is not None:
             vals["result_json"] = json.dumps(result)
         return self._move(to, detail=detail, values=vals)
+
+    def refused(self, status: str, reason: str) -> None:
+        """What the provider said when it refused to launch the attempt's job (its status word
+        and reason, kept on the job: where the next attempt runs is chosen from them)."""
+        assert self.job is not None
+        self.w.db.run(self.c, q.UPDATE_JOB, {"_wid": self.job.worker_id, "provider_status": status[:32],
+                                             "provider_reason": reason})
+        self.job = self.job.but(provider_status=status[:32], provider_reason=reason)
 
     def record_usage(self, values: dict[str, Any]) -> None:
         """What the attempt used (an `attempt_usage` row, without the task's own columns); once
@@ -131,7 +141,7 @@ class AttemptTx:
         t = self.task
         self.c.execute(self.w.db.insert_ignore(q.USAGE), [{
             **values, "task_id": t.task_id, "attempt": t.attempt, "task_pk": t.pk, "owner": t.owner,
-            "tool_name": t.tool_name, "provider": t.provider}])
+            "tool_name": t.tool_name, "provider": self.job.provider if self.job is not None else t.provider}])
 
     def retire_job(self, to: JobState = JobState.DONE) -> None:
         """The task moved on: a job still marked as reporting leaves that state."""

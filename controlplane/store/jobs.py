@@ -9,7 +9,7 @@ Every state change goes through `Writer.move_job` (the table of `states.JobState
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
 from controlplane import ids
@@ -18,6 +18,10 @@ from controlplane.store import queries as q
 from controlplane.store.leases import Fence, LeaseStore
 from controlplane.store.rows import JobRow, TaskRow, WatchedJob
 from controlplane.store.writer import Writer
+
+# The scheduler's choice of placement for a task, (provider, index in its tool's placements),
+# given its earlier attempts' jobs (read only if asked for).
+Place = Callable[[TaskRow, Callable[[], list[JobRow]]], tuple[str, int]]
 
 S = TaskState
 J = JobState
@@ -41,9 +45,10 @@ class JobStore:
 
     # ---- launching ----------------------------------------------------------------------------
     def claim_for_launch(self, resource_class: str, capacity: int, limit: int | None = None,
-                         fence: Fence | None = None) -> list[tuple[TaskRow, JobRow]]:
+                         fence: Fence | None = None, place: Place | None = None) -> list[tuple[TaskRow, JobRow]]:
         """Move the next queued tasks of a class into free slots: each gets a job row in state
-        `launching` (the launch intent, recorded before any provider call) and becomes
+        `launching` (the launch intent, recorded before any provider call) on the placement
+        `place` chooses (without it: the task's provider, its first placement) and becomes
         `scheduled`, in one transaction.
 
         Where writers are not serialised (PostgreSQL) the claim holds the queue's lock, as a
@@ -64,14 +69,19 @@ class JobStore:
             claimed = []
             for r in self.db.run(c, self.next_queued, {"rc": resource_class, "now": now, "lim": free}):
                 task = TaskRow.from_row(r)
+                provider, placement = task.provider, 0
+                if place is not None:
+                    provider, placement = place(task, lambda t=task: [  # type: ignore[misc]
+                        JobRow.from_row(j) for j in self.db.run(c, q.JOBS_OF_TASK, {"task_id": t.task_id})])
                 job = JobRow(worker_id=ids.new_worker_id(), task_id=task.task_id, attempt=task.attempt,
-                             provider=task.provider, resource_class=resource_class,
+                             provider=provider, resource_class=resource_class,
                              job_name=ids.job_name(task.task_id, task.attempt), state=J.LAUNCHING,
-                             created_at=now, event_seq=0)
+                             created_at=now, event_seq=0, placement=placement)
                 self.db.run(c, q.INSERT_JOB, {"worker_id": job.worker_id, "task_id": job.task_id,
                                               "attempt": job.attempt, "provider": job.provider,
                                               "resource_class": resource_class, "job_name": job.job_name,
-                                              "state": job.state.value, "created_at": now, "event_seq": 0})
+                                              "state": job.state.value, "created_at": now, "event_seq": 0,
+                                              "placement": placement})
                 task = self.w.transition(c, task, S.SCHEDULED, kind="scheduled",
                                          detail={"worker_id": job.worker_id, "job_name": job.job_name},
                                          values={"scheduled_at": now, "worker_id": job.worker_id}, now=now)

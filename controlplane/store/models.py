@@ -202,6 +202,8 @@ class Job(SQLModel, table=True):
     extra_claims: int = Field(default=0, sa_column=Column(Integer, nullable=False, server_default="0"))
     extra_checked: int = Field(default=0, sa_column=Column(Integer, nullable=False, server_default="0"))
     extra_stopped: int = Field(default=0, sa_column=Column(Integer, nullable=False, server_default="0"))
+    # Which of its tool's placements (an index into the list the task was admitted under) it runs on.
+    placement: int = Field(default=0, sa_column=Column(Integer, nullable=False, server_default="0"))
 
 
 class Lease(SQLModel, table=True):

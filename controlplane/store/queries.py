@@ -94,7 +94,7 @@ HEARTBEAT = update(T).where(T.c.task_id == _bp("_tid"), T.c.attempt == _bp("_att
 # Due tasks of one terminal state, along ix_tasks_state_expires in (expires_at, pk) order from a
 # cursor: a sweep resumes where its last batch stopped, and a task whose objects could not be
 # deleted stays behind the cursor until the next pass instead of being fetched again at once.
-DUE_FOR_EXPIRY = (select(T.c.pk, T.c.task_id, T.c.state, T.c.store_url, T.c.provider, T.c.expires_at,
+DUE_FOR_EXPIRY = (select(T.c.pk, T.c.task_id, T.c.state, T.c.store_url, T.c.expires_at,
                          T.c.log_first_seq, T.c.log_seq)
                   .where(T.c.state == _bp("state"), T.c.expires_at <= _bp("now"),
                          tuple_(T.c.expires_at, T.c.pk) > tuple_(_bp("after_ts"), _bp("after_pk")))

@@ -26,7 +26,6 @@ class Expiring:
     task_id: str
     state: TaskState
     store_url: str
-    provider: str
     expires_at: float
     log_first_seq: int  # the task's stored log lines are log_first_seq..log_seq
     log_seq: int
@@ -53,7 +52,7 @@ class RetentionStore:
         `after` = (expires_at, pk) of the last one seen."""
         rows = self.db.fetch(q.DUE_FOR_EXPIRY, {"state": state.value, "now": now, "after_ts": after[0],
                                                 "after_pk": after[1], "lim": limit})
-        return [Expiring(r["pk"], r["task_id"], TaskState(r["state"]), r["store_url"], r["provider"], r["expires_at"],
+        return [Expiring(r["pk"], r["task_id"], TaskState(r["state"]), r["store_url"], r["expires_at"],
                          r["log_first_seq"], r["log_seq"]) for r in rows]
 
     def drop_logs(self, task_id: str, below_seq: int) -> int:

@@ -192,6 +192,7 @@ class JobRow(_JobHandle, _Row):
     extra_claims: int = 0  # claims refused to extra executions of the attempt
     extra_checked: int = 0  # ... that the reconciler has looked into
     extra_stopped: int = 0  # extra executions it stopped
+    placement: int = 0  # which of its tool's placements it runs on (`provider` is that placement's)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "state", _JOB_STATES[self.state])
