@@ -94,7 +94,7 @@ async def main(calls: int, rounds: int, attempts: int) -> dict[str, Any]:
                 await asyncio.sleep(0.05)
             queued = (await main_client.call_tool("submit_task", HOLD)).structured_content["task_id"]
             for _ in range(30):  # warm up
-                for name, client in clients.items():
+                for client in clients.values():
                     await client.call_tool("submit_task", HOLD)
                 await main_client.call_tool("get_task_status", {"task_id": done["task_id"]})
                 await main_client.call_tool("usage_report", {"group_by": ["tag"]})

@@ -53,8 +53,8 @@ from fastmcp_tasks.client_models import ClientGetTaskResult, GetTaskRequest, Get
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from bench.run import BenchError, ServerProc, finite, helper, ready_info, reap_jobs, summary  # noqa: E402
 from tests.wire import modern_request  # noqa: E402
-from bench.run import BenchError, ServerProc, finite, helper, percentile, ready_info, reap_jobs, summary  # noqa: E402
 
 TASKS_GET_RATIO = 1.2
 PROGRESS_P50_MS = 100.0

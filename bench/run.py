@@ -609,7 +609,6 @@ def render(r: dict[str, Any], console: Console) -> None:
     """The human-readable table (the JSON line after it has every figure)."""
     cfg = r["config"]
     lat, v = r["latency"], r["verdicts"]
-    base = lat["noop"]["p50_ms"]
     small = cfg["history"] < 100_000 or cfg["log_lines"] < 1_000_000
     size_note = (f"{cfg['history']:,} stored tasks, {cfg['log_lines']:,}-line log"
                  + (" (QUICK MODE: fewer calls)" if cfg["quick"] else "")

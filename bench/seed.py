@@ -20,8 +20,8 @@ from __future__ import annotations
 import json
 import random
 import time
-from dataclasses import dataclass, field
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import insert, update

@@ -21,6 +21,7 @@ from pydantic_core import PydanticCustomError
 
 from controlplane.states import TaskState
 
+
 def iso(ts: float | None) -> str | None:
     """A timestamp as every answer writes it: RFC 3339 in UTC, to the millisecond (what
     `datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds")` writes, microseconds

@@ -20,7 +20,6 @@ import base64
 import secrets
 import time
 
-
 # Base32's own digits in ASCII order, so that the clock's digits sort as the clock does (base32's
 # alphabet puts 2-7 after the letters); the ids keep base32's characters throughout.
 _SORTED_B32 = "234567abcdefghijklmnopqrstuvwxyz"

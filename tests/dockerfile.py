@@ -84,7 +84,7 @@ def made_before_volume(path: Path, volume: str) -> tuple[int, int, str] | None:
             for command in rest.split("&&"):
                 words = shlex.split(command)
                 if words[:2] == ["install", "-d"] and words[-1] == volume:
-                    options = dict(zip(words[2:-1:2], words[3:-1:2]))
+                    options = dict(zip(words[2:-1:2], words[3:-1:2], strict=True))
                     return int(options["-o"]), int(options["-g"]), options.get("-m", "0755")
     return None
 

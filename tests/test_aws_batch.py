@@ -31,10 +31,10 @@ from controlplane.settings import Settings
 from controlplane_providers.aws_batch import AwsBatchOptions, AwsBatchProvider, BatchHandle
 from controlplane_providers.base import JobPhase, LaunchSpec, PermanentProviderError
 from tests import aws
-from tests.exactly_once import a_late_launch_runs_nothing, a_recorded_execution_refused_its_claim_is_left_for_the_holder
 from tests.aws import moto  # noqa: F401  (fixture)
 from tests.cloud import moto_server, run_without_callback, usage_of  # noqa: F401  (fixture)
 from tests.conftest import FAST, Agent, most_in_one_second
+from tests.exactly_once import a_late_launch_runs_nothing, a_recorded_execution_refused_its_claim_is_left_for_the_holder
 from tests.provider_contract import Harness, ProviderContract
 
 pytestmark = pytest.mark.anyio

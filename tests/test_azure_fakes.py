@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -15,8 +15,7 @@ import pytest
 from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 from azure.mgmt.appcontainers.models import EnvironmentVar, JobExecution, JobExecutionContainer, JobExecutionTemplate
 
-from tests.azure import (JOB, RESOURCE_GROUP, SUBSCRIPTION, WORKSPACE, FakeAzure, FakeCredential, arm_client,
-                         logs_client)
+from tests.azure import JOB, RESOURCE_GROUP, SUBSCRIPTION, WORKSPACE, FakeAzure, FakeCredential, arm_client, logs_client
 
 RG = RESOURCE_GROUP
 JOB_PATH = f"/subscriptions/{SUBSCRIPTION}/resourceGroups/{RG}/providers/Microsoft.App/jobs/{JOB}"
@@ -262,7 +261,7 @@ def test_kql_cursor_query_and_its_limits(fake: FakeAzure) -> None:
     assert rows(logs, cursor_query(name, after=t1, item="0000", until=until)) == []
 
     # the timespan body field restricts TimeGenerated too (here it excludes the 10:06 row)
-    window = (datetime(2026, 11, 23, 9, tzinfo=timezone.utc), datetime(2026, 11, 23, 10, 1, tzinfo=timezone.utc))
+    window = (datetime(2026, 11, 23, 9, tzinfo=UTC), datetime(2026, 11, 23, 10, 1, tzinfo=UTC))
     assert [r[2] for r in rows(logs, cursor_query(name), timespan=window)] == ["first", "second", "third"]
     assert rows(logs, cursor_query(name), timespan=timedelta(hours=1)) == []  # all of these rows are older
     assert fake.queries[-1][1] == "PT3600.0S"

@@ -27,9 +27,9 @@ from controlplane_providers import ratelimit
 from controlplane_providers.base import JobPhase
 from controlplane_providers.cloud_run import CloudRunHandle, CloudRunOptions, CloudRunProvider, execution_status
 from tests import gcp
-from tests.exactly_once import a_late_launch_runs_nothing, a_recorded_execution_refused_its_claim_is_left_for_the_holder
 from tests.cloud import CloudTarget, gcs_server, gcs_target, run_without_callback, usage_of  # noqa: F401  (fixture)
 from tests.conftest import FAST, Agent
+from tests.exactly_once import a_late_launch_runs_nothing, a_recorded_execution_refused_its_claim_is_left_for_the_holder
 from tests.provider_contract import Harness, ProviderContract, still_watched
 
 pytestmark = pytest.mark.anyio

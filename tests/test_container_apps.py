@@ -33,9 +33,9 @@ from controlplane_providers import ratelimit
 from controlplane_providers.base import JobPhase
 from controlplane_providers.container_apps import ContainerAppsHandle, ContainerAppsOptions, ContainerAppsProvider, kql
 from tests import azure
-from tests.exactly_once import a_late_launch_runs_nothing, a_recorded_execution_refused_its_claim_is_left_for_the_holder
 from tests.cloud import CloudTarget, azure_target, azurite_server, run_without_callback, usage_of  # noqa: F401  (fixture)
 from tests.conftest import FAST, Agent
+from tests.exactly_once import a_late_launch_runs_nothing, a_recorded_execution_refused_its_claim_is_left_for_the_holder
 from tests.provider_contract import Harness, ProviderContract, still_watched
 
 pytestmark = pytest.mark.anyio

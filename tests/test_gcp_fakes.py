@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -144,7 +144,7 @@ def test_logging_lists_the_process_lines(fake: FakeCloudRun) -> None:
     short = name.rsplit("/", 1)[1]
     wait_for(lambda: execs.get_execution(name=name), finished)
     fake.add_log(P, R, "other-job", "other-job-abcde", "not mine")
-    since = (datetime.now(timezone.utc) - timedelta(minutes=5)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    since = (datetime.now(UTC) - timedelta(minutes=5)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     flt = (f'resource.type = "cloud_run_job" AND resource.labels.job_name = "cp-exercise"\n'
            f'labels."run.googleapis.com/execution_name" = "{short}" timestamp >= "{since}"')
     client = logging_client(fake.url, P)

@@ -129,8 +129,9 @@ async def test_a_tool_call_does_not_list_every_tool_first(cp: ControlPlane, monk
     """The SDK validates Mcp-Param-* headers against the called tool's schema; unless the server
     can look that schema up, it runs a whole tools/list through the server on every 2026-07-28
     tools/call (half the cost of a status call). Ours looks it up."""
-    import controlplane.serve
     from fastmcp.server.middleware import Middleware
+
+    import controlplane.serve
 
     listings: list[str] = []
 

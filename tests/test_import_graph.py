@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Iterator
+from itertools import pairwise
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -114,7 +115,7 @@ def one_circle(component: list[str], edges: dict[str, dict[str, int]]) -> list[s
 
 
 def describe(circle: list[str], edges: dict[str, dict[str, int]], known: dict[str, Path]) -> str:
-    steps = [f"  {a} -> {b} ({known[a].relative_to(ROOT)}:{edges[a][b]})" for a, b in zip(circle, circle[1:])]
+    steps = [f"  {a} -> {b} ({known[a].relative_to(ROOT)}:{edges[a][b]})" for a, b in pairwise(circle)]
     return "\n".join(steps)
 
 

@@ -18,8 +18,7 @@ from fastmcp import Client
 from fastmcp.exceptions import ToolError
 from fastmcp_tasks import call_tool_task
 from fastmcp_tasks.client import TasksClientExtension
-from fastmcp_tasks.client_models import (CancelTaskRequest, ClientGetTaskResult, GetTaskRequest,
-                                         GetTaskRequestParams)
+from fastmcp_tasks.client_models import CancelTaskRequest, ClientGetTaskResult, GetTaskRequest, GetTaskRequestParams
 from mcp.shared.exceptions import MCPError
 from pydantic import ConfigDict
 

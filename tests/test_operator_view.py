@@ -177,8 +177,8 @@ async def test_dashboard_streams_status_and_logs_until_the_task_ends(http_server
 
 
 async def test_the_dashboard_and_metrics_answer_loopback_clients_unless_opened(settings: Settings) -> None:
-    from controlplane.serve import http_app
     from controlplane.http.listener import Listener
+    from controlplane.serve import http_app
 
     for opened in (False, True):
         cp = ControlPlane(settings.model_copy(update={"dashboard_open": opened, "metrics_open": opened}))

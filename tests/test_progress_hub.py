@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from itertools import pairwise
 from typing import Any
 
 from controlplane import blocking
@@ -117,7 +118,7 @@ def test_the_value_rises_with_every_notification_whatever_the_percent_does() -> 
 
     asyncio.run(run())
     values = [v for v, _, _ in sent]
-    assert all(b > a for a, b in zip(values, values[1:])), values
+    assert all(b > a for a, b in pairwise(values)), values
     assert [round(v, 3) for v in values] == [0, 0, 0, 20, 20, 20, 60, 60, 60, 60, 100, 100, 100]
     assert values[1] - values[0] == NUDGE and max(values) < 100 + 1e-5
     assert {t for _, t, _ in sent} == {100.0} and sent[-1][2] == "done"

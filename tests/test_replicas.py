@@ -72,7 +72,7 @@ async def test_a_change_committed_on_one_replica_wakes_a_watcher_on_another(pg_u
             with b.hub.subscribe(tid) as sub:
                 async with anyio.create_task_group() as tg:
                     committed: list[float] = []
-                    tg.start_soon(lambda: _record(committed, a, tid))
+                    tg.start_soon(_record, committed, a, tid)
                     seen = await sub.next(timeout=2.0)
                     seen_at = time.perf_counter()
             assert seen is not None, "the watcher on B never heard of the cancel committed on A"

@@ -18,8 +18,8 @@ from sqlalchemy import update
 
 from controlplane.launch import bootstrap_token, runner_secret
 from controlplane.objectstore.claim import claim_key, nonce_digest, take_claim
-from controlplane_runner.claim import CLAIM_LOST, CLAIM_REFUSED, CLAIM_UNAVAILABLE
 from controlplane.store.models import Job
+from controlplane_runner.claim import CLAIM_LOST, CLAIM_REFUSED, CLAIM_UNAVAILABLE
 from tests.conftest import Agent
 
 pytestmark = pytest.mark.anyio

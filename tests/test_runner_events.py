@@ -341,8 +341,8 @@ def check_stream(raw: list[Any]) -> list[Any]:
     """Every event the runner wrote parses, carries only documented fields, and the seqs run from
     1 with no gap, ending with `finished`."""
     parsed = [events.parse(e) for e in raw]
-    assert None not in parsed, [e for e, p in zip(raw, parsed) if p is None]
-    for e, p in zip(raw, parsed):
+    assert None not in parsed, [e for e, p in zip(raw, parsed, strict=True) if p is None]
+    for e, p in zip(raw, parsed, strict=True):
         assert set(e) - COMMON <= DOCUMENTED[e["type"]], e
         assert type(e["seq"]) is int and type(e["ts"]) is float and p.ts == e["ts"]
         check(p)

@@ -11,6 +11,7 @@ import time
 from collections import defaultdict
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,7 @@ class Recorder(MessageHandler):
 
 
 def strictly_increasing(values: list[float]) -> bool:
-    return all(b > a for a, b in zip(values, values[1:]))
+    return all(b > a for a, b in pairwise(values))
 
 
 def assert_throttled(times: list[float]) -> None:

@@ -366,7 +366,7 @@ def test_every_catalog_tool_gets_one_job_with_its_image_cpu_and_memory(cloud: st
 @pytest.mark.parametrize("cloud", sorted(CLOUDS))
 def test_the_jobs_output_has_what_catalog_check_compares(cloud: str) -> None:
     _where, value = output_value(TERRAFORM / "modules" / cloud, "jobs")
-    assert value.startswith(f"${{{{for tool, ") and f" in {CLOUDS[cloud]}.tool : tool => " in value
+    assert value.startswith("${{for tool, ") and f" in {CLOUDS[cloud]}.tool : tool => " in value
     for key in ("name", "id", "image", "cpu", "memory_mb"):
         assert re.search(rf"[{{,] ?{key} = ", value), f"{cloud}: the jobs output has no {key}"
 

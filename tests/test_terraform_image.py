@@ -86,7 +86,7 @@ def test_two_replicas_on_an_empty_database_migrate_once_and_both_serve(tmp_path:
     servers = [subprocess.Popen(serve, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for env in envs]
     try:
         deadline = time.monotonic() + 90
-        for server, env in zip(servers, envs):
+        for server, env in zip(servers, envs, strict=True):
             while subprocess.run(health, env=env, capture_output=True, timeout=10).returncode != 0:
                 assert server.poll() is None, server.stderr.read().decode() if server.stderr else ""
                 assert time.monotonic() < deadline, "a replica's health check never passed"

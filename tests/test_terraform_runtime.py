@@ -69,7 +69,7 @@ def test_every_oauth_setting_a_deployment_needs_has_an_attribute_and_reaches_the
         assert env.lower() in fields, env
     assert '"CONTROLPLANE_AUTH_SCOPE_${upper(role)}"' in main
     for role in ("submit", "read", "cancel", "admin"):
-        assert f"auth_scope_{role}" in fields and re.search(rf"\b{role} = optional\(string\)", 
+        assert f"auth_scope_{role}" in fields and re.search(rf"\b{role} = optional\(string\)",
                                                             (TERRAFORM / "modules" / "settings" / "variables.tf").read_text())
     for attribute in attributes - {"scopes"}:
         assert f"var.oauth.{attribute}" in main, attribute

@@ -220,7 +220,7 @@ class Progress:
     def as_dict(self) -> dict[str, Any]:
         """The fields the report has (None: it has not), without seq and ts."""
         values = (self.percent, self.step, self.step_total, self.phase, self.message, self.eta_s)
-        return {k: v for k, v in zip(PROGRESS_FIELDS, values) if v is not None}
+        return {k: v for k, v in zip(PROGRESS_FIELDS, values, strict=True) if v is not None}
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,7 +52,7 @@ def initial_positions(n: int, seed: int) -> list[list[float]]:
         p = [rng.uniform(-radius, radius) for _ in range(3)]
         if sum(c * c for c in p) > radius * radius:
             continue
-        if all(sum((a - b) ** 2 for a, b in zip(p, q)) > 0.81 for q in pos):
+        if all(sum((a - b) ** 2 for a, b in zip(p, q, strict=True)) > 0.81 for q in pos):
             pos.append(p)
     return pos
 
@@ -95,11 +95,11 @@ def relax(n_atoms: int, fmax: float, max_steps: int, seed: int) -> dict:
             if fm < fmax or step >= max_steps:
                 break
             # FIRE step
-            vf = sum(v * f for vr, fr in zip(vel, forces) for v, f in zip(vr, fr))
+            vf = sum(v * f for vr, fr in zip(vel, forces, strict=True) for v, f in zip(vr, fr, strict=True))
             if vf > 0.0:
                 vn, fn = norm(vel), norm(forces)
                 mix = a * vn / fn if fn else 0.0
-                vel = [[(1 - a) * v + mix * f for v, f in zip(vr, fr)] for vr, fr in zip(vel, forces)]
+                vel = [[(1 - a) * v + mix * f for v, f in zip(vr, fr, strict=True)] for vr, fr in zip(vel, forces, strict=True)]
                 if n_pos > nmin:
                     dt = min(dt * finc, dtmax)
                     a *= fa
@@ -107,12 +107,12 @@ def relax(n_atoms: int, fmax: float, max_steps: int, seed: int) -> dict:
             else:
                 vel = [[0.0, 0.0, 0.0] for _ in range(n_atoms)]
                 a, dt, n_pos = astart, dt * fdec, 0
-            vel = [[v + dt * f for v, f in zip(vr, fr)] for vr, fr in zip(vel, forces)]
+            vel = [[v + dt * f for v, f in zip(vr, fr, strict=True)] for vr, fr in zip(vel, forces, strict=True)]
             dr = [[dt * v for v in vr] for vr in vel]
             step_len = norm(dr)
             if step_len > maxstep:
                 dr = [[c * maxstep / step_len for c in row] for row in dr]
-            pos = [[p + d for p, d in zip(pr, drr)] for pr, drr in zip(pos, dr)]
+            pos = [[p + d for p, d in zip(pr, drr, strict=True)] for pr, drr in zip(pos, dr, strict=True)]
             energy, forces = energy_forces(pos)
             step += 1
         write_frame(traj, pos, step, energy)

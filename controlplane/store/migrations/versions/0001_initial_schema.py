@@ -1,13 +1,12 @@
 """Initial schema: tasks, task_tags, task_events, task_logs, artifacts, jobs, leases.
 
 Revision ID: 0001
-Revises: 
+Revises:
 Create Date: 2026-11-21
 """
 
-from alembic import op
 import sqlalchemy as sa
-
+from alembic import op
 
 revision = '0001'
 down_revision = None

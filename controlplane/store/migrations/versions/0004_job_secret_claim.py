@@ -8,8 +8,8 @@ Revises: 0003
 Create Date: 2026-11-23
 """
 
-from alembic import op
 import sqlalchemy as sa
+from alembic import op
 
 revision = '0004'
 down_revision = '0003'

@@ -9,8 +9,8 @@ Revises: 0009
 Create Date: 2026-11-24
 """
 
-from alembic import op
 import sqlalchemy as sa
+from alembic import op
 
 revision = '0010'
 down_revision = '0009'

@@ -11,8 +11,8 @@ Revises: 0014
 Create Date: 2026-11-26
 """
 
-from alembic import op
 import sqlalchemy as sa
+from alembic import op
 
 revision = '0015'
 down_revision = '0014'
