@@ -745,6 +745,10 @@ class FakeAzure(FakeCloud):
         self.page_size = page_size  # executions per list page
         self.history_limit: int | None = None  # ended executions kept per job; None: all
         self.fault_rate = 0.0  # share of authenticated requests answered 429 (Retry-After: 0) first
+        # The next n job starts are refused for the subscription's core quota (ARM's 409
+        # OperationNotAllowed, the message naming the quota), or throttled (429, Retry-After: 0).
+        self.quota_refusals = 0
+        self.start_throttles = 0
         self.log_delay_s = 0.0  # ingestion delay: a row is queryable only this long after it is written
         self.query_quota_per_min: int | None = None  # queries per rolling 60 s (not throttled ones); None: no limit
         # The environment's log destination: "log-analytics" (table ContainerAppConsoleLogs_CL) or
@@ -970,6 +974,14 @@ class FakeAzure(FakeCloud):
             }, {}
 
     def _start(self, r: Request, rg: str, job: str, version: str, **_: Any) -> Answer:
+        with self._lock:
+            if self.quota_refusals > 0:
+                self.quota_refusals -= 1
+                raise ArmError(409, "OperationNotAllowed", "Operation results in exceeding quota limits of Core. "
+                                                           "Maximum allowed: 4, Current in use: 4, Additional requested: 1.")
+            if self.start_throttles > 0:
+                self.start_throttles -= 1
+                raise ArmError(429, "TooManyRequests", "The request is being throttled.", {"Retry-After": "0"})
         hook = self.launch_hook
         if hook is not None:
             hook("received")
