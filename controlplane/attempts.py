@@ -27,6 +27,7 @@ running to now (a lost job: it is counted until it was given up on).
 from __future__ import annotations
 
 import json
+import logging
 import re
 import threading
 from collections.abc import Sequence
@@ -36,7 +37,7 @@ from typing import Any
 from controlplane.catalog import Catalog, RetryPolicy
 from controlplane.objectstore.base import UnsafeKey, artifact_key, events_prefix, result_key, safe_artifact_name
 from controlplane.objectstore.registry import StoreRegistry
-from controlplane.ops import metrics, traces
+from controlplane.ops import logs, metrics, traces
 from controlplane.outcomes import (Decision, decide, decide_elsewhere, decide_launch_failure, decide_lost,
                                    decide_provider_failure, with_output)
 from controlplane.prices import Pricing
@@ -47,6 +48,7 @@ from controlplane.store.rows import TaskRow, WatchedJob
 from controlplane_runner import events as ev
 from controlplane_providers.base import JobPhase, JobStatus
 
+log = logging.getLogger("controlplane.attempts")
 S = TaskState
 
 
@@ -224,6 +226,10 @@ class Attempts:
         if row.state in TERMINAL:
             metrics.COMPLETIONS.labels(row.tool_name, row.state).inc()
         traces.ended(row)
+        if a.job is not None:
+            code = (d.error or {}).get("code")
+            log.info("task %s attempt %d ended: %s%s", row.task_id, a.job.attempt, row.state,
+                     f" ({code})" if code else "", extra=logs.of_job(a.job, "end", state=row.state, error=code))
         return row
 
     def _record_usage(self, a: AttemptTx, ran_at: tuple[float | None, float | None]) -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import os
 import sys
 from enum import StrEnum
@@ -79,8 +78,8 @@ def _settings(home: Path | None):
 
 
 def _logging(level: str = "WARNING") -> None:
-    logging.basicConfig(stream=sys.stderr, level=os.environ.get("CONTROLPLANE_LOG_LEVEL", level).upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from controlplane.ops.logs import configure  # text as ever, or JSON records (CONTROLPLANE_LOG_FORMAT)
+    configure(os.environ.get("CONTROLPLANE_LOG_LEVEL", level), _settings(None).log_format)
 
 
 @app.command()
@@ -96,6 +95,7 @@ def serve(
     from controlplane.catalog import CatalogError
     from controlplane.mcp.oauth import AuthConfigError
     from controlplane.mcp.auth import TokenFileError
+    from controlplane.ops.logs import announce
     from controlplane.serve import HttpServer, UnsafeBind, serve_stdio, settle_heap
     from controlplane.store.db import CannotOpenDatabase
 
@@ -110,7 +110,7 @@ def serve(
         err.print(f"[red]error:[/] {e}")
         raise typer.Exit(2) from None
     settle_heap()
-    err.print(f"serving MCP at {server.url}")
+    announce(f"serving MCP at {server.url}", err.print)  # a JSON record in the JSON log format
     asyncio.run(server.serve())
 
 

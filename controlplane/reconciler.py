@@ -17,11 +17,8 @@ One cycle:
    runner reported the attempt's end drains too: done once the provider says it ended, stopped
    if it still runs `kill_grace_s` plus a poll interval after that report (a container can
    outlive its runner);
-5. stops the extra executions of an attempt: a job whose attempt had a claim refused (another
-   execution of it asked, `JobStore.note_refused_claim`) is looked up by its marker
-   (`Provider.find_all`) once the refused runner has had `kill_grace_s` plus a poll interval to
-   exit by itself, and every execution of it that is not the job's own and still runs is stopped,
-   logged and counted (`jobs.extra_stopped`, `controlplane_extra_executions_total`);
+5. stops the extra executions of an attempt whose claim was refused to one of them
+   (`controlplane.reconciling.extras`);
 6. expires finished tasks past their ttl and purges the tombstones and the audit after their
    retention periods (`controlplane.retention`: in bounded batches, within a budget per cycle;
    a failed deletion is retried on the next pass, never skipped).
@@ -40,51 +37,32 @@ decisions: they are written unfenced, by every replica, before the fenced part o
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
-from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 import anyio.to_thread
-from tenacity import Retrying, retry_if_not_exception_type, stop_after_attempt, wait_exponential
 
 from controlplane.attempts import Attempts
 from controlplane.objectstore.registry import StoreRegistry
-from controlplane.ops import metrics
+from controlplane.ops import logs, metrics
 from controlplane.ops.health import ProviderHealth
-from controlplane.retention import Retention, Swept
+from controlplane.reconciling.cycle import ALIVE, CycleStats, call
+from controlplane.reconciling.extras import ExtraExecutions
+from controlplane.retention import Retention
 from controlplane.settings import Settings
 from controlplane.states import JobState, TaskState
 from controlplane.store import Store
-from controlplane.store.leases import Fence, Fenced
+from controlplane.store.leases import Fence
 from controlplane.store.rows import JobRow, TaskRow, WatchedJob
-from controlplane_providers.base import (Handle, JobPhase, JobStatus, LaunchSpec, MalformedHandle,
-                                         PermanentProviderError, Provider)
+from controlplane_providers.base import Handle, JobPhase, JobStatus, LaunchSpec, MalformedHandle, Provider
 
 log = logging.getLogger("controlplane.reconciler")
 S = TaskState
 STOP_RESEND_S = 5.0
 ABANDONED_RESEND_S = 60.0  # an abandoned job is still asked to stop, less often
-
-
-@dataclass
-class CycleStats:
-    jobs: int = 0
-    provider_calls: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    finished: int = 0
-    lost: int = 0
-    stops: int = 0
-    extra_stopped: int = 0  # extra executions of attempts stopped
-    expired: int = 0
-    purged: int = 0
-    retention: Swept | None = None  # the retention sweep's batches, timings and what it left
-
-
-_ALIVE = frozenset({JobPhase.RUNNING, JobPhase.PENDING})
 
 
 def _by_provider(jobs: list[WatchedJob], due: set[str]) -> dict[str, list[WatchedJob]]:
@@ -113,7 +91,6 @@ class Reconciler:
                  settings: Settings, fence: Callable[[], Fence | None] = lambda: None, stop_margin_s: float = 0.0,
                  build_spec: Callable[[TaskRow, JobRow], LaunchSpec] | None = None):
         self.store = store
-        self.build_spec = build_spec  # an attempt's LaunchSpec, as the scheduler builds it (None: extras not looked up)
         self.fence = fence  # the leader's lease fence now (None: unfenced, a single process)
         self.stop_margin_s = stop_margin_s  # lease to spare before a stop is sent
         self._fence: Fence | None = None  # the fence of the cycle under way
@@ -127,10 +104,9 @@ class Reconciler:
         # Watched jobs whose stored handle did not decode (said once), by worker id: their provider.
         self._unreadable: dict[str, str] = {}
         self._unreadable_now: dict[str, str] = {}  # ... seen so in this cycle
-        # Jobs with refused claims not yet looked into, by worker id: (refused claims, when this
-        # process first saw that many).
-        self._extra_since: dict[str, tuple[int, float]] = {}
-        self._extra_since_now: dict[str, tuple[int, float]] = {}  # ... seen so in this cycle
+        # The extra executions of attempts (build_spec None: not looked up).
+        self.extras = ExtraExecutions(store, providers, settings, build_spec, self._handle, lambda: self._fence,
+                                      stop_margin_s)
         self._status_room = self.status_budget  # statuses this cycle may still record
         self.retention = Retention(store, stores, providers, settings)
         self.health = ProviderHealth()  # what the polls looked like, for the operator (ops/health.py)
@@ -161,7 +137,7 @@ class Reconciler:
         due = {name for name, p in self.providers.items()
                if force_poll or now - self._last_poll.get(name, 0) >= p.poll_interval_s}
         said, self._unreadable_now = self._unreadable, {}
-        self._extra_since_now = {}
+        self.extras.begin_cycle()
         queued: dict[tuple[str, Any], tuple[list[WatchedJob], list[Handle]]] = {}  # by (provider, poll key)
         changed: list[tuple[str, str, str | None]] = []  # provider statuses to record
         self._status_room = self.status_budget
@@ -169,12 +145,12 @@ class Reconciler:
         for page in self.store.jobs.watched_pages(self.page_size, now):
             stats.jobs += len(page)
             self._stops(page, now, stats)
-            self._extras(page, now, stats)
+            self.extras.look(page, now, stats)
             for name, group in _by_provider(page, due).items():
                 provider = self.providers[name]
                 polled.add(name)
                 size, poll_key = max(1, provider.poll_batch_size), provider.poll_key
-                for j, handle in zip(group, provider.handles([j.handle_json or "" for j in group])):
+                for j, handle in zip(group, provider.handles([j.handle_json or "" for j in group]), strict=False):
                     if isinstance(handle, MalformedHandle):
                         self._unreadable_handle(j, handle)
                         continue
@@ -197,7 +173,7 @@ class Reconciler:
             self._last_poll[name] = now
         # A polled provider's watched jobs were all decoded: those it no longer has are forgotten.
         self._unreadable = {w: p for w, p in said.items() if p not in polled} | self._unreadable_now
-        self._extra_since = self._extra_since_now
+        self.extras.end_cycle()
         self._expire(now, stats)
         return stats
 
@@ -228,117 +204,12 @@ class Reconciler:
         # Recorded first, fenced with lease to spare: a leader that lost its lease sends no stop.
         self._stop_sent[j.worker_id] = self.store.jobs.mark_stop_sent(j.worker_id, self._fence, self.stop_margin_s)
         try:
-            self._call(provider, "cancel", handle, reason)
+            call(provider, "cancel", handle, reason)
             stats.provider_calls[f"{provider.name}.cancel"] += 1
             stats.stops += 1
+            log.info("stopped %s (%s)", j.job_name, reason, extra=logs.of_job(j, "stop", reason=reason))
         except Exception as e:  # noqa: BLE001 - retried next cycle
-            log.warning("cancel of %s failed: %s", j.job_name, e)
-
-    # ---- extra executions ---------------------------------------------------------------------
-    def _extras(self, jobs: list[WatchedJob], now: float, stats: CycleStats) -> None:
-        """Jobs with refused claims not looked into yet: each looked into once the refused runner
-        has had the time to exit by itself (an execution that ends on its own is not stopped, and
-        keeps the exit status that says why it ended)."""
-        for j in jobs:
-            if j.extra_claims > j.extra_checked:
-                seen = self._extra_since.get(j.worker_id)
-                since = seen[1] if seen is not None and seen[0] == j.extra_claims else now  # a new refusal: a new grace
-                self._extra_since_now[j.worker_id] = (j.extra_claims, since)
-                provider = self.providers.get(j.provider)
-                grace = self.settings.kill_grace_s + (provider.poll_interval_s if provider is not None else 0.0)
-                if now - since >= grace and self._stop_extras(j, stats):
-                    del self._extra_since_now[j.worker_id]
-
-    def _stop_extras(self, j: WatchedJob, stats: CycleStats) -> bool:
-        """Another execution of the job's attempt asked for its claim (and was refused): stop
-        every execution of the attempt the provider has, other than the job's own, that still
-        runs, unless the job's own ended while its attempt is current (it may be the execution that
-        was refused: `_follow_holder`). A provider error leaves it for the next cycle; a stop is sent
-        only while the lease has `stop_margin_s` to spare; what was done is recorded fenced. True
-        once recorded."""
-        looked = self._lookable(j)
-        if looked is None:
-            return False
-        provider, own = looked
-        try:
-            others = self._other_executions(j, provider, own)
-            *statuses, own_status = self._call(provider, "poll", [*others, own])
-        except PermanentProviderError as e:  # (the tool left the catalog): nothing to look up by
-            log.warning("the executions of %s cannot be looked up: %s", j.job_name, e)
-            others, statuses, own_status = [], [], None
-        except Exception as e:  # noqa: BLE001 - looked into again next cycle
-            log.warning("looking up the executions of %s failed: %s", j.job_name, e)
-            return False
-        if not j.draining and own_status is not None and own_status.phase not in _ALIVE:
-            return False  # the job's own execution may be the one refused: the holder is followed, not stopped
-        running = [h for h, st in zip(others, statuses) if st.phase in _ALIVE]
-        if running and self._fence is not None and not self.store.jobs.leases.holds(self._fence, self.stop_margin_s):
-            raise Fenced("the lease has too little time left to stop an extra execution")
-        for h in running:
-            try:
-                self._call(provider, "cancel", h, "an extra execution of the attempt")
-            except Exception as e:  # noqa: BLE001 - found and stopped again next cycle
-                log.warning("stopping an extra execution of %s failed: %s", j.job_name, e)
-                return False
-            stats.provider_calls[f"{provider.name}.cancel"] += 1
-            log.warning("stopped an extra execution of task %s attempt %d (%s, %s)", j.task_id, j.attempt,
-                        provider.name, j.job_name,
-                        extra={"task_id": j.task_id, "attempt": j.attempt, "provider": provider.name,
-                               "job_name": j.job_name, "action": "extra_stopped"})
-        self.store.jobs.extra_checked(j.worker_id, j.extra_claims, len(running), self._fence)
-        stats.extra_stopped += len(running)
-        metrics.extra_executions(provider.name, "stopped", len(running))
-        return True
-
-    def _follow_holder(self, j: WatchedJob, stats: CycleStats) -> bool:
-        """The job's execution ended, and its attempt had a claim refused: the execution that was
-        refused may be this one, racing a late launch that claimed first. Then an execution of the
-        attempt still runs (the claim's holder; a refused one exits at once): the job follows the
-        newest such execution instead of ending the attempt. False: none runs (or none can be
-        looked up now), and the job ends as its provider says."""
-        looked = self._lookable(j)
-        if looked is None:
-            return False
-        provider, own = looked
-        try:
-            others = self._other_executions(j, provider, own)
-            statuses = self._call(provider, "poll", others) if others else []
-        except Exception as e:  # noqa: BLE001 - the job ends as its provider says
-            log.warning("looking up the other executions of %s failed: %s", j.job_name, e)
-            return False
-        running = [h for h, st in zip(others, statuses) if st.phase in _ALIVE]
-        if not running or not self.store.jobs.follow(j.worker_id, running[0].encode(), self._fence):
-            return False
-        stats.provider_calls[f"{provider.name}.find_all"] += 1
-        log.warning("job %s ended refused its claim; following the execution of task %s attempt %d that holds it",
-                    j.job_name, j.task_id, j.attempt,
-                    extra={"task_id": j.task_id, "attempt": j.attempt, "provider": provider.name,
-                           "job_name": j.job_name, "action": "followed"})
-        return True
-
-    def _lookable(self, j: WatchedJob) -> tuple[Provider, Handle] | None:
-        """The job's provider and own handle, when its attempt's executions can be looked up."""
-        provider = self.providers.get(j.provider)
-        own = self._handle(provider, j) if provider is not None and j.handle_json else None
-        if provider is None or own is None or self.build_spec is None:
-            return None
-        return provider, own
-
-    def _other_executions(self, j: WatchedJob, provider: Provider, own: Handle) -> list[Handle]:
-        """The attempt's executions other than the job's own (`find_all`; raises what it raises)."""
-        spec = self._spec_of(j)
-        found = [] if spec is None else self._call(provider, "find_all", spec)
-        return [h for h in found if not provider.same_job(h, own)]
-
-    def _spec_of(self, j: WatchedJob) -> LaunchSpec | None:
-        """The job's LaunchSpec as the scheduler built it (for a draining job, of its attempt)."""
-        assert self.build_spec is not None
-        task, job = self.store.tasks.get(j.task_id), self.store.jobs.get(j.task_id, j.attempt)
-        if task is None or job is None:
-            return None
-        if task.attempt != j.attempt:
-            task = dataclasses.replace(task, attempt=j.attempt)
-        return self.build_spec(task, job)
+            log.warning("cancel of %s failed: %s", j.job_name, e, extra=logs.of_job(j, "stop_failed", reason=reason))
 
     # ---- polling ------------------------------------------------------------------------------
     def _poll_batch(self, provider: Provider, key: Any, jobs: list[WatchedJob], handles: list[Handle], now: float,
@@ -346,10 +217,11 @@ class Reconciler:
         """One poll call for a batch of jobs with one poll key (a provider that lists per job,
         Cloud Run, answers each job's executions with one paged list), then what it said."""
         try:
-            statuses = self._call(provider, "poll", handles)
+            statuses = call(provider, "poll", handles)
             self.health.polled(provider.name, len(jobs))
         except Exception as e:  # noqa: BLE001 - a failed poll changes nothing
-            log.warning("poll of %d %s jobs (%s) failed: %s", len(jobs), provider.name, key, e)
+            log.warning("poll of %d %s jobs (%s) failed: %s", len(jobs), provider.name, key, e,
+                        extra={"provider": provider.name, "action": "poll_failed"})
             self.health.polled(provider.name, len(jobs), e)
             statuses = [None] * len(jobs)
         stats.provider_calls[f"{provider.name}.poll"] += 1
@@ -367,34 +239,24 @@ class Reconciler:
 
     def _unreadable_handle(self, j: WatchedJob, e: MalformedHandle) -> None:
         if j.worker_id not in self._unreadable and j.worker_id not in self._unreadable_now:
-            log.error("job %s of task %s cannot be polled or stopped: %s", j.job_name, j.task_id, e)
+            log.error("job %s of task %s cannot be polled or stopped: %s", j.job_name, j.task_id, e,
+                      extra=logs.of_job(j, "unreadable_handle"))
         self._unreadable_now[j.worker_id] = j.provider
-
-    @staticmethod
-    def _call(provider: Provider, op: str, *args: Any) -> Any:
-        """A provider call (`op`: poll, cancel or find_all), tried three times (a provider retries its own
-        transient errors inside; these tries cover a call that failed as a whole, e.g. a dropped
-        connection). Each try is counted (`controlplane.ops.metrics`)."""
-        for attempt in Retrying(stop=stop_after_attempt(3), wait=wait_exponential(multiplier=0.2, max=2),
-                                retry=retry_if_not_exception_type(PermanentProviderError), reraise=True):
-            with attempt:
-                return metrics.provider_call(provider.name, op, getattr(provider, op), *args)
-        return None  # pragma: no cover
 
     def _apply(self, jobs: list[WatchedJob], statuses: list[JobStatus | None], now: float,
                stats: CycleStats, changed: list[tuple[str, str, str | None]]) -> None:
-        for j, st in zip(jobs, statuses):
+        for j, st in zip(jobs, statuses, strict=False):
             if st is None:
                 continue
             reason = st.waiting_reason or st.reason
             if (st.raw_status != j.provider_status or reason != j.provider_reason) and self._status_room > 0:
                 self._status_room -= 1
                 changed.append((j.worker_id, st.raw_status or st.phase.value, reason))
-            alive = st.phase in _ALIVE
+            alive = st.phase in ALIVE
             if j.draining:
                 self._drain(j, alive, now, stats)
             elif not alive:
-                if j.extra_claims and self._follow_holder(j, stats):
+                if j.extra_claims and self.extras.follow_holder(j, stats):
                     continue  # it lost its attempt's claim to another execution, which runs the tool
                 outcome = self.attempts.end_from_provider(j, st)
                 if outcome == "lost":
@@ -424,7 +286,7 @@ class Reconciler:
         abandoned = j.job_state == JobState.ABANDONED
         if not abandoned and now - (j.stop_requested_at or now) >= self.settings.stop_confirm_timeout_s:
             log.warning("job %s did not confirm it stopped within %.0f s: abandoned (still stopped now and then)",
-                        j.job_name, self.settings.stop_confirm_timeout_s)
+                        j.job_name, self.settings.stop_confirm_timeout_s, extra=logs.of_job(j, "abandoned"))
             self.store.jobs.move(j.worker_id, JobState.ABANDONED)
             abandoned = True
         if now - self._sent_at(j) >= (ABANDONED_RESEND_S if abandoned else STOP_RESEND_S):
@@ -443,14 +305,15 @@ class Reconciler:
             return  # a runner that never called back (store-only mode) is judged by the provider alone
         last = max(j.seen_at, self.started_at)  # a restart is not the runner's silence
         if now - last > self.settings.heartbeat_timeout_s:
-            log.warning("job %s silent for %.0f s: stopping it, then treating it as lost", j.job_name, now - last)
+            log.warning("job %s silent for %.0f s: stopping it, then treating it as lost", j.job_name, now - last,
+                        extra=logs.of_job(j, "silent"))
             self._send_stop(j, "heartbeat lost", stats)
 
     def _give_up_waiting(self, j: WatchedJob, reason: str, stats: CycleStats) -> None:
         """The provider's policy gave up on a job that never started (no capacity): stop it and
         fail the attempt, or retry it if the tool retries launch failures. The job is drained:
         stopped until the provider confirms it is gone, and refused if it starts after all."""
-        log.warning("job %s: %s", j.job_name, reason)
+        log.warning("job %s: %s", j.job_name, reason, extra=logs.of_job(j, "gave_up_waiting"))
         self._send_stop(j, "gave up waiting", stats)
         self.attempts.end_unlaunched(j.task_id, j.attempt, reason, job_state=JobState.DRAINING)
         stats.lost += 1
@@ -462,7 +325,7 @@ class Reconciler:
 
     def _lost_unconfirmed(self, j: WatchedJob, reason: str, stats: CycleStats) -> None:
         log.warning("job %s: %s within %.0f s; its task ends, the job is abandoned (and still stopped now and then)",
-                    j.job_name, reason, self.settings.stop_confirm_timeout_s)
+                    j.job_name, reason, self.settings.stop_confirm_timeout_s, extra=logs.of_job(j, "abandoned"))
         self.attempts.end_lost(j.task_id, j.attempt, reason)
         stats.lost += 1
 

@@ -32,7 +32,7 @@ from controlplane.attempts import Attempts
 from controlplane.catalog import Catalog
 from controlplane.objectstore.base import inputs_key
 from controlplane.objectstore.registry import StoreRegistry
-from controlplane.ops import metrics, traces
+from controlplane.ops import logs, metrics, traces
 from controlplane.outcomes import cancelled_error
 from controlplane.placement import NO_CAPACITY, Placer
 from controlplane.states import JobState, TaskState
@@ -90,7 +90,7 @@ class Scheduler:
                 claimed = await anyio.to_thread.run_sync(self.store.jobs.claim_for_launch, rc.name,
                                                          rc.max_concurrency, None, self.fence(), self.placer)
             except Fenced as e:
-                log.warning("claims left to the new leader: %s", e)
+                log.warning("claims left to the new leader: %s", e, extra={"action": "fenced"})
                 return 0
             self._fresh.update(job.worker_id for _task, job in claimed)
             now = time.time()
@@ -114,10 +114,10 @@ class Scheduler:
                 await self._launch(job)
             self._forget(wid)
         except Fenced as e:  # no longer the leader: leave the intent to the one who is
-            log.warning("launch of %s left to the new leader: %s", job.job_name, e)
+            log.warning("launch of %s left to the new leader: %s", job.job_name, e, extra=logs.of_job(job, "fenced"))
             self._forget(wid)
         except PermanentProviderError as e:
-            log.warning("launch of %s refused: %s", job.job_name, e)
+            log.warning("launch of %s refused: %s", job.job_name, e, extra=logs.of_job(job, "launch_refused"))
             self._forget(wid)  # the attempt ends: nothing will retry it
             await anyio.to_thread.run_sync(self.attempts.end_unlaunched, job.task_id, job.attempt,
                                            f"the provider refused to start the job: {e}")
@@ -128,7 +128,7 @@ class Scheduler:
                 moved = False
             if moved:
                 log.warning("launch of %s refused for capacity on %s, next attempt elsewhere: %s", job.job_name,
-                            job.provider, e)
+                            job.provider, e, extra=logs.of_job(job, "moved"))
                 self._forget(wid)
             else:  # the tool's only placement: wait for room there, as for any transient error
                 self._back_off(job, e)
@@ -144,7 +144,8 @@ class Scheduler:
         self._failures[wid] = n
         delay = min(60.0, 0.5 * 2 ** (n - 1))
         self._retry_at[wid] = time.monotonic() + delay
-        log.warning("launch of %s failed (try %d, next in %.1fs): %s", job.job_name, n, delay, e)
+        log.warning("launch of %s failed (try %d, next in %.1fs): %s", job.job_name, n, delay, e,
+                    extra=logs.of_job(job, "launch_failed", tries=n))
 
     def _elsewhere(self, job: JobRow, reason: str) -> bool:
         """The job's placement refused it for capacity: when its tool has other placements, end
@@ -203,6 +204,8 @@ class Scheduler:
             with traces.launching(task, provider.name, job.job_name):
                 handle = await anyio.to_thread.run_sync(self._launch_if_leading, provider, spec)
         await anyio.to_thread.run_sync(self.store.jobs.record_launch, wid, handle.encode(), self.fence())
+        log.info("launched %s (task %s attempt %d) on %s", job.job_name, job.task_id, job.attempt, job.provider,
+                 extra=logs.of_job(job, "launch"))
 
     def _launch_if_leading(self, provider: Provider, spec: LaunchSpec) -> Any:
         """The last look at the lease and the provider call, back to back in one thread. A pause

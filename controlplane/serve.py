@@ -33,7 +33,7 @@ from controlplane.mcp import compat
 from controlplane.mcp.auth import load_tokens
 from controlplane.mcp.oauth import ResourceServer
 from controlplane.mcp.server import build_server
-from controlplane.ops import metrics
+from controlplane.ops import logs, metrics
 
 
 class UnsafeBind(ValueError):
@@ -78,6 +78,7 @@ class HttpServer:
     """The MCP HTTP app on a bound socket; `url` is the MCP endpoint."""
 
     def __init__(self, cp: ControlPlane, host: str = "127.0.0.1", port: int = 0):
+        logs.set_replica(cp.holder)  # every log record names the replica that wrote it
         self.listener = Listener(host, port)
         try:
             self.app = http_app(cp, self.listener, host)
@@ -108,6 +109,7 @@ def settle_heap() -> None:
 
 
 async def serve_stdio(cp: ControlPlane) -> None:
+    logs.set_replica(cp.holder)  # every log record names the replica that wrote it
     mcp = build_server(cp, with_auth=False)
     settle_heap()
     await mcp.run_stdio_async(show_banner=False, log_level="WARNING")

@@ -143,6 +143,9 @@ class Settings(BaseSettings):
     dashboard_session_s: int = Field(default=3600, gt=0)
     # OpenTelemetry traces of tasks (controlplane/ops/traces.py; the `otel` extra).
     otel: bool = False
+    # How the server writes its log records on stderr: "text" for people, "json" (one object a
+    # line, with task_id, attempt, provider, action and replica as fields) for a log store.
+    log_format: Literal["text", "json"] = "text"
 
     # Loops.
     scheduler_interval_s: float = 0.5

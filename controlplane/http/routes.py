@@ -31,7 +31,7 @@ from controlplane.launch import bootstrap_token, runner_secret
 from controlplane.objectstore.base import UnsafeKey, guess_content_type
 from controlplane.objectstore.claim import nonce_digest, take_claim
 from controlplane.objectstore.grants import MAX_NAMES, grant_method, sign_grants
-from controlplane.ops import metrics
+from controlplane.ops import logs, metrics
 from controlplane.states import FINAL
 from controlplane.store import StaleAttempt
 
@@ -112,16 +112,18 @@ def routes(cp: RouteDeps) -> list[Route]:
                 lambda: take_claim(cp.stores.get(task.store_url), task_id, attempt, digest, by="control-plane"))
         except OSError:
             log.warning("the claim of %s/%s could not be written to the object store", task_id, attempt,
-                        extra={"task_id": task_id, "attempt": attempt, "action": "claim"})
+                        extra=logs.of_attempt(task_id, attempt, "claim_failed"))
             return _error(503, "the object store did not answer; try again")
         claimed = await anyio.to_thread.run_sync(cp.store.jobs.claim_runner_secret, task_id, attempt, holder)
         if claimed is None:
             return _error(409, "this attempt is no longer current", "ATTEMPT_OVER")
         if not claimed or holder != digest:
             log.warning("a second execution of %s/%s claimed it and was refused", task_id, attempt,
-                        extra={"task_id": task_id, "attempt": attempt, "action": "claim_refused"})
+                        extra=logs.of_attempt(task_id, attempt, "claim_refused"))
             await anyio.to_thread.run_sync(refused_claim, task_id, attempt)
             return _error(403, "another execution holds this attempt's claim", "ALREADY_CLAIMED")
+        log.info("the runner of %s/%s claimed it", task_id, attempt,
+                 extra=logs.of_attempt(task_id, attempt, "claim"))
         return JSONResponse({"secret": runner_secret(cp.secret_key, task_id, attempt)},
                             headers={"Cache-Control": "no-store"})
 
@@ -161,7 +163,8 @@ def routes(cp: RouteDeps) -> list[Route]:
         except StaleAttempt:
             return _error(409, "this attempt is no longer current")
         except Exception:  # noqa: BLE001
-            log.exception("ingesting events of %s/%s failed", task_id, attempt)
+            log.exception("ingesting events of %s/%s failed", task_id, attempt,
+                          extra=logs.of_attempt(task_id, attempt, "events_failed"))
             return _error(500, "internal error")
         if result.finished or result.cancel:
             cp.wake()
@@ -197,7 +200,8 @@ def routes(cp: RouteDeps) -> list[Route]:
         except NotImplementedError:
             return _error(409, "this task's object store cannot sign uploads", "CAPABILITY_MISSING")
         except Exception:  # noqa: BLE001
-            log.exception("signing grants for %s/%s failed", task_id, attempt)
+            log.exception("signing grants for %s/%s failed", task_id, attempt,
+                          extra=logs.of_attempt(task_id, attempt, "grants_failed"))
             return _error(503, "could not sign; retry later", "INTERNAL")
         return JSONResponse({"grants": grants, "expires_in": ttl}, headers={"Cache-Control": "no-store"})
 
