@@ -89,11 +89,6 @@ class Definition:
     placements: tuple[Placed, ...]
     resource_class: ResourceClass
 
-    @property
-    def options(self) -> ProviderOptions:
-        """The first placement's options."""
-        return self.placements[0].options
-
 
 @dataclass(frozen=True)
 class _Retired:
@@ -185,6 +180,14 @@ class Catalog:
         if rc is None:
             raise LookupError(f"resource class '{resource_class}' is no longer in the catalog")
         return Definition(*tool, rc)
+
+    def placements_at(self, tool_name: str, submitted_at: float) -> tuple[Placed, ...]:
+        """The tool's placements as a task submitted at `submitted_at` was admitted under (as
+        `admitted`, for the scheduler's every claim: one lookup unless a reload replaced the tool);
+        empty when this process never knew the tool."""
+        kept = self._history.tools.get(tool_name)
+        then = _as_of(kept, submitted_at) if kept else None
+        return then[1] if then is not None else self._now.placements.get(tool_name, ())
 
     def queues(self) -> list[ResourceClass]:
         """The resource classes to schedule: the catalog's, and those a reload removed (their

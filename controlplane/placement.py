@@ -6,18 +6,12 @@ release) goes where it ran. docs/design/placement.md says why the choice is made
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
 
 from controlplane.catalog import Catalog, Placed
 from controlplane.store.rows import JobRow, TaskRow
 
 # A job's provider_status when its placement refused it for room (CapacityProviderError).
 NO_CAPACITY = "no_capacity"
-
-
-class Choice(NamedTuple):
-    provider: str
-    index: int  # in the tool's placements as the task was admitted under
 
 
 def choose(placements: Sequence[Placed], previous: Callable[[], Sequence[JobRow]]) -> int:
@@ -43,14 +37,12 @@ class Placer:
 
     def placements(self, task: TaskRow) -> tuple[Placed, ...]:
         """The task's tool's placements as it was admitted (empty when this process never knew it)."""
-        try:
-            return self.catalog.admitted(task.tool_name, task.resource_class, task.submitted_at).placements
-        except LookupError:
-            return ()
+        return self.catalog.placements_at(task.tool_name, task.submitted_at)
 
-    def __call__(self, task: TaskRow, previous: Callable[[], Sequence[JobRow]]) -> Choice:
+    def __call__(self, task: TaskRow, previous: Callable[[], Sequence[JobRow]]) -> tuple[str, int]:
+        """(provider, index in the tool's placements) of the task's next attempt."""
         placements = self.placements(task)
         if not placements:  # its launch is refused (`ControlPlane.build_spec`)
-            return Choice(task.provider, 0)
+            return task.provider, 0
         i = choose(placements, previous)
-        return Choice(placements[i].provider, i)
+        return placements[i].provider, i

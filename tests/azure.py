@@ -120,7 +120,6 @@ import shutil
 import signal
 import string
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -133,7 +132,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from tests.fakehttp import Answer, Request, Server, forward_lines, killpg, play, reap, self_signed_tls, start_process
+from tests.fakehttp import Answer, FakeCloud, Request, forward_lines, killpg, play, self_signed_tls, start_process
 
 TERMINAL = {"Succeeded", "Failed", "Stopped"}
 STATUSES = {"Running", "Processing", "Stopped", "Degraded", "Failed", "Unknown", "Succeeded"}
@@ -727,7 +726,7 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
 _QUERY = re.compile(r"/v1/workspaces/(?P<ws>[^/]+)/query")
 
 
-class FakeAzure:
+class FakeAzure(FakeCloud):
     """Container Apps jobs (ARM) and Log Analytics query on one local HTTPS port, with an executor
     thread that runs executions as local processes. See the module docstring; every control is a
     plain attribute or method and is safe to use from any thread."""
@@ -735,7 +734,7 @@ class FakeAzure:
     def __init__(self, *, pending_s: float = 0.05, start_jobs: bool = True, seed: int | None = None,
                  stop_grace_s: float = 10.0, page_size: int = 100, subscription: str | None = None,
                  workspace: str | None = None, location: str = "eastus"):
-        self._lock = threading.RLock()
+        super().__init__(seed=seed)
         self.subscription = subscription or SUBSCRIPTION
         self.workspace = workspace or WORKSPACE
         self.location = location
@@ -746,6 +745,10 @@ class FakeAzure:
         self.page_size = page_size  # executions per list page
         self.history_limit: int | None = None  # ended executions kept per job; None: all
         self.fault_rate = 0.0  # share of authenticated requests answered 429 (Retry-After: 0) first
+        # The next n job starts are refused for the subscription's core quota (ARM's 409
+        # OperationNotAllowed, the message naming the quota), or throttled (429, Retry-After: 0).
+        self.quota_refusals = 0
+        self.start_throttles = 0
         self.log_delay_s = 0.0  # ingestion delay: a row is queryable only this long after it is written
         self.query_quota_per_min: int | None = None  # queries per rolling 60 s (not throttled ones); None: no limit
         # The environment's log destination: "log-analytics" (table ContainerAppConsoleLogs_CL) or
@@ -761,52 +764,27 @@ class FakeAzure:
         # Called in a start's own thread, outside the fake's lock: "received" before the execution is
         # made, "created" after (before the answer). A hook that waits holds that call alone.
         self.launch_hook: Callable[[str], None] | None = None
-        self.rng = random.Random(seed)
-        self.faults = 0
-        self.requests: list[tuple[float, str, str]] = []  # (monotonic time, method, path without query)
         self.tokens: list[str] = []  # bearer tokens seen, one per authenticated request
         self.api_versions: list[str] = []  # api-version of each ARM request
         self.queries: list[tuple[str, str | None]] = []  # (KQL, timespan) of each accepted query
-        self.runs: dict[str, int] = {}  # CONTROLPLANE_JOB_NAME (default: the job name) -> processes started
-        self.processes: dict[str, subprocess.Popen[bytes]] = {}  # execution name -> process
         self.images: dict[str, list[str]] = {}  # image -> entrypoint, for containers without a command
         self._names = random.Random()
         self._jobs: dict[tuple[str, str], _Job] = {}
         self._executions: dict[str, _Execution] = {}  # lower-cased name -> execution (forgotten ones removed)
-        self._active: set[str] = set()  # executions with a process to play, not ended yet
         self._operations: dict[str, str] = {}  # operation id -> execution key
         self._rows: list[tuple[float, Row]] = []  # (monotonic time visible from, row)
         self._query_calls: list[float] = []
         self._seq = 0
         self._synthetic = 0
-        self._stop = threading.Event()
 
         self._dir = Path(tempfile.mkdtemp(prefix="fake-azure-"))
         tls, ca = self_signed_tls(self._dir)
         self.ca_file = str(ca)  # the CA's PEM: connection_verify= for the SDK clients
-        self._server = Server(self._respond, name="fake-azure-https", tls=tls)
-        self.port = self._server.port
-        self.url = self._server.url  # https://127.0.0.1:PORT: base_url= / endpoint= for the SDK clients
-        self._executor = threading.Thread(target=self._loop, name="fake-azure-executor", daemon=True)
-        self._executor.start()
-
-    # -- lifecycle --------------------------------------------------------------------------------
-
-    def __enter__(self) -> FakeAzure:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+        self._serve("fake-azure", tls)  # url: https://127.0.0.1:PORT, base_url= / endpoint= for the SDK clients
 
     def close(self) -> None:
         """Stop serving, stop the executor, SIGKILL every process group, remove the certificates."""
-        if self._stop.is_set():
-            return
-        self._stop.set()
-        self._server.stop()
-        self._executor.join(10)
-        for proc in list(self.processes.values()):
-            reap(proc)
+        super().close()
         shutil.rmtree(self._dir, ignore_errors=True)
 
     # -- setup and inspection (tests) -------------------------------------------------------------
@@ -996,6 +974,14 @@ class FakeAzure:
             }, {}
 
     def _start(self, r: Request, rg: str, job: str, version: str, **_: Any) -> Answer:
+        with self._lock:
+            if self.quota_refusals > 0:
+                self.quota_refusals -= 1
+                raise ArmError(409, "OperationNotAllowed", "Operation results in exceeding quota limits of Core. "
+                                                           "Maximum allowed: 4, Current in use: 4, Additional requested: 1.")
+            if self.start_throttles > 0:
+                self.start_throttles -= 1
+                raise ArmError(429, "TooManyRequests", "The request is being throttled.", {"Retry-After": "0"})
         hook = self.launch_hook
         if hook is not None:
             hook("received")
@@ -1188,17 +1174,6 @@ class FakeAzure:
 
     # -- the executor: plays Container Apps ---------------------------------------------------------------
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            with self._lock:
-                active = [self._executions[n] for n in self._active if n in self._executions]
-            for e in active:
-                try:
-                    self._step(e)
-                except Exception as exc:  # noqa: BLE001 - keep playing Container Apps for the others
-                    print(f"fake azure: {e.name}: {exc!r}", file=sys.stderr)
-            self._stop.wait(0.01)
-
     def _step(self, e: _Execution) -> None:
         now = time.monotonic()
         with self._lock:
@@ -1247,9 +1222,7 @@ class FakeAzure:
             self._complete(e, "Failed")
             return
         e.proc, e.status = proc, "Running"
-        self.processes[e.name] = proc
-        key = e.env.get("CONTROLPLANE_JOB_NAME", e.job.name)
-        self.runs[key] = self.runs.get(key, 0) + 1
+        self._started(e.name, proc, e.env.get("CONTROLPLANE_JOB_NAME", e.job.name))
         forward_lines(proc, lambda line: self._add_row(e, line, time.time_ns() // 100), e.output_done,
                       name=f"logs-{e.name}")
 

@@ -1,7 +1,8 @@
-"""Plumbing shared by the local cloud fakes (tests/gcp.py, tests/azure.py): a threaded HTTP or
-HTTPS server on 127.0.0.1 that hands every request to one callback and writes its JSON answer, a
-throwaway certificate authority for the HTTPS case, and how their executors start, watch and kill
-the local processes that play cloud jobs."""
+"""Plumbing shared by the local cloud fakes (tests/gcp.py, tests/azure.py): their base class
+(`FakeCloud`: the lock, the counts, the server and the executor thread, and how they stop), a
+threaded HTTP or HTTPS server on 127.0.0.1 that hands every request to one callback and writes its
+JSON answer, a throwaway certificate authority for the HTTPS case, and how their executors start,
+watch and kill the local processes that play cloud jobs."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import datetime as dt
 import ipaddress
 import json
 import os
+import random
 import signal
 import socket
 import ssl
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 from urllib.parse import parse_qs, urlsplit
 
 import psutil
@@ -129,6 +131,73 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _serve
+
+
+class FakeCloud:
+    """What the cloud fakes share: one lock for their state, the counts every fake keeps, a server
+    that hands each request to `_respond`, and an executor thread that plays each active execution
+    (`_step`) until it ends. A context manager: its exit (`close`) stops them and kills every
+    process group still running."""
+
+    label = "fake cloud"  # how the executor names itself on stderr
+
+    def __init__(self, *, seed: int | None = None) -> None:
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self.rng = random.Random(seed)
+        self.faults = 0
+        self.requests: list[tuple[float, str, str]] = []  # (monotonic time, method, path without query)
+        self.runs: dict[str, int] = {}  # CONTROLPLANE_JOB_NAME (default: the job's name) -> processes started
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}  # execution name -> process
+        self._executions: dict[str, Any] = {}  # the fake's own key -> execution (forgotten ones removed)
+        self._active: set[str] = set()  # keys of the executions with a process to play, not ended yet
+
+    def _serve(self, name: str, tls: ssl.SSLContext | None = None) -> None:
+        """Start serving `_respond` on `url` and playing executions: the end of a fake's __init__."""
+        self._server = Server(self._respond, name=f"{name}-http", tls=tls)
+        self.port = self._server.port
+        self.url = self._server.url
+        self._executor = threading.Thread(target=self._loop, name=f"{name}-executor", daemon=True)
+        self._executor.start()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop serving, stop the executor, SIGKILL every process group still running."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self._server.stop()
+        self._executor.join(10)
+        for proc in list(self.processes.values()):
+            reap(proc)
+
+    def _respond(self, r: Request) -> Answer:
+        raise NotImplementedError
+
+    def _step(self, e: Any) -> None:
+        """Under no lock: move one active execution on (start it, watch its process, end it)."""
+        raise NotImplementedError
+
+    def _started(self, name: str, proc: subprocess.Popen[bytes], job_name: str) -> None:
+        """Under the lock: an execution's process started (counted in `runs` under `job_name`)."""
+        self.processes[name] = proc
+        self.runs[job_name] = self.runs.get(job_name, 0) + 1
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            with self._lock:
+                active = [self._executions[n] for n in self._active if n in self._executions]
+            for e in active:
+                try:
+                    self._step(e)
+                except Exception as exc:  # noqa: BLE001 - keep playing the cloud for the others
+                    print(f"{self.label}: {e.name}: {exc!r}", file=sys.stderr)
+            self._stop.wait(0.01)
 
 
 # ---- HTTPS ----------------------------------------------------------------------------------------

@@ -150,6 +150,15 @@ def test_the_next_placement_is_chosen_away_from_one_that_had_no_room() -> None:
     assert choose(places, lambda: [job(1, 0, NO_CAPACITY), job(2, 1)]) == 1  # it ran there: stays
 
 
+def test_a_task_keeps_the_placements_it_was_admitted_under_across_a_reload() -> None:
+    cat = Catalog.parse(catalog_with(TWO))
+    before = time.time() - 1
+    cat.adopt(Catalog.parse(catalog_with('provider = "local"')))
+    assert cat.placements_at("exercise", before) == (Placed(FULL, _Options(zone="b")), Placed("local", ProviderOptions()))
+    assert cat.placements_at("exercise", time.time()) == (Placed("local", ProviderOptions()),)
+    assert cat.placements_at("nosuch", before) == ()
+
+
 # ---- attempts ---------------------------------------------------------------------------------------
 @pytest.mark.anyio
 async def test_an_attempt_refused_for_room_runs_at_the_next_placement_and_every_read_follows_it(home: Path) -> None:
