@@ -851,31 +851,12 @@ class FakeAzure(FakeCloud):
                 names.append(e.name)
             return names
 
-    def finish(self, name: str, exit_code: int = 0) -> None:
-        """End an execution (synthetic ones end only this way or by a stop) as if its process exited
-        with exit_code."""
-        with self._lock:
-            e = self._find(name)
-            if e.status in TERMINAL:
-                return
-            proc = e.proc
-        if proc is not None:
-            killpg(proc, signal.SIGKILL)
-        with self._lock:
-            if e.status in TERMINAL:
-                return
-            if e.start_time is None:
-                e.start_time, e.started_mono = time.time(), time.monotonic()
-            e.exit_code = exit_code
-            self._complete(e, "Succeeded" if exit_code == 0 else "Failed")
-
     def reset_counts(self) -> None:
         with self._lock:
-            self.requests.clear()
+            super().reset_counts()
             self.tokens.clear()
             self.api_versions.clear()
             self.queries.clear()
-            self.faults = 0
 
     def add_log(self, resource_group: str, job: str, execution: str, text: str,
                 ts: datetime | float | str | None = None, *, stream: str = "stdout",
@@ -1114,6 +1095,12 @@ class FakeAzure(FakeCloud):
                                                     f"resource group '{rg}' was not found. For more details please go "
                                                     "to https://aka.ms/ARMResourceNotFoundFix")
         return e
+
+    def _ended(self, e: _Execution) -> bool:
+        return e.status in TERMINAL
+
+    def _exited(self, e: _Execution, exit_code: int) -> None:
+        self._complete(e, "Succeeded" if exit_code == 0 else "Failed")
 
     def _find(self, name: str) -> _Execution:
         key = name.rsplit("/", 1)[-1].lower()

@@ -17,6 +17,7 @@ import ssl
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from email.message import Message
@@ -176,7 +177,42 @@ class FakeCloud:
         for proc in list(self.processes.values()):
             reap(proc)
 
+    def finish(self, name: str, exit_code: int = 0) -> None:
+        """End an execution (synthetic ones end only this way, or stopped) as if its process
+        exited with `exit_code`."""
+        with self._lock:
+            e = self._find(name)
+            if self._ended(e):
+                return
+            proc = e.proc
+        if proc is not None:
+            killpg(proc, signal.SIGKILL)
+        with self._lock:
+            if self._ended(e):
+                return
+            if e.start_time is None:
+                e.start_time, e.started_mono = time.time(), time.monotonic()
+            e.exit_code = exit_code
+            self._exited(e, exit_code)
+
+    def reset_counts(self) -> None:
+        with self._lock:
+            self.requests.clear()
+            self.faults = 0
+
     def _respond(self, r: Request) -> Answer:
+        raise NotImplementedError
+
+    def _find(self, name: str) -> Any:
+        """Under the lock: the execution called `name` (KeyError if there is none)."""
+        raise NotImplementedError
+
+    def _ended(self, e: Any) -> bool:
+        """Under the lock: whether the execution has ended for good."""
+        raise NotImplementedError
+
+    def _exited(self, e: Any, exit_code: int) -> None:
+        """Under the lock: the execution's process exited with `exit_code`: it ends as the cloud says."""
         raise NotImplementedError
 
     def _step(self, e: Any) -> None:

@@ -632,28 +632,6 @@ class FakeCloudRun(FakeCloud):
                 names.append(e.name)
             return names
 
-    def finish(self, execution: str, exit_code: int = 0) -> None:
-        """End an execution (synthetic ones end only this way) as if its task exited with exit_code."""
-        with self._lock:
-            e = self._find(execution)
-            if e.state in TERMINAL:
-                return
-            proc = e.proc
-        if proc is not None:
-            killpg(proc, signal.SIGKILL)
-        with self._lock:
-            if e.state in TERMINAL:
-                return
-            if e.start_time is None:
-                e.start_time, e.started_mono = time.time(), time.monotonic()
-            e.exit_code = exit_code
-            self._complete(e, "succeeded" if exit_code == 0 else "failed")
-
-    def reset_counts(self) -> None:
-        with self._lock:
-            self.requests.clear()
-            self.faults = 0
-
     # logging controls, reachable on the Cloud Run fake too
     @property
     def log_delay_s(self) -> float:
@@ -852,6 +830,12 @@ class FakeCloudRun(FakeCloud):
         if ex is None:
             raise not_found(f"Resource '{e}' of kind 'EXECUTION' in region '{r}' in project '{p}' does not exist.")
         return ex
+
+    def _ended(self, e: _Execution) -> bool:
+        return e.state in TERMINAL
+
+    def _exited(self, e: _Execution, exit_code: int) -> None:
+        self._complete(e, "succeeded" if exit_code == 0 else "failed")
 
     def _find(self, name: str) -> _Execution:
         if name in self._executions:
