@@ -59,8 +59,17 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from controlplane.catalog_models import (RESERVED_NAMES, RETRYABLE, STORE_SCHEMES, TOOL_NAME_PATTERN, InputValidator,
-                                         Placement, ResourceClass, RetryPolicy, ToolSpec)
+from controlplane.catalog_models import (
+    RESERVED_NAMES,
+    RETRYABLE,
+    STORE_SCHEMES,
+    TOOL_NAME_PATTERN,
+    InputValidator,
+    Placement,
+    ResourceClass,
+    RetryPolicy,
+    ToolSpec,
+)
 from controlplane.catalog_options import CatalogError, Placed, all_placements, describe
 from controlplane_providers.base import ProviderOptions
 

@@ -30,8 +30,16 @@ from controlplane.placement import NO_CAPACITY, choose
 from controlplane.settings import Settings
 from controlplane.store.rows import JobRow
 from controlplane_providers import registry
-from controlplane_providers.base import (CapacityProviderError, Handle, JobStatus, LaunchSpec, Provider,
-                                         ProviderContext, ProviderOptions, ProviderSettings)
+from controlplane_providers.base import (
+    CapacityProviderError,
+    Handle,
+    JobStatus,
+    LaunchSpec,
+    Provider,
+    ProviderContext,
+    ProviderOptions,
+    ProviderSettings,
+)
 from tests.conftest import FAST, Agent
 
 FULL = "noroom"

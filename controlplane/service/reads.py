@@ -76,7 +76,9 @@ class Reads:
             if state == TaskState.SCHEDULED and job.provider_reason:
                 extra["waiting_reason"] = job.provider_reason  # e.g. no compute capacity yet
             if provider is not None and provider.supports(Capability.LOG_LINK) and job.handle_json:
-                extra["log_link"] = provider.log_link(provider.handle(job.handle_json))
+                link = provider.log_link(provider.handle(job.handle_json))
+                if link:
+                    extra["log_link"] = link
         return TaskStatus(
             task_id=task.task_id, state=state, tool_name=task.tool_name, attempt=task.attempt,
             max_attempts=task.max_attempts, priority=task.priority, queue=task.resource_class,
