@@ -112,7 +112,6 @@ What the SDKs do on this wire (azure-core 1.41, checked against this fake):
 
 from __future__ import annotations
 
-import base64
 import json
 import random
 import re
@@ -132,7 +131,18 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from tests.fakehttp import Answer, FakeCloud, Request, forward_lines, killpg, play, self_signed_tls, start_process
+from tests.fakehttp import (
+    Answer,
+    FakeCloud,
+    Request,
+    forward_lines,
+    killpg,
+    page_token,
+    play,
+    read_page_token,
+    self_signed_tls,
+    start_process,
+)
 
 TERMINAL = {"Succeeded", "Failed", "Stopped"}
 STATUSES = {"Running", "Processing", "Stopped", "Degraded", "Failed", "Unknown", "Succeeded"}
@@ -700,14 +710,10 @@ def parse_status_filter(text: str) -> Callable[[str], bool]:
     return pred
 
 
-def _token(cursor: Any) -> str:
-    return base64.urlsafe_b64encode(json.dumps(cursor).encode()).decode().rstrip("=")
-
-
 def _read_token(token: str) -> Any:
     try:
-        return json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
-    except Exception as e:  # noqa: BLE001 - any garbage is a bad token
+        return read_page_token(token)
+    except ValueError as e:
         raise bad_request(f"Invalid $skipToken: {token!r}") from e
 
 
@@ -1003,7 +1009,7 @@ class FakeAzure(FakeCloud):
                                              for e in found[:size]]}
             if len(found) > size:
                 out["nextLink"] = (f"{self.url}{r.path}?api-version={version}"
-                                   f"&$skipToken={_token({'before': found[size - 1].seq, 'filter': text})}")
+                                   f"&$skipToken={page_token({'before': found[size - 1].seq, 'filter': text})}")
             return 200, out, {}
 
     def _get_execution(self, rg: str, job: str, ex: str, **_: Any) -> Answer:

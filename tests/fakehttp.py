@@ -6,6 +6,7 @@ watch and kill the local processes that play cloud jobs."""
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import ipaddress
 import json
@@ -234,6 +235,19 @@ class FakeCloud:
                 except Exception as exc:  # noqa: BLE001 - keep playing the cloud for the others
                     print(f"{self.label}: {e.name}: {exc!r}", file=sys.stderr)
             self._stop.wait(0.01)
+
+
+def page_token(cursor: Any) -> str:
+    """An opaque page token that carries `cursor` (any JSON value), as the clouds' lists answer."""
+    return base64.urlsafe_b64encode(json.dumps(cursor).encode()).decode().rstrip("=")
+
+
+def read_page_token(token: str) -> Any:
+    """The cursor a `page_token` carries; ValueError for any other text."""
+    try:
+        return json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+    except Exception as e:  # noqa: BLE001 - any garbage is a bad token
+        raise ValueError(f"not a page token: {token!r}") from e
 
 
 # ---- HTTPS ----------------------------------------------------------------------------------------

@@ -52,7 +52,6 @@ Where it differs from the real services:
 
 from __future__ import annotations
 
-import base64
 import json
 import random
 import re
@@ -69,7 +68,17 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from tests.fakehttp import Answer, FakeCloud, Request, forward_lines, killpg, play, start_process
+from tests.fakehttp import (
+    Answer,
+    FakeCloud,
+    Request,
+    forward_lines,
+    killpg,
+    page_token,
+    play,
+    read_page_token,
+    start_process,
+)
 
 EXECUTION_TYPE = "type.googleapis.com/google.cloud.run.v2.Execution"
 
@@ -191,14 +200,10 @@ def strict(body: Any, fields: dict[str, Any], where: str = "") -> None:
                 strict(value, fields[name], f"{where}.{name}" if where else name)
 
 
-def _page_token(cursor: Any) -> str:
-    return base64.urlsafe_b64encode(json.dumps(cursor).encode()).decode().rstrip("=")
-
-
 def _read_page_token(token: str) -> Any:
     try:
-        return json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
-    except Exception as e:  # noqa: BLE001 - any garbage is a bad token
+        return read_page_token(token)
+    except ValueError as e:
         raise invalid(f"Invalid page token: {token!r}") from e
 
 
@@ -496,7 +501,7 @@ class FakeCloudLogging:
                 raise invalid(f"pageSize must be between 0 and 1000, not {size}")
             if self.unfinished_searches > 0:  # searched for a while, found nothing yet, not done
                 self.unfinished_searches -= 1
-                return {"nextPageToken": _page_token(body.get("pageToken") or None)}
+                return {"nextPageToken": page_token(body.get("pageToken") or None)}
             found = [e for e in self._entries if e["_project"] in projects and e["_visible_at"] <= now
                      and matches(e)]
             found.sort(key=lambda e: (e["_ts_ns"], e["insertId"]), reverse=desc)
@@ -512,7 +517,7 @@ class FakeCloudLogging:
             page = found[:size]
             out: dict[str, Any] = {"entries": [_public(e) for e in page]}
             if len(found) > size and page:
-                out["nextPageToken"] = _page_token([page[-1]["_ts_ns"], page[-1]["insertId"]])
+                out["nextPageToken"] = page_token([page[-1]["_ts_ns"], page[-1]["insertId"]])
             return out
 
 
@@ -785,7 +790,7 @@ class FakeCloudRun(FakeCloud):
                             and now - e.created_mono >= self.list_lag_s), key=lambda e: -e.seq)
             out: dict[str, Any] = {"executions": [self._execution_json(e) for e in found[:size]]}
             if len(found) > size:
-                out["nextPageToken"] = _page_token(found[size - 1].seq)
+                out["nextPageToken"] = page_token(found[size - 1].seq)
             return out
 
     def _get_execution(self, p: str, r: str, j: str, e: str, **_: Any) -> dict[str, Any]:
