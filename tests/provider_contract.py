@@ -3,7 +3,8 @@ fake or emulator with the real in-job runner executing every job.
 
 A provider's test module subclasses `ProviderContract` and gives it a `harness` fixture (a
 `Harness`: the provider under test, plus the few levers only the fake has: keep jobs waiting,
-make the runner forget a job, make a share of API calls fail, count the jobs of one attempt).
+make the runner forget a job, make a share of API calls fail, count the jobs of one attempt, name
+the setting of the log read quota and count the log service's reads).
 The suite then checks, through the provider's interface alone:
 
 * launch runs the job to SUCCEEDED, or FAILED with the tool's non-zero exit;
