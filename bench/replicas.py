@@ -215,7 +215,7 @@ def fence_cost(url: str, n: int) -> dict[str, Any]:
         assert epoch is not None
         fence = Fence("leader", "bench", epoch)
         for _ in range(2 * n + 20):
-            store.tasks.submit(new_task(), queue_limit=10**9)
+            store.tasks.submit(new_task())
         t: dict[str, list[float]] = {"claim": [], "claim_fenced": [], "record": [], "record_fenced": [], "holds": []}
 
         def launch(fenced: bool) -> None:
@@ -262,7 +262,7 @@ def notify_commits(url: str, threads: int, window: float, rounds: int) -> dict[s
     db = Database(url)
     store = Store(db)
     try:
-        ids = [store.tasks.submit(new_task(), queue_limit=10**9).task.task_id for _ in range(threads)]
+        ids = [store.tasks.submit(new_task()).task.task_id for _ in range(threads)]
         update = text("UPDATE tasks SET updated_at = :now WHERE task_id = :id")
 
         def window_of(notify: bool) -> float:

@@ -300,7 +300,7 @@ def sweep_child(home: Path, max_s: float) -> dict[str, Any]:
             r = cp.store.tasks.submit(NewTask(owner="local", tool_name="exercise", inputs_json="{}", input_size=None,
                                               provider="local", resource_class="cpu_small", priority=0, ttl_s=86400,
                                               idempotency_key=None, tags=[], resources_json="{}", max_runtime_s=60,
-                                              max_attempts=1, estimate_s=1.0), queue_limit=10**9)
+                                              max_attempts=1, estimate_s=1.0))
             submits.append((time.perf_counter() - t0) * 1000)
             cp.store.tasks.request_cancel(r.task.task_id, "local", "bench", {"code": "CANCELLED"})
             stop.wait(0.02)

@@ -1,7 +1,8 @@
 """Admission: what a submit asks for, checked against the catalog and the server's limits, as the
-task to write (with the caller's team and limits, checked when it is written) and the length its
-queue may reach. Everything a submit does but the write, so it
-can run on the event loop before a group commit (`controlplane.group_commit`) writes the task."""
+task to write (with the caller's team) and the guards its write must pass (the caller's limits,
+its budgets, its queue's length: `controlplane.guards`). Everything a submit does but the write
+and its guards, so it can run on the event loop before a group commit
+(`controlplane.group_commit`) writes the task."""
 
 from __future__ import annotations
 
@@ -16,12 +17,14 @@ from controlplane.budgets import Budgets
 from controlplane.catalog import Catalog
 from controlplane.errors import ControlPlaneError, ErrorCode, invalid, too_large
 from controlplane.estimates import Estimator
+from controlplane.guards import QueueLength
 from controlplane.identity import team_for_new_task
 from controlplane.launch import check_scratch
 from controlplane.limits import Limits
 from controlplane.prices import Pricing
 from controlplane.settings import Settings
 from controlplane.store import NewTask
+from controlplane.store.tasks import Guards
 from controlplane_providers.base import Provider
 
 
@@ -36,9 +39,9 @@ class Admission:
         self.pricing = pricing
         self.budgets = budgets
 
-    def check(self, owner: str, req: api.SubmitTask) -> tuple[NewTask, int]:
-        """The task a submit asks for, checked against the catalog and the limits, and the length
-        its queue may reach: everything but the write."""
+    def check(self, owner: str, req: api.SubmitTask) -> tuple[NewTask, Guards]:
+        """The task a submit asks for, checked against the catalog and the limits, and the guards
+        its write must pass, in the order they run: everything but the write."""
         tool = self.catalog.tool(req.tool_name)
         if tool is None:
             raise ControlPlaneError(ErrorCode.INVALID_REQUEST, f"unknown tool '{req.tool_name}'",
@@ -77,10 +80,11 @@ class Admission:
             max_runtime_s=max_runtime, max_attempts=tool.retry.max_attempts, estimate_s=estimate,
             max_recoveries=tool.retry.max_recoveries,
             store_url=tool.object_store or rc.object_store or "",
-            team=team_for_new_task(owner), limits=self.limits.for_submit(owner),  # (checked when it is written)
-            estimate_cost=estimate_cost, budgets=self.budgets.for_submit(str(owner), req.tags, time.time()),
+            team=team_for_new_task(owner), estimate_cost=estimate_cost,
         )
-        return new, rc.max_queue_length
+        limits = self.limits.for_submit(owner)
+        budgets = self.budgets.for_submit(str(owner), req.tags, time.time())
+        return new, (*((limits,) if limits is not None else ()), *budgets, QueueLength(rc.max_queue_length))
 
     def validate_inputs(self, tool_name: str, inputs: dict[str, Any]) -> None:
         """INVALID_REQUEST naming the first offending field (`inputs.<field>`) unless the inputs fit the

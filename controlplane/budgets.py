@@ -10,9 +10,10 @@ be estimated (no price for it) counts as 0 until it has run. The refusal is `LIM
 
 Budgets live in the database (`controlplane budgets`, the `budgets` table); each replica reads
 them at start and again every `CONTROLPLANE_LIMITS_REFRESH_S` (30 s), never on a call, and a submit
-that no budget applies to runs no statement more. The check itself runs in the submit's own
-transaction after the idempotency lookup (`TaskStore._check_budgets`, under a lock per budget on
-PostgreSQL), so replicas sharing the database hold a budget together.
+that no budget applies to runs no statement more. The check itself is a guard
+(`controlplane.guards.BudgetCheck`) run in the submit's own transaction after the idempotency
+lookup, under a lock per budget on PostgreSQL, so replicas sharing the database hold a budget
+together.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 from controlplane.errors import ControlPlaneError, ErrorCode
-from controlplane.store import BudgetCheck, BudgetReached, Store
+from controlplane.guards import BudgetCheck, BudgetReached
+from controlplane.store import Store
 from controlplane.store.rows import BudgetRow
 
 PERIODS = ("day", "week", "month")
@@ -61,12 +63,12 @@ class Budgets:
         self._tags = {r.subject: r for r in rows if r.scope == "tag"}
 
     def for_submit(self, owner: str, tags: Sequence[str], now: float) -> tuple[BudgetCheck, ...]:
-        """The budgets a submit of `owner` with `tags` counts against (none: it reads nothing)."""
+        """The guards of the budgets a submit of `owner` with `tags` counts against (none: it
+        reads nothing)."""
         if not self._owners and not self._tags:
             return ()
         rows = [self._owners[owner]] if owner in self._owners else []
-        # (tags in one order: a refusal names the same budget first whatever order the tags came in;
-        # the budgets' locks are taken with the batch's, sorted, by TaskStore._locks_of)
+        # (tags in one order: a refusal names the same budget first whatever order the tags came in)
         rows += [self._tags[t] for t in sorted(set(tags)) if t in self._tags]
         return tuple(BudgetCheck(r.scope, r.subject, r.period, r.amount, *period_bounds(r.period, now)) for r in rows)
 

@@ -7,9 +7,10 @@ at start and then every `CONTROLPLANE_LIMITS_REFRESH_S` (30 s) by the control pl
 on a call: a call reads the database for a limit only when its caller has one.
 
 The limits hold across replicas because they are counted in the shared database, in the
-transaction that would write what they limit: submits and tasks in flight from the caller's
-tasks (`TaskStore._check_limits`, inside the submit's own transaction, so a refused submit
-writes nothing and uses no idempotency key), streams from `caller_streams` (`CallerStore`).
+transaction that would write what they limit, by their guards (`controlplane.guards`): submits
+and tasks in flight from the caller's tasks (`CallerLimits`, in the submit's own transaction, so
+a refused submit writes nothing and uses no idempotency key), streams from `caller_streams`
+(`OpenStreams`).
 Sliding windows: "10 per minute" is at most 10 in any 60 seconds, and the refusal says when the
 oldest of them leaves the window (`retry_after_s`).
 
@@ -30,8 +31,9 @@ import anyio
 import anyio.to_thread
 
 from controlplane.errors import ControlPlaneError, ErrorCode
+from controlplane.guards import CallerLimits, LimitReached, OpenStreams
 from controlplane.settings import Settings
-from controlplane.store import LimitReached, Store, SubmitLimits
+from controlplane.store import Store
 from controlplane.store.rows import CallerLimitsRow
 
 log = logging.getLogger("controlplane.limits")
@@ -88,8 +90,8 @@ class Limits:
                          _pick(row.submits_per_day, d.submits_per_day),
                          _pick(row.tasks_in_flight, d.tasks_in_flight), _pick(row.streams, d.streams))
 
-    def for_submit(self, owner: str) -> SubmitLimits | None:
-        """What a submit of `owner` is held to, or None (then it reads nothing for limits)."""
+    def for_submit(self, owner: str) -> CallerLimits | None:
+        """The guard a submit of `owner` passes, or None (then it reads nothing for limits)."""
         if not self._overrides or owner not in self._overrides:
             return self._default_submit
         return self._submit_limits(self.of(owner))
@@ -100,10 +102,10 @@ class Limits:
         return self.of(owner).streams
 
     @staticmethod
-    def _submit_limits(e: Effective) -> SubmitLimits | None:
+    def _submit_limits(e: Effective) -> CallerLimits | None:
         if e.submits_per_minute is None and e.submits_per_day is None and e.tasks_in_flight is None:
             return None
-        return SubmitLimits(e.submits_per_minute, e.submits_per_day, e.tasks_in_flight)
+        return CallerLimits(e.submits_per_minute, e.submits_per_day, e.tasks_in_flight)
 
 
 class Streams:
@@ -127,7 +129,8 @@ class Streams:
             return
         callers = self.store.callers
         hold_s = (duration_s + self.MARGIN_S) if duration_s is not None else self.OPEN_ENDED_S
-        stream_id = await anyio.to_thread.run_sync(callers.open_stream, str(owner), task_id, limit, hold_s)
+        stream_id = await anyio.to_thread.run_sync(callers.open_stream, str(owner), task_id, hold_s,
+                                                   OpenStreams(limit))
         try:
             if duration_s is not None:
                 yield

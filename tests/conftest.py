@@ -371,10 +371,10 @@ def record_statements(cp: ControlPlane, monkeypatch: pytest.MonkeyPatch) -> list
     """Every statement the control plane's database runs from now on (and the name of every lock
     it takes), in order: what a test of "costs no statement more" counts."""
     seen: list[Any] = []
-    run, fetch, lock = cp.db.run, cp.db.fetch, cp.db.lock_queue
+    run, fetch, lock = cp.db.run, cp.db.fetch, cp.db.lock
     monkeypatch.setattr(cp.db, "run", lambda c, stmt, params: (seen.append(stmt), run(c, stmt, params))[1])
     monkeypatch.setattr(cp.db, "fetch", lambda stmt, params, **kw: (seen.append(stmt), fetch(stmt, params, **kw))[1])
-    monkeypatch.setattr(cp.db, "lock_queue", lambda c, name: (seen.append(name), lock(c, name))[1])
+    monkeypatch.setattr(cp.db, "lock", lambda c, *keys: (seen.extend(keys), lock(c, *keys))[1])
     return seen
 
 

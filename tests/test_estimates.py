@@ -24,7 +24,7 @@ def add_run(cp: ControlPlane, n_atoms: int, runtime: float, t0: float) -> None:
     task = cp.store.tasks.submit(NewTask(
         owner="hist", tool_name="lj_relax", inputs_json=f'{{"n_atoms":{n_atoms}}}', input_size=float(n_atoms),
         provider="local", resource_class="cpu_small", priority=0, ttl_s=3600, idempotency_key=None, tags=[],
-        resources_json="{}", max_runtime_s=3600, max_attempts=1, estimate_s=8.0), queue_limit=10**6).task
+        resources_json="{}", max_runtime_s=3600, max_attempts=1, estimate_s=8.0)).task
     with cp.db.write() as c:
         c.execute(text("update tasks set state='succeeded', started_at=:s, completed_at=:e where task_id=:t"),
                   {"s": t0, "e": t0 + runtime, "t": task.task_id})

@@ -33,7 +33,7 @@ def cp(home: Path, runner: MemoryProvider) -> ControlPlane:
 
 def running_task(cp: ControlPlane, runner: MemoryProvider) -> tuple[str, str]:
     """A running task whose attempt's job runs one execution: (task id, job name)."""
-    assert cp.store.tasks.submit(new_task(), queue_limit=100).created
+    assert cp.store.tasks.submit(new_task()).created
     [(task, job)] = cp.store.jobs.claim_for_launch("cpu_small", capacity=100)
     assert cp.store.jobs.record_launch(job.worker_id, runner.start(job.job_name).encode())
     cp.attempts.mark_running(task.task_id, task.attempt, time.time())

@@ -19,9 +19,10 @@ from sqlalchemy import text
 from controlplane import api
 from controlplane.app import ControlPlane
 from controlplane.group_commit import GroupCommit
+from controlplane.guards import QueueFull, QueueLength
 from controlplane.mcp.server import build_server
 from controlplane.settings import Settings
-from controlplane.store import NewTask, QueueFull, Submitted
+from controlplane.store import NewTask, Submitted
 from controlplane.store.db import Database
 from tests.conftest import FAST, Agent, write_catalog
 from tests.test_states import new_task
@@ -161,7 +162,7 @@ async def test_a_leader_cancelled_mid_commit_still_answers_the_others() -> None:
 
 def test_one_task_refused_in_a_batch_leaves_the_others_in(cp: ControlPlane) -> None:
     a, b, c = new_task(), new_task(), new_task()
-    out = cp.store.tasks.submit_many([(a, 10), (b, 1), (c, 10)])  # b: a queue of one already holds a
+    out = cp.store.tasks.submit_many([(a, [QueueLength(10)]), (b, [QueueLength(1)]), (c, [QueueLength(10)])])  # b: a queue of one already holds a
     assert isinstance(out[0], Submitted) and isinstance(out[2], Submitted)
     assert isinstance(out[1], QueueFull)
     assert [t.task_id for t in cp.store.tasks.list("alice")] == [out[2].task.task_id, out[0].task.task_id]
@@ -182,7 +183,7 @@ async def test_a_database_error_in_a_batch_written_without_savepoints_costs_only
     with cp.db.write() as c:
         c.exec_driver_sql("CREATE TRIGGER refuse_13 BEFORE INSERT ON tasks WHEN NEW.inputs_json = '{\"n\":13}' "
                           "BEGIN SELECT RAISE(ABORT, 'refused by the test'); END")
-    items = [(replace(new_task(), inputs_json=f'{{"n":{n}}}'), 10) for n in (12, 13, 14)]
+    items = [(replace(new_task(), inputs_json=f'{{"n":{n}}}'), [QueueLength(10)]) for n in (12, 13, 14)]
     if on_loop:
         out = await cp.store.tasks.submit_many_on_loop(items)
     else:
@@ -207,19 +208,19 @@ def test_a_batch_counts_its_own_tasks_into_their_queue_as_it_writes_them(cp: Con
                           "IF NEW.inputs_json = '{\"n\":13}' THEN RAISE unique_violation; END IF; RETURN NEW; END $$ "
                           "LANGUAGE plpgsql; CREATE TRIGGER refuse_13 BEFORE INSERT ON tasks "
                           "FOR EACH ROW EXECUTE FUNCTION refuse_13()")
-    cp.store.tasks.submit(new_task(), queue_limit=100)  # one waiting already, at priority 0
+    cp.store.tasks.submit(new_task(), [QueueLength(100)])  # one waiting already, at priority 0
 
     def at(priority: int, n: int = 0) -> NewTask:
         return replace(new_task(), priority=priority, inputs_json=f'{{"n":{n}}}')
 
     out = cp.store.tasks.submit_many([
-        (at(0), 5),      # 2nd: behind the one waiting
-        (at(5), 5),      # 1st: ahead of every priority-0 task
-        (at(0, 13), 5),  # refused by the database: not counted
-        (at(0), 5),      # 4th
-        (at(0), 4),      # the queue holds 4 already: QueueFull
-        (at(0), 5),      # 5th, and the queue is full
-        (at(9), 5),      # QueueFull, whatever its priority
+        (at(0), [QueueLength(5)]),      # 2nd: behind the one waiting
+        (at(5), [QueueLength(5)]),      # 1st: ahead of every priority-0 task
+        (at(0, 13), [QueueLength(5)]),  # refused by the database: not counted
+        (at(0), [QueueLength(5)]),      # 4th
+        (at(0), [QueueLength(4)]),      # the queue holds 4 already: QueueFull
+        (at(0), [QueueLength(5)]),      # 5th, and the queue is full
+        (at(9), [QueueLength(5)]),      # QueueFull, whatever its priority
     ])
     kinds = ["QueueFull" if isinstance(o, QueueFull) else "refused" if isinstance(o, Exception) else o.position
              for o in out]
@@ -240,7 +241,7 @@ def test_a_repeated_idempotency_key_in_one_batch_answers_the_first_task(cp: Cont
     from dataclasses import replace
 
     first = replace(new_task(), idempotency_key="k-1")
-    out = cp.store.tasks.submit_many([(first, 10), (first, 10)])
+    out = cp.store.tasks.submit_many([(first, [QueueLength(10)]), (first, [QueueLength(10)])])
     assert isinstance(out[0], Submitted) and isinstance(out[1], Submitted)
     assert out[0].created and not out[1].created and out[1].task.task_id == out[0].task.task_id
 
@@ -411,7 +412,7 @@ def test_batches_that_touch_the_same_queues_in_opposite_orders_never_deadlock(cp
     def submitter(items: list[NewTask]) -> None:
         try:
             for _ in range(40):
-                outs = cp.store.tasks.submit_many([(t, 10**6) for t in items])
+                outs = cp.store.tasks.submit_many([(t, [QueueLength(10**6)]) for t in items])
                 created.extend(o for o in outs if not isinstance(o, Exception))
                 errors.extend(o for o in outs if isinstance(o, Exception))
         except Exception as e:  # noqa: BLE001 - the whole batch failed

@@ -28,7 +28,7 @@ def populated(cp: ControlPlane) -> list[dict[str, Any]]:
         task = cp.store.tasks.submit(NewTask(
             owner=owner, tool_name=rng.choice(["exercise", "lj_relax"]), inputs_json="{}", input_size=None,
             provider="local", resource_class="cpu_small", priority=0, ttl_s=3600, idempotency_key=None, tags=tags,
-            resources_json="{}", max_runtime_s=60, max_attempts=1, estimate_s=1.0), queue_limit=10_000).task
+            resources_json="{}", max_runtime_s=60, max_attempts=1, estimate_s=1.0)).task
         state = rng.choice(STATES)
         ts = 1_000_000 + rng.choice([i, i, 5])  # duplicate submission times: the pk breaks ties
         with cp.db.write() as c:

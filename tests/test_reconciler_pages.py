@@ -48,7 +48,7 @@ def running(cp: ControlPlane, double: MemoryProvider, n: int,
     """`n` running tasks, each with an active job (its handle in one of `groups`, in turn):
     {job name: task id}."""
     for _ in range(n):
-        assert cp.store.tasks.submit(new_task(), queue_limit=10_000).created
+        assert cp.store.tasks.submit(new_task()).created
     out = {}
     for i, (task, job) in enumerate(cp.store.jobs.claim_for_launch("cpu_small", capacity=10_000)):
         handle = double.start(job.job_name, group=groups[i % len(groups)])

@@ -33,7 +33,7 @@ def finished(cp: ControlPlane, n: int, *, log_lines: int = 0, past_ttl: bool = T
         new = NewTask(owner="local", tool_name="exercise", inputs_json="{}", input_size=None, provider="local",
                       resource_class="cpu_small", priority=0, ttl_s=3600, idempotency_key=None, tags=["t"],
                       resources_json="{}", max_runtime_s=60, max_attempts=1, estimate_s=1.0)
-        tid = cp.store.tasks.submit(new, queue_limit=10_000).task.task_id
+        tid = cp.store.tasks.submit(new).task.task_id
         cp.store.tasks.request_cancel(tid, "local", "test", {"code": "CANCELLED", "message": "test"})
         cp.stores.default.put_bytes(f"{task_prefix(tid)}attempts/1/result.json", b"{}", content_type="application/json")
         with cp.db.write() as c:

@@ -33,7 +33,7 @@ def test_hot_queries_select_their_rows_fields_in_order(stmt: object, row: type) 
 
 
 def test_a_watched_job_carries_its_task_and_is_frozen(cp: ControlPlane) -> None:
-    sub = cp.store.tasks.submit(new_task(), queue_limit=10)
+    sub = cp.store.tasks.submit(new_task())
     [(_task, job)] = cp.store.jobs.claim_for_launch(sub.task.resource_class, capacity=1)
     assert cp.store.jobs.record_launch(job.worker_id, {"job": "j-1"})
     watched = cp.store.jobs.watched()
@@ -45,7 +45,7 @@ def test_a_watched_job_carries_its_task_and_is_frozen(cp: ControlPlane) -> None:
 
 
 def test_a_row_built_by_position_equals_one_built_by_name(cp: ControlPlane) -> None:
-    sub = cp.store.tasks.submit(new_task(), queue_limit=10)
+    sub = cp.store.tasks.submit(new_task())
     [event] = cp.store.logs.events(sub.task.task_id)  # read by position (EVENTS selects in field order)
     columns = list(_field_names(EventRow))
     shuffled = columns[::-1]

@@ -16,9 +16,10 @@ from sqlalchemy import text
 
 from controlplane import api
 from controlplane.app import ControlPlane
+from controlplane.guards import QueueFull, QueueLength
 from controlplane.mcp.server import build_server
 from controlplane.settings import Settings
-from controlplane.store import QueueFull, Store, Submitted
+from controlplane.store import Store, Submitted
 from controlplane.store.db import Database
 from tests.conftest import FAST, Agent, write_catalog
 from tests.test_states import new_task
@@ -149,7 +150,7 @@ def test_a_queue_admits_its_length_and_no_more_whoever_submits(home: Path) -> No
     """Submits racing from two processes into one queue: admission is serialised per queue, so
     exactly `max_queue_length` get in and the others are refused."""
     stores = two_processes(home)
-    outcomes = at_once(16, lambda i: stores[i % 2].tasks.submit(new_task(), queue_limit=5))
+    outcomes = at_once(16, lambda i: stores[i % 2].tasks.submit(new_task(), [QueueLength(5)]))
     assert sum(isinstance(o, Submitted) for o in outcomes) == 5
     assert all(isinstance(o, Submitted | QueueFull) for o in outcomes), outcomes
     assert stores[0].tasks.count_by_state("cpu_small") == {"queued": 5}
@@ -161,7 +162,7 @@ def test_one_key_submitted_at_once_from_two_processes_makes_one_task(home: Path)
     the winner's row)."""
     stores = two_processes(home)
     task = dataclasses.replace(new_task(), idempotency_key="same-key")
-    outcomes = at_once(16, lambda i: stores[i % 2].tasks.submit(task, queue_limit=100))
+    outcomes = at_once(16, lambda i: stores[i % 2].tasks.submit(task, [QueueLength(100)]))
     assert all(isinstance(o, Submitted) for o in outcomes), outcomes
     assert len({o.task.task_id for o in outcomes}) == 1  # type: ignore[union-attr]
     assert sum(o.created for o in outcomes) == 1  # type: ignore[union-attr]
@@ -173,7 +174,7 @@ def test_claims_racing_for_the_slots_fill_them_and_no_more(home: Path) -> None:
     than the class has slots."""
     stores = two_processes(home)
     for _ in range(10):
-        stores[0].tasks.submit(new_task(), queue_limit=100)
+        stores[0].tasks.submit(new_task(), [QueueLength(100)])
     claims = at_once(8, lambda i: stores[i % 2].jobs.claim_for_launch("cpu_small", capacity=3))
     assert not [c for c in claims if isinstance(c, Exception)], claims
     claimed = [task.task_id for c in claims for task, _job in c]  # type: ignore[union-attr]
@@ -195,7 +196,7 @@ def hold_queue(cp: ControlPlane, queue: str) -> Callable[[], None]:
     other = Database(cp.settings.resolved_database_url)
     conn = other.engine.connect()
     conn.begin()
-    other.lock_queue(conn, queue)
+    other.lock(conn, queue)
 
     def release() -> None:
         conn.commit()
@@ -245,7 +246,7 @@ async def test_a_launch_refused_for_good_after_transient_failures_leaves_no_retr
 
     provider.launch = launch  # type: ignore[method-assign]
     sched = cp.scheduler  # (its loop is not running: the test drives it)
-    tid = cp.store.tasks.submit(new_task(), queue_limit=10).task.task_id
+    tid = cp.store.tasks.submit(new_task(), [QueueLength(10)]).task.task_id
     [(_task, job)] = cp.store.jobs.claim_for_launch("cpu_small", 1)
     await sched._launch_guarded(job)
     assert sched._failures and sched._retry_at  # backing off

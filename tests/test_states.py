@@ -45,7 +45,7 @@ def new_task(owner: str = "alice") -> NewTask:
 
 def task_in(cp: ControlPlane, state: TaskState) -> str:
     """Submit a task and walk it along legal transitions until it is in `state`."""
-    sub = cp.store.tasks.submit(new_task(), queue_limit=1000)
+    sub = cp.store.tasks.submit(new_task())
     assert sub.created and sub.task.state == "queued"
     for step in path_to(state):
         cp.store.tasks.transition(sub.task.task_id, step)
@@ -155,7 +155,7 @@ from controlplane.states import JOB_TRANSITIONS, JobState  # noqa: E402
 
 def job_in(cp: ControlPlane, state: JobState):
     """A job row in `state` (its task claimed into a slot, then the row set directly)."""
-    cp.store.tasks.submit(new_task(), queue_limit=1000)
+    cp.store.tasks.submit(new_task())
     [(_task, job)] = cp.store.jobs.claim_for_launch("cpu_small", 1000, limit=1)
     with cp.db.write() as c:
         c.execute(text("update jobs set state = :s where worker_id = :w"), {"s": state.value, "w": job.worker_id})

@@ -38,11 +38,11 @@ from pydantic.json_schema import SkipJsonSchema
 
 from controlplane import api, blocking
 from controlplane.errors import ControlPlaneError, ErrorCode, not_found
+from controlplane.guards import LimitReached
 from controlplane.limits import limit_exceeded
 from controlplane.mcp.compat import CancelledWaitAnswer
 from controlplane.mcp.progress import ProgressSender, is_final, notification_of
 from controlplane.mcp.tools import TOOLING_VERSION, caller, describe_validation_error, error, inline_schema, ok
-from controlplane.store import LimitReached
 from controlplane.store.rows import TaskRow
 
 if TYPE_CHECKING:

@@ -40,11 +40,11 @@ from pydantic import ConfigDict, Field
 from controlplane import api, blocking
 from controlplane.api import iso
 from controlplane.errors import ControlPlaneError
+from controlplane.guards import LimitReached
 from controlplane.limits import limit_exceeded
 from controlplane.mcp.progress import progress_details
 from controlplane.mcp.tools import caller, error
 from controlplane.states import TaskState
-from controlplane.store import LimitReached
 from controlplane.store.rows import TaskRow
 
 if TYPE_CHECKING:

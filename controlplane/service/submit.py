@@ -13,13 +13,15 @@ from controlplane.budgets import budget_exceeded
 from controlplane.errors import ControlPlaneError, ErrorCode, invalid
 from controlplane.estimates import Estimator
 from controlplane.group_commit import GroupCommit
+from controlplane.guards import BudgetReached, LimitReached, QueueFull
 from controlplane.limits import limit_exceeded
 from controlplane.ops import metrics
 from controlplane.prices import Pricing, money
 from controlplane.service.answers import Money, SubmitAnswer
 from controlplane.service.polling import poll_after_ms
 from controlplane.states import TaskState
-from controlplane.store import BudgetReached, LimitReached, NewTask, QueueFull, Store, Submitted
+from controlplane.store import NewTask, Store, Submitted
+from controlplane.store.tasks import Guards, Submit
 from controlplane_providers.base import Provider
 
 # Submits made while others are being served wait up to this long for more to join their group
@@ -29,7 +31,7 @@ from controlplane_providers.base import Provider
 # wait 4.9 ms on average: the loop is busy when the timer is due); 8 ms 0.73x.
 GROUP_GATHER_S = 0.004
 
-WriteAlone = Callable[[NewTask, int], Submitted | None]
+WriteAlone = Callable[[NewTask, Guards], Submitted | None]
 
 
 def queue_full(e: QueueFull) -> ControlPlaneError:
@@ -48,15 +50,15 @@ class Submits:
         self.wake = wake
         # Submits from the event loop are written together (one transaction, one fsync).
         self.load = blocking.Load()  # calls in progress on the loop (the MCP tools count them)
-        self.commits: GroupCommit[tuple[NewTask, int], Submitted] = GroupCommit(
+        self.commits: GroupCommit[Submit, Submitted] = GroupCommit(
             store.tasks.submit_many, write_many_on_loop=store.tasks.submit_many_on_loop,
             gather_s=GROUP_GATHER_S if store.db.is_sqlite else 0.0, in_progress=lambda: self.load.calls)
         self.load.on_answered = self.commits.poke
 
     def submit(self, owner: str, req: api.SubmitTask) -> SubmitAnswer:
-        new, queue_limit = self.admission.check(owner, req)
+        new, guards = self.admission.check(owner, req)
         try:
-            sub = self.store.tasks.submit(new, queue_limit=queue_limit)
+            sub = self.store.tasks.submit(new, guards)
         except QueueFull as e:
             raise queue_full(e) from None
         except LimitReached as e:
@@ -70,23 +72,23 @@ class Submits:
         in flight, or that finds the write lock taken, joins one (`controlplane.group_commit`:
         one transaction and one fsync for all, off the loop). Either way it is answered once its
         task is on disk."""
-        new, queue_limit = await blocking.call(self.admission.check, owner, req)
+        new, guards = await blocking.call(self.admission.check, owner, req)
         try:
-            sub = alone(new, queue_limit) if not (self.commits.busy or self.load.others) else None
+            sub = alone(new, guards) if not (self.commits.busy or self.load.others) else None
             if sub is None:
-                sub = await self.commits.run((new, queue_limit))
+                sub = await self.commits.run((new, guards))
         except QueueFull as e:
             raise queue_full(e) from None
         except LimitReached as e:
             raise self.refused(e) from None
         return await blocking.call(self.submitted, new, sub)
 
-    def alone(self, new: NewTask, queue_limit: int) -> Submitted | None:
+    def alone(self, new: NewTask, guards: Guards) -> Submitted | None:
         """The write on the loop, or None when it would wait (the lock taken, or an engine that
         is reached over the network)."""
         try:
             with blocking.inline():
-                return self.store.tasks.submit(new, queue_limit=queue_limit)
+                return self.store.tasks.submit(new, guards)
         except blocking.WouldBlock:
             return None
 

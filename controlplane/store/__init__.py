@@ -5,6 +5,7 @@ transaction; it never decides an outcome and never touches providers, object sto
 network.
 
     store.tasks      submit, reads, pages, cancel requests, stops     (tasks.py)
+                     what a submit's guards may count                 (counts.py)
     store.jobs       launch intents, handles, watched jobs, secrets   (jobs.py)
     store.attempts   an attempt's logs, progress, start and end        (attempts.py)
     store.logs       log lines and the audit of events                 (logs.py)
@@ -30,12 +31,11 @@ from controlplane.store.jobs import JobStore
 from controlplane.store.leases import Fence, LeaseStore
 from controlplane.store.logs import LogStore
 from controlplane.store.retention import RetentionStore
-from controlplane.store.tasks import (BudgetCheck, BudgetReached, LimitReached, NewTask, QueueFull, SubmitLimits, Submitted,
-                                      TaskStore)
+from controlplane.store.tasks import NewTask, Submitted, TaskStore
 from controlplane.store.usage import UsageStore
 from controlplane.store.writer import Writer, _now
 
-__all__ = ["AttemptTx", "BudgetCheck", "BudgetReached", "LimitReached", "NewTask", "QueueFull", "StaleAttempt", "Store", "SubmitLimits", "Submitted"]
+__all__ = ["AttemptTx", "NewTask", "StaleAttempt", "Store", "Submitted"]
 
 
 class Store:

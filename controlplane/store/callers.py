@@ -1,6 +1,7 @@
 """Callers: operators' limits per caller (`caller_limits`) and the streaming waits open now
 (`caller_streams`). Persistence only: what the limits are and when they apply is
-`controlplane.limits`'s."""
+`controlplane.limits`'s, and whether one more stream may open is its guard's
+(`controlplane.guards.OpenStreams`)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import secrets
 from typing import Any
 
 from controlplane.store import queries as q
+from controlplane.store.counts import Counts, Guard
 from controlplane.store.rows import CallerLimitsRow
-from controlplane.store.tasks import LimitReached
 from controlplane.store.writer import Writer
 
 LIMIT_COLUMNS = ("submits_per_minute", "submits_per_day", "tasks_in_flight", "streams")
@@ -46,19 +47,16 @@ class CallerStore:
             return self.db.run(c, q.DELETE_CALLER_LIMITS, {"owner": owner}) == 1
 
     # ---- streams --------------------------------------------------------------------------------
-    def open_stream(self, owner: str, task_id: str, limit: int, hold_s: float) -> str:
-        """Count a streaming wait of `owner` against `limit` (across every replica); its id, to
-        close it with. Raises LimitReached when `limit` are open already. A stream's row frees
-        itself after `hold_s` should nobody close it (a server that died)."""
+    def open_stream(self, owner: str, task_id: str, hold_s: float, guard: Guard[str]) -> str:
+        """Open a streaming wait of `owner` once `guard` passes (with its locks held, its expired
+        streams gone); its id, to close it with. Raises the guard's `Refused`, having opened
+        nothing. A stream's row frees itself after `hold_s` should nobody close it (a server that
+        died)."""
         now = self.w.clock()
         with self.w.tx() as c:
-            self.db.lock_queue(c, f"streams:{owner}")
+            self.db.lock(c, *guard.locks(owner))
             self.db.run(c, q.DELETE_EXPIRED_STREAMS, {"owner": owner, "now": now})
-            if limit <= 0:
-                raise LimitReached("streams", limit, None)
-            rows = self.db.run(c, q.OPEN_STREAMS, {"owner": owner, "lim": limit})
-            if len(rows) >= limit:
-                raise LimitReached("streams", limit, max(1.0, min(r["expires_at"] for r in rows) - now))
+            guard.check(Counts(self.db, c, now), owner)
             stream_id = "str_" + secrets.token_hex(12)
             self.db.run(c, q.INSERT_STREAM, {"stream_id": stream_id, "owner": owner, "task_id": task_id,
                                              "started_at": now, "expires_at": now + hold_s})

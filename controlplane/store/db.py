@@ -16,7 +16,7 @@ anything; what reaches the store is kept within both where it enters (`api`, the
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
@@ -79,11 +79,9 @@ class Database:
     def read(self) -> Connection:
         return self.transactions.read()
 
-    def lock_queue(self, conn: Connection, name: str) -> None:
-        self.transactions.lock_queues(conn, [name])
-
-    def lock_queues(self, conn: Connection, names: Iterable[str]) -> None:
-        self.transactions.lock_queues(conn, names)
+    def lock(self, conn: Connection, *keys: str) -> None:
+        """A lock per key held until `conn`'s transaction ends (`Transactions.lock`)."""
+        self.transactions.lock(conn, keys)
 
     # ---- change notifications (`changes`) -----------------------------------------------------
     def notify_changed(self, conn: Connection, task_ids: list[str]) -> None:

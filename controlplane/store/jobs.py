@@ -60,7 +60,7 @@ class JobStore:
         with self.w.tx() as c:
             if fence is not None:
                 self.leases.check(c, fence)
-            self.db.lock_queue(c, resource_class)
+            self.db.lock(c, resource_class)
             free = capacity - c.execute(q.SLOTS_BUSY, {"rc": resource_class}).scalar_one()
             if limit is not None:
                 free = min(free, limit)

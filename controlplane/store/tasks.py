@@ -1,6 +1,7 @@
-"""Tasks: submission (with idempotency and queue admission), reads, pages, cancel requests and
-the stops the reconciler begins. Owns the `tasks` and `task_tags` rows; every state change goes
-through `Writer.transition`. Knows no policy: errors and reasons come from the caller.
+"""Tasks: submission (with idempotency, once the guards it is given pass), reads, pages, cancel
+requests and the stops the reconciler begins. Owns the `tasks` and `task_tags` rows; every state
+change goes through `Writer.transition`. Knows no policy: limits, errors and reasons come from the
+caller.
 """
 
 from __future__ import annotations
@@ -8,18 +9,16 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy.exc import IntegrityError
 
 from controlplane import ids
 from controlplane.states import TaskState
 from controlplane.store import queries as q
+from controlplane.store.counts import Counts, Guard, Refused
 from controlplane.store.rows import TaskRow, TaskSummary
 from controlplane.store.writer import Writer, event_row
-
-if TYPE_CHECKING:
-    from controlplane.store.db import Database
 
 S = TaskState
 
@@ -30,64 +29,8 @@ def could_be_task_id(text: str) -> bool:
     return text.isascii() and text.isprintable()
 
 
-def _scalar(rows: Any) -> float:
-    """The one value of a one-row, one-column answer."""
-    return float(next(iter(rows[0].values())) or 0.0)
-
-
 class _Unguarded(Exception):
     """A database error in a batch written without savepoints: run it again with them."""
-
-
-class QueueFull(Exception):
-    def __init__(self, queue: str, length: int):
-        super().__init__(f"queue {queue} is full ({length} tasks waiting)")
-        self.queue = queue
-        self.length = length
-
-
-class LimitReached(Exception):
-    """A caller's limit refused a submit (`controlplane.limits`); nothing was written."""
-
-    def __init__(self, limit: str, value: int, retry_after_s: float | None):
-        super().__init__(f"{limit} limit of {value} reached")
-        self.limit = limit
-        self.value = value
-        self.retry_after_s = retry_after_s
-
-
-@dataclass(frozen=True)
-class SubmitLimits:
-    """The limits a submit is held to (None: none of that kind). Checked in the submit's own
-    transaction, so that replicas sharing the database hold them together."""
-
-    per_minute: int | None = None
-    per_day: int | None = None
-    in_flight: int | None = None
-
-
-@dataclass(frozen=True)
-class BudgetCheck:
-    """A budget a submit is held to (`controlplane.budgets`): at most `amount` spent in
-    [since, until) by `scope` ("owner" or "tag") `subject`, counting what its tasks not yet ended
-    are expected to cost."""
-
-    scope: str
-    subject: str
-    period: str
-    amount: float
-    since: float
-    until: float
-
-
-class BudgetReached(LimitReached):
-    """A budget refused a submit: spent + running + this task's estimate would exceed it. Nothing
-    was written."""
-
-    def __init__(self, budget: BudgetCheck, spent: float, running: float, estimate: float, now: float):
-        super().__init__("budget", budget.amount, max(1.0, budget.until - now))  # (type: its amount, a float)
-        self.budget = budget
-        self.spent, self.running, self.estimate = spent, running, estimate
 
 
 @dataclass(frozen=True)
@@ -109,9 +52,7 @@ class NewTask:
     store_url: str = ""  # '' = the default store
     max_recoveries: int | None = None  # None: max_attempts - 1
     team: str | None = None  # the team whose members may read it
-    limits: SubmitLimits | None = None  # the caller's limits, if it has any
     estimate_cost: float | None = None  # what it should cost (`controlplane.prices`; None: unpriced)
-    budgets: tuple[BudgetCheck, ...] = ()  # the budgets it counts against, if any are set
 
 
 @dataclass(frozen=True)
@@ -121,31 +62,8 @@ class Submitted:
     position: int | None  # in its queue, for a new task
 
 
-class _Batch:
-    """What a batch of submits shares in its transaction.
-
-    * `depths(queue)`: the queue's waiting tasks by priority, read once (a few rows of
-      queue_depth) and then counted on by each task the batch writes, as the table's trigger
-      counts them. Nothing else adds to the queue meanwhile: SQLite serialises writers, and on
-      PostgreSQL the batch holds the queue's lock (`Database.lock_queues`), as the scheduler's
-      claims do. A queued task cancelled meanwhile there (a cancel takes no queue lock) leaves
-      the count high by one until the next batch: it errs towards a full queue, never past the
-      limit. A task rolled back to its savepoint was never counted: it is counted only once
-      written.
-    * `events`: the "submitted" events of the tasks written, inserted together at the end (one
-      executemany instead of a statement per task)."""
-
-    def __init__(self, db: Database, c: Any):
-        self.db, self.c = db, c
-        self._depths: dict[str, dict[int, int]] = {}
-        self.events: list[dict[str, Any]] = []
-
-    def depths(self, queue: str) -> dict[int, int]:
-        depths = self._depths.get(queue)
-        if depths is None:
-            rows = self.db.run(self.c, q.QUEUE_LEVELS, {"rc": queue})
-            depths = self._depths[queue] = {r["priority"]: r["waiting"] for r in rows}  # type: ignore[index]
-        return depths
+Guards = Sequence[Guard[NewTask]]  # a submit's checks, in the order they run (`controlplane.guards`)
+Submit = tuple[NewTask, Guards]
 
 
 class TaskStore:
@@ -154,18 +72,18 @@ class TaskStore:
         self.db = writer.db
 
     # ---- submit -------------------------------------------------------------------------------
-    def submit(self, new: NewTask, *, queue_limit: int) -> Submitted:
-        """Insert a queued task, or return the existing one for a repeated idempotency key.
-        Raises QueueFull when the resource class already has `queue_limit` tasks waiting."""
-        [out] = self.submit_many([(new, queue_limit)])
+    def submit(self, new: NewTask, guards: Guards = ()) -> Submitted:
+        """Insert a queued task once its guards pass, or return the existing one for a repeated
+        idempotency key. Raises the first guard's `Refused`, having written nothing."""
+        [out] = self.submit_many([(new, guards)])
         if isinstance(out, Exception):
             raise out
         return out
 
-    def submit_many(self, items: Sequence[tuple[NewTask, int]]) -> list[Submitted | Exception]:
+    def submit_many(self, items: Sequence[Submit]) -> list[Submitted | Exception]:
         """Submit several tasks in one transaction (one commit, one fsync: group commit), so that
-        one task refused (QueueFull, a lost idempotency race) leaves the others in. Returns, in
-        order, each task's Submitted or its exception. Nothing is answered before the commit:
+        one task refused (by a guard, or a lost idempotency race) leaves the others in. Returns,
+        in order, each task's Submitted or its exception. Nothing is answered before the commit:
         every Submitted is on disk when this returns."""
         try:
             with self.w.tx() as c:
@@ -174,7 +92,7 @@ class TaskStore:
             with self.w.tx() as c:
                 return self._submit_all(c, items, guarded=True)
 
-    async def submit_many_on_loop(self, items: Sequence[tuple[NewTask, int]]) -> list[Submitted | Exception]:
+    async def submit_many_on_loop(self, items: Sequence[Submit]) -> list[Submitted | Exception]:
         """`submit_many` with its statements on the event loop (`Writer.tx_on_loop`); raises
         WouldBlock, having written nothing, when that cannot be had."""
         try:
@@ -182,31 +100,31 @@ class TaskStore:
         except _Unguarded:
             return await self.w.tx_on_loop(lambda c: self._submit_all(c, items, guarded=True))
 
-    def _submit_all(self, c: Any, items: Sequence[tuple[NewTask, int]], *, guarded: bool) -> list[Submitted | Exception]:
+    def _submit_all(self, c: Any, items: Sequence[Submit], *, guarded: bool) -> list[Submitted | Exception]:
         """Each item in a savepoint of its own when `guarded`. Unguarded (SQLite): an item refused
-        by a check (QueueFull, LimitReached) has written nothing, since every check comes before
-        its first write, and a database error, which would need the savepoint, raises
-        `_Unguarded` to have the whole batch run again guarded. SQLite serialises writers, so no
-        idempotency race can end in an IntegrityError there."""
-        now = self.w.clock()
+        by a guard has written nothing, since its guards run before its first write, and a
+        database error, which would need the savepoint, raises `_Unguarded` to have the whole
+        batch run again guarded. SQLite serialises writers, so no idempotency race can end in an
+        IntegrityError there."""
+        counts = Counts(self.db, c, self.w.clock())
         out: list[Submitted | Exception] = []
-        # Admission into a queue, and a caller's limits, are serialised across replicas by locks
-        # held to the commit: all of the batch's, first, in one order (Database.lock_queues).
-        self.db.lock_queues(c, [name for new, _ in items for name in self._locks_of(new)])
-        batch = _Batch(self.db, c)
-        for new, queue_limit in items:
+        # Every guard's locks, the whole batch's at once, held to the commit (`Database.lock`).
+        self.db.lock(c, *(key for new, guards in items for g in guards for key in g.locks(new)))
+        events: list[dict[str, Any]] = []
+        for new, guards in items:
             if not guarded:
                 try:
-                    out.append(self._submit(c, new, queue_limit, now, batch))
-                except (QueueFull, LimitReached) as e:
+                    out.append(self._submit(c, new, guards, counts, events))
+                except Refused as e:
                     out.append(e)
                 except IntegrityError as e:
                     raise _Unguarded() from e
                 continue
             self.db.command(c, "SAVEPOINT submit_one")
+            res: Submitted | Exception
             try:
-                res = self._submit(c, new, queue_limit, now, batch)
-            except (QueueFull, LimitReached, IntegrityError) as e:
+                res = self._submit(c, new, guards, counts, events)
+            except (Refused, IntegrityError) as e:
                 self.db.command(c, "ROLLBACK TO SAVEPOINT submit_one")
                 # An IntegrityError is a lost idempotency race on an engine that does not
                 # serialise writers: the winner's row is committed now, and it is the answer.
@@ -214,13 +132,8 @@ class TaskStore:
                 res = Submitted(won, False, None) if won is not None else e
             self.db.command(c, "RELEASE SAVEPOINT submit_one")
             out.append(res)
-        self.w.events(c, batch.events)
+        self.w.events(c, events)  # the batch's "submitted" events in one executemany
         return out
-
-    @staticmethod
-    def _locks_of(new: NewTask) -> list[str]:
-        return [new.resource_class, *([f"caller:{new.owner}"] if new.limits is not None else []),
-                *(f"budget:{b.scope}:{b.subject}" for b in new.budgets or ())]
 
     def _idempotent(self, c: Any, new: NewTask) -> TaskRow | None:
         if new.idempotency_key is None:
@@ -229,21 +142,16 @@ class TaskStore:
                                                  "key": new.idempotency_key})
         return TaskRow.from_row(rows[0]) if rows else None
 
-    def _submit(self, c: Any, new: NewTask, queue_limit: int, now: float, batch: _Batch) -> Submitted:
-        """One task of a batch. Everything it checks comes before its first write; its event is
-        written with the batch's (`_Batch`), once it is in."""
+    def _submit(self, c: Any, new: NewTask, guards: Guards, counts: Counts, events: list[dict[str, Any]]) -> Submitted:
+        """One task of a batch: its guards, in order, before its first write. A task rolled back
+        to its savepoint was never counted as waiting: it is counted once written."""
         existing = self._idempotent(c, new)
         if existing is not None:
             return Submitted(existing, False, None)
-        if new.limits is not None:
-            self._check_limits(c, new.owner, new.limits, now)
-        if new.budgets:
-            self._check_budgets(c, new.budgets, new.estimate_cost or 0.0, now)
-        depths = batch.depths(new.resource_class)
-        waiting = sum(depths.values())
-        ahead = sum(n for prio, n in depths.items() if prio >= new.priority)
-        if waiting >= queue_limit:
-            raise QueueFull(new.resource_class, waiting)
+        for guard in guards:
+            guard.check(counts, new)
+        now = counts.now
+        ahead = sum(n for prio, n in counts.waiting(new.resource_class).items() if prio >= new.priority)
         recoveries = new.max_recoveries if new.max_recoveries is not None else new.max_attempts - 1
         values = dict(
             task_id=ids.new_task_id(), owner=new.owner, tool_name=new.tool_name, inputs_json=new.inputs_json,
@@ -259,52 +167,10 @@ class TaskStore:
         if new.tags:
             c.execute(q.INSERT_TAGS, [{"task_pk": pk, "tag": t, "owner": new.owner, "submitted_at": now}
                                       for t in dict.fromkeys(new.tags)])
-        depths[new.priority] = depths.get(new.priority, 0) + 1  # as the trigger counted it
-        batch.events.append(event_row(values["task_id"], "submitted", None, S.QUEUED.value, 1,
-                                      {"priority": new.priority, "queue": new.resource_class}, now))
+        counts.queued(new.resource_class, new.priority)  # as the trigger counted it
+        events.append(event_row(values["task_id"], "submitted", None, S.QUEUED.value, 1,
+                                {"priority": new.priority, "queue": new.resource_class}, now))
         return Submitted(TaskRow.from_row({**values, "pk": pk}), True, ahead + 1)
-
-    def _check_limits(self, c: Any, owner: str, limits: SubmitLimits, now: float) -> None:
-        """Raise LimitReached if one more task of `owner` would break one of `limits`. Counted
-        from the owner's tasks on file, in this transaction: SQLite serialises writers, and on
-        PostgreSQL the owner's submits queue on a lock of their own, so concurrent submits of
-        one caller, on any replica, each see the ones before them (the lock is taken with the
-        batch's: `_locks_of`). Each count walks at most `limit` index entries (ix_tasks_owner,
-        ix_tasks_owner_state)."""
-        for name, window, limit in (("submits_per_minute", 60.0, limits.per_minute),
-                                    ("submits_per_day", 86400.0, limits.per_day)):
-            if limit is None:
-                continue
-            if limit <= 0:
-                raise LimitReached(name, limit, None)
-            # The limit-th newest submit in the window: while it is in the window, the window is full;
-            # one more may go once it leaves.
-            rows = self.db.run(c, q.NTH_NEWEST_SUBMIT, {"owner": owner, "since": now - window, "off": limit - 1})
-            if rows:
-                raise LimitReached(name, limit, max(0.0, rows[0]["submitted_at"] + window - now))
-        limit = limits.in_flight
-        if limit is not None:
-            if limit <= 0:
-                raise LimitReached("tasks_in_flight", limit, None)
-            rows = self.db.run(c, q.IN_FLIGHT, {"owner": owner, "lim": limit})
-            if len(rows) >= limit:
-                # When one of them may be done: the soonest expected end, from its estimate.
-                ends = [(r["started_at"] or now) + (r["estimate_s"] or 10.0) - now for r in rows]
-                raise LimitReached("tasks_in_flight", limit, min(300.0, max(1.0, min(ends))))
-
-    def _check_budgets(self, c: Any, budgets: Sequence[BudgetCheck], estimate: float, now: float) -> None:
-        """Raise BudgetReached if a budget would be exceeded: what it spent in its period, plus
-        the estimates of its tasks not yet ended, plus this one's, above its amount. Counted in
-        this transaction under a lock per budget (PostgreSQL, taken with the batch's: `_locks_of`;
-        SQLite serialises writers), so concurrent submits on any replica each see the tasks written
-        before them."""
-        for b in budgets:
-            params = {"subject": b.subject, "since": b.since}
-            spent_q, running_q = (q.OWNER_SPENT, q.OWNER_RUNNING) if b.scope == "owner" else (q.TAG_SPENT, q.TAG_RUNNING)
-            spent = _scalar(self.db.run(c, spent_q, params))
-            running = _scalar(self.db.run(c, running_q, {"subject": b.subject}))
-            if spent + running + estimate > b.amount:
-                raise BudgetReached(b, spent, running, estimate, now)
 
     def find_idempotent(self, owner: str, tool_name: str, key: str | None) -> TaskRow | None:
         if key is None:

@@ -1,8 +1,9 @@
-"""Transactions: reads, writes, the group commit's write on the event loop, and queue locks.
+"""Transactions: reads, writes, the group commit's write on the event loop, and advisory locks.
 
 SQLite has one writer at a time (an in-process lock, then BEGIN IMMEDIATE), so a write may run
 on the event loop when the lock is free; on PostgreSQL every read and write leaves the loop
-(`WouldBlock`) and admission into a queue takes an advisory lock. docs/design/store.md says why.
+(`WouldBlock`) and a guarded write (a submit, a claim of a queue's slots) takes advisory locks.
+docs/design/store.md says why.
 """
 
 from __future__ import annotations
@@ -107,14 +108,14 @@ class Transactions:
             must_not_block()
         return self.engines.read_engine.connect()
 
-    def lock_queues(self, conn: Connection, names: Iterable[str]) -> None:
-        """Serialise admission into each of the queues `names` across processes, until `conn`'s
-        transaction ends: PostgreSQL takes a transaction-scoped advisory lock per name, always in
-        one order (sorted) so that two transactions never wait for each other; SQLite already
-        serialises writers. A transaction takes all of its locks in one call."""
+    def lock(self, conn: Connection, keys: Iterable[str]) -> None:
+        """Hold a lock per key until `conn`'s transaction ends, so that transactions naming one
+        key run one at a time across processes: PostgreSQL takes a transaction-scoped advisory
+        lock per key, always in one order (sorted) so that two transactions never wait for each
+        other; SQLite already serialises writers. A transaction takes all of its locks in one call."""
         if self.engines.is_sqlite:
             return
-        for name in sorted(set(names)):
+        for name in sorted(set(keys)):
             key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
             conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": key})
 

@@ -1,8 +1,8 @@
 """Usage: what each attempt used (`attempt_usage`, written with the attempt's end by
 `AttemptTx.record_usage`), its sums per task and per report, and the operators' budgets
 (`budgets`). Persistence only: what usage and cost are is `controlplane.prices`'s, and when a
-budget refuses a submit is `controlplane.budgets`'s (checked in the submit's transaction,
-`TaskStore._check_budgets`)."""
+budget refuses a submit is its guard's (`controlplane.guards.BudgetCheck`, run in the submit's
+transaction)."""
 
 from __future__ import annotations
 
