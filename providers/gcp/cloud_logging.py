@@ -119,12 +119,12 @@ class LogReader:
             self._searches[search] = answer["nextPageToken"]
             return LogPage([], cursor, reason="Cloud Logging has not finished searching; ask again to continue")
         keyed = []
-        for e in entries:
+        for entry in entries:
             try:
-                ts = _ns_text(e["timestamp"])
+                ts = _ns_text(entry["timestamp"])
             except (KeyError, ValueError):
                 continue  # the service stamps every entry; one it did not cannot be placed
-            keyed.append(((ts, e.get("insertId") or ""), LogLine(ts=_epoch(ts), message=_entry_text(e))))
+            keyed.append(((ts, entry.get("insertId") or ""), LogLine(ts=_epoch(ts), message=_entry_text(entry))))
         page = logtail.after_cursor(keyed, None if after is None else f"{after[0]}|{after[1]}", limit)
         return LogPage(page.lines, page.next_cursor if page.lines else cursor)
 
