@@ -112,4 +112,5 @@ async def serve_stdio(cp: ControlPlane) -> None:
     logs.set_replica(cp.holder)  # every log record names the replica that wrote it
     mcp = build_server(cp, with_auth=False)
     settle_heap()
-    await mcp.run_stdio_async(show_banner=False, log_level="WARNING")
+    # (fastmcp's log level comes with a console handler of its own: not in the JSON format)
+    await mcp.run_stdio_async(show_banner=False, log_level=None if logs.is_json() else "WARNING")

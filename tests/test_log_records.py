@@ -96,3 +96,32 @@ def test_text_lines_by_default(home: Path) -> None:
     assert records and all(TEXT_LINE.match(line) for line in records), records
     assert not any(line.lstrip().startswith("{") for line in lines)
     assert any(task_id in line and "ended: succeeded" in line for line in records)  # the message says it
+
+
+def test_json_records_over_stdio(home: Path, tmp_path: Path) -> None:
+    """Over stdio stdout is the protocol's; stderr carries the records, JSON too."""
+    from fastmcp.client.transports import StdioTransport
+
+    err = tmp_path / "stdio.stderr"
+
+    async def run() -> str:
+        with err.open("w") as sink:
+            transport = StdioTransport(command=sys.executable, args=["-m", "controlplane.cli", "serve", "--transport",
+                                       "stdio"], env=fast_env(home, log_format="json", log_level="INFO"),
+                                       cwd=str(ROOT), log_file=sink)
+            async with Client(transport) as client:
+                task_id = (await client.call_tool("submit_task", {"tool_name": "exercise", "inputs": {}})
+                           ).structured_content["task_id"]
+                for _ in range(300):
+                    status = (await client.call_tool("get_task_status", {"task_id": task_id})).structured_content
+                    if status["state"] in TERMINAL:
+                        return str(task_id)
+                    await anyio.sleep(0.1)
+        raise AssertionError(f"{task_id} did not end")
+
+    try:
+        task_id = anyio.run(run)
+    finally:
+        reap_jobs(home)
+    records = [json.loads(line) for line in err.read_text().splitlines() if line.strip()]
+    assert [r["action"] for r in records if r.get("task_id") == task_id] == ["launch", "claim", "end"]

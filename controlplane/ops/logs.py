@@ -81,6 +81,11 @@ def configure(level: str, log_format: LogFormat = "text") -> None:
             own.propagate = True
 
 
+def is_json() -> bool:
+    """Whether the records are written as JSON (libraries must then not add handlers of their own)."""
+    return _json is not None
+
+
 def announce(text: str, say: Callable[[str], object]) -> None:
     """A line for the operator that no level hides ("serving MCP at ..."): `say(text)`, or in the
     JSON format a record of it (`action` "announce") through the one handler."""
