@@ -3,6 +3,8 @@ found, the object stores it names opened, and the providers it names created."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from controlplane.catalog import Catalog, CatalogError, file_format, parse_data, server_problems
 from controlplane.objectstore.registry import StoreRegistry
 from controlplane.settings import Settings
@@ -11,7 +13,7 @@ from controlplane_providers.base import Provider, ProviderContext
 
 
 def open_for(catalog: Catalog, settings: Settings, stores: StoreRegistry,
-             providers: dict[str, Provider]) -> dict[str, Provider]:
+             providers: dict[str, Provider[Any]]) -> dict[str, Provider[Any]]:
     """Check `catalog` against the server's settings, open the object stores it names and
     create the providers it names that are not in `providers` yet (returned). CatalogError otherwise."""
     problems = server_problems(catalog, max_ttl_s=settings.max_ttl_s)
@@ -26,7 +28,7 @@ def open_for(catalog: Catalog, settings: Settings, stores: StoreRegistry,
                                    f"uploads (s3://, gs://, az://); {url.split('://', 1)[0]}:// does not")
     context = ProviderContext(home=settings.home, kill_grace_s=settings.kill_grace_s,
                               endpoint_file=settings.endpoint_file)
-    opened: dict[str, Provider] = {}
+    opened: dict[str, Provider[Any]] = {}
     for name in catalog.providers():
         if name not in providers:
             try:
@@ -37,7 +39,7 @@ def open_for(catalog: Catalog, settings: Settings, stores: StoreRegistry,
 
 
 def prepare(text: str, settings: Settings, stores: StoreRegistry,
-            providers: dict[str, Provider]) -> tuple[Catalog, dict[str, Provider]]:
+            providers: dict[str, Provider[Any]]) -> tuple[Catalog, dict[str, Provider[Any]]]:
     """The catalog file's new text, validated as at start, with the providers it adds (blocks:
     run it in a worker thread). CatalogError, without internals, when it cannot be taken."""
     path = settings.resolved_catalog_path

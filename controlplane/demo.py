@@ -12,10 +12,11 @@ import asyncio
 import hashlib
 import json
 import time
-from typing import Any
+from typing import Any, cast
 
 import httpx
 from fastmcp import Client
+from mcp_types import TextContent
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -26,9 +27,9 @@ from controlplane.settings import Settings
 from controlplane.states import FINAL
 
 
-async def _call(client: Client, tool: str, args: dict[str, Any]) -> dict[str, Any]:
+async def _call(client: Client[Any], tool: str, args: dict[str, Any]) -> dict[str, Any]:
     res = await client.call_tool(tool, args, raise_on_error=False)
-    data = res.structured_content or json.loads(res.content[0].text)
+    data = res.structured_content or json.loads(cast(TextContent, res.content[0]).text)
     if res.is_error:
         raise RuntimeError(f"{tool}: {data.get('code')}: {data.get('message')}")
     return data
@@ -81,7 +82,7 @@ async def run_demo(settings: Settings, console: Console, inputs: dict[str, Any])
         await server_task
 
 
-async def _follow(client: Client, task_id: str, console: Console) -> dict[str, Any]:
+async def _follow(client: Client[Any], task_id: str, console: Console) -> dict[str, Any]:
     with Progress(TextColumn("[bold blue]{task.fields[state]:<10}"), BarColumn(), TaskProgressColumn(),
                   TextColumn("{task.fields[msg]}"), TimeElapsedColumn(), console=console) as bar:
         row = bar.add_task("lj_relax", total=100, state="queued", msg="")
@@ -103,7 +104,8 @@ async def _verify(art: dict[str, Any]) -> bool:
         async for chunk in resp.aiter_bytes():
             sha.update(chunk)
             size += len(chunk)
-    return size == art["size_bytes"] and sha.hexdigest() == art["sha256"]
+    intact: bool = size == art["size_bytes"] and sha.hexdigest() == art["sha256"]
+    return intact
 
 
 def demo(settings: Settings, inputs: dict[str, Any]) -> int:

@@ -47,8 +47,9 @@ def export(path: Path, *, default_image: str | None = None,
     every path on this machine a tool's command names (`local_paths`)."""
     data = read_data(path)
     catalog = Catalog.from_data(data, source=str(path))
-    for problem in local_paths(catalog) if warn else ():
-        warn(f"{path}: {problem}")
+    if warn is not None:
+        for problem in local_paths(catalog):
+            warn(f"{path}: {problem}")
     jobs: dict[str, dict[str, Any]] = {}
     for name, tool in sorted(catalog.tools.items()):
         image = tool.image or default_image
@@ -64,9 +65,8 @@ def export(path: Path, *, default_image: str | None = None,
 
 def local_roots() -> list[Path]:
     """Where paths of this machine live that a tool's image will not have."""
-    from controlplane.settings import Settings
-
     import controlplane
+    from controlplane.settings import Settings
 
     roots = [Path.home(), Settings().home, Path.cwd(), Path(controlplane.__file__).parents[1], Path(tempfile.gettempdir())]
     return [r.resolve() for r in roots if r.resolve() != Path("/")]  # a working directory of / is no hint

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from controlplane.catalog import ToolSpec
+from controlplane.store.rows import TaskRow
 
 PRIOR_WEIGHT = 5.0  # the catalog's figure counts as this many observed runs
 
@@ -95,9 +96,10 @@ class Estimator:
         w = model.n / (model.n + PRIOR_WEIGHT)
         return round(w * model.predict(input_size) + (1 - w) * prior, 3)
 
-    def eta(self, task: dict[str, Any], progress: dict[str, Any], now: float) -> float | None:
-        if progress.get("eta_s") is not None:
-            return progress["eta_s"]
+    def eta(self, task: TaskRow, progress: dict[str, Any], now: float) -> float | None:
+        reported: float | None = progress.get("eta_s")
+        if reported is not None:
+            return reported
         started = task.started_at
         if not started:
             return None

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,7 +83,7 @@ class ProgressHub:
         return sub
 
     async def watch(self, task_id: str, *, read: Callable[[], Any] | None,
-                    quiet_s: float | Callable[[], float]) -> AsyncIterator[Seen]:
+                    quiet_s: float | Callable[[], float]) -> AsyncGenerator[Seen, None]:
         """Watch a task: the one way the MCP surface follows one (wait_task, tasks/result,
         resource subscriptions). Yields the task as `read()` gives it now (after subscribing, so
         no change slips in between), then after each committed change (changes during a slow

@@ -4,7 +4,7 @@ be handed to runners and put in artifact links) before the server runs."""
 from __future__ import annotations
 
 import socket
-from typing import Any
+from typing import Any, Literal
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -27,7 +27,7 @@ class Listener:
         self._server: Any = None
         self._stopped = False
 
-    async def serve(self, app: Any, *, lifespan: str = "off") -> None:
+    async def serve(self, app: Any, *, lifespan: Literal["auto", "on", "off"] = "off") -> None:
         import uvicorn
 
         config = uvicorn.Config(app, lifespan=lifespan, log_level="warning", access_log=False,

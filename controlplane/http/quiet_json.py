@@ -27,7 +27,7 @@ STREAMING_META = ("progressToken", "io.modelcontextprotocol/logLevel")
 MAX_PEEK = 1024 * 1024  # a body this large goes the usual way, unparsed here
 
 
-def may_stream(body: dict[str, Any], streaming_tools: frozenset[str]) -> bool:
+def may_stream(body: Any, streaming_tools: frozenset[str]) -> bool:
     """Whether this request may send anything before its response."""
     if not isinstance(body, dict):
         return True

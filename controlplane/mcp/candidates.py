@@ -169,7 +169,8 @@ class Completer:
         if argument == "tool_name":
             return self.tool_names(typed)
         if tool == "submit_task" and argument.startswith("inputs."):
-            inner = arguments.get("inputs") if isinstance(arguments.get("inputs"), dict) else {}
+            given = arguments.get("inputs")
+            inner: dict[str, Any] = given if isinstance(given, dict) else {}
             target = self.catalog.tool(str(arguments.get("tool_name", "")))
             if target is None:
                 return Candidates([], 0, False)

@@ -54,7 +54,8 @@ class JsonOnly(Middleware):
         if problem is not None:
             prefix = "inputs" if self.catalog.tool(params.name) is not None else ""
             return error(invalid(f"{dotted(problem[0], prefix)}: {problem[1]}"), time.perf_counter())
-        return await call_next(context)
+        result: ToolResult = await call_next(context)
+        return result
 
     async def on_request(self, context: MiddlewareContext, call_next: CallNext) -> Any:
         if context.method != "tools/call":  # its arguments are on_call_tool's

@@ -202,12 +202,12 @@ class OAuthTokens(TokenVerifier):
                                   "CONTROLPLANE_AUTH_HS_SECRET (and no JWKS)")
         self.jwt: JWTVerifier | None = None
         # `aud` is the verifier's to check; `client_id` (Cognito) is ours, below.
-        audience = self.audiences if self.audience_claim == "aud" else None
+        verified_audience = self.audiences if self.audience_claim == "aud" else None
         if symmetric:
-            self.jwt = JWTVerifier(public_key=settings.auth_hs_secret, issuer=self.issuers, audience=audience,
+            self.jwt = JWTVerifier(public_key=settings.auth_hs_secret, issuer=self.issuers, audience=verified_audience,
                                    algorithm=settings.auth_algorithm)
         elif jwks_uri:
-            self.jwt = JwksVerifier(jwks_uri=jwks_uri, issuer=self.issuers, audience=audience,
+            self.jwt = JwksVerifier(jwks_uri=jwks_uri, issuer=self.issuers, audience=verified_audience,
                                     jwks_refresh_interval=settings.auth_jwks_refresh_s)
         self.introspection: IntrospectionTokenVerifier | None = None
         if settings.auth_introspection_url:
@@ -348,8 +348,8 @@ class ResourceServer(RemoteAuthProvider):
         return routes
 
     def get_middleware(self) -> list[Any]:
-        return [Middleware(AuthenticationMiddleware, backend=McpOnlyBearer(self, MCP_PATH)),  # type: ignore[arg-type]
-                Middleware(AuthContextMiddleware)]  # type: ignore[arg-type]
+        return [Middleware(AuthenticationMiddleware, backend=McpOnlyBearer(self, MCP_PATH)),  # type: ignore[arg-type]  # verify_token as the SDK calls it
+                Middleware(AuthContextMiddleware)]
 
 
 def build_resource_server(settings: Settings, public_url: str) -> ResourceServer:

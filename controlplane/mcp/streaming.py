@@ -92,7 +92,7 @@ def progress_sender_for_request() -> ProgressSender | None:
     ctx = get_context()
     rc = ctx.request_context
     token = (rc.meta or {}).get("progressToken") if rc is not None else None
-    if token is None:
+    if token is None or rc is None:
         return None
     session, request_id = rc.session, rc.request_id
 
@@ -164,7 +164,7 @@ def wait_tool(cp: ControlPlane, default_owner: str) -> WaitTool:
                      "for your progressToken). Returns the result like get_task_result, or done=false with the "
                      "latest status if it is still running. Leaving early never cancels the task."),
         parameters=inline_schema(api.WaitTask.model_json_schema()), cp=cp, default_owner=default_owner,
-        annotations=ToolAnnotations(readOnlyHint=True, destructiveHint=False, openWorldHint=False),
+        annotations=ToolAnnotations(read_only_hint=True, destructive_hint=False, open_world_hint=False),
         meta={"schemaVersion": 1, "toolingVersion": TOOLING_VERSION},
     )
 

@@ -123,7 +123,8 @@ class ControlPlaneTasks(ServerExtension):
             return error(e, started)  # refused before any task existed: an ordinary tool error
         task = await blocking.call(self.cp.service.get, owner, sub["task_id"])
         assert task is not None  # committed before we answer (the spec's durability rule)
-        return {"resultType": "task", **self._task_fields(task)}
+        # fastmcp passes an outcome that is not a ToolResult to the wire as it is (its alias is narrower)
+        return {"resultType": "task", **self._task_fields(task)}  # type: ignore[return-value]
 
     # ---- the task object ------------------------------------------------------------------------
     def _task_fields(self, task: TaskRow, *, legacy: bool = False) -> dict[str, Any]:
@@ -174,7 +175,7 @@ class ControlPlaneTasks(ServerExtension):
         return {"code": INTERNAL_ERROR, "message": err.get("message", "the task failed"), "data": err}
 
     # ---- methods --------------------------------------------------------------------------------
-    async def _owned(self, ctx: ServerRequestContext[Any, Any], task_id: str) -> tuple[str, dict[str, Any]]:
+    async def _owned(self, ctx: ServerRequestContext[Any, Any], task_id: str) -> tuple[str, TaskRow]:
         modern = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
         if modern and read_client_extension_settings(ctx, TASKS_EXTENSION_ID) is None:
             raise MCPError(code=MISSING_REQUIRED_CLIENT_CAPABILITY,
@@ -226,7 +227,8 @@ class ControlPlaneTasks(ServerExtension):
                                            api.CancelTask(task_id=task.task_id, reason="tasks/cancel"))
         except ControlPlaneError as e:  # a teammate's task: readable, not cancellable (FORBIDDEN)
             raise MCPError(code=INVALID_PARAMS, message=e.message, data=e.to_dict()) from None
-        task = await blocking.call(self.cp.service.get, owner, task.task_id) or task
+        fresh = await blocking.call(self.cp.service.get, owner, task.task_id)
+        task = fresh or task
         legacy = ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS
         return self._task_fields(task, legacy=True) if legacy else {"resultType": "complete"}
 
@@ -242,7 +244,7 @@ class ControlPlaneTasks(ServerExtension):
                            data={"requiredCapabilities": {"extensions": {TASKS_EXTENSION_ID: {}}}})
         owner = caller(self.cp.settings.default_owner)
 
-        def page_of_rows() -> tuple[list[dict[str, Any] | None], str | None]:
+        def page_of_rows() -> tuple[list[TaskRow | None], str | None]:
             page = self.cp.service.list(owner, api.ListTasks(cursor=params.cursor, limit=50))
             return [self.cp.service.get(owner, t["task_id"]) for t in page["tasks"]], page["next_cursor"]
 

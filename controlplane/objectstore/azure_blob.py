@@ -49,7 +49,8 @@ class _Reader:
         self._d = downloader
 
     def read(self, n: int = -1) -> bytes:
-        return self._d.read(n)
+        data: bytes = self._d.read(n)
+        return data
 
     def close(self) -> None:
         pass
@@ -101,8 +102,9 @@ class AzureBlobObjectStore(ObjectStore):
                    overwrite: bool = False) -> ObjectInfo:
         reader = HashingReader(stream)
         try:
+            # the SDK reads any object with read(n); its annotation names only str streams
             self.container_client.upload_blob(
-                self._name(key), reader, overwrite=overwrite, max_concurrency=1,
+                self._name(key), reader, overwrite=overwrite, max_concurrency=1,  # type: ignore[arg-type]
                 content_settings=ContentSettings(content_type=content_type or "application/octet-stream"))
         except ResourceExistsError:
             raise ObjectExists(key) from None
@@ -160,9 +162,9 @@ class AzureBlobObjectStore(ObjectStore):
         if self.account_key:
             sas = generate_blob_sas(account_key=self.account_key, **common)
         else:
-            key, key_until = self._delegation_key(expiry)
+            delegation, key_until = self._delegation_key(expiry)
             common["expiry"] = min(expiry, key_until)  # a link cannot outlive the key that signs it
-            sas = generate_blob_sas(user_delegation_key=key, **common)
+            sas = generate_blob_sas(user_delegation_key=delegation, **common)
         return f"{self.endpoint}/{self.container}/{quote(name)}?{sas}"
 
     def _delegation_key(self, needed_until: datetime.datetime) -> tuple[Any, datetime.datetime]:

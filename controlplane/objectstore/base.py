@@ -223,4 +223,5 @@ def open_store(url: str) -> ObjectStore:
     except ImportError as e:
         raise ValueError(f"the {scheme}:// object store needs its SDK ({e.name}): "
                          f"pip install 'mcp-controlplane[{extra}]'") from None
-    return getattr(backend, cls).from_url(url)
+    store: ObjectStore = getattr(backend, cls).from_url(url)
+    return store

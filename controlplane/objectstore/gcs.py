@@ -39,7 +39,7 @@ import requests
 from google.api_core import exceptions as gexc
 from google.auth import credentials as auth_credentials
 from google.auth import crypt
-from google.cloud import storage
+from google.cloud import storage  # type: ignore[attr-defined]  # google-cloud-storage ships no types
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from controlplane.objectstore.base import (
@@ -204,7 +204,7 @@ class GcsObjectStore(ObjectStore):
                 from google.auth.credentials import AnonymousCredentials
 
                 client = storage.Client(project=os.environ.get("GOOGLE_CLOUD_PROJECT", "controlplane"),
-                                        credentials=AnonymousCredentials())
+                                        credentials=AnonymousCredentials())  # type: ignore[no-untyped-call]  # unannotated in google-auth
             else:
                 client = storage.Client()
         self.client = client
@@ -252,11 +252,13 @@ class GcsObjectStore(ObjectStore):
             blob.reload()
         except gexc.NotFound:
             raise FileNotFoundError(key) from None
-        return blob.open("rb", chunk_size=UPLOAD_CHUNK)
+        stream: BinaryIO = blob.open("rb", chunk_size=UPLOAD_CHUNK)
+        return stream
 
     def get_bytes(self, key: str) -> bytes:
         try:
-            return self._blob(key).download_as_bytes()
+            data: bytes = self._blob(key).download_as_bytes()
+            return data
         except gexc.NotFound:
             raise FileNotFoundError(key) from None
 
@@ -307,14 +309,16 @@ class GcsObjectStore(ObjectStore):
         if self.emulator:
             kwargs["api_access_endpoint"] = self.emulator.rstrip("/")
         kwargs.update(self._signing_kwargs())
-        return self._blob(key).generate_signed_url(**kwargs)
+        url: str = self._blob(key).generate_signed_url(**kwargs)
+        return url
 
     def _signing_kwargs(self) -> dict[str, Any]:
         if self.signing_key_file:
             if self._signer is None:
                 from google.oauth2 import service_account
 
-                self._signer = service_account.Credentials.from_service_account_file(self.signing_key_file)
+                self._signer = service_account.Credentials.from_service_account_file(  # type: ignore[no-untyped-call]  # unannotated in google-auth
+                    self.signing_key_file)
             return {"credentials": self._signer}
         creds = self.client._credentials
         if hasattr(creds, "sign_bytes") and getattr(creds, "signer", None) is not None:

@@ -108,7 +108,8 @@ class S3ObjectStore(ObjectStore):
     # ---- reads --------------------------------------------------------------------------------
     def open(self, key: str) -> BinaryIO:
         try:
-            return self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"]
+            body: BinaryIO = self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"]
+            return body
         except ClientError as e:
             if _code(e) in ("NoSuchKey", "404", "NotFound"):
                 raise FileNotFoundError(key) from None
@@ -143,12 +144,13 @@ class S3ObjectStore(ObjectStore):
 
     def signed_url(self, key: str, *, expires_in: int, filename: str) -> str:
         check_key(key)
-        return self.client.generate_presigned_url(
+        url: str = self.client.generate_presigned_url(
             "get_object",
             Params={"Bucket": self.bucket, "Key": self._key(key),
                     "ResponseContentDisposition": content_disposition(filename)},
             ExpiresIn=min(int(expires_in), self.max_url_ttl_s),
         )
+        return url
 
     def signed_put(self, key: str, *, expires_in: int) -> SignedRequest:
         """A presigned PutObject (single request: up to 5 GiB). `If-None-Match: *` makes S3 refuse

@@ -3,6 +3,7 @@ operation; answers as JSON-ready dicts (each the `dump()` of its model in `answe
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Callable
 from typing import Any
 
@@ -32,7 +33,7 @@ class TaskService:
     raises `ControlPlaneError`s with the codes of `controlplane.errors`."""
 
     def __init__(self, settings: Settings, store: Store, catalog: Catalog, stores: StoreRegistry,
-                 estimator: Estimator, providers: dict[str, Provider] | None = None,
+                 estimator: Estimator, providers: dict[str, Provider[Any]] | None = None,
                  wake: Callable[..., None] = lambda **_: None, pricing: Pricing | None = None):
         self.settings = settings
         self.store = store
@@ -117,7 +118,7 @@ class TaskService:
     def cancel(self, owner: str, req: api.CancelTask) -> dict[str, Any]:
         return self.cancels.cancel(owner, req).dump()
 
-    def timeline(self, owner: str, task_id: str) -> list[dict[str, Any]]:
+    def timeline(self, owner: str, task_id: str) -> builtins.list[dict[str, Any]]:  # `list` is a method here
         return [e.dump() for e in self.reads.timeline(owner, task_id)]
 
     def overview(self) -> Overview:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from operator import itemgetter
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
@@ -52,13 +52,15 @@ class Statements:
             try:
                 rows = self._run(raw.driver_connection, stmt, params, into)
             except DBAPIError as e:
-                if not self.engines.is_sqlite and engine.dialect.is_disconnect(e.orig, raw.driver_connection, None):
+                # SQLAlchemy types `orig` as any exception; here it is always the driver's error
+                if not self.engines.is_sqlite and engine.dialect.is_disconnect(
+                        e.orig, raw.driver_connection, None):  # type: ignore[arg-type]
                     # The server or a proxy dropped it (a restart, a failover): so were its pool mates.
                     raw.invalidate(e.orig)
                     engine.dispose()
                     e.connection_invalidated = True
                 raise
-            return rows or []
+            return cast("list[Any]", rows or [])  # a fetch is a SELECT: its rows, never a count
         finally:
             raw.close()
 
@@ -70,7 +72,8 @@ class Statements:
     def command(self, conn: Connection, sql: str) -> None:
         """A statement without parameters or rows (SAVEPOINT, RELEASE ...) inside the transaction
         of `conn`, on the driver."""
-        cur = conn.connection.driver_connection.cursor()
+        driver: Any = conn.connection.driver_connection
+        cur = driver.cursor()
         try:
             cur.execute(sql)
         finally:
@@ -89,7 +92,8 @@ class Statements:
         else:
             args = [{**fixed, **r} for r in rows] if fixed else rows
         dbapi_error = self._dialect.loaded_dbapi.Error
-        cur = conn.connection.driver_connection.cursor()
+        driver: Any = conn.connection.driver_connection
+        cur = driver.cursor()
         try:
             cur.executemany(sql, args)
         except dbapi_error as e:
@@ -107,11 +111,12 @@ class Statements:
         try:
             cur.execute(sql, args)
             if cur.description is None:
-                return cur.rowcount
+                affected: int = cur.rowcount
+                return affected
             cols = [d[0] for d in cur.description]
             if into is not None:
                 return into(cols, cur.fetchall())
-            return [dict(zip(cols, r)) for r in cur.fetchall()]
+            return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
         except dbapi_error as e:  # the same exceptions SQLAlchemy raises (IntegrityError, ...)
             raise DBAPIError.instance(sql, args, e, dbapi_error) from e
         finally:

@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from sqlalchemy.engine import Connection
 
@@ -25,7 +25,6 @@ from controlplane.states import JobState, TaskState
 from controlplane.store import queries as q
 from controlplane.store.db import Database
 from controlplane.store.rows import JobRow, TaskRow
-
 
 T = TypeVar("T")
 V = TypeVar("V")
@@ -118,11 +117,11 @@ class Writer:
             changed.append(task_id)
 
     def lock_task(self, c: Connection, task_id: str) -> TaskRow | None:
-        rows = self.db.run(c, self.lock_stmt, {"task_id": task_id})
+        rows = cast("list[dict[str, Any]]", self.db.run(c, self.lock_stmt, {"task_id": task_id}))
         return TaskRow.from_row(rows[0]) if rows else None
 
     def job(self, c: Connection, task_id: str, attempt: int) -> JobRow | None:
-        rows = self.db.run(c, q.GET_JOB, {"task_id": task_id, "attempt": attempt})
+        rows = cast("list[dict[str, Any]]", self.db.run(c, q.GET_JOB, {"task_id": task_id, "attempt": attempt}))
         return JobRow.from_row(rows[0]) if rows else None
 
     def event(self, c: Connection, task_id: str, kind: str, frm: str | None, to: str | None, attempt: int,

@@ -135,8 +135,9 @@ class GrantedStore(ObjectStore):
         name = self._name(key)
         _, grant = self._grant(name)
         try:
-            return urllib.request.urlopen(urllib.request.Request(grant["url"], headers=grant.get("headers", {})),
-                                          timeout=self._timeout)
+            stream: BinaryIO = urllib.request.urlopen(
+                urllib.request.Request(grant["url"], headers=grant.get("headers", {})), timeout=self._timeout)
+            return stream
         except urllib.error.HTTPError as e:
             if e.code == 404:
                 raise FileNotFoundError(key) from None

@@ -262,7 +262,8 @@ class Reporter:
             self.secret = body["secret"]
         status, body = self._post({"names": names, "ahead": ahead}, "grants", shared=False)
         if status == 200 and isinstance(body.get("grants"), dict):
-            return body["grants"]
+            grants: dict[str, dict[str, Any]] = body["grants"]
+            return grants
         if status is not None:
             print(f"runner: the control plane refused grants for {names[:3]} ({status}: {body.get('code')})",
                   file=sys.stderr)

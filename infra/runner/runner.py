@@ -334,6 +334,7 @@ class Runner:
                 self.reporter.emit(events.log(f"runner: artifact {name!r} not uploaded: {e}",
                                               stream=events.STDERR, level=events.WARNING))
                 continue
+            assert info.sha256 is not None  # a put hashes what it writes
             out.append(events.artifact(name=name, kind=decl.get("kind") or _kind_of(name), key=key,
                                        size_bytes=info.size_bytes, sha256=info.sha256, content_type=ctype))
         return out

@@ -16,13 +16,13 @@ import json
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 _lock = threading.Lock()
-_channel = None
+_channel: TextIO | None = None
 
 
-def _progress_channel():
+def _progress_channel() -> TextIO | None:
     global _channel
     if _channel is None:
         fd = os.environ.get("CONTROLPLANE_PROGRESS_FD")
@@ -47,7 +47,8 @@ def inputs() -> dict[str, Any]:
     path = os.environ.get("CONTROLPLANE_INPUTS_FILE")
     if not path:
         return {}
-    return json.loads(Path(path).read_text())
+    values: dict[str, Any] = json.loads(Path(path).read_text())
+    return values
 
 
 def progress(percent: float | None = None, *, step: int | None = None, step_total: int | None = None,

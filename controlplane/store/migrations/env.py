@@ -1,11 +1,13 @@
 """Alembic environment: runs migrations on the connection `Database.upgrade` hands over."""
 
+from typing import cast
+
 from alembic import context
 from sqlalchemy import create_engine
+from sqlmodel import SQLModel
 
 from controlplane.store import models  # noqa: F401  (registers the tables)
 from controlplane.store.db import engine_url
-from sqlmodel import SQLModel
 
 config = context.config
 target_metadata = SQLModel.metadata
@@ -18,7 +20,7 @@ def run() -> None:
         with context.begin_transaction():
             context.run_migrations()
         return
-    engine = create_engine(engine_url(config.get_main_option("sqlalchemy.url")))
+    engine = create_engine(engine_url(cast(str, config.get_main_option("sqlalchemy.url"))))
     with engine.begin() as connection:
         context.configure(connection=connection, target_metadata=target_metadata, render_as_batch=True)
         with context.begin_transaction():
