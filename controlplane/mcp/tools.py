@@ -2,7 +2,8 @@
 
 Each tool validates its arguments itself (unknown fields and wrong types are INVALID_REQUEST),
 calls the task service in a worker thread, and answers with JSON: the result as text content
-and as structured content, or an `isError` result carrying `{code, message, hint?}`.
+and as structured content, or an `isError` result carrying `{code, message, hint?}`. A canonical
+tool publishes its answer model's schema as its `outputSchema`, made once when the tool is built.
 Unexpected exceptions are logged here and reach the client only as `INTERNAL`.
 """
 
@@ -21,8 +22,9 @@ from fastmcp.tools.base import Tool, ToolResult
 from fastmcp.utilities.json_schema import dereference_refs
 from fastmcp.utilities.tasks import TaskConfig
 from mcp_types import TextContent, ToolAnnotations
-from pydantic import BaseModel, ValidationError
-from pydantic.json_schema import SkipJsonSchema
+from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue, SkipJsonSchema
+from pydantic_core import core_schema
 
 from controlplane import blocking
 from controlplane.errors import ControlPlaneError, ErrorCode, invalid
@@ -85,6 +87,31 @@ def inline_schema(schema: dict[str, Any]) -> dict[str, Any]:
     return dereference_refs(schema) if "$defs" in schema or "$ref" in json.dumps(schema) else schema
 
 
+class AnswerSchema(GenerateJsonSchema):
+    """Pydantic's JSON schema, lighter for a client that checks every answer against it: a
+    nullable scalar is `"type": [t, "null"]` rather than an `anyOf` of two schemas, and fields get
+    no generated titles. The same instances validate."""
+
+    def field_title_should_be_set(self, schema: Any) -> bool:
+        return False
+
+    def nullable_schema(self, schema: core_schema.NullableSchema) -> JsonSchemaValue:
+        inner = self.generate_inner(schema["schema"])
+        if set(inner) == {"type"} and isinstance(inner["type"], str) and inner["type"] != "null":
+            return {"type": [inner["type"], "null"]}
+        return super().nullable_schema(schema)
+
+
+def output_schema(answer: Any) -> dict[str, Any]:
+    """The JSON schema of what a tool writes as structured content: `answer`'s (a model of
+    `controlplane.service.answers`, or a union of them) in serialization mode, keys by alias,
+    every $ref inlined. Its root says `"type": "object"` (a union's too), as the 2025-11-25 wire
+    requires of an outputSchema; a union stays an `anyOf` of its shapes."""
+    schema = inline_schema(TypeAdapter(answer).json_schema(mode="serialization", by_alias=True,
+                                                           schema_generator=AnswerSchema))
+    return schema if schema.get("type") == "object" else {"type": "object", **schema}
+
+
 class ServiceTool(Tool):
     """A tool whose body is `handler(owner, arguments)`. With `inline` the body is tried on the
     event loop first (no thread hop) and moved to a worker thread if it would block (see
@@ -131,12 +158,13 @@ class ServiceTool(Tool):
         return await anyio.to_thread.run_sync(self.handler, owner, arguments)
 
 
-def canonical_tool(name: str, description: str, model: type[BaseModel],
+def canonical_tool(name: str, description: str, model: type[BaseModel], answer: Any,
                    method: Callable[[str, Any], Any], *, default_owner: str, read_only: bool,
                    inline: bool = False, after: Callable[[str, dict[str, Any]], None] | None = None,
                    schema_version: int = 1) -> ServiceTool:
-    """A tool calling `method(owner, request)`; a coroutine function `method` is awaited on the
-    event loop (see ServiceTool.awaited), any other runs per `inline`."""
+    """A tool calling `method(owner, request)`, whose answers are `answer`'s (its outputSchema);
+    a coroutine function `method` is awaited on the event loop (see ServiceTool.awaited), any
+    other runs per `inline`."""
     def parse(arguments: dict[str, Any]) -> Any:
         try:
             return model.model_validate_json(json.dumps(arguments))
@@ -152,7 +180,7 @@ def canonical_tool(name: str, description: str, model: type[BaseModel],
     awaited = inspect.iscoroutinefunction(method)
     return ServiceTool(
         name=name, description=description, parameters=inline_schema(model.model_json_schema()),
-        handler=awaited_handler if awaited else handler, awaited=awaited,
+        output_schema=output_schema(answer), handler=awaited_handler if awaited else handler, awaited=awaited,
         default_owner=default_owner, inline=inline, after=after,
         annotations=ToolAnnotations(readOnlyHint=read_only, destructiveHint=False, openWorldHint=False),
         meta={"schemaVersion": schema_version, "toolingVersion": TOOLING_VERSION},

@@ -3,6 +3,10 @@
 Each model's `dump()` is the answer's JSON object exactly as the tools write it: fields in
 declaration order; a field with a default is an optional key, written only when the operation
 set it (even to None); a field without one is always written, null or not.
+
+The same models describe the answers to clients: each canonical tool publishes its answer's JSON
+schema as its `outputSchema` (`controlplane.mcp.tools.output_schema`); tail_task_logs is the one answer
+(`TailAnswer`) that takes one of two shapes.
 """
 
 from __future__ import annotations
@@ -16,6 +20,11 @@ from controlplane.states import TaskState
 
 # A JSON number written as the operation computed it (an int stays an int, unlike `float`).
 Number = Annotated[int | float, WithJsonSchema({"type": "number"})]
+# A task's error as stored ({code, message, hint?} and whatever the failure added), kept as it is.
+TaskError = Annotated[dict[str, Any], WithJsonSchema({
+    "type": "object", "description": "Why the task did not succeed: a code of the documented set, what "
+    "happened and, sometimes, a hint.",
+    "properties": {"code": {"type": "string"}, "message": {"type": "string"}, "hint": {"type": "string"}}})]
 
 
 class Answer(BaseModel):
@@ -85,7 +94,7 @@ class TaskStatus(Answer):
     cancel_requested: bool
     estimated_runtime_seconds: Number | None
     tags: list[str]
-    error: dict[str, Any] | None
+    error: TaskError | None
     poll_after_ms: int | None
     usage: UsageFigures
     estimated_cost: CostSoFar
@@ -127,8 +136,14 @@ class ProviderLogPage(Answer):
     reason: str | None = None  # only when the page is empty for a reason
 
 
+# tail_task_logs answers with the control plane's own log, or with the provider's (source="provider").
+TailAnswer = LogPage | ProviderLogPage
+
+
 class ListedTask(TypedDict):
-    """A row of list_tasks: a plain dict (a page holds hundreds; a model per row cost a third more)."""
+    """One task of a list_tasks page."""
+
+    # A plain dict, not a model: a page holds hundreds, and a model per row cost a third more.
 
     task_id: str
     state: TaskState
@@ -179,7 +194,7 @@ class TaskResult(Answer):
     state: TaskState
     result: Any
     artifacts: list[Artifact]
-    error: dict[str, Any] | None
+    error: TaskError | None
     completed_at: str | None
     attempt: int
     usage: UsageFigures
