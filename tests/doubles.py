@@ -18,10 +18,13 @@ What a test can tell it, all deterministic but `fault_rate` (seeded):
 * `list_lag_s`: `find` and `find_all` see a job only this long after its launch;
 * `fail_looks`: the next n `find`/`find_all` calls raise TransientProviderError;
 * `fault_rate`: that share of every call raises TransientProviderError (a launch before or after
-  its job started).
+  its job started);
+* `settings.log_reads_per_min`: its log reads' quota, kept as the clouds' log tails keep theirs
+  (`providers/logtail.py`): a read over it is an empty page that says when to try again.
 
-What it records: `calls` (by method), `polls` (the handles of each poll call), `cancels`
-((execution, reason)), `looks` (the job names `find_all` was asked for).
+What it records: `calls` (by method; `log_reads`: the log reads within the quota), `polls` (the
+handles of each poll call), `cancels` ((execution, reason)), `looks` (the job names `find_all` was
+asked for).
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
+from pydantic_settings import SettingsConfigDict
+
+from controlplane_providers import logtail
 from controlplane_providers.base import (
     Capability,
     Handle,
@@ -47,9 +53,11 @@ from controlplane_providers.base import (
     PermanentProviderError,
     Provider,
     ProviderError,
+    ProviderSettings,
     TransientProviderError,
     omitted_if_none,
 )
+from controlplane_providers.ratelimit import SlidingWindowLimiter
 
 
 @dataclass(frozen=True)
@@ -58,6 +66,12 @@ class MemoryHandle(Handle):
     execution: str  # the first job launched under that name: the name; the n-th: "<name>-<n>"
     group: str = ""  # its poll key
     seen_at: float | None = omitted_if_none()  # when a launch returned it (not part of its identity)
+
+
+class MemorySettings(ProviderSettings):
+    model_config = SettingsConfigDict(env_prefix="CONTROLPLANE_MEMORY_")
+
+    log_reads_per_min: int = 600
 
 
 @dataclass
@@ -80,6 +94,7 @@ class MemoryProvider(Provider[MemoryHandle]):
     def __init__(self, name: str = "local", *, poll_batch_size: int = 100, poll_interval_s: float = 0.0,
                  seed: int = 1):
         self.name = name
+        self.settings = MemorySettings()
         self.poll_batch_size = poll_batch_size
         self.poll_interval_s = poll_interval_s
         self.start_jobs = True
@@ -96,6 +111,7 @@ class MemoryProvider(Provider[MemoryHandle]):
         self._jobs: dict[str, _Job] = {}  # execution -> job
         self._names: dict[str, list[str]] = {}  # job name -> executions, oldest first
         self._rng = random.Random(seed)
+        self._log_limiter: SlidingWindowLimiter | None = None
         self._lock = threading.RLock()
 
     # ---- what a test tells it -------------------------------------------------------------------
@@ -210,7 +226,17 @@ class MemoryProvider(Provider[MemoryHandle]):
 
     def logs(self, handle: MemoryHandle, cursor: str | None, limit: int) -> LogPage:
         self._call("logs")
+        rate = self.settings.log_reads_per_min
         with self._lock:
+            if self._log_limiter is None or self._log_limiter.rate != rate:  # a new quota starts afresh
+                self._log_limiter = SlidingWindowLimiter(rate, window_s=60.0)
+            limiter = self._log_limiter
+        quota = f"the memory provider allows {rate} log reads a minute"
+        return logtail.within_quota(limiter, cursor, quota, lambda: self._read_logs(handle, cursor, limit))
+
+    def _read_logs(self, handle: MemoryHandle, cursor: str | None, limit: int) -> LogPage:
+        with self._lock:
+            self.calls["log_reads"] += 1
             job = self._jobs.get(handle.execution)
             if job is None or job.started_at is None:
                 return LogPage([], cursor, reason="the job has not started")

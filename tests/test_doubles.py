@@ -26,6 +26,8 @@ class Groups(ProviderOptions):
 
 
 class MemoryHarness(Harness):
+    log_quota_setting = "log_reads_per_min"
+
     def __init__(self) -> None:
         self.provider = self.double = MemoryProvider("memory")
         self.capacity = self.faults = self.double  # start_jobs, fault_rate
@@ -42,6 +44,9 @@ class MemoryHarness(Harness):
 
     def forget(self, handle: MemoryHandle) -> None:  # type: ignore[override]
         self.double.lose(handle)
+
+    def log_reads(self) -> int:
+        return self.double.calls["log_reads"]
 
 
 class TestMemoryContract(ProviderContract):
