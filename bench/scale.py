@@ -59,8 +59,7 @@ from rich.console import Console  # noqa: E402
 from rich.markup import escape  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from bench.run import (MB, ServerProc, call, finite, helper, list_variants, percentile,  # noqa: E402
-                       ready_info, standalone, summary)
+from bench.run import MB, ServerProc, call, finite, helper, list_variants, percentile, ready_info, standalone, summary  # noqa: E402
 from bench.seed import CHUNK, DAY, MAIN_OWNER, Seeded, seed_history  # noqa: E402
 
 LIST_P99_MS = 20.0
@@ -447,7 +446,7 @@ def render(r: dict[str, Any], console: Console) -> None:
                   f"{st['first_call_s']:.2f} s, median of {st.get('starts', 1)} ({steps}; RSS {st['rss_mb']:.0f} MB)",
                   f"< {STARTUP_S:g} s" if key else "", mark(key))
     t.add_section()
-    for k, sz in r["size"].items():
+    for sz in r["size"].values():
         by = sz.get("bytes_per_task_by_table") or {}
         t.add_row(f"database file, {sz['tasks']:,} tasks", "", "", "", f"{sz['bytes_per_task']:.0f} B per task",
                   ", ".join(f"{tb} {b:.0f}" for tb, b in sorted(by.items(), key=lambda x: -x[1])), mark(None))

@@ -34,10 +34,10 @@ from fastmcp import Client
 from fastmcp.client import extension_hooks
 
 from controlplane.app import ControlPlane
-from tests.cloud import stop
-from tests.postgres import Cluster, bindir, pg_cluster, require_or_skip
 from controlplane.mcp.server import build_server
 from controlplane.settings import Settings
+from tests.cloud import stop
+from tests.postgres import Cluster, bindir, pg_cluster, require_or_skip
 
 if TYPE_CHECKING:
     from controlplane.store.db import Database

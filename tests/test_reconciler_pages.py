@@ -176,7 +176,7 @@ def test_a_page_of_handles_decodes_together_and_a_bad_one_is_named_alone(double:
 
 @pytest.mark.sqlite_only("SQLite's planner, which has no statistics, is what `likely` steers")
 def test_a_page_is_one_range_of_the_index_of_watched_jobs(cp: ControlPlane) -> None:
-    assert WATCHED_JOBS_WHERE == "state IN (%s)" % ", ".join(f"'{s.value}'" for s in sorted(WATCHED))
+    assert WATCHED_JOBS_WHERE == "state IN ({})".format(", ".join(f"'{s.value}'" for s in sorted(WATCHED)))
     with cp.db.read() as c:
         plan = query_plan(cp.db, c, q.WATCHED_PAGE, {"after_ts": 0.0, "after_wid": "", "lim": PAGE})
     assert plan == ["SEARCH jobs USING INDEX ix_jobs_watched ((created_at,worker_id)>(?,?))"]

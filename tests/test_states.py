@@ -5,6 +5,7 @@ with IllegalTransition and leaves the task exactly as it was."""
 from __future__ import annotations
 
 from collections import deque
+from itertools import pairwise
 
 import pytest
 from sqlalchemy import text
@@ -72,7 +73,7 @@ def test_every_state_is_reachable_from_queued(cp: ControlPlane, state: TaskState
     task_id = task_in(cp, state)
     trail = [(e.from_state, e.to_state) for e in cp.store.logs.events(task_id)]
     walked = [TaskState.QUEUED, *path_to(state)]
-    assert trail == [(None, "queued")] + [(a.value, b.value) for a, b in zip(walked, walked[1:])]
+    assert trail == [(None, "queued")] + [(a.value, b.value) for a, b in pairwise(walked)]
 
 
 @pytest.mark.parametrize("pair", LEGAL, ids=_pair_id)
