@@ -1,0 +1,209 @@
+"""`controlplane tasks list | watch | show | logs | cancel | result | submit`: the tasks of a
+running server, through its MCP tools."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from controlplane.cli.common import JsonOpt, err
+
+app = typer.Typer(no_args_is_help=True, help="Work with the tasks of a running server (over MCP).")
+
+UrlOpt = Annotated[str, typer.Option("--url", envvar="CONTROLPLANE_URL", help="MCP endpoint of the server")]
+TokenOpt = Annotated[str | None, typer.Option("--token", envvar="CONTROLPLANE_TOKEN", help="Bearer token")]
+DEFAULT_URL = "http://127.0.0.1:8000/mcp"
+
+
+def _call(url: str, token: str | None, tool: str, args: dict[str, Any]) -> dict[str, Any]:
+    from fastmcp import Client
+
+    async def go() -> tuple[bool, dict[str, Any]]:
+        async with Client(url, auth=token) as c:
+            r = await c.call_tool(tool, args, raise_on_error=False)
+            return r.is_error, (r.structured_content or json.loads(r.content[0].text))
+
+    try:
+        is_error, data = asyncio.run(go())
+    except Exception as e:  # noqa: BLE001 - connection problems are the user's to see, briefly
+        _not_served(url, token, e)
+    if is_error:
+        err.print(f"[red]{data.get('code')}[/]: {data.get('message')}" + (f" ({data['hint']})" if data.get("hint") else ""))
+        raise typer.Exit(1)
+    return data
+
+
+def _not_served(url: str, token: str | None, e: Exception) -> NoReturn:
+    """Say why a call failed and exit: the server refused the token (401: exit 4, with how to pass
+    one; 403: exit 4) or could not be reached (exit 3). The MCP client's error does not say which,
+    so the server is asked once more, plainly."""
+    status = _refusal(url, token)
+    if status == 401:
+        why = "the token was refused" if token else "this server needs a bearer token"
+        err.print(f"[red]refused by {escape(url)}: 401 Unauthorized[/] ({why}): pass one with --token TOKEN "
+                  "or the CONTROLPLANE_TOKEN environment variable")
+        raise typer.Exit(4)
+    if status == 403:
+        err.print(f"[red]refused by {escape(url)}: 403 Forbidden[/] (the token lacks a scope this call needs)")
+        raise typer.Exit(4)
+    err.print(f"[red]cannot reach {escape(url)}:[/] {type(e).__name__}: {escape(str(e))}")
+    raise typer.Exit(3)
+
+
+def _refusal(url: str, token: str | None) -> int | None:
+    """401 or 403 if the server at `url` refuses this token (or none) outright, else None."""
+    import httpx
+
+    headers = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+    if token:
+        headers["authorization"] = f"Bearer {token}"
+    try:
+        status = httpx.post(url, headers=headers, content=b"{}", timeout=5).status_code
+    except httpx.HTTPError:
+        return None
+    return status if status in (401, 403) else None
+
+
+def _print(data: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(data, indent=2))
+        return
+    # One field a line, never wrapped or cut at the terminal's width: states, ids and links stay
+    # whole (a link is copied as it is); each artifact's links on lines of their own.
+    out = Console(soft_wrap=True, highlight=False)
+    listed = data.get("artifacts")
+    artifacts: list[Any] = listed if isinstance(listed, list) else []
+    width = max((len(k) for k in data), default=0)
+    for k, v in data.items():
+        if k == "artifacts" and artifacts:
+            continue
+        out.print(f"{k:<{width}}  {json.dumps(v) if isinstance(v, dict | list) else v}", markup=False)
+    for art in artifacts:
+        out.print(f"artifact {art.get('name')} ({art.get('size_bytes')} bytes, sha256 {art.get('sha256')}, "
+                  f"link expires {art.get('expires_at')})", markup=False)
+        for link in ("download_url", "file_url"):
+            if art.get(link):
+                out.print(f"  {art[link]}", markup=False)
+
+
+@app.command("list")
+def tasks_list(url: UrlOpt = DEFAULT_URL, token: TokenOpt = None, state: Annotated[list[str] | None, typer.Option()] = None,
+               tool: Annotated[str | None, typer.Option()] = None, tag: Annotated[list[str] | None, typer.Option()] = None,
+               owner: Annotated[str | None, typer.Option(help="Whose tasks (tasks:admin: anyone's; a team: a "
+                                                              "teammate's)")] = None,
+               limit: int = 50, cursor: str | None = None, as_json: JsonOpt = False) -> None:
+    """List your tasks, newest first."""
+    args: dict[str, Any] = {"limit": limit}
+    if owner:
+        args["owner"] = owner
+    if state:
+        args["states"] = state
+    if tool:
+        args["tool_name"] = tool
+    if tag:
+        args["tags_any"] = tag
+    if cursor:
+        args["cursor"] = cursor
+    data = _call(url, token, "list_tasks", args)
+    if as_json:
+        print(json.dumps(data, indent=2))
+        return
+    # Ids and times are never cut or wrapped (they are what users copy); the table grows instead.
+    table = Table(box=None, pad_edge=False)
+    for name in ("task_id", "tool", "state", "%", "submitted", "completed"):
+        table.add_column(name, no_wrap=True, overflow="ignore")
+    for t in data["tasks"]:
+        table.add_row(t["task_id"], t["tool_name"], t["state"], str(t["percent"] or ""), t["submitted_at"],
+                      t["completed_at"] or "")
+    Console(width=max(200, Console().width)).print(table)
+    if data.get("next_cursor"):
+        err.print(f"more: --cursor {data['next_cursor']}")
+
+
+@app.command("watch")
+def tasks_watch(url: UrlOpt = DEFAULT_URL, token: TokenOpt = None,
+                state: Annotated[list[str] | None, typer.Option(help="Only tasks in these states")] = None,
+                tool: Annotated[str | None, typer.Option()] = None, limit: int = 20,
+                interval: Annotated[float, typer.Option(help="Seconds between refreshes")] = 1.0,
+                until_done: Annotated[bool, typer.Option("--until-done", help="Stop once every task shown has "
+                                                         "ended")] = False) -> None:
+    """A live table of your newest tasks with progress bars (Ctrl-C to stop)."""
+    from controlplane.watch import watch
+
+    args: dict[str, Any] = {"limit": limit}
+    if state:
+        args["states"] = state
+    if tool:
+        args["tool_name"] = tool
+    try:
+        asyncio.run(watch(url, token, args, Console(), interval=interval, until_done=until_done))
+    except KeyboardInterrupt:
+        pass
+    except Exception as e:  # noqa: BLE001 - connection problems are the user's to see, briefly
+        _not_served(url, token, e)
+
+
+@app.command("show")
+def tasks_show(task_id: str, url: UrlOpt = DEFAULT_URL, token: TokenOpt = None, as_json: JsonOpt = False) -> None:
+    """Status and progress of a task."""
+    _print(_call(url, token, "get_task_status", {"task_id": task_id}), as_json)
+
+
+@app.command("logs")
+def tasks_logs(task_id: str, url: UrlOpt = DEFAULT_URL, token: TokenOpt = None, cursor: str | None = None,
+               limit: int = 200, from_end: Annotated[bool, typer.Option("--from-end")] = False,
+               follow: Annotated[bool, typer.Option("--follow", "-f")] = False) -> None:
+    """Print a task's log lines (--follow keeps printing until the task ends)."""
+    import time
+
+    from controlplane.states import FINAL
+
+    args: dict[str, Any] = {"task_id": task_id, "limit": limit}
+    if cursor:
+        args["cursor"] = cursor
+    elif from_end:
+        args["from_end"] = True
+    while True:
+        page = _call(url, token, "tail_task_logs", args)
+        for line in page["lines"]:
+            print(f"{line['ts']} {line['stream']:<6} {line['message']}")
+        args = {"task_id": task_id, "limit": limit, "cursor": page["next_cursor"]}
+        if not follow or (not page["has_more"] and page["state"] in FINAL):
+            break
+        if not page["has_more"]:
+            time.sleep(1)
+
+
+@app.command("cancel")
+def tasks_cancel(task_id: str, url: UrlOpt = DEFAULT_URL, token: TokenOpt = None, reason: str = "user-request",
+                 as_json: JsonOpt = False) -> None:
+    """Cancel a task."""
+    _print(_call(url, token, "cancel_task", {"task_id": task_id, "reason": reason}), as_json)
+
+
+@app.command("result")
+def tasks_result(task_id: str, url: UrlOpt = DEFAULT_URL, token: TokenOpt = None, as_json: JsonOpt = False) -> None:
+    """Result, error and artifact links of a finished task."""
+    _print(_call(url, token, "get_task_result", {"task_id": task_id}), as_json)
+
+
+@app.command("submit")
+def tasks_submit(tool_name: str, inputs: Annotated[str, typer.Option(help="JSON object of inputs")] = "{}",
+                 url: UrlOpt = DEFAULT_URL, token: TokenOpt = None, priority: int = 0,
+                 idempotency_key: str | None = None, as_json: JsonOpt = False) -> None:
+    """Submit a catalog tool as a task."""
+    try:
+        parsed = json.loads(inputs)
+    except ValueError:
+        err.print("[red]--inputs must be a JSON object[/]")
+        raise typer.Exit(2) from None
+    args: dict[str, Any] = {"tool_name": tool_name, "inputs": parsed, "priority": priority}
+    if idempotency_key:
+        args["idempotency_key"] = idempotency_key
+    _print(_call(url, token, "submit_task", args), as_json)
