@@ -29,7 +29,7 @@ from controlplane_providers.base import Provider
 
 
 class Admission:
-    def __init__(self, settings: Settings, catalog: Catalog, providers: dict[str, Provider], estimator: Estimator,
+    def __init__(self, settings: Settings, catalog: Catalog, providers: dict[str, Provider[Any]], estimator: Estimator,
                  limits: Limits, pricing: Pricing, budgets: Budgets):
         self.settings = settings
         self.catalog = catalog

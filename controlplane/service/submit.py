@@ -41,7 +41,7 @@ def queue_full(e: QueueFull) -> ControlPlaneError:
 
 class Submits:
     def __init__(self, store: Store, admission: Admission, pricing: Pricing, estimator: Estimator,
-                 providers: dict[str, Provider], wake: Callable[..., None]):
+                 providers: dict[str, Provider[Any]], wake: Callable[..., None]):
         self.store = store
         self.admission = admission
         self.pricing = pricing

@@ -34,7 +34,7 @@ class CallerStore:
             raise ValueError(f"unknown limits: {', '.join(sorted(unknown))}")
         with self.w.tx() as c:
             row: dict[str, Any] = {k: None for k in LIMIT_COLUMNS}
-            found = self.db.run(c, q.CALLER_LIMITS_OF, {"owner": owner})
+            found = self.db.rows(c, q.CALLER_LIMITS_OF, {"owner": owner})
             if found:
                 row.update({k: found[0][k] for k in LIMIT_COLUMNS})
             row.update(values)

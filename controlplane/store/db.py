@@ -56,6 +56,8 @@ class Database:
         # The hot paths, bound once: a call through the parts costs no extra frame.
         self.fetch = self.statements.fetch
         self.run = self.statements.run
+        self.rows = self.statements.rows
+        self.count = self.statements.count
         self.run_many = self.statements.run_many
         self.command = self.statements.command
         self._compiled_for = self.statements.compiled_for

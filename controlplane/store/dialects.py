@@ -39,10 +39,10 @@ def upsert(is_sqlite: bool, table: Table, values: dict[str, Any], keys: list[str
 
 def _insert(is_sqlite: bool) -> Any:
     if is_sqlite:
-        from sqlalchemy.dialects.sqlite import insert
-    else:
-        from sqlalchemy.dialects.postgresql import insert
-    return insert
+        from sqlalchemy.dialects import sqlite
+        return sqlite.insert
+    from sqlalchemy.dialects import postgresql
+    return postgresql.insert
 
 
 class likely(ColumnElement[bool]):

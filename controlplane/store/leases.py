@@ -61,13 +61,13 @@ class LeaseStore:
             c.execute(self.db.upsert(L, {"name": name, "holder": holder, "expires_at": now + ttl_s, "epoch": 1},
                                      ["name"], where=or_(L.c.holder == holder, L.c.expires_at < now),
                                      set_={"epoch": case((L.c.holder == holder, L.c.epoch), else_=L.c.epoch + 1)}))
-            rows = self.db.run(c, q.LEASE_HOLDER, {"name": name})
+            rows = self.db.rows(c, q.LEASE_HOLDER, {"name": name})
             return int(rows[0]["epoch"]) if rows and rows[0]["holder"] == holder else None
 
     def check(self, c: Connection, fence: Fence, margin_s: float = 0.0) -> None:
         """Inside a write transaction: raise `Fenced` unless `fence` still holds, with `margin_s`
         of its lease to spare."""
-        rows = self.db.run(c, self.fence_stmt, {"name": fence.name, "holder": fence.holder, "epoch": fence.epoch,
+        rows = self.db.rows(c, self.fence_stmt, {"name": fence.name, "holder": fence.holder, "epoch": fence.epoch,
                                                 "until": self.w.clock() + margin_s})
         if not rows:
             raise Fenced(f"lease {fence.name} epoch {fence.epoch} no longer held by {fence.holder}")

@@ -69,6 +69,20 @@ class Statements:
         Returns the rows of a SELECT (or of RETURNING), else the number of rows affected."""
         return self._run(conn.connection.driver_connection, stmt, params)
 
+    def rows(self, conn: Connection, stmt: Any, params: dict[str, Any]) -> list[dict[str, Any]]:
+        """`run` for a SELECT or a statement with RETURNING: its rows."""
+        out = self._run(conn.connection.driver_connection, stmt, params)
+        if isinstance(out, int):
+            raise TypeError("the statement returned no rows: use `count`")
+        return cast("list[dict[str, Any]]", out)
+
+    def count(self, conn: Connection, stmt: Any, params: dict[str, Any]) -> int:
+        """`run` for an INSERT, UPDATE or DELETE without RETURNING: the number of rows affected."""
+        out = self._run(conn.connection.driver_connection, stmt, params)
+        if not isinstance(out, int):
+            raise TypeError("the statement returned rows: use `rows`")
+        return out
+
     def command(self, conn: Connection, sql: str) -> None:
         """A statement without parameters or rows (SAVEPOINT, RELEASE ...) inside the transaction
         of `conn`, on the driver."""

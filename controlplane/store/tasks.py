@@ -6,6 +6,7 @@ caller.
 
 from __future__ import annotations
 
+import builtins
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -138,7 +139,7 @@ class TaskStore:
     def _idempotent(self, c: Any, new: NewTask) -> TaskRow | None:
         if new.idempotency_key is None:
             return None
-        rows = self.db.run(c, q.GET_IDEMPOTENT, {"owner": new.owner, "tool_name": new.tool_name,
+        rows = self.db.rows(c, q.GET_IDEMPOTENT, {"owner": new.owner, "tool_name": new.tool_name,
                                                  "key": new.idempotency_key})
         return TaskRow.from_row(rows[0]) if rows else None
 
@@ -163,12 +164,12 @@ class TaskStore:
             log_seq=0, log_first_seq=1, version=1, store_url=new.store_url, failures=0, recoveries=0,
             max_recoveries=recoveries, team=new.team, estimate_cost=new.estimate_cost,
         )
-        pk = self.db.run(c, q.INSERT_TASK, values)[0]["pk"]
+        pk = self.db.rows(c, q.INSERT_TASK, values)[0]["pk"]
         if new.tags:
             c.execute(q.INSERT_TAGS, [{"task_pk": pk, "tag": t, "owner": new.owner, "submitted_at": now}
                                       for t in dict.fromkeys(new.tags)])
         counts.queued(new.resource_class, new.priority)  # as the trigger counted it
-        events.append(event_row(values["task_id"], "submitted", None, S.QUEUED.value, 1,
+        events.append(event_row(str(values["task_id"]), "submitted", None, S.QUEUED.value, 1,
                                 {"priority": new.priority, "queue": new.resource_class}, now))
         return Submitted(TaskRow.from_row({**values, "pk": pk}), True, ahead + 1)
 
@@ -198,7 +199,7 @@ class TaskStore:
              tool_name: str | None = None,
              tags_any: Sequence[str] | None = None, submitted_after: float | None = None,
              submitted_before: float | None = None, after: tuple[float, int] | None = None,
-             limit: int = 50) -> list[TaskSummary]:
+             limit: int = 50) -> builtins.list[TaskSummary]:
         """Newest first by submission time; `after` = (submitted_at, pk) of the last row of the
         previous page (keyset pagination: a page costs the same wherever it starts). `teams`:
         only the tasks shared with one of these teams."""
@@ -208,14 +209,14 @@ class TaskStore:
                                     submitted_after=submitted_after, submitted_before=submitted_before,
                                     after=after, limit=limit):
                 result = c.execute(stmt)
-                for r in TaskSummary.many(list(result.keys()), result.all()):
+                for r in TaskSummary.many(builtins.list(result.keys()), result.all()):
                     rows.setdefault(r.pk, r)
         return sorted(rows.values(), key=lambda r: (r.submitted_at, r.pk), reverse=True)[:limit]
 
     def list_everyone(self, *, states_: Sequence[str] | None = None, tool_name: str | None = None,
                       tags_any: Sequence[str] | None = None, submitted_after: float | None = None,
                       submitted_before: float | None = None, after_pk: int | None = None,
-                      limit: int = 50) -> list[tuple[TaskSummary, str]]:
+                      limit: int = 50) -> builtins.list[tuple[TaskSummary, str]]:
         """Every owner's tasks, newest first by submission order (`pk`; `after_pk`: the last row of
         the previous page), each with its owner: an administrator's list."""
         with self.db.read() as c:
@@ -233,7 +234,7 @@ class TaskStore:
         with self.w.tx() as c:
             self.w.events(c, [event_row(tid, kind, state, state, attempt, detail, now) for tid, state, attempt in reads])
 
-    def task_ids(self, owner: str, prefix: str, limit: int) -> list[str]:
+    def task_ids(self, owner: str, prefix: str, limit: int) -> builtins.list[str]:
         """The owner's task ids that start with `prefix`, newest first (for completion)."""
         if not could_be_task_id(prefix):
             return []
@@ -244,29 +245,32 @@ class TaskStore:
             rows = sorted((r for r in rows if r[2] == owner), key=lambda r: r[1], reverse=True)
         return [r[0] for r in rows[:limit]]
 
-    def recent_inputs(self, owner: str, tool_name: str, limit: int) -> list[dict[str, Any]]:
+    def recent_inputs(self, owner: str, tool_name: str, limit: int) -> builtins.list[dict[str, Any]]:
         """The inputs of the owner's most recent tasks of a tool, newest first (for completion)."""
         rows = self.db.fetch(q.RECENT_INPUTS, {"owner": owner, "tool": tool_name, "lim": limit})
         return [json.loads(r["inputs_json"]) for r in rows]
 
-    def runtimes(self, tool_name: str, limit: int) -> list[tuple[float | None, float]]:
+    def runtimes(self, tool_name: str, limit: int) -> builtins.list[tuple[float | None, float]]:
         """(input size, runtime in s) of the tool's most recent successful runs."""
         rows = self.db.fetch(q.RECENT_RUNS, {"tool": tool_name, "lim": limit})
         return [(r["input_size"], r["completed_at"] - r["started_at"]) for r in rows]
 
     def count_by_state(self, resource_class: str | None = None) -> dict[str, int]:
         with self.db.read() as c:
-            return {s: n for s, n in c.execute(q.count_by_state(resource_class))}
+            found: Any = c.execute(q.count_by_state(resource_class))
+            return {str(s): int(n) for s, n in found}
 
     def count_by_tool_and_state(self) -> dict[tuple[str, str], int]:
         """{(state, tool): tasks on file}."""
         with self.db.read() as c:
-            return {(state, tool): n for tool, state, n in c.execute(q.COUNT_BY_TOOL_STATE)}
+            found: Any = c.execute(q.COUNT_BY_TOOL_STATE)
+            return {(str(state), str(tool)): int(n) for tool, state, n in found}
 
     def queue_depths(self) -> dict[str, int]:
         """{resource class: tasks waiting in it}, from the depths the triggers keep."""
         with self.db.read() as c:
-            return {rc: int(n or 0) for rc, n in c.execute(q.QUEUE_DEPTHS)}
+            found: Any = c.execute(q.QUEUE_DEPTHS)
+            return {str(rc): int(n or 0) for rc, n in found}
 
     def slots_busy(self, resource_class: str) -> int:
         """Tasks holding a slot of the class (scheduled until terminal)."""

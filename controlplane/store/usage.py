@@ -24,7 +24,8 @@ class UsageStore:
     def of_task(self, task_id: str) -> dict[str, Any]:
         """The sums of a task's recorded attempts: attempts, run_s, vcpu_s, memory_gib_s, gpu_s,
         cost (None when none is priced) and unpriced (attempts without a cost)."""
-        return self.db.fetch(q.TASK_USAGE, {"task_id": task_id})[0]
+        row: dict[str, Any] = self.db.fetch(q.TASK_USAGE, {"task_id": task_id})[0]
+        return row
 
     def report(self, group_by: Sequence[str], owner: str | None, since: float, until: float) -> list[dict[str, Any]]:
         with self.db.read() as c:
