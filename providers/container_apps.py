@@ -70,7 +70,7 @@ import threading
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 from azure.mgmt.appcontainers import ContainerAppsAPIClient
@@ -112,6 +112,7 @@ __all__ = ["MARKER", "PHASES", "ContainerAppsHandle", "ContainerAppsOptions", "C
            "ContainerAppsSettings", "consumption_shape", "ephemeral_storage_mb", "kql"]
 
 log = logging.getLogger("controlplane.providers.container_apps")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -146,7 +147,7 @@ class ContainerAppsProvider(Provider[ContainerAppsHandle]):
             from azure.identity import DefaultAzureCredential
 
             self.credential = DefaultAzureCredential()
-        self._tls = {"connection_verify": str(settings.ca_bundle)} if settings.ca_bundle else {}
+        self._tls: dict[str, Any] = {"connection_verify": str(settings.ca_bundle)} if settings.ca_bundle else {}
         self._clients: dict[str, ContainerAppsAPIClient] = {}
         self._lock = threading.Lock()
         self._logs = LogReader(lambda: self.settings, self.credential, self._tls)
@@ -176,11 +177,16 @@ class ContainerAppsProvider(Provider[ContainerAppsHandle]):
                     connection_timeout=10, read_timeout=30, **self._tls)
             return client
 
-    def _call(self, job_id: str, what: str, fn: Callable[[ContainerAppsAPIClient], Any]) -> Any:
+    def _call(self, job_id: str, what: str, fn: Callable[[ContainerAppsAPIClient], T]) -> T:
         try:
             return fn(self._client(job_id))
         except AZURE_ERRORS as e:
             raise classify(e, f"Container Apps {what}") from e
+
+    def _execution(self, job_id: str, name: str) -> aca.JobExecution:
+        """One execution of the job, read by GET."""
+        _, rg, job = job_parts(job_id)
+        return self._call(job_id, "get execution", lambda c: c.job_execution(rg, job, name))
 
     # ---- launch / find --------------------------------------------------------------------------
     def _container(self, job_id: str, opts: ContainerAppsOptions) -> tuple[str, str | None]:
@@ -233,13 +239,13 @@ class ContainerAppsProvider(Provider[ContainerAppsHandle]):
             return poller.result().name
 
         try:
-            name = self._call(job_id, "start", start)
+            execution = self._call(job_id, "start", start)
         except TransientProviderError as e:
             cause = e.__cause__
             if not (isinstance(cause, HttpResponseError) and cause.status_code == 429):
                 self._unsure[spec.job_name] = time.monotonic()  # it may have started: `find` must look a while
             raise
-        if not name:
+        if not execution:
             # Accepted without naming the execution: look it up by its marker rather than guess.
             self._unsure[spec.job_name] = time.monotonic()
             found = self.find(spec)
@@ -248,7 +254,7 @@ class ContainerAppsProvider(Provider[ContainerAppsHandle]):
                                              "listed; looking again before starting again")
             return found
         self._unsure.pop(spec.job_name, None)
-        return self._handle(name, job_id, spec, time.time())
+        return self._handle(execution, job_id, spec, time.time())
 
     def _handle(self, execution: str, job_id: str, spec: LaunchSpec, created_at: float) -> ContainerAppsHandle:
         opts: ContainerAppsOptions = spec.options
@@ -295,9 +301,8 @@ class ContainerAppsProvider(Provider[ContainerAppsHandle]):
             return marker(ex)
         key = ex.id or f"{job_id}/executions/{ex.name}"
         if key not in self._markers:
-            _, rg, job = job_parts(job_id)
             try:
-                full = self._call(job_id, "get execution", lambda c: c.job_execution(rg, job, ex.name))
+                full = self._execution(job_id, ex.name)
             except PermanentProviderError as e:
                 if not isinstance(e.__cause__, ResourceNotFoundError):
                     raise
@@ -335,12 +340,11 @@ class ContainerAppsProvider(Provider[ContainerAppsHandle]):
             by_job.setdefault(h.job, set()).add(h.execution)
         seen: dict[str, Any] = {}
         for job_id, wanted in by_job.items():
-            listed = self._list(job_id, until=lambda names, w=wanted: w <= names)
+            listed = self._list(job_id, until=wanted.issubset)
             seen.update((ex.name, ex) for ex in listed if ex.name in wanted)
-            _, rg, job = job_parts(job_id)
             for name in wanted - seen.keys():  # not listed: confirm before calling it gone
                 try:
-                    seen[name] = self._call(job_id, "get execution", lambda c, n=name: c.job_execution(rg, job, n))
+                    seen[name] = self._execution(job_id, name)
                 except PermanentProviderError as e:
                     if not isinstance(e.__cause__, ResourceNotFoundError):
                         raise

@@ -21,8 +21,8 @@ from __future__ import annotations
 import re
 import threading
 import time
-from datetime import UTC, datetime, timedelta
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from azure.core.exceptions import HttpResponseError
@@ -108,7 +108,7 @@ class LogReader:
             except AZURE_ERRORS as e:
                 raise classify(e, "Log Analytics") from e
             tables = getattr(result, "tables", None) or getattr(result, "partial_data", None) or []
-            rows = [dict(zip(tables[0].columns, row)) for row in tables[0].rows] if tables else []
+            rows = [dict(zip(tables[0].columns, row, strict=True)) for row in tables[0].rows] if tables else []
             return _page(rows, cursor, limit)
 
         return logtail.within_quota(limiter, cursor, f"Log Analytics queries are limited to "

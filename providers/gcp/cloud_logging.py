@@ -14,8 +14,8 @@ from __future__ import annotations
 import re
 import threading
 import time
-from datetime import UTC, datetime
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from google.api_core import exceptions as gexc
