@@ -86,7 +86,7 @@ class Provider(ABC, Generic[H]):
     python: str = "python"
 
     @classmethod
-    def configured(cls, home: Path | str, *, kill_grace_s: float = 5.0, **settings: Any) -> Provider:
+    def configured(cls, home: Path | str, *, kill_grace_s: float = 5.0, **settings: Any) -> Provider[Any]:
         """An instance outside a control plane (tests, benchmarks, scripts): its settings from the
         environment, overridden by `settings`, and a context for a control plane at `home`."""
         home = Path(home)

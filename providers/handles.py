@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 from pydantic import TypeAdapter, ValidationError
 from pydantic_core import from_json
@@ -42,10 +42,10 @@ class Handle:
         the reconciler does for every watched job each cycle) or its parsed dict."""
         try:
             if isinstance(data, str):
-                return _adapter(cls).validate_json(data)  # type: ignore[no-any-return]
+                return _adapter(cls).validate_json(data)
             if not isinstance(data, dict):
                 raise MalformedHandle(f"a {cls.__name__} is a JSON object, not {type(data).__name__}")
-            return _adapter(cls).validate_python(data)  # type: ignore[no-any-return]
+            return _adapter(cls).validate_python(data)
         except ValidationError as e:
             problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or '(handle)'}: {err['msg']}"
                                  for err in e.errors())
@@ -60,7 +60,7 @@ class Handle:
         try:
             parsed = [from_json(t) for t in texts]
             if set(map(type, parsed)) <= {dict}:
-                return _list_adapter(cls).validate_python(parsed)  # type: ignore[no-any-return]
+                return _list_adapter(cls).validate_python(parsed)
         except (ValueError, ValidationError):
             pass
         raise MalformedHandle(f"not every one of {len(texts)} texts is a {cls.__name__}")
@@ -71,13 +71,28 @@ def omitted_if_none(default: Any = None) -> Any:
     return field(default=default, metadata={"omitted_if_none": True})
 
 
+HandleT = TypeVar("HandleT", bound=Handle)
+
+
+def _adapter(cls: type[HandleT]) -> TypeAdapter[HandleT]:
+    """The pydantic check of one handle class (made once per class)."""
+    adapter: TypeAdapter[HandleT] = _adapters(cls)  # type: ignore[arg-type]  # a class is hashable; mypy misreads a dataclass's __hash__
+    return adapter
+
+
+def _list_adapter(cls: type[HandleT]) -> TypeAdapter[list[HandleT]]:
+    """The pydantic check of a list of one handle class (made once per class)."""
+    adapter: TypeAdapter[list[HandleT]] = _list_adapters(cls)  # type: ignore[arg-type]  # as in _adapter
+    return adapter
+
+
 @functools.cache
-def _adapter(cls: type[Handle]) -> TypeAdapter[Any]:
+def _adapters(cls: type[Handle]) -> TypeAdapter[Any]:
     return TypeAdapter(cls)
 
 
 @functools.cache
-def _list_adapter(cls: type[Handle]) -> TypeAdapter[Any]:
+def _list_adapters(cls: type[Handle]) -> TypeAdapter[Any]:
     return TypeAdapter(list[cls])  # type: ignore[valid-type]
 
 

@@ -27,7 +27,7 @@ from controlplane_providers.base import Handle, Provider, ProviderContext, Provi
 
 GROUP = "controlplane.providers"
 
-_classes: dict[str, type[Provider]] = {}
+_classes: dict[str, type[Provider[Any]]] = {}
 _lock = threading.Lock()
 
 
@@ -44,7 +44,7 @@ def names() -> list[str]:
     return sorted(set(_entry_points()) | set(_classes))
 
 
-def check_class(name: str, cls: Any) -> type[Provider]:
+def check_class(name: str, cls: Any) -> type[Provider[Any]]:
     """Refuse a class that does not honour the provider contract."""
     if not (isinstance(cls, type) and issubclass(cls, Provider)):
         raise ProviderUnavailable(f"provider {name}: {cls!r} is not a controlplane_providers.base.Provider")
@@ -64,7 +64,7 @@ def check_class(name: str, cls: Any) -> type[Provider]:
     return cls
 
 
-def register(name: str, cls: type[Provider]) -> None:
+def register(name: str, cls: type[Provider[Any]]) -> None:
     with _lock:
         known = _classes.get(name)
         if known is not None and known is not cls:
@@ -72,7 +72,7 @@ def register(name: str, cls: type[Provider]) -> None:
         _classes[name] = check_class(name, cls)
 
 
-def provider_class(name: str) -> type[Provider]:
+def provider_class(name: str) -> type[Provider[Any]]:
     """The class registered as `name`, loaded (and checked) on first use."""
     with _lock:
         cls = _classes.get(name)
@@ -95,7 +95,7 @@ def options_model(name: str) -> type[ProviderOptions]:
     return provider_class(name).Options
 
 
-def create(name: str, context: ProviderContext) -> Provider:
+def create(name: str, context: ProviderContext) -> Provider[Any]:
     """A provider instance with its settings read from the environment."""
     cls = provider_class(name)
     try:
