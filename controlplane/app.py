@@ -62,7 +62,7 @@ LEADER_LEASE = "leader"
 
 class ControlPlane:
     def __init__(self, settings: Settings | None = None, *, catalog: Catalog | None = None,
-                 providers: dict[str, Provider] | None = None, migrate: bool = True):
+                 providers: dict[str, Provider[Any]] | None = None, migrate: bool = True):
         self.settings = settings or Settings()
         self.settings.ensure_home()
         if self.settings.metrics:  # process-wide (ops/metrics.py)
@@ -88,7 +88,7 @@ class ControlPlane:
         self.catalog_listeners: list[Callable[[], Awaitable[None]]] = []
         self.secret_key = self.settings.secret_key()
         self.stores = StoreRegistry(self.settings.resolved_object_store_url, self.secret_key)
-        self.providers: dict[str, Provider] = dict(providers or {})
+        self.providers: dict[str, Provider[Any]] = dict(providers or {})
         self.providers.update(open_for(self.catalog, self.settings, self.stores, self.providers))
         self.estimator = Estimator(self.store.tasks.runtimes)
         try:  # prices of what attempts use: the defaults, and the operator's file over them

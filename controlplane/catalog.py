@@ -188,7 +188,8 @@ class Catalog:
             raise LookupError(f"tool '{tool_name}' is no longer in the catalog")
         if rc is None:
             raise LookupError(f"resource class '{resource_class}' is no longer in the catalog")
-        return Definition(*tool, rc)
+        spec, placements = tool
+        return Definition(spec, placements, rc)
 
     def placements_at(self, tool_name: str, submitted_at: float) -> tuple[Placed, ...]:
         """The tool's placements as a task submitted at `submitted_at` was admitted under (as

@@ -51,8 +51,9 @@ def backoff_delay(base_s: float, n: int, *, cap_s: float = MAX_BACKOFF_S, rng: r
     `cap_s`, with "equal jitter": half of it fixed, the other half uniformly random, so that the
     tasks one outage failed together do not all come back in the same instant, and none comes
     back sooner than half its delay. (Hand-written: tenacity's waits need a RetryCallState.)"""
-    delay = min(cap_s, base_s * 2 ** max(0, n - 1))
-    return delay / 2 + (rng or random).uniform(0, delay / 2)
+    delay: float = min(cap_s, base_s * 2 ** max(0, n - 1))
+    jitter = rng.uniform(0, delay / 2) if rng is not None else random.uniform(0, delay / 2)
+    return delay / 2 + jitter
 
 
 def _retry_or(task: TaskRow, kind: str, policy: RetryPolicy, terminal: Decision) -> Decision:

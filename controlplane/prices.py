@@ -196,7 +196,7 @@ class Priced:
 class Pricing:
     """The price table applied to the catalog's tools on the providers that run them."""
 
-    def __init__(self, table: PriceTable, catalog: Catalog, providers: dict[str, Provider]):
+    def __init__(self, table: PriceTable, catalog: Catalog, providers: dict[str, Provider[Any]]):
         self.table = table
         self.catalog = catalog
         self.providers = providers
@@ -230,7 +230,7 @@ class Pricing:
         shape = asked_shape(resources_json, rc) if rc is not None else {"cpu": 0.0, "memory_mb": 0, "gpu": 0}
         provider = self.providers.get(provider_name)
         region = provider.price_region(options) if provider is not None and options is not None else None
-        return Priced(shape["cpu"], shape["memory_mb"], shape["gpu"], region, self.table.rate(provider_name, region))
+        return Priced(float(shape["cpu"]), int(shape["memory_mb"]), int(shape["gpu"]), region, self.table.rate(provider_name, region))
 
     def estimate(self, priced: Priced, runtime_s: float | None) -> float | None:
         """The cost of a run of `runtime_s` (the runtime estimate, from the tool's history)."""

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from controlplane import blocking
+from controlplane.store.rows import TaskRow
 
 log = logging.getLogger("controlplane.progress")
 
@@ -26,14 +27,14 @@ class Subscription:
     def __init__(self, hub: ProgressHub, task_id: str):
         self.hub = hub
         self.task_id = task_id
-        self._latest: dict[str, Any] | None = None
+        self._latest: TaskRow | None = None
         self._event = asyncio.Event()
 
-    def _offer(self, task: dict[str, Any]) -> None:
+    def _offer(self, task: TaskRow) -> None:
         self._latest = task
         self._event.set()
 
-    async def next(self, timeout: float) -> dict[str, Any] | None:
+    async def next(self, timeout: float) -> TaskRow | None:
         """The newest update since the last call, or None if none came within `timeout`."""
         try:
             await asyncio.wait_for(self._event.wait(), timeout)
@@ -67,7 +68,7 @@ class ProgressHub:
     the read triggers one more), through `blocking.call` so that a networked database's read
     never stalls the event loop, and in commit order, so a subscriber never sees a state go back."""
 
-    def __init__(self, fetch: Callable[[str], dict[str, Any] | None]):
+    def __init__(self, fetch: Callable[[str], TaskRow | None]):
         self._fetch = fetch  # the task row by id (a cheap point read)
         self._subs: dict[str, set[Subscription]] = defaultdict(set)
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -61,7 +61,7 @@ class Swept:
 class Retention:
     log_rows_per_tx = LOG_ROWS_PER_TX
 
-    def __init__(self, store: Store, stores: StoreRegistry, providers: dict[str, Provider], settings: Settings):
+    def __init__(self, store: Store, stores: StoreRegistry, providers: dict[str, Provider[Any]], settings: Settings):
         self.store = store
         self.stores = stores
         self.providers = providers

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from controlplane.estimates import Estimator
 from controlplane.states import TaskState
@@ -10,7 +11,7 @@ from controlplane.store.rows import TaskRow
 from controlplane_providers.base import Provider
 
 
-def poll_after_ms(task: TaskRow, estimator: Estimator, providers: dict[str, Provider],
+def poll_after_ms(task: TaskRow, estimator: Estimator, providers: dict[str, Provider[Any]],
                   provider_name: str | None = None) -> int:
     """A tenth of the expected remaining time (the tool's own ETA while it runs, else the
     estimate), 0.5 s to 30 s; while the job is being placed, no sooner than its provider

@@ -58,7 +58,7 @@ class RetentionStore:
     def drop_logs(self, task_id: str, below_seq: int) -> int:
         """Delete a task's log lines below `below_seq` (a slice of a long log, before it expires)."""
         with self.w.tx() as c:
-            return int(self.db.run(c, q.DELETE_TASK_LOGS_BELOW, {"task_id": task_id, "below": below_seq}))
+            return self.db.count(c, q.DELETE_TASK_LOGS_BELOW, {"task_id": task_id, "below": below_seq})
 
     def expire(self, task_ids: Sequence[str]) -> list[str]:
         """terminal -> expired, in one transaction: logs and artifact rows go, each task row stays
@@ -81,7 +81,7 @@ class RetentionStore:
         """Delete up to `limit` tombstones of tasks that expired before `before`, with their tags
         and ended job rows, in one transaction. Returns how many."""
         with self.w.tx() as c:
-            due = self.db.run(c, q.DUE_FOR_PURGE, {"before": before, "lim": limit})
+            due = self.db.rows(c, q.DUE_FOR_PURGE, {"before": before, "lim": limit})
             if due:
                 c.execute(q.DELETE_TASK_TAGS, [{"pk": r["pk"]} for r in due])
                 c.execute(q.DELETE_TASK_JOBS, [{"task_id": r["task_id"]} for r in due])
@@ -91,7 +91,7 @@ class RetentionStore:
     def purge_events(self, before: float, limit: int) -> int:
         """Delete up to `limit` audit events older than `before`, in one transaction."""
         with self.w.tx() as c:
-            return int(self.db.run(c, q.DELETE_OLD_EVENTS, {"before": before, "lim": limit}))
+            return self.db.count(c, q.DELETE_OLD_EVENTS, {"before": before, "lim": limit})
 
     def purge(self, now: float, *, purge_after_s: float, audit_retention_s: float, limit: int = 500) -> Purged:
         """Everything due for purging (operators, tests), `limit` rows per transaction."""
