@@ -8,9 +8,8 @@ JSON columns are text holding JSON. The schema itself is owned by the alembic mi
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Column, Index, Integer, String, Text, UniqueConstraint, text
+from sqlalchemy import BigInteger, Column, Index, Integer, String, Table, Text, UniqueConstraint, text
 from sqlmodel import Field, SQLModel
-
 
 # The tasks in ix_tasks_state_expires: the ended ones. The queries that read it (`queries.
 # DUE_FOR_EXPIRY`, `DUE_FOR_PURGE`) compare expires_at, which both engines take as implying it.
@@ -301,3 +300,9 @@ class Budget(SQLModel, table=True):
     period: str = Field(sa_column=Column(String(8), nullable=False))
     amount: float
     updated_at: float
+
+
+def table_of(model: type[SQLModel]) -> Table:
+    """The table of a table model (SQLModel sets `__table__` on the class but does not declare it)."""
+    table: Table = model.__table__  # type: ignore[attr-defined]
+    return table

@@ -18,21 +18,35 @@ from sqlalchemy import and_, bindparam, case, delete, exists, func, insert, or_,
 from controlplane import states
 from controlplane.states import JobState, TaskState
 from controlplane.store.db import likely
-from controlplane.store.models import (WATCHED_JOBS_WHERE, Artifact, AttemptUsage, Budget, CallerLimits, CallerStream,
-                                       Job, Lease, QueueDepth, Task, TaskEvent, TaskLog, TaskTag)
+from controlplane.store.models import (
+    WATCHED_JOBS_WHERE,
+    Artifact,
+    AttemptUsage,
+    Budget,
+    CallerLimits,
+    CallerStream,
+    Job,
+    Lease,
+    QueueDepth,
+    Task,
+    TaskEvent,
+    TaskLog,
+    TaskTag,
+    table_of,
+)
 
-T = Task.__table__
-TAGS = TaskTag.__table__
-EV = TaskEvent.__table__
-LOGS = TaskLog.__table__
-ART = Artifact.__table__
-JOBS = Job.__table__
-QD = QueueDepth.__table__
-LEASES = Lease.__table__
-CALLER_LIMITS_T = CallerLimits.__table__
-STREAMS = CallerStream.__table__
-USAGE = AttemptUsage.__table__
-BUDGETS = Budget.__table__
+T = table_of(Task)
+TAGS = table_of(TaskTag)
+EV = table_of(TaskEvent)
+LOGS = table_of(TaskLog)
+ART = table_of(Artifact)
+JOBS = table_of(Job)
+QD = table_of(QueueDepth)
+LEASES = table_of(Lease)
+CALLER_LIMITS_T = table_of(CallerLimits)
+STREAMS = table_of(CallerStream)
+USAGE = table_of(AttemptUsage)
+BUDGETS = table_of(Budget)
 
 S = TaskState
 _bp = bindparam
