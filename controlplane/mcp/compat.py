@@ -92,23 +92,22 @@ Not here, because they are public names (if undocumented): uvicorn `Server.start
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
-
-import logging
 
 import anyio
 from fastmcp import FastMCP
 from fastmcp.server.dependencies import get_context
 from fastmcp.tools.base import ToolResult
 from mcp.server._streamable_http_modern import handle_modern_request
+from mcp.server.auth.middleware.bearer_auth import RequireAuthMiddleware
 from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
 from mcp.shared.message import ServerMessageMetadata
 from mcp_types import SERVER_INFO_META_KEY
 from mcp_types import methods as mcp_methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel
-from mcp.server.auth.middleware.bearer_auth import RequireAuthMiddleware
 from starlette.routing import Route
 
 if TYPE_CHECKING:
@@ -230,7 +229,8 @@ class CancelledWaitAnswer:
     @property
     def requested(self) -> bool:
         """Whether the client cancelled this request (rather than the server shutting down)."""
-        return self._dctx.cancel_requested.is_set()
+        requested: bool = self._dctx.cancel_requested.is_set()
+        return requested
 
     async def send(self, result: ToolResult) -> None:
         """Write `result` as the request's answer; call it shielded, from the cancelled handler."""

@@ -20,13 +20,12 @@ from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 from fastmcp.tools.base import ToolResult
 
 from controlplane import __version__, api
-from controlplane.http.routes import routes
-from controlplane.mcp import compat
-from controlplane.mcp.oauth import build_auth
 from controlplane.errors import invalid
-from controlplane.mcp import completion, resources
+from controlplane.http.routes import routes
+from controlplane.mcp import compat, completion, resources
 from controlplane.mcp.catalog_tools import CatalogTools, make_catalog_tool
 from controlplane.mcp.guard import JsonOnly
+from controlplane.mcp.oauth import build_auth
 from controlplane.mcp.streaming import Followers, wait_tool
 from controlplane.mcp.subscriptions import TaskSubscriptions
 from controlplane.mcp.tasks import ControlPlaneTasks
@@ -50,7 +49,8 @@ class UnknownToolAsError(Middleware):
 
     async def on_call_tool(self, context: MiddlewareContext, call_next: CallNext) -> ToolResult:
         try:
-            return await call_next(context)
+            result: ToolResult = await call_next(context)
+            return result
         except NotFoundError:
             return error(invalid(f"unknown tool '{context.message.name}'", hint="see tools/list"),
                          time.perf_counter())
@@ -65,7 +65,7 @@ class TraceSubmits(Middleware):
         self.submits = submits
 
     async def on_call_tool(self, context: MiddlewareContext, call_next: CallNext) -> ToolResult:
-        result = await call_next(context)
+        result: ToolResult = await call_next(context)
         out = getattr(result, "structured_content", None)
         if self.submits(context.message.name) and isinstance(out, dict) and isinstance(out.get("task_id"), str) \
                 and not out.get("deduplicated"):
