@@ -19,13 +19,12 @@ import gc
 from typing import Any
 from urllib.parse import urlsplit
 
-
 from controlplane.app import ControlPlane
 from controlplane.dashboard import routes as dashboard
 from controlplane.http.body_limit import BodyLimit
 from controlplane.http.listener import Listener
-from controlplane.http.loopback import is_loopback
 from controlplane.http.load import CountCalls
+from controlplane.http.loopback import is_loopback
 from controlplane.http.quiet_json import QuietJsonRouter
 from controlplane.http.replay import ReplayBuffer
 from controlplane.http.scopes import ScopeGate
@@ -103,7 +102,7 @@ def settle_heap() -> None:
     app) leaves the garbage collector's view for good (`gc.freeze`). A full collection then walks
     only what the server made since. Without it, the reconciler's rows (10,000 watched jobs live
     through a cycle and reach the oldest generation) set off a walk of the whole start-up heap
-    every other cycle: about 50 ms, a third of a cycle (`bench/run.py`)."""
+    every other cycle (`bench/run.py` shows the cycle's time)."""
     gc.collect()
     gc.freeze()
 

@@ -67,7 +67,7 @@ STATES = [s.value for s in TaskState]
 @functools.cache
 def templates() -> Any:
     """The page templates, loaded on the first page asked for: jinja2 (and sse_starlette, for the
-    live pages) are imported then, not at every server's start (start-up is a target, issue 13)."""
+    live pages) are imported then, not at every server's start."""
     from jinja2 import Environment, FileSystemLoader, select_autoescape
 
     return Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(["html"]),

@@ -76,10 +76,9 @@ The internals
 6. `AggregateProvider._get_tool` and `_get_resource`, with `_get_highest_version_result` and
    `providers` (fastmcp), overridden by `ControlPlaneMCP`, the FastMCP our server is. fastmcp
    finds the component of every `tools/call` (and `resources/read`) by asking each of its
-   providers at once, in an anyio task group with a task per provider (`gather`): 31 us a lookup
-   where asking our one provider directly takes 6, and a task to schedule. Without it a
-   `get_task_status` with 16 clients costs the server 0.75-0.82 ms of CPU where it cost
-   0.91-0.94 (`bench/concurrency.py`). With one provider there is nothing to run concurrently: the
+   providers at once, in an anyio task group with a task per provider (`gather`): several times
+   the cost of asking our one provider directly, and a task to schedule on every call
+   (docs/design/hot-path.md has the figures). With one provider there is nothing to run concurrently: the
    override asks it directly and hands its answer (or its error) to fastmcp's own
    `_get_highest_version_result`, so versions, NotFoundError and `provider_error_strategy` are
    fastmcp's. With more providers (a mounted server) it leaves the lookup to fastmcp.

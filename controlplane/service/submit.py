@@ -26,9 +26,7 @@ from controlplane_providers.base import Provider
 
 # Submits made while others are being served wait up to this long for more to join their group
 # commit on SQLite, whose commit then runs on the event loop (`GroupCommit.gather_s`), or until every
-# call in progress has joined. 16 clients submitting (`bench/concurrency.py`, A/B runs): no wait,
-# batches of 2, 0.67x the no-op's calls/s; 2 ms 0.74-0.78x; 4 ms 0.78-0.83x (batches of 7, the
-# wait 4.9 ms on average: the loop is busy when the timer is due); 8 ms 0.73x.
+# call in progress has joined (the value was chosen by measurement: docs/design/hot-path.md).
 GROUP_GATHER_S = 0.004
 
 WriteAlone = Callable[[NewTask, Guards], Submitted | None]

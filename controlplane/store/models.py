@@ -220,8 +220,8 @@ class Lease(SQLModel, table=True):
 
 class QueueDepth(SQLModel, table=True):
     """How many tasks wait in each queue, per priority: kept by triggers on `tasks` (SQLite:
-    migration 0007, PostgreSQL: 0009), so that admitting a submit reads a few rows instead of counting the queue
-    (which cost 1.5 ms per submit with 10,000 waiting)."""
+    migration 0007, PostgreSQL: 0009), so that admitting a submit reads a few rows instead of counting
+    the queue, whose cost grew with its length."""
 
     __tablename__ = "queue_depth"
 

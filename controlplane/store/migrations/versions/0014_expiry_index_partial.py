@@ -3,7 +3,7 @@
 `ix_tasks_state_expires` served the expiry sweep and the purge of tombstones, which both look
 for tasks whose `expires_at` has passed. Only an ended task has one; yet every task was in the
 index from its submit on, so each submit wrote an index entry nobody reads (about two of the
-thirty pages a group commit of seven submits writes, issue 13), and the index held every queued
+thirty pages a group commit of seven submits writes), and the index held every queued
 and running task besides. Partial now, `WHERE expires_at IS NOT NULL`: a task enters it when it
 ends. Both engines use it for those queries, whose `expires_at <= ...` implies the condition
 (`tests/test_migrations.py` checks the plans). The index is rebuilt in place; nothing else
