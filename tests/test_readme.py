@@ -37,3 +37,32 @@ def test_readme_says_how_installed_names_map_to_folders_and_claims_its_registry_
         assert f"`{folder}` installs as `{name}`" in text or f"`{folder}` as `{name}`" in text
     assert "pipx install mcp-controlplane" in text and "uvx mcp-controlplane serve" in text
     assert "<!-- mcp-name: io.github.mcp-controlplane/mcp-controlplane -->" in raw.splitlines()[-1]
+
+
+def layout_paths() -> list[str]:
+    """The paths the README's layout table names in its first column: a later name without a folder
+    of its own is beside the first one (`controlplane/catalog.py`, `placement.py`)."""
+    raw = (ROOT / "README.md").read_text()
+    table = raw[raw.index("## Layout"):].split("\n\n")[1]
+    named: list[str] = []
+    for row in table.splitlines()[2:]:
+        cell = row.split("|")[1]
+        names = cell.split("`")[1::2]
+        folder = names[0].rstrip("/").rpartition("/")[0] + "/"  # the folder the first name is in
+        named += [names[0]] + [n if "/" in n.rstrip("/") or n in ("tests/", "bench/") else folder + n
+                               for n in names[1:]]
+    return named
+
+
+def test_the_layout_table_matches_the_tree() -> None:
+    """Every path the table names exists, and every module and folder of controlplane/ is named."""
+    named = layout_paths()
+    missing = [p for p in named if not (ROOT / p).exists()]
+    assert not missing, f"the layout table names paths that are gone: {missing}"
+    top = ROOT / "controlplane"
+    wanted = sorted(
+        [f"controlplane/{p.name}" for p in top.glob("*.py") if p.name not in ("__init__.py", "__main__.py")]
+        + [f"controlplane/{p.name}/" for p in top.iterdir() if (p / "__init__.py").exists()]
+        + ["providers/", "infra/runner/", "terraform/", "tests/", "bench/"])
+    unnamed = [p for p in wanted if p not in named and p.rstrip("/") not in named]
+    assert not unnamed, f"the layout table does not name: {unnamed}"
