@@ -3,7 +3,7 @@
 Whoever learns something about an attempt calls here, and everything an attempt's end involves
 happens here, in one transaction (`Store.attempts.open`):
 
-* `apply(task_id, attempt, events)`: the runner's events (by HTTP callback, or read from the
+* `apply(ref, events)`: the runner's events (by HTTP callback, or read from the
   object store where it spilled them), idempotent by sequence number: log lines, progress, the
   start, and `finished`, which ends the attempt with the runner's own outcome (its job is
   `draining` until the provider says it ended: a container can outlive its runner's report);
@@ -35,18 +35,26 @@ from dataclasses import dataclass
 from typing import Any
 
 from controlplane.catalog import Catalog, RetryPolicy
+from controlplane.ids import AttemptRef
 from controlplane.objectstore.base import UnsafeKey, artifact_key, events_prefix, result_key, safe_artifact_name
 from controlplane.objectstore.registry import StoreRegistry
 from controlplane.ops import logs, metrics, traces
-from controlplane.outcomes import (Decision, decide, decide_elsewhere, decide_launch_failure, decide_lost,
-                                   decide_provider_failure, with_output)
+from controlplane.outcomes import (
+    Decision,
+    decide,
+    decide_elsewhere,
+    decide_launch_failure,
+    decide_lost,
+    decide_provider_failure,
+    with_output,
+)
 from controlplane.prices import Pricing
 from controlplane.settings import Settings
 from controlplane.states import TERMINAL, JobState, TaskState
 from controlplane.store import AttemptTx, StaleAttempt, Store
 from controlplane.store.rows import TaskRow, WatchedJob
-from controlplane_runner import events as ev
 from controlplane_providers.base import JobPhase, JobStatus
+from controlplane_runner import events as ev
 
 log = logging.getLogger("controlplane.attempts")
 S = TaskState
@@ -74,21 +82,21 @@ class Attempts:
         return tool.retry if tool else RetryPolicy()
 
     # ---- the runner's events ------------------------------------------------------------------
-    def apply(self, task_id: str, attempt: int, events: list[dict[str, Any]],
+    def apply(self, ref: AttemptRef, events: list[dict[str, Any]],
               ran_at: tuple[float | None, float | None] = (None, None), *, job_ended: bool = False) -> Applied:
         """Apply a batch; if earlier events are missing (a batch starting past the job's last
         seq + 1), they are read from the object store first. Raises StaleAttempt for an
         attempt that is no longer current. `ran_at`: the job's start and end as its provider
         reports them (preferred to the runner's for its usage), when the provider ended it
         (`job_ended`: the job is then done; else a launched job drains until the provider says so)."""
-        with self.store.attempts.open(task_id, attempt, reporting=True) as a:
+        with self.store.attempts.open(ref, reporting=True) as a:
             assert a.task is not None and a.job is not None
             fresh = _fresh(events, a.job.event_seq)
             if not fresh or ev.seq_of(fresh[0]) == a.job.event_seq + 1:
                 return self._apply(a, fresh, ran_at, job_ended)
             store_url, from_seq = a.task.store_url, a.job.event_seq + 1
-        missing = self.read_spilled(store_url, task_id, attempt, from_seq)
-        with self.store.attempts.open(task_id, attempt, reporting=True) as a:
+        missing = self.read_spilled(store_url, ref, from_seq)
+        with self.store.attempts.open(ref, reporting=True) as a:
             assert a.job is not None
             return self._apply(a, _fresh(missing + events, a.job.event_seq), ran_at, job_ended)
 
@@ -123,11 +131,11 @@ class Attempts:
                       job_state=JobState.DRAINING if drain else JobState.DONE)
         return Applied(ack_seq=seq, cancel=cancel, finished=outcome is not None)
 
-    def read_spilled(self, store_url: str, task_id: str, attempt: int, from_seq: int) -> list[dict[str, Any]]:
+    def read_spilled(self, store_url: str, ref: AttemptRef, from_seq: int) -> list[dict[str, Any]]:
         """Events a runner wrote to the object store (no callback, or callback unreachable)."""
         objects = self.stores.get(store_url)
         out: list[dict[str, Any]] = []
-        for key in objects.list(events_prefix(task_id, attempt)):
+        for key in objects.list(events_prefix(ref)):
             for line in objects.get_bytes(key).splitlines():
                 try:
                     e = json.loads(line)
@@ -137,9 +145,9 @@ class Attempts:
                     out.append(e)
         return out
 
-    def read_outcome(self, store_url: str, task_id: str, attempt: int) -> ev.Finished | None:
+    def read_outcome(self, store_url: str, ref: AttemptRef) -> ev.Finished | None:
         try:
-            data = json.loads(self.stores.get(store_url).get_bytes(result_key(task_id, attempt)))
+            data = json.loads(self.stores.get(store_url).get_bytes(result_key(ref)))
         except (FileNotFoundError, ValueError):
             return None
         return ev.parse_outcome(data)
@@ -147,19 +155,19 @@ class Attempts:
     # ---- ends the runner did not report -------------------------------------------------------
     def end_from_provider(self, job: WatchedJob, status: JobStatus) -> str:
         """The provider says the job ended or vanished. Returns "finished", "lost" or "stale"."""
-        task_id, attempt = job.task_id, job.attempt
-        task = self.store.tasks.get(task_id)  # its store (the reconciler does not read it for every job)
+        ref = job.ref
+        task = self.store.tasks.get(ref.task_id)  # its store (the reconciler does not read it for every job)
         outcome = None
         ran_at = (status.started_at, status.finished_at)  # the provider's record of the run
         try:  # events the runner could not deliver by callback are in the object store
             if task is not None:
-                spilled = self.read_spilled(task.store_url, task_id, attempt, job.event_seq + 1)
-                if spilled and self.apply(task_id, attempt, spilled, ran_at, job_ended=True).finished:
+                spilled = self.read_spilled(task.store_url, ref, job.event_seq + 1)
+                if spilled and self.apply(ref, spilled, ran_at, job_ended=True).finished:
                     return "finished"
-                outcome = self.read_outcome(task.store_url, task_id, attempt)
+                outcome = self.read_outcome(task.store_url, ref)
         except StaleAttempt:
             outcome = None
-        with self.store.attempts.open(task_id, attempt) as a:
+        with self.store.attempts.open(ref) as a:
             if not a.current or a.task is None:
                 a.retire_job()  # the task moved on: the job ended, nothing more to decide
                 return "stale"
@@ -181,34 +189,34 @@ class Attempts:
                                      status.last_output), ran_at=ran_at)
             return "finished"
 
-    def end_lost(self, task_id: str, attempt: int, reason: str, *, job_state: JobState = JobState.ABANDONED) -> None:
+    def end_lost(self, ref: AttemptRef, reason: str, *, job_state: JobState = JobState.ABANDONED) -> None:
         """A job that went silent or will not confirm it stopped: the task no longer waits for it."""
-        with self.store.attempts.open(task_id, attempt) as a:
+        with self.store.attempts.open(ref) as a:
             if a.current and a.task is not None:
                 self._end(a, decide_lost(a.task, reason, self.policy(a.task.tool_name)), job_state=job_state)
 
-    def end_unlaunched(self, task_id: str, attempt: int, reason: str, *,
+    def end_unlaunched(self, ref: AttemptRef, reason: str, *,
                        job_state: JobState = JobState.DONE) -> None:
         """The job never ran: the provider refused it, or it waited for capacity past its limit
         (then it is `draining`: stopped until the provider confirms it is gone)."""
-        with self.store.attempts.open(task_id, attempt) as a:
+        with self.store.attempts.open(ref) as a:
             if a.current and a.task is not None:
                 self._end(a, decide_launch_failure(a.task, reason, self.policy(a.task.tool_name)),
                           ran=False, job_state=job_state)
 
-    def end_elsewhere(self, task_id: str, attempt: int, status: str, reason: str, *, refusals: int,
+    def end_elsewhere(self, ref: AttemptRef, status: str, reason: str, *, refusals: int,
                       placements: int) -> None:
         """The job's placement had no room for it (nothing started): the provider's word is kept
         on the job and the task is queued again to run elsewhere (`outcomes.decide_elsewhere`)."""
-        with self.store.attempts.open(task_id, attempt) as a:
+        with self.store.attempts.open(ref) as a:
             if a.current and a.task is not None:
                 a.refused(status, reason)
                 self._end(a, decide_elsewhere(a.task, reason, self.policy(a.task.tool_name), refusals=refusals,
                                               placements=placements), ran=False)
 
-    def mark_running(self, task_id: str, attempt: int, started_at: float | None) -> None:
+    def mark_running(self, ref: AttemptRef, started_at: float | None) -> None:
         """The provider says the job runs although the runner has not reported yet."""
-        with self.store.attempts.open(task_id, attempt) as a:
+        with self.store.attempts.open(ref) as a:
             if a.current:
                 a.start({"source": "provider"}, started_at)
 
@@ -260,7 +268,7 @@ class Attempts:
         for a in reported:
             try:
                 name = safe_artifact_name(a.get("name"))
-                if a.get("key") != artifact_key(task.task_id, task.attempt, name):
+                if a.get("key") != artifact_key(task.ref, name):
                     continue
                 size = int(a["size_bytes"])
                 if not 0 <= size < 2**63 or not isinstance(a.get("sha256"), str) or not SHA256.fullmatch(a["sha256"]):
@@ -272,9 +280,9 @@ class Attempts:
         return good
 
     # ---- heartbeats: kept in memory, written in batches ---------------------------------------
-    def beat(self, task_id: str, attempt: int, ts: float) -> None:
+    def beat(self, ref: AttemptRef, ts: float) -> None:
         with self._lock:
-            self._beats[(task_id, attempt)] = ts
+            self._beats[(ref.task_id, ref.number)] = ts
 
     def flush_beats(self) -> None:
         with self._lock:

@@ -2,7 +2,7 @@
 submit-time check that a provider can give the job what the task asks for beyond cpu, memory and
 GPUs (`check_scratch`).
 
-Also derives the per-attempt runner credentials, HMACs of (task id, attempt) under the server
+Also derives the per-attempt runner credentials, HMACs of the attempt (`AttemptRef.message`) under the server
 key, so nothing secret is stored and a restarted control plane (or another replica) still
 recognises them:
 
@@ -25,17 +25,18 @@ from typing import Any
 from controlplane import blocking
 from controlplane.catalog import Catalog, ResourceClass
 from controlplane.errors import ControlPlaneError, ErrorCode, invalid
+from controlplane.ids import AttemptRef
 from controlplane.settings import Settings
 from controlplane.store.rows import JobRow, TaskRow
 from controlplane_providers.base import LaunchSpec, Provider, ProviderOptions, Shape, TransientProviderError
 
 
-def runner_secret(key: bytes, task_id: str, attempt: int) -> str:
-    return hmac.new(key, f"controlplane/runner\n{task_id}\n{attempt}".encode(), hashlib.sha256).hexdigest()
+def runner_secret(key: bytes, ref: AttemptRef) -> str:
+    return hmac.new(key, ref.message("runner"), hashlib.sha256).hexdigest()
 
 
-def bootstrap_token(key: bytes, task_id: str, attempt: int) -> str:
-    return hmac.new(key, f"controlplane/bootstrap\n{task_id}\n{attempt}".encode(), hashlib.sha256).hexdigest()
+def bootstrap_token(key: bytes, ref: AttemptRef) -> str:
+    return hmac.new(key, ref.message("bootstrap"), hashlib.sha256).hexdigest()
 
 
 def build_launch_spec(task: TaskRow, job: JobRow, catalog: Catalog, settings: Settings, *,
@@ -50,8 +51,7 @@ def build_launch_spec(task: TaskRow, job: JobRow, catalog: Catalog, settings: Se
     res = json.loads(task.resources_json or "{}")
     env = dict(tool.env)
     env.update({
-        "CONTROLPLANE_TASK_ID": task.task_id,
-        "CONTROLPLANE_ATTEMPT": str(task.attempt),
+        **task.ref.to_env(),
         "CONTROLPLANE_JOB_NAME": job.job_name,
         "CONTROLPLANE_STORE_URL": store_url,
         "CONTROLPLANE_HEARTBEAT_S": str(settings.heartbeat_interval_s),
@@ -62,7 +62,7 @@ def build_launch_spec(task: TaskRow, job: JobRow, catalog: Catalog, settings: Se
         env["CONTROLPLANE_STORE_ACCESS"] = settings.job_store_access
     if callback_url:
         env["CONTROLPLANE_CALLBACK_URL"] = callback_url
-        env["CONTROLPLANE_BOOTSTRAP_TOKEN"] = bootstrap_token(secret_key, task.task_id, task.attempt)
+        env["CONTROLPLANE_BOOTSTRAP_TOKEN"] = bootstrap_token(secret_key, task.ref)
     return LaunchSpec(
         task_id=task.task_id, attempt=task.attempt, job_name=job.job_name, tool_name=tool.name,
         owner=task.owner, command=tuple(c.replace("{python}", python) for c in tool.command), image=tool.image,

@@ -267,7 +267,7 @@ class Reconciler:
                 self._give_up_waiting(j, st.give_up_reason, stats)
             else:
                 if st.phase == JobPhase.RUNNING and j.state == S.SCHEDULED:
-                    self.attempts.mark_running(j.task_id, j.attempt, st.started_at)
+                    self.attempts.mark_running(j.ref, st.started_at)
                 if j.state == S.CANCELLING:
                     self._stop_overdue(j, now, stats)
                 elif j.state == S.RUNNING:
@@ -315,7 +315,7 @@ class Reconciler:
         stopped until the provider confirms it is gone, and refused if it starts after all."""
         log.warning("job %s: %s", j.job_name, reason, extra=logs.of_job(j, "gave_up_waiting"))
         self._send_stop(j, "gave up waiting", stats)
-        self.attempts.end_unlaunched(j.task_id, j.attempt, reason, job_state=JobState.DRAINING)
+        self.attempts.end_unlaunched(j.ref, reason, job_state=JobState.DRAINING)
         stats.lost += 1
 
     def _stop_overdue(self, j: WatchedJob, now: float, stats: CycleStats) -> None:
@@ -326,7 +326,7 @@ class Reconciler:
     def _lost_unconfirmed(self, j: WatchedJob, reason: str, stats: CycleStats) -> None:
         log.warning("job %s: %s within %.0f s; its task ends, the job is abandoned (and still stopped now and then)",
                     j.job_name, reason, self.settings.stop_confirm_timeout_s, extra=logs.of_job(j, "abandoned"))
-        self.attempts.end_lost(j.task_id, j.attempt, reason)
+        self.attempts.end_lost(j.ref, reason)
         stats.lost += 1
 
     # ---- retention ----------------------------------------------------------------------------

@@ -119,7 +119,7 @@ class Scheduler:
         except PermanentProviderError as e:
             log.warning("launch of %s refused: %s", job.job_name, e, extra=logs.of_job(job, "launch_refused"))
             self._forget(wid)  # the attempt ends: nothing will retry it
-            await anyio.to_thread.run_sync(self.attempts.end_unlaunched, job.task_id, job.attempt,
+            await anyio.to_thread.run_sync(self.attempts.end_unlaunched, job.ref,
                                            f"the provider refused to start the job: {e}")
         except CapacityProviderError as e:
             try:
@@ -160,7 +160,7 @@ class Scheduler:
             if j.provider_status != NO_CAPACITY:
                 break
             refusals += 1
-        self.attempts.end_elsewhere(job.task_id, job.attempt, NO_CAPACITY, reason, refusals=refusals,
+        self.attempts.end_elsewhere(job.ref, NO_CAPACITY, reason, refusals=refusals,
                                     placements=len(placements))
         return True
 
@@ -196,7 +196,7 @@ class Scheduler:
             if handle is not None:
                 await anyio.to_thread.run_sync(self.store.jobs.record_launch, wid, handle.encode())  # the reconciler stops it
             else:
-                await anyio.to_thread.run_sync(self.store.jobs.drop_unlaunched, task.task_id, task.attempt,
+                await anyio.to_thread.run_sync(self.store.jobs.drop_unlaunched, task.ref,
                                                cancelled_error(task.cancel_reason))
             return
         if handle is None:
@@ -221,5 +221,5 @@ class Scheduler:
         return handle
 
     def _write_inputs(self, task: TaskRow) -> None:
-        self.stores.get(task.store_url).put_bytes(inputs_key(task.task_id, task.attempt), task.inputs_json.encode(),
+        self.stores.get(task.store_url).put_bytes(inputs_key(task.ref), task.inputs_json.encode(),
                                                   content_type="application/json", overwrite=True)

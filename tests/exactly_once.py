@@ -11,6 +11,7 @@ import anyio
 import anyio.to_thread
 
 from controlplane.app import ControlPlane
+from controlplane.ids import AttemptRef
 from controlplane_providers.base import Handle, JobPhase, Provider
 from controlplane_runner.claim import CLAIM_LOST
 from tests.conftest import Agent
@@ -19,7 +20,7 @@ from tests.provider_contract import ENDED, wait_for
 
 async def claimed_by_its_runner(cp: ControlPlane, tid: str, attempt: int = 1) -> None:
     for _ in range(1200):
-        job = cp.store.jobs.get(tid, attempt)
+        job = cp.store.jobs.get(AttemptRef(tid, attempt))
         if job is not None and job.secret_claim and job.handle_json:
             return
         await anyio.sleep(0.05)
@@ -44,7 +45,7 @@ async def a_late_launch_runs_nothing(cp: ControlPlane, agent: Agent) -> Handle:
     operator see. Returns the late execution's handle."""
     tid = await agent.submit(inputs={"sleep_s": 3, "log_lines": 3, "result": {"once": True}})
     await claimed_by_its_runner(cp, tid)
-    task, job = cp.store.tasks.get(tid), cp.store.jobs.get(tid, 1)
+    task, job = cp.store.tasks.get(tid), cp.store.jobs.get(AttemptRef(tid, 1))
     assert task is not None and job is not None
     provider = cp.providers[job.provider]
     late = await anyio.to_thread.run_sync(provider.launch, cp.build_spec(task, job))
@@ -66,7 +67,7 @@ async def a_late_launch_runs_nothing(cp: ControlPlane, agent: Agent) -> Handle:
     assert st["state"] == "succeeded" and st["attempt"] == 1, st
     assert (await agent.call("get_task_result", task_id=tid))["result"]["once"] is True
     assert [ln["message"] for ln in await agent.all_logs(tid)] == ["line 0", "line 1", "line 2"]
-    job = cp.store.jobs.get(tid, 1)  # what `controlplane jobs` shows the operator
+    job = cp.store.jobs.get(AttemptRef(tid, 1))  # what `controlplane jobs` shows the operator
     assert job is not None and job.extra_claims == 1, job
     return late
 
@@ -81,7 +82,7 @@ async def a_recorded_execution_refused_its_claim_is_left_for_the_holder(cp: Cont
 
     tid = await agent.submit(inputs={"sleep_s": 4, "log_lines": 3, "result": {"once": True}})
     await claimed_by_its_runner(cp, tid)  # the first execution holds the claim and runs the tool
-    task, job = cp.store.tasks.get(tid), cp.store.jobs.get(tid, 1)
+    task, job = cp.store.tasks.get(tid), cp.store.jobs.get(AttemptRef(tid, 1))
     assert task is not None and job is not None
     provider = cp.providers[job.provider]
     late = await anyio.to_thread.run_sync(provider.launch, cp.build_spec(task, job))
@@ -92,7 +93,7 @@ async def a_recorded_execution_refused_its_claim_is_left_for_the_holder(cp: Cont
     assert st["state"] == "succeeded" and st["attempt"] == 1, st
     assert (await agent.call("get_task_result", task_id=tid))["result"]["once"] is True
     assert [ln["message"] for ln in await agent.all_logs(tid)] == ["line 0", "line 1", "line 2"]
-    followed = cp.store.jobs.get(tid, 1)
+    followed = cp.store.jobs.get(AttemptRef(tid, 1))
     assert followed is not None and provider.same_job(provider.handle(followed.handle_json), provider.handle(job.handle_json))
     assert followed.extra_claims == 1 and followed.extra_stopped == 0, followed
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from controlplane.ids import AttemptRef
 from controlplane.launch import runner_secret
 from tests.conftest import Agent
 
@@ -34,7 +35,7 @@ async def test_forged_artifact_reports_are_not_registered(agent: Agent, cp) -> N
     assert (await agent.wait(victim))["state"] == "succeeded"
     tid = await agent.submit(inputs={"sleep_s": 30})
     await agent.wait(tid, {"running"})
-    job = cp.store.jobs.get(tid, 1)
+    job = cp.store.jobs.get(AttemptRef(tid, 1))
     good = {"name": "fine.bin", "key": f"tasks/{tid}/attempts/1/artifacts/fine.bin", "size_bytes": 1,
             "sha256": "0" * 64}
     forged = [
@@ -53,7 +54,7 @@ async def test_forged_artifact_reports_are_not_registered(agent: Agent, cp) -> N
     event = {"seq": job.event_seq + 1, "type": "finished", "status": "succeeded", "exit_code": 0,
              "result": {}, "artifacts": forged + [good, odd]}
     url = f"{cp.public_url}/runner/v1/tasks/{tid}/attempts/1/events"
-    secret = runner_secret(cp.secret_key, tid, 1)
+    secret = runner_secret(cp.secret_key, AttemptRef(tid, 1))
     async with httpx.AsyncClient() as http:
         r = await http.post(url, json={"events": [event]}, headers={"Authorization": f"Bearer {secret}"})
     assert r.status_code == 200, r.text
@@ -68,11 +69,11 @@ async def test_a_runner_secret_is_good_for_its_own_task_and_attempt_only(agent: 
     await agent.wait(tid, {"running"})
     url = f"{cp.public_url}/runner/v1/tasks/{tid}/attempts/1/events"
     async with httpx.AsyncClient() as http:
-        for secret in (runner_secret(cp.secret_key, tid, 2), runner_secret(cp.secret_key, "tsk_other", 1), "x"):
+        for secret in (runner_secret(cp.secret_key, AttemptRef(tid, 2)), runner_secret(cp.secret_key, AttemptRef("tsk_other", 1)), "x"):
             r = await http.post(url, json={"events": []}, headers={"Authorization": f"Bearer {secret}"})
             assert r.status_code == 401
         assert (await http.post(url, json={"events": []})).status_code == 401  # no credentials at all
-        good = runner_secret(cp.secret_key, tid, 1)
+        good = runner_secret(cp.secret_key, AttemptRef(tid, 1))
         r = await http.post(url, json={"events": []}, headers={"Authorization": f"Bearer {good}"})
         assert r.status_code == 200  # the right one is accepted (a heartbeat)
     await agent.call("cancel_task", task_id=tid)

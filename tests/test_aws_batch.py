@@ -26,6 +26,7 @@ import pytest
 from fastmcp import Client
 
 from controlplane.app import ControlPlane
+from controlplane.ids import AttemptRef
 from controlplane.mcp.server import build_server
 from controlplane.settings import Settings
 from controlplane_providers.aws_batch import AwsBatchOptions, AwsBatchProvider, BatchHandle
@@ -96,8 +97,8 @@ async def test_lifecycle_through_the_mcp_tools(batch: Batch) -> None:
     from controlplane.launch import runner_secret
 
     assert "CONTROLPLANE_CALLBACK_SECRET" not in env
-    assert runner_secret(batch.cp.secret_key, tid, 1) not in env.values()
-    assert batch.cp.store.jobs.get(tid, 1).secret_claim is not None
+    assert runner_secret(batch.cp.secret_key, AttemptRef(tid, 1)) not in env.values()
+    assert batch.cp.store.jobs.get(AttemptRef(tid, 1)).secret_claim is not None
     assert job["container"]["command"] == ["python", "-m", "controlplane_tools.exercise"]
 
     relayed = await agent.all_logs(tid)
@@ -375,14 +376,14 @@ async def test_crash_after_submit_before_the_handle_launches_exactly_one_job(mot
     del first  # ...and the control plane died before recording the job id
 
     second = ControlPlane(settings)  # the restart
-    assert second.store.jobs.get(tid, 1).state == "launching"
+    assert second.store.jobs.get(AttemptRef(tid, 1)).state == "launching"
     with aws.BatchExecutor(moto):
         async with Client(build_server(second)) as client:
             st = await Agent(client).wait(tid, timeout=60)
     named = [j for j in aws.backend()._jobs.values() if j.job_name == job.job_name]
     assert len(named) == 1  # found by name, not submitted again
     assert st["state"] == "succeeded"
-    assert json.loads(second.store.jobs.get(tid, 1).handle_json)["job_id"] == named[0].job_id
+    assert json.loads(second.store.jobs.get(AttemptRef(tid, 1)).handle_json)["job_id"] == named[0].job_id
 
 
 # ---- throttling ---------------------------------------------------------------------------------
@@ -548,7 +549,7 @@ async def test_a_submit_whose_answer_was_lost_is_found_not_submitted_again(moto:
         assert states == ["succeeded"] * 6
         assert proxy.lost >= 2
         names = [j.job_name for j in aws.backend()._jobs.values()]
-        assert sorted(names) == sorted({cp.store.jobs.get(t, 1).job_name for t in tids}), names  # one job each
+        assert sorted(names) == sorted({cp.store.jobs.get(AttemptRef(t, 1)).job_name for t in tids}), names  # one job each
     finally:
         proxy.close()
 

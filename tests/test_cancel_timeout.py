@@ -17,6 +17,7 @@ import pytest
 from fastmcp import Client
 from fastmcp.client.transports import StdioTransport
 
+from controlplane.ids import AttemptRef
 from tests.conftest import ROOT, TERMINAL, Agent, all_dead, fast_env, pid_alive, tree_pids
 from tests.wire import LEGACY, MODERN, Legacy, Stdio, modern_request, sse_events
 
@@ -77,7 +78,7 @@ async def test_cancel_queued_task_is_immediate(agent: Agent, cp) -> None:
     assert ack["state"] == "cancelled" and ack["acknowledged"] is True
     st = await agent.call("get_task_status", task_id=queued["task_id"])
     assert st["state"] == "cancelled" and st["started_at"] is None
-    assert cp.store.jobs.get(queued["task_id"], 1) is None  # no job was ever launched for it
+    assert cp.store.jobs.get(AttemptRef(queued["task_id"], 1)) is None  # no job was ever launched for it
     for h in holders:
         await agent.call("cancel_task", task_id=h)
     for h in holders:

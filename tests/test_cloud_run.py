@@ -21,6 +21,7 @@ import pytest
 from fastmcp import Client
 
 from controlplane.app import ControlPlane
+from controlplane.ids import AttemptRef
 from controlplane.mcp.server import build_server
 from controlplane.settings import Settings
 from controlplane_providers import ratelimit
@@ -247,12 +248,12 @@ async def test_crash_after_run_before_the_handle_launches_exactly_one_execution(
     del first  # ...and the control plane died before recording the execution
 
     second = ControlPlane(settings)
-    assert second.store.jobs.get(tid, 1).state == "launching"
+    assert second.store.jobs.get(AttemptRef(tid, 1)).state == "launching"
     async with Client(build_server(second)) as client:
         st = await Agent(client).wait(tid, timeout=60)
     assert st["state"] == "succeeded"
     assert fake.runs[job.job_name] == 1  # found by its marker, not run again
-    assert json.loads(second.store.jobs.get(tid, 1).handle_json)["execution"] == execution_of(fake, tid)["name"]
+    assert json.loads(second.store.jobs.get(AttemptRef(tid, 1)).handle_json)["execution"] == execution_of(fake, tid)["name"]
 
 
 # ---- throttling -----------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from fastmcp import Client
 from sqlalchemy import text
 
 from controlplane.app import ControlPlane
+from controlplane.ids import AttemptRef
 from controlplane.mcp.server import build_server
 from controlplane.objectstore import ObjectExists, UnsafeKey, open_store
 from controlplane.objectstore.base import task_prefix
@@ -273,7 +274,7 @@ def test_a_jobs_granted_store_reads_and_writes_only_through_grants(azure: CloudT
     from controlplane_runner.granted import GrantedStore, NoGrant
 
     store = open_store(azure.url)
-    store.put_bytes(inputs_key("tsk_1", 1), b'{"n": 1}')
+    store.put_bytes(inputs_key(AttemptRef("tsk_1", 1)), b'{"n": 1}')
     asked: list[tuple[list[str], bool]] = []
     state = {"up": True, "ttl": -60}  # the first grants are already dead
 
@@ -282,31 +283,31 @@ def test_a_jobs_granted_store_reads_and_writes_only_through_grants(azure: CloudT
         if not state["up"]:
             return None
         ttl, state["ttl"] = state["ttl"], 300
-        grants = sign_grants(store, "tsk_1", 1, names, expires_in=ttl)
+        grants = sign_grants(store, AttemptRef("tsk_1", 1), names, expires_in=ttl)
         # dead already, but said to live (as an S3 URL whose signing session ended early)
         return {n: {**g, "expires_in": 300} for n, g in grants.items()}
 
-    job = GrantedStore(azure.url, "tsk_1", 1, ask, pool=2)
+    job = GrantedStore(azure.url, AttemptRef("tsk_1", 1), ask, pool=2)
     assert job.prefetch()  # result.json and two spill keys, ahead (dead ones, here)
     assert asked[-1] == (["result.json", "events/spill-0000.jsonl", "events/spill-0001.jsonl"], True)
-    job.put_bytes(result_key("tsk_1", 1), b'{"status": "succeeded"}')  # 403, asked again, written
+    job.put_bytes(result_key(AttemptRef("tsk_1", 1)), b'{"status": "succeeded"}')  # 403, asked again, written
     assert asked[-1] == (["result.json"], False)
-    assert store.get_bytes(result_key("tsk_1", 1)) == b'{"status": "succeeded"}'
+    assert store.get_bytes(result_key(AttemptRef("tsk_1", 1))) == b'{"status": "succeeded"}'
     with pytest.raises(ObjectExists):
-        job.put_bytes(result_key("tsk_1", 1), b"again")
-    assert job.get_bytes(inputs_key("tsk_1", 1)) == b'{"n": 1}'
+        job.put_bytes(result_key(AttemptRef("tsk_1", 1)), b"again")
+    assert job.get_bytes(inputs_key(AttemptRef("tsk_1", 1))) == b'{"n": 1}'
 
     state["up"] = False  # the control plane is unreachable: spills go to the pool
     with pytest.raises(OSError):  # the pool's grants died as well (signed with ttl -60)
-        job.put_bytes(attempt_prefix("tsk_1", 1) + "events/000000000001.jsonl", b"{}\n")
+        job.put_bytes(attempt_prefix(AttemptRef("tsk_1", 1)) + "events/000000000001.jsonl", b"{}\n")
     state["up"] = True
-    fresh = GrantedStore(azure.url, "tsk_1", 1, ask, pool=2)
+    fresh = GrantedStore(azure.url, AttemptRef("tsk_1", 1), ask, pool=2)
     assert fresh.prefetch()
     state["up"] = False
-    fresh.put_bytes(attempt_prefix("tsk_1", 1) + "events/000000000001.jsonl", b'{"seq": 1}\n')
-    assert list(store.list(attempt_prefix("tsk_1", 1) + "events")) == [
-        attempt_prefix("tsk_1", 1) + "events/spill-0000.jsonl"]
+    fresh.put_bytes(attempt_prefix(AttemptRef("tsk_1", 1)) + "events/000000000001.jsonl", b'{"seq": 1}\n')
+    assert list(store.list(attempt_prefix(AttemptRef("tsk_1", 1)) + "events")) == [
+        attempt_prefix(AttemptRef("tsk_1", 1)) + "events/spill-0000.jsonl"]
     with pytest.raises(NoGrant):
-        fresh.put_bytes(attempt_prefix("tsk_1", 1) + "artifacts/a.bin", b"x")  # no pool for artifacts
+        fresh.put_bytes(attempt_prefix(AttemptRef("tsk_1", 1)) + "artifacts/a.bin", b"x")  # no pool for artifacts
     with pytest.raises(UnsafeKey):
-        fresh.put_bytes(result_key("tsk_2", 1), b"{}")  # another task's key: no request at all
+        fresh.put_bytes(result_key(AttemptRef("tsk_2", 1)), b"{}")  # another task's key: no request at all

@@ -27,6 +27,7 @@ import pytest
 from fastmcp import Client
 
 from controlplane.app import ControlPlane
+from controlplane.ids import AttemptRef
 from controlplane.mcp.server import build_server
 from controlplane.settings import Settings
 from controlplane_providers import ratelimit
@@ -146,9 +147,9 @@ async def test_cancel_stops_the_execution(run: Run) -> None:
     assert st["state"] == "cancelled" and st["error"]["code"] == "CANCELLED"
     assert execution_of(run.fake, tid, final=True)["status"] == "Stopped" and proc.poll() is not None
     deadline = time.monotonic() + 30  # done once a poll has seen it ended (the runner's report may come first)
-    while run.cp.store.jobs.get(tid, 1).state != "done" and time.monotonic() < deadline:
+    while run.cp.store.jobs.get(AttemptRef(tid, 1)).state != "done" and time.monotonic() < deadline:
         await anyio.sleep(0.1)
-    assert run.cp.store.jobs.get(tid, 1).state == "done" and run.cp.store.jobs.get(tid, 1).abandoned_at is None
+    assert run.cp.store.jobs.get(AttemptRef(tid, 1)).state == "done" and run.cp.store.jobs.get(AttemptRef(tid, 1)).abandoned_at is None
 
 
 async def test_an_execution_that_ignores_stop_is_abandoned_not_waited_on(run: Run) -> None:
@@ -168,7 +169,7 @@ async def test_an_execution_that_ignores_stop_is_abandoned_not_waited_on(run: Ru
     ex = execution_of(run.fake, tid)
     assert ex["status"] == "Running"  # still running in the cloud, though asked to stop
     assert any(m == "POST" and p.endswith(f"/executions/{ex['name']}/stop") for _, m, p in run.fake.requests)
-    job = run.cp.store.jobs.get(tid, 1)
+    job = run.cp.store.jobs.get(AttemptRef(tid, 1))
     assert job.state == "abandoned" and job.abandoned_at is not None
     trail = [e for e in run.cp.store.logs.events(tid) if e.kind == "cancelled"]
     assert trail[0].detail["job"] == "abandoned"
@@ -186,9 +187,9 @@ async def test_an_execution_that_ignores_stop_is_abandoned_not_waited_on(run: Ru
         with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
     deadline = time.monotonic() + 30
-    while run.cp.store.jobs.get(tid, 1).state != "done" and time.monotonic() < deadline:
+    while run.cp.store.jobs.get(AttemptRef(tid, 1)).state != "done" and time.monotonic() < deadline:
         await anyio.sleep(0.1)
-    assert run.cp.store.jobs.get(tid, 1).state == "done" and run.cp.store.jobs.get(tid, 1).abandoned_at == job.abandoned_at
+    assert run.cp.store.jobs.get(AttemptRef(tid, 1)).state == "done" and run.cp.store.jobs.get(AttemptRef(tid, 1)).abandoned_at == job.abandoned_at
 
 
 async def test_timeout_stops_the_execution(run: Run) -> None:
@@ -380,12 +381,12 @@ async def test_crash_after_start_before_the_handle_launches_exactly_one_executio
     del first  # ...and the control plane died before recording the execution's name
 
     second = ControlPlane(settings)
-    assert second.store.jobs.get(tid, 1).state == "launching"
+    assert second.store.jobs.get(AttemptRef(tid, 1)).state == "launching"
     async with Client(build_server(second)) as client:
         st = await Agent(client).wait(tid, timeout=60)
     assert st["state"] == "succeeded"
     assert fake.runs[job.job_name] == 1  # found by its marker, not started again
-    assert json.loads(second.store.jobs.get(tid, 1).handle_json)["execution"] == execution_of(fake, tid)["name"]
+    assert json.loads(second.store.jobs.get(AttemptRef(tid, 1)).handle_json)["execution"] == execution_of(fake, tid)["name"]
 
 
 # ---- throttling -----------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ import pytest
 from fastmcp import Client
 
 from controlplane.app import ControlPlane
+from controlplane.ids import AttemptRef
 from controlplane.mcp.server import build_server
 from controlplane.settings import Settings
 from controlplane_providers import ratelimit
@@ -180,7 +181,7 @@ async def cp(fake: azure.FakeAzure, home: Path) -> AsyncIterator[tuple[ControlPl
 
 async def _job_state(plane: ControlPlane, tid: str, want: str, timeout: float = 30) -> str:
     deadline = time.monotonic() + timeout
-    while (state := plane.store.jobs.get(tid, 1).state) != want and time.monotonic() < deadline:
+    while (state := plane.store.jobs.get(AttemptRef(tid, 1)).state) != want and time.monotonic() < deadline:
         await anyio.sleep(0.1)
     return state
 
@@ -196,10 +197,10 @@ async def test_an_execution_running_after_its_runner_reported_is_stopped_until_a
     tid = await agent.submit(inputs={"log_lines": 2})
     assert (await agent.wait(tid, timeout=60))["state"] == "succeeded"
     ex = execution_of(fake, tid)
-    assert plane.store.jobs.get(tid, 1).state in ("draining", "done")
+    assert plane.store.jobs.get(AttemptRef(tid, 1)).state in ("draining", "done")
     assert await _job_state(plane, tid, "done") == "done"  # once Azure said it ended...
     assert execution_of(fake, tid)["status"] == "Stopped" and _stops(fake, ex["name"]) >= 1  # ...after a stop
-    job = plane.store.jobs.get(tid, 1)
+    job = plane.store.jobs.get(AttemptRef(tid, 1))
     assert job.abandoned_at is None and (await agent.call("get_task_status", task_id=tid))["state"] == "succeeded"
 
 
@@ -222,6 +223,6 @@ async def test_an_execution_that_never_ends_after_its_runner_reported_is_abandon
     assert (await agent.call("get_task_status", task_id=tid))["state"] == "succeeded"  # the outcome stands
 
     fake.finish(name)  # Azure says it ended at last: done, the record of its abandonment kept
-    abandoned_at = plane.store.jobs.get(tid, 1).abandoned_at
+    abandoned_at = plane.store.jobs.get(AttemptRef(tid, 1)).abandoned_at
     assert await _job_state(plane, tid, "done") == "done"
-    assert plane.store.jobs.get(tid, 1).abandoned_at == abandoned_at
+    assert plane.store.jobs.get(AttemptRef(tid, 1)).abandoned_at == abandoned_at

@@ -14,6 +14,7 @@ import pytest
 from fastmcp import Client
 
 from controlplane.app import ControlPlane
+from controlplane.ids import AttemptRef
 from controlplane.mcp.server import build_server
 from controlplane.ops import metrics
 from controlplane.settings import Settings
@@ -61,7 +62,7 @@ async def test_a_late_execution_that_outlives_its_refused_runner_is_stopped(
     fake.linger = True  # an execution goes on Running after its container exited, until stopped
     tid = await agent.submit(inputs={"sleep_s": 4, "log_lines": 3, "result": {"once": True}})
     await claimed_by_its_runner(cp, tid)
-    task, job = cp.store.tasks.get(tid), cp.store.jobs.get(tid, 1)
+    task, job = cp.store.tasks.get(tid), cp.store.jobs.get(AttemptRef(tid, 1))
     assert task is not None and job is not None
     provider = cp.providers["container_apps"]
     late = await anyio.to_thread.run_sync(provider.launch, cp.build_spec(task, job))
@@ -70,10 +71,10 @@ async def test_a_late_execution_that_outlives_its_refused_runner_is_stopped(
 
     for _ in range(300):  # refused, its runner exits 75; the execution runs on until the reconciler stops it
         ended = status_of(fake, late.execution) in ("Succeeded", "Failed", "Stopped")
-        if ended or cp.store.jobs.get(tid, 1).extra_stopped:
+        if ended or cp.store.jobs.get(AttemptRef(tid, 1)).extra_stopped:
             break
         await anyio.sleep(0.1)
-    assert cp.store.jobs.get(tid, 1).extra_stopped == 1
+    assert cp.store.jobs.get(AttemptRef(tid, 1)).extra_stopped == 1
     for _ in range(100):
         if status_of(fake, late.execution) == "Stopped":
             break
@@ -85,5 +86,5 @@ async def test_a_late_execution_that_outlives_its_refused_runner_is_stopped(
     assert st["state"] == "succeeded" and st["attempt"] == 1, st
     assert (await agent.call("get_task_result", task_id=tid))["result"]["once"] is True
     assert [ln["message"] for ln in await agent.all_logs(tid)] == ["line 0", "line 1", "line 2"]
-    row = cp.store.jobs.get(tid, 1)
+    row = cp.store.jobs.get(AttemptRef(tid, 1))
     assert row.extra_claims >= 1 and row.extra_checked == row.extra_claims and row.extra_stopped == 1

@@ -20,6 +20,7 @@ import pytest
 from fastmcp import Client
 
 from controlplane.app import ControlPlane
+from controlplane.ids import AttemptRef
 from controlplane.mcp.server import build_server
 from controlplane.ops import metrics
 from controlplane.settings import Settings
@@ -71,7 +72,7 @@ async def test_a_second_batch_job_of_an_attempt_is_stopped_and_the_first_deliver
     before = stopped_on_batch()
     tid = await agent.submit(inputs={"sleep_s": 6, "log_lines": 3, "result": {"once": True}})
     await claimed_by_its_runner(cp, tid)
-    job = cp.store.jobs.get(tid, 1)
+    job = cp.store.jobs.get(AttemptRef(tid, 1))
     assert job is not None and job.handle_json
     first_id = json.loads(job.handle_json)["job_id"]
 
@@ -87,11 +88,11 @@ async def test_a_second_batch_job_of_an_attempt_is_stopped_and_the_first_deliver
     # Its runner asks for the attempt's claim and is refused: the claim route counts it on the job.
     # (Where the route does not count it, the test records the refusal the runner got.)
     for _ in range(300):
-        if cp.store.jobs.get(tid, 1).extra_claims:
+        if cp.store.jobs.get(AttemptRef(tid, 1)).extra_claims:
             break
         await anyio.sleep(0.1)
     else:
-        cp.store.jobs.note_refused_claim(tid, 1)
+        cp.store.jobs.note_refused_claim(AttemptRef(tid, 1))
 
     for _ in range(300):  # the reconciler stops it: Batch ends it FAILED
         [second] = batch.describe_jobs(jobs=[second_id])["jobs"]

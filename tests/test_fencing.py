@@ -16,6 +16,7 @@ import pytest
 
 from controlplane import api
 from controlplane.app import LEADER_LEASE, ControlPlane
+from controlplane.ids import AttemptRef
 from controlplane.settings import Settings
 from controlplane.store.leases import Fence, Fenced
 from controlplane_providers.local import LocalProvider
@@ -157,7 +158,7 @@ async def test_a_reconciler_that_lost_its_lease_makes_no_transition(home: Path, 
             a.reconciler.cycle_sync(force_poll=True)
         await b.reconciler.cycle(force_poll=True)  # the leader does what was asked
         assert b.store.tasks.get(tid).state == "cancelling"
-        assert b.store.jobs.get(tid, 1).stop_sent_at is not None
+        assert b.store.jobs.get(AttemptRef(tid, 1)).stop_sent_at is not None
     finally:
         reap_jobs(home)
 

@@ -17,7 +17,7 @@ def test_task_ids_keep_their_format_and_make_valid_job_names() -> None:
     for _ in range(1000):
         tid = ids.new_task_id()
         assert TASK_ID.fullmatch(tid), tid
-        assert JOB_NAME.fullmatch(ids.job_name(tid, 12)), ids.job_name(tid, 12)
+        assert JOB_NAME.fullmatch(ids.AttemptRef(tid, 12).job_name), ids.AttemptRef(tid, 12).job_name
 
 
 def test_task_ids_sort_in_the_order_they_were_made() -> None:

@@ -25,6 +25,7 @@ import pytest
 from fastmcp import Client
 
 from controlplane.app import ControlPlane
+from controlplane.ids import AttemptRef
 from controlplane.launch import runner_secret
 from controlplane.mcp.server import build_server
 from controlplane.objectstore.base import attempt_prefix, events_prefix, result_key
@@ -133,8 +134,8 @@ async def test_a_job_without_credentials_delivers_inputs_events_result_and_artif
     assert len(body) == 50_000 and hashlib.sha256(body).hexdigest() == big["sha256"]
     assert [ln["message"] for ln in await agent.all_logs(tid)] == [f"line {i}" for i in range(25)]
     store = grants.cp.stores.default
-    assert store.stat(result_key(tid, 1)) is not None  # written by a signed PUT
-    assert list(store.list(events_prefix(tid, 1))) == []  # the callback took every event
+    assert store.stat(result_key(AttemptRef(tid, 1))) is not None  # written by a signed PUT
+    assert list(store.list(events_prefix(AttemptRef(tid, 1)))) == []  # the callback took every event
 
 
 async def test_with_the_callback_down_spilled_events_and_the_result_still_end_the_task(grants: Grants) -> None:
@@ -151,7 +152,7 @@ async def test_with_the_callback_down_spilled_events_and_the_result_still_end_th
     assert st["progress"]["percent"] == 100  # progress reported while the callback was down
     res = await agent.call("get_task_result", task_id=tid)
     assert res["result"]["late"] is True
-    spilled = list(grants.cp.stores.default.list(events_prefix(tid, 1)))
+    spilled = list(grants.cp.stores.default.list(events_prefix(AttemptRef(tid, 1))))
     assert spilled and all(k.rsplit("/", 1)[1].startswith("spill-") for k in spilled)  # keys granted ahead
 
 
@@ -167,12 +168,12 @@ async def test_the_grants_route_signs_only_the_attempts_own_keys(grants: Grants)
     other = await agent.submit(inputs={"sleep_s": 30})
     await agent.wait(tid, {"running"}, timeout=60)
     base = grants.cp.callback_url.rstrip("/")
-    secret = runner_secret(grants.cp.secret_key, tid, 1)
+    secret = runner_secret(grants.cp.secret_key, AttemptRef(tid, 1))
     url = f"{base}/tasks/{tid}/attempts/1/grants"
 
     status, body = (await post(url, {"names": ["inputs.json", "result.json", "events/x.jsonl", "artifacts/d/e.csv"]}, secret))
     assert status == 200, body
-    prefix = f"/{grants.bucket}/runs/{attempt_prefix(tid, 1)}"
+    prefix = f"/{grants.bucket}/runs/{attempt_prefix(AttemptRef(tid, 1))}"
     assert {n: (g["method"], urlsplit(g["url"]).path) for n, g in body["grants"].items()} == {
         "inputs.json": ("GET", prefix + "inputs.json"), "result.json": ("PUT", prefix + "result.json"),
         "events/x.jsonl": ("PUT", prefix + "events/x.jsonl"), "artifacts/d/e.csv": ("PUT", prefix + "artifacts/d/e.csv")}
@@ -196,7 +197,7 @@ async def test_the_grants_route_signs_only_the_attempts_own_keys(grants: Grants)
     # another task's keys: this attempt's secret does not open its route
     assert (await post(f"{base}/tasks/{other}/attempts/1/grants", {"names": ["result.json"]}, secret))[0] == 401
     # another attempt of this task: its own secret is refused while it is not current
-    later = runner_secret(grants.cp.secret_key, tid, 2)
+    later = runner_secret(grants.cp.secret_key, AttemptRef(tid, 2))
     assert (await post(f"{base}/tasks/{tid}/attempts/2/grants", {"names": ["result.json"]}, later))[0] == 409
     await agent.call("cancel_task", task_id=tid)
     await agent.call("cancel_task", task_id=other)

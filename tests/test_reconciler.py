@@ -21,6 +21,7 @@ from fastmcp import Client
 from sqlalchemy import text
 
 from controlplane.app import ControlPlane
+from controlplane.ids import AttemptRef
 from controlplane.mcp.server import build_server
 from controlplane.objectstore.base import task_prefix
 from controlplane.settings import Settings
@@ -91,7 +92,7 @@ async def test_silent_runner_is_stopped_before_its_retry(home: Path) -> None:
         st = await agent.wait(tid, timeout=60)
         assert st["state"] == "succeeded" and st["attempt"] == 2
         assert not any(pid_alive(v.pid) for v in victims)
-        first, second = cp.store.jobs.get(tid, 1), cp.store.jobs.get(tid, 2)
+        first, second = cp.store.jobs.get(AttemptRef(tid, 1)), cp.store.jobs.get(AttemptRef(tid, 2))
         assert first.stop_requested_at is not None
         # the second attempt was only scheduled once the first job was confirmed gone
         assert first.finished_at <= second.created_at
@@ -167,11 +168,11 @@ async def test_a_job_that_ran_before_its_launch_was_recorded_is_watched_to_its_e
         agent = Agent(client)
         tid = await agent.submit(inputs={"sleep_s": 2, "result": {"k": 1}})
         await agent.wait(tid, {"running"}, timeout=30)
-        assert cp.store.jobs.get(tid, 1).state == "launching"  # it runs, and its launch is not recorded yet
+        assert cp.store.jobs.get(AttemptRef(tid, 1)).state == "launching"  # it runs, and its launch is not recorded yet
         st = await agent.wait(tid, timeout=30)
         res = await agent.call("get_task_result", task_id=tid)
     assert st["state"] == "succeeded" and res["result"]["k"] == 1, (st, res)
-    assert lossy.lost == 1 and runner_starts(home / "jobs" / cp.store.jobs.get(tid, 1).job_name) == 1
+    assert lossy.lost == 1 and runner_starts(home / "jobs" / cp.store.jobs.get(AttemptRef(tid, 1)).job_name) == 1
 
 
 async def test_a_job_whose_handle_cannot_be_read_does_not_stop_the_others(agent: Agent, cp: ControlPlane,
@@ -236,7 +237,7 @@ async def test_expiry_removes_logs_artifacts_and_objects(agent: Agent, cp: Contr
     assert (await agent.wait(tid))["state"] == "succeeded"
     store = cp.stores.default
     assert list(store.list(task_prefix(tid))) and cp.store.artifacts.of(tid)
-    job_dir = Path(cp.settings.home) / "jobs" / cp.store.jobs.get(tid, 1).job_name
+    job_dir = Path(cp.settings.home) / "jobs" / cp.store.jobs.get(AttemptRef(tid, 1)).job_name
     assert job_dir.is_dir()
     with cp.db.write() as c:  # the ttl has passed
         c.execute(text("update tasks set expires_at = 0 where task_id = :t"), {"t": tid})
@@ -268,11 +269,11 @@ async def test_expired_tasks_are_purged_after_retention_and_the_audit_outlives_t
     now = time.time()
     kept = cp.store.retention.purge(now, purge_after_s=now, audit_retention_s=10 * now)  # not old enough
     assert kept.tasks == 0 and cp.store.tasks.get(tid) is not None
-    while cp.store.jobs.get(tid, 1).state != "done":  # a job row goes once its provider said it ended
+    while cp.store.jobs.get(AttemptRef(tid, 1)).state != "done":  # a job row goes once its provider said it ended
         await cp.reconciler.cycle(force_poll=True)
         await anyio.sleep(0.05)
     gone = cp.store.retention.purge(now, purge_after_s=60, audit_retention_s=10 * now)
-    assert gone.tasks == 1 and cp.store.tasks.get(tid) is None and cp.store.jobs.get(tid, 1) is None
+    assert gone.tasks == 1 and cp.store.tasks.get(tid) is None and cp.store.jobs.get(AttemptRef(tid, 1)) is None
     with pytest.raises(ToolCallError) as e:
         await agent.call("get_task_status", task_id=tid)
     assert e.value.code == "NOT_FOUND"

@@ -15,6 +15,7 @@ import pytest
 from sqlalchemy import text
 
 from controlplane.app import ControlPlane
+from controlplane.ids import AttemptRef
 from controlplane.settings import Settings
 from controlplane.states import WATCHED, JobState, TaskState
 from controlplane.store import queries as q
@@ -53,7 +54,7 @@ def running(cp: ControlPlane, double: MemoryProvider, n: int,
     for i, (task, job) in enumerate(cp.store.jobs.claim_for_launch("cpu_small", capacity=10_000)):
         handle = double.start(job.job_name, group=groups[i % len(groups)])
         assert cp.store.jobs.record_launch(job.worker_id, handle.encode())
-        cp.attempts.mark_running(task.task_id, task.attempt, time.time())
+        cp.attempts.mark_running(task.ref, time.time())
         out[job.job_name] = task.task_id
     return out
 
@@ -85,7 +86,7 @@ def test_jobs_that_end_or_start_during_the_walk_are_reconciled_at_most_once(cp: 
     started: dict[str, str] = {}
 
     def meanwhile() -> None:  # during the first poll, before the last page is read
-        cp.attempts.end_lost(jobs[gone_meanwhile], 1, "its runner said it ended", job_state=JobState.DONE)
+        cp.attempts.end_lost(AttemptRef(jobs[gone_meanwhile], 1), "its runner said it ended", job_state=JobState.DONE)
         started.update(running(cp, double, 1))
 
     double.on_next_poll = meanwhile
@@ -159,7 +160,7 @@ def test_a_job_with_an_unreadable_handle_is_named_once_and_forgotten_once_not_wa
     said = [r for r in caplog.records if "cannot be polled or stopped" in r.getMessage()]
     assert len(said) == 1 and damaged in said[0].getMessage()
     assert damaged not in double.polled() and len(double.polled()) == 9
-    cp.attempts.end_lost(jobs[damaged], 1, "its runner said it ended", job_state=JobState.DONE)
+    cp.attempts.end_lost(AttemptRef(jobs[damaged], 1), "its runner said it ended", job_state=JobState.DONE)
     cp.reconciler.cycle_sync(force_poll=True)
     assert cp.reconciler._unreadable == {}
 
@@ -190,7 +191,7 @@ def test_what_a_cloud_says_is_kept_whatever_its_words(cp: ControlPlane, double: 
     double.set_status(odd, JobStatus(JobPhase.PENDING, raw_status="WAITING_FOR_A_VERY_LONG_TIME_INDEED_" * 2,
                                      waiting_reason="no capacity\x00 in the zone"))
     cp.reconciler.cycle_sync(force_poll=True)
-    got = cp.store.jobs.get(jobs[odd], 1)
+    got = cp.store.jobs.get(AttemptRef(jobs[odd], 1))
     assert (got.provider_status, got.provider_reason) == ("WAITING_FOR_A_VERY_LONG_TIME_IND",
                                                           "no capacity\ufffd in the zone")
-    assert cp.store.jobs.get(jobs[plain], 1).provider_status == "running"
+    assert cp.store.jobs.get(AttemptRef(jobs[plain], 1)).provider_status == "running"

@@ -16,6 +16,7 @@ import psutil
 import pytest
 from sqlalchemy import update
 
+from controlplane.ids import AttemptRef
 from controlplane.launch import bootstrap_token, runner_secret
 from controlplane.objectstore.claim import claim_key, nonce_digest, take_claim
 from controlplane.store.models import Job
@@ -29,7 +30,7 @@ def runner_env(cp, tid: str) -> dict[str, str]:  # noqa: ANN001
     """What anyone able to read the job's spec sees: the runner process's environment."""
     import json
 
-    pid = json.loads((Path(cp.settings.home) / "jobs" / cp.store.jobs.get(tid, 1).job_name / "runner.pid").read_text())["pid"]
+    pid = json.loads((Path(cp.settings.home) / "jobs" / cp.store.jobs.get(AttemptRef(tid, 1)).job_name / "runner.pid").read_text())["pid"]
     return psutil.Process(pid).environ()
 
 
@@ -42,7 +43,7 @@ async def test_the_spec_carries_a_token_that_is_dead_once_the_runner_claimed(age
             break
         await anyio.sleep(0.05)
     env = runner_env(cp, tid)
-    secret = runner_secret(cp.secret_key, tid, 1)
+    secret = runner_secret(cp.secret_key, AttemptRef(tid, 1))
     assert "CONTROLPLANE_CALLBACK_SECRET" not in env and secret not in env.values()
     token = env["CONTROLPLANE_BOOTSTRAP_TOKEN"]
     base = f"{cp.public_url}/runner/v1/tasks/{tid}/attempts/1"
@@ -59,7 +60,7 @@ async def test_the_spec_carries_a_token_that_is_dead_once_the_runner_claimed(age
 async def claimed_by_its_runner(cp, tid: str) -> None:  # noqa: ANN001
     """Until the real runner has claimed its attempt (it does so before its tool starts)."""
     for _ in range(600):
-        job = cp.store.jobs.get(tid, 1)
+        job = cp.store.jobs.get(AttemptRef(tid, 1))
         if job is not None and job.secret_claim:
             return
         await anyio.sleep(0.05)
@@ -70,7 +71,7 @@ def forget_claim(cp, tid: str) -> None:  # noqa: ANN001
     """Forget the real runner's claim (database and object store), so a test makes the first one."""
     with cp.db.engine.begin() as c:
         c.execute(update(Job.__table__).where(Job.__table__.c.task_id == tid).values(secret_claim=None))
-    cp.stores.get(cp.store.tasks.get(tid).store_url).delete_prefix(claim_key(tid, 1))
+    cp.stores.get(cp.store.tasks.get(tid).store_url).delete_prefix(claim_key(AttemptRef(tid, 1)))
 
 
 async def test_claim_answers(agent: Agent, cp) -> None:
@@ -80,15 +81,15 @@ async def test_claim_answers(agent: Agent, cp) -> None:
     await claimed_by_its_runner(cp, tid)
     forget_claim(cp, tid)
     base = f"{cp.public_url}/runner/v1/tasks/{tid}/attempts/1/claim"
-    token = {"Authorization": f"Bearer {bootstrap_token(cp.secret_key, tid, 1)}"}
+    token = {"Authorization": f"Bearer {bootstrap_token(cp.secret_key, AttemptRef(tid, 1))}"}
     mine, theirs = secrets.token_hex(32), secrets.token_hex(32)
     async with httpx.AsyncClient() as http:
         assert (await http.post(base, json={"nonce": mine},
-                                headers={"Authorization": "Bearer " + runner_secret(cp.secret_key, tid, 1)})).status_code == 401
+                                headers={"Authorization": "Bearer " + runner_secret(cp.secret_key, AttemptRef(tid, 1))})).status_code == 401
         assert (await http.post(base, json={"nonce": "short"}, headers=token)).status_code == 400
         assert (await http.post(base, content=b"not json", headers=token)).status_code == 400
         first = await http.post(base, json={"nonce": mine}, headers=token)
-        assert first.status_code == 200 and first.json() == {"secret": runner_secret(cp.secret_key, tid, 1)}
+        assert first.status_code == 200 and first.json() == {"secret": runner_secret(cp.secret_key, AttemptRef(tid, 1))}
         assert first.headers["cache-control"] == "no-store"
         assert (await http.post(base, json={"nonce": mine}, headers=token)).json() == first.json()  # a lost answer
         other = await http.post(base, json={"nonce": theirs}, headers=token)
@@ -107,14 +108,14 @@ async def test_a_claim_the_runner_took_in_the_object_store_wins_over_a_later_one
     forget_claim(cp, tid)
     holder = secrets.token_hex(32)
     store = cp.stores.get(cp.store.tasks.get(tid).store_url)
-    assert take_claim(store, tid, 1, nonce_digest(holder), by="runner") == nonce_digest(holder)
+    assert take_claim(store, AttemptRef(tid, 1), nonce_digest(holder), by="runner") == nonce_digest(holder)
     base = f"{cp.public_url}/runner/v1/tasks/{tid}/attempts/1/claim"
-    token = {"Authorization": f"Bearer {bootstrap_token(cp.secret_key, tid, 1)}"}
+    token = {"Authorization": f"Bearer {bootstrap_token(cp.secret_key, AttemptRef(tid, 1))}"}
     async with httpx.AsyncClient() as http:
         late = await http.post(base, json={"nonce": secrets.token_hex(32)}, headers=token)
         assert (late.status_code, late.json()["code"]) == (403, "ALREADY_CLAIMED")
         back = await http.post(base, json={"nonce": holder}, headers=token)  # the holder reaches us again
-        assert back.status_code == 200 and back.json() == {"secret": runner_secret(cp.secret_key, tid, 1)}
+        assert back.status_code == 200 and back.json() == {"secret": runner_secret(cp.secret_key, AttemptRef(tid, 1))}
     await agent.call("cancel_task", task_id=tid)
     await agent.wait(tid)
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from controlplane.ids import AttemptRef
 from controlplane.objectstore.base import artifact_key, events_prefix, inputs_key, result_key
 from controlplane.objectstore.claim import claim_key
 from controlplane.objectstore.local import LocalObjectStore
@@ -315,7 +316,7 @@ TASK = "t-events-1"
 def run_runner(tmp: Path, command: list[str], *, callback: str | None = None, workdir: bool = True,
                timeout: float = 60) -> tuple[subprocess.CompletedProcess[str], LocalObjectStore]:
     store = LocalObjectStore(tmp / "store")
-    store.put_bytes(inputs_key(TASK, 1), json.dumps({"n": 3}).encode())
+    store.put_bytes(inputs_key(AttemptRef(TASK, 1)), json.dumps({"n": 3}).encode())
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLPLANE_")}
     env.update(CONTROLPLANE_TASK_ID=TASK, CONTROLPLANE_ATTEMPT="1", CONTROLPLANE_STORE_URL=store.url,
                CONTROLPLANE_KILL_GRACE_S="2", CONTROLPLANE_HEARTBEAT_S="0.2", PYTHONPATH=str(ROOT))
@@ -332,7 +333,7 @@ def run_runner(tmp: Path, command: list[str], *, callback: str | None = None, wo
 
 def spilled(store: LocalObjectStore) -> list[Any]:
     lines = []
-    for key in sorted(store.list(events_prefix(TASK, 1))):
+    for key in sorted(store.list(events_prefix(AttemptRef(TASK, 1)))):
         lines += [json.loads(line) for line in store.get_bytes(key).splitlines()]
     return lines
 
@@ -384,7 +385,7 @@ def test_the_runner_writes_only_events_the_parser_knows(tmp_path: Path) -> None:
     assert finished.result == {"ok": True, "n": 3}
     [art] = finished.artifacts
     assert set(art) == ARTIFACT_FIELDS and (art["name"], art["kind"], art["size_bytes"]) == ("out.txt", "text", 2)
-    result_json = json.loads(store.get_bytes(result_key(TASK, 1)))
+    result_json = json.loads(store.get_bytes(result_key(AttemptRef(TASK, 1))))
     assert set(result_json) == set(events.OUTCOME_FIELDS)
     assert events.parse_outcome(result_json) == dataclasses.replace(finished, seq=0, ts=None)
     assert json.loads((tmp_path / "exit.json").read_text()) == result_json
@@ -397,7 +398,7 @@ def test_a_runner_without_a_workdir_leaves_no_scratch_behind(tmp_path: Path) -> 
     assert done.returncode == 0, done.stderr
     finished = check_stream(spilled(store))[-1]
     assert finished.status == events.SUCCEEDED and [a["name"] for a in finished.artifacts] == ["out.txt"]
-    assert store.get_bytes(artifact_key(TASK, 1, "out.txt")) == b"hi"
+    assert store.get_bytes(artifact_key(AttemptRef(TASK, 1), "out.txt")) == b"hi"
     assert list((tmp_path / "tmp").iterdir()) == []
 
 
@@ -407,7 +408,7 @@ def test_a_tool_that_cannot_start(tmp_path: Path) -> None:
     parsed = check_stream(spilled(store))
     assert [p.type for p in parsed] == [events.FINISHED]  # never started
     assert parsed[0].status == events.FAILED and parsed[0].exit_code == 127 and "cannot start tool" in parsed[0].error
-    assert events.parse_outcome(json.loads(store.get_bytes(result_key(TASK, 1)))).as_outcome() == \
+    assert events.parse_outcome(json.loads(store.get_bytes(result_key(AttemptRef(TASK, 1))))).as_outcome() == \
         parsed[0].as_outcome()
 
 
@@ -472,7 +473,7 @@ def test_the_runner_reports_by_callback_and_stops_on_cancel(tmp_path: Path) -> N
     finished = parsed[-1]
     assert (finished.status, finished.stop_reason, finished.signal, finished.exit_code) == \
         (events.CANCELLED, events.STOP_CANCEL, "SIGTERM", 143)
-    assert events.parse_outcome(json.loads(store.get_bytes(result_key(TASK, 1)))) == \
+    assert events.parse_outcome(json.loads(store.get_bytes(result_key(AttemptRef(TASK, 1))))) == \
         dataclasses.replace(finished, seq=0, ts=None)
 
 
@@ -480,13 +481,13 @@ def test_a_burst_of_stop_signals_stops_the_runner(tmp_path: Path) -> None:
     """Cancels repeated quickly send the runner SIGTERM after SIGTERM; signals that arrive while
     it handles one (or while it waits) must not wedge it. It stops the tool and reports."""
     store = LocalObjectStore(tmp_path / "store")
-    store.put_bytes(inputs_key(TASK, 1), b"{}")
+    store.put_bytes(inputs_key(AttemptRef(TASK, 1)), b"{}")
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLPLANE_")}
     env.update(CONTROLPLANE_TASK_ID=TASK, CONTROLPLANE_ATTEMPT="1", CONTROLPLANE_STORE_URL=store.url,
                CONTROLPLANE_KILL_GRACE_S="2", PYTHONPATH=str(ROOT))
     tool = "import time; print('sleeping', flush=True); time.sleep(60)"
     for round_ in range(3):
-        store.delete_prefix(claim_key(TASK, 1))  # each round is a new execution of the attempt, not an extra one
+        store.delete_prefix(claim_key(AttemptRef(TASK, 1)))  # each round is a new execution of the attempt, not an extra one
         exit_file = tmp_path / f"exit{round_}.json"
         runner = subprocess.Popen([sys.executable, "-m", "controlplane_runner", "--workdir", str(tmp_path / "work"),
                                    "--exit-file", str(exit_file), "--", sys.executable, "-c", tool],

@@ -160,7 +160,7 @@ def job_in(cp: ControlPlane, state: JobState):
     [(_task, job)] = cp.store.jobs.claim_for_launch("cpu_small", 1000, limit=1)
     with cp.db.write() as c:
         c.execute(text("update jobs set state = :s where worker_id = :w"), {"s": state.value, "w": job.worker_id})
-    return cp.store.jobs.get(job.task_id, job.attempt)
+    return cp.store.jobs.get(job.ref)
 
 
 @pytest.mark.parametrize("src", list(JobState), ids=lambda s: s.value)
@@ -171,14 +171,14 @@ def test_job_moves_follow_their_table(cp: ControlPlane, src: JobState) -> None:
         if dst in JOB_TRANSITIONS[src]:
             with w.tx() as c:
                 w.move_job(c, job, dst, now=123.0)
-            after = cp.store.jobs.get(job.task_id, job.attempt)
+            after = cp.store.jobs.get(job.ref)
             assert after.state == dst
             assert (after.abandoned_at == 123.0) == (dst == JobState.ABANDONED)
         else:
             with pytest.raises(IllegalTransition):
                 with w.tx() as c:
                     w.move_job(c, job, dst, now=123.0)
-            assert cp.store.jobs.get(job.task_id, job.attempt) == job  # nothing written
+            assert cp.store.jobs.get(job.ref) == job  # nothing written
 
 
 def test_ended_jobs_are_not_watched_and_only_launching_and_active_report() -> None:

@@ -27,6 +27,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 
+from controlplane.ids import AttemptRef
 from controlplane.launch import bootstrap_token, runner_secret
 from controlplane.objectstore.base import UnsafeKey, guess_content_type
 from controlplane.objectstore.claim import nonce_digest, take_claim
@@ -63,27 +64,26 @@ class RouteDeps:
 
 
 def routes(cp: RouteDeps) -> list[Route]:
-    def authenticate(request: Request, credential: Callable[[bytes, str, int], str]) -> tuple[str, int] | Response:
-        """The (task id, attempt) a runner route names, if its bearer is that attempt's `credential`."""
-        task_id = request.path_params["task_id"]
+    def authenticate(request: Request, credential: Callable[[bytes, AttemptRef], str]) -> AttemptRef | Response:
+        """The attempt a runner route names, if its bearer is that attempt's `credential`."""
         try:
-            attempt = int(request.path_params["attempt"])
+            ref = AttemptRef(request.path_params["task_id"], int(request.path_params["attempt"]))
         except ValueError:
             return _error(404, "not found")
         auth = request.headers.get("authorization", "")
-        expected = "Bearer " + credential(cp.secret_key, task_id, attempt)
+        expected = "Bearer " + credential(cp.secret_key, ref)
         if not hmac.compare_digest(auth.encode(), expected.encode()):
             return _error(401, "bad runner credentials")
-        return task_id, attempt
+        return ref
 
-    async def current(task_id: str, attempt: int) -> TaskRow | None:
-        """The task, if `attempt` is its current one and it has not ended."""
-        task = await anyio.to_thread.run_sync(cp.store.tasks.get, task_id)
-        return task if task is not None and task.attempt == attempt and task.state not in FINAL else None
+    async def current(ref: AttemptRef) -> TaskRow | None:
+        """The task, if `ref` is its current attempt and it has not ended."""
+        task = await anyio.to_thread.run_sync(cp.store.tasks.get, ref.task_id)
+        return task if task is not None and task.attempt == ref.number and task.state not in FINAL else None
 
-    async def small_json(request: Request, credential: Callable[[bytes, str, int], str],
-                         limit: int) -> tuple[str, int, dict[str, Any]] | Response:
-        """(task id, attempt, body) of an authenticated call whose body is a small JSON object
+    async def small_json(request: Request, credential: Callable[[bytes, AttemptRef], str],
+                         limit: int) -> tuple[AttemptRef, dict[str, Any]] | Response:
+        """(attempt, body) of an authenticated call whose body is a small JSON object
         (past `limit` bytes or not an object: an empty one, which the route then refuses)."""
         who = authenticate(request, credential)
         if isinstance(who, Response):
@@ -93,51 +93,50 @@ def routes(cp: RouteDeps) -> list[Route]:
             payload = json.loads(body[:limit] or b"{}")
         except ValueError:
             payload = None
-        return *who, payload if isinstance(payload, dict) else {}
+        return who, payload if isinstance(payload, dict) else {}
 
     async def runner_claim(request: Request) -> Response:
         call = await small_json(request, bootstrap_token, 4096)
         if isinstance(call, Response):
             return call
-        task_id, attempt, payload = call
+        ref, payload = call
         nonce = payload.get("nonce")
         if not isinstance(nonce, str) or not 32 <= len(nonce) <= 256:
             return _error(400, "body must be {\"nonce\": a random string of 32 to 256 characters}")
-        task = await current(task_id, attempt)
+        task = await current(ref)
         if task is None:
             return _error(409, "this attempt is no longer current", "ATTEMPT_OVER")
         digest = nonce_digest(nonce)
         try:  # the object store decides, so that a runner that claimed it without us is seen too
             holder = await anyio.to_thread.run_sync(
-                lambda: take_claim(cp.stores.get(task.store_url), task_id, attempt, digest, by="control-plane"))
+                lambda: take_claim(cp.stores.get(task.store_url), ref, digest, by="control-plane"))
         except OSError:
-            log.warning("the claim of %s/%s could not be written to the object store", task_id, attempt,
-                        extra=logs.of_attempt(task_id, attempt, "claim_failed"))
+            log.warning("the claim of %s/%s could not be written to the object store", ref.task_id, ref.number,
+                        extra=logs.of_attempt(ref, "claim_failed"))
             return _error(503, "the object store did not answer; try again")
-        claimed = await anyio.to_thread.run_sync(cp.store.jobs.claim_runner_secret, task_id, attempt, holder)
+        claimed = await anyio.to_thread.run_sync(cp.store.jobs.claim_runner_secret, ref, holder)
         if claimed is None:
             return _error(409, "this attempt is no longer current", "ATTEMPT_OVER")
         if not claimed or holder != digest:
-            log.warning("a second execution of %s/%s claimed it and was refused", task_id, attempt,
-                        extra=logs.of_attempt(task_id, attempt, "claim_refused"))
-            await anyio.to_thread.run_sync(refused_claim, task_id, attempt)
+            log.warning("a second execution of %s/%s claimed it and was refused", ref.task_id, ref.number,
+                        extra=logs.of_attempt(ref, "claim_refused"))
+            await anyio.to_thread.run_sync(refused_claim, ref)
             return _error(403, "another execution holds this attempt's claim", "ALREADY_CLAIMED")
-        log.info("the runner of %s/%s claimed it", task_id, attempt,
-                 extra=logs.of_attempt(task_id, attempt, "claim"))
-        return JSONResponse({"secret": runner_secret(cp.secret_key, task_id, attempt)},
+        log.info("the runner of %s/%s claimed it", ref.task_id, ref.number,
+                 extra=logs.of_attempt(ref, "claim"))
+        return JSONResponse({"secret": runner_secret(cp.secret_key, ref)},
                             headers={"Cache-Control": "no-store"})
 
-    def refused_claim(task_id: str, attempt: int) -> None:
+    def refused_claim(ref: AttemptRef) -> None:
         """An extra execution of the attempt: counted on its job for the reconciler to stop."""
-        cp.store.jobs.note_refused_claim(task_id, attempt)
-        job = cp.store.jobs.get(task_id, attempt)
+        cp.store.jobs.note_refused_claim(ref)
+        job = cp.store.jobs.get(ref)
         metrics.extra_executions(job.provider if job is not None else "unknown", "refused")
 
     async def runner_events(request: Request) -> Response:
-        who = authenticate(request, runner_secret)
-        if isinstance(who, Response):
-            return who
-        task_id, attempt = who
+        ref = authenticate(request, runner_secret)
+        if isinstance(ref, Response):
+            return ref
         if int(request.headers.get("content-length") or 0) > MAX_EVENTS_BODY:
             return _error(413, "batch too large")
         body = await request.body()
@@ -152,19 +151,19 @@ def routes(cp: RouteDeps) -> list[Route]:
             return _error(400, "body must be {\"events\": [objects]}")
 
         if not events:  # a heartbeat: cheap, buffered, written in batches
-            task = await current(task_id, attempt)
+            task = await current(ref)
             if task is None:
                 return _error(409, "this attempt is no longer current")
-            cp.attempts.beat(task_id, attempt, time.time())
-            job = await anyio.to_thread.run_sync(cp.store.jobs.get, task_id, attempt)
+            cp.attempts.beat(ref, time.time())
+            job = await anyio.to_thread.run_sync(cp.store.jobs.get, ref)
             return JSONResponse({"ack_seq": job.event_seq if job else 0, "cancel": bool(task.cancel_requested)})
         try:
-            result = await anyio.to_thread.run_sync(cp.attempts.apply, task_id, attempt, events)
+            result = await anyio.to_thread.run_sync(cp.attempts.apply, ref, events)
         except StaleAttempt:
             return _error(409, "this attempt is no longer current")
         except Exception:  # noqa: BLE001
-            log.exception("ingesting events of %s/%s failed", task_id, attempt,
-                          extra=logs.of_attempt(task_id, attempt, "events_failed"))
+            log.exception("ingesting events of %s/%s failed", ref.task_id, ref.number,
+                          extra=logs.of_attempt(ref, "events_failed"))
             return _error(500, "internal error")
         if result.finished or result.cancel:
             cp.wake()
@@ -178,7 +177,7 @@ def routes(cp: RouteDeps) -> list[Route]:
         call = await small_json(request, runner_secret, 64 * 1024)
         if isinstance(call, Response):
             return call
-        task_id, attempt, payload = call
+        ref, payload = call
         names, ahead = payload.get("names"), payload.get("ahead", False)
         if not isinstance(names, list) or not 1 <= len(names) <= MAX_NAMES or not isinstance(ahead, bool):
             return _error(400, f"body must be {{\"names\": [1 to {MAX_NAMES} names], \"ahead\": bool}}",
@@ -188,7 +187,7 @@ def routes(cp: RouteDeps) -> list[Route]:
                 grant_method(name)
             except UnsafeKey as e:
                 return _error(400, f"cannot grant {str(name)[:100]!r}: {e}", "INVALID_REQUEST")
-        task = await current(task_id, attempt)
+        task = await current(ref)
         if task is None:
             return _error(409, "this attempt is no longer current")
         objects = cp.stores.get(task.store_url)
@@ -196,12 +195,12 @@ def routes(cp: RouteDeps) -> list[Route]:
         ttl = min(ttl, objects.max_url_ttl_s)
         try:
             grants = await anyio.to_thread.run_sync(
-                lambda: sign_grants(objects, task_id, attempt, names, expires_in=ttl))
+                lambda: sign_grants(objects, ref, names, expires_in=ttl))
         except NotImplementedError:
             return _error(409, "this task's object store cannot sign uploads", "CAPABILITY_MISSING")
         except Exception:  # noqa: BLE001
-            log.exception("signing grants for %s/%s failed", task_id, attempt,
-                          extra=logs.of_attempt(task_id, attempt, "grants_failed"))
+            log.exception("signing grants for %s/%s failed", ref.task_id, ref.number,
+                          extra=logs.of_attempt(ref, "grants_failed"))
             return _error(503, "could not sign; retry later", "INTERNAL")
         return JSONResponse({"grants": grants, "expires_in": ttl}, headers={"Cache-Control": "no-store"})
 

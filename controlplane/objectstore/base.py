@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
+from controlplane.ids import AttemptRef
+
 CHUNK = 1024 * 1024
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 MAX_NAME = 255
@@ -84,28 +86,30 @@ def task_prefix(task_id: str) -> str:
     return check_key(f"tasks/{task_id}") + "/"
 
 
-def attempt_prefix(task_id: str, attempt: int) -> str:
-    return f"{task_prefix(task_id)}attempts/{int(attempt)}/"
+def attempt_prefix(ref: AttemptRef) -> str:
+    """`tasks/<task id>/attempts/<attempt>/`, then `shards/<shard>/` for a shard."""
+    shard = "" if ref.shard is None else f"shards/{int(ref.shard)}/"
+    return f"{task_prefix(ref.task_id)}attempts/{int(ref.number)}/{shard}"
 
 
-def inputs_key(task_id: str, attempt: int) -> str:
-    return attempt_prefix(task_id, attempt) + "inputs.json"
+def inputs_key(ref: AttemptRef) -> str:
+    return attempt_prefix(ref) + "inputs.json"
 
 
-def result_key(task_id: str, attempt: int) -> str:
-    return attempt_prefix(task_id, attempt) + "result.json"
+def result_key(ref: AttemptRef) -> str:
+    return attempt_prefix(ref) + "result.json"
 
 
-def events_prefix(task_id: str, attempt: int) -> str:
-    return attempt_prefix(task_id, attempt) + "events/"
+def events_prefix(ref: AttemptRef) -> str:
+    return attempt_prefix(ref) + "events/"
 
 
-def events_key(task_id: str, attempt: int, first_seq: int) -> str:
-    return f"{events_prefix(task_id, attempt)}{first_seq:012d}.jsonl"
+def events_key(ref: AttemptRef, first_seq: int) -> str:
+    return f"{events_prefix(ref)}{first_seq:012d}.jsonl"
 
 
-def artifact_key(task_id: str, attempt: int, name: str) -> str:
-    return attempt_prefix(task_id, attempt) + "artifacts/" + safe_artifact_name(name)
+def artifact_key(ref: AttemptRef, name: str) -> str:
+    return attempt_prefix(ref) + "artifacts/" + safe_artifact_name(name)
 
 
 class HashingReader:

@@ -15,11 +15,12 @@ import hashlib
 import json
 import time
 
+from controlplane.ids import AttemptRef
 from controlplane.objectstore.base import ObjectExists, ObjectStore, attempt_prefix
 
 
-def claim_key(task_id: str, attempt: int) -> str:
-    return f"{attempt_prefix(task_id, attempt)}claim.json"
+def claim_key(ref: AttemptRef) -> str:
+    return f"{attempt_prefix(ref)}claim.json"
 
 
 def nonce_digest(nonce: str) -> str:
@@ -27,12 +28,12 @@ def nonce_digest(nonce: str) -> str:
     return hashlib.sha256(nonce.encode()).hexdigest()
 
 
-def take_claim(store: ObjectStore, task_id: str, attempt: int, digest: str, *, by: str) -> str:
+def take_claim(store: ObjectStore, ref: AttemptRef, digest: str, *, by: str) -> str:
     """Claim the attempt for `digest`, or learn who holds it: the digest that holds the claim
     (`digest` itself when it is ours, now or from an earlier try with the same nonce). `by` says
     who wrote it ("control-plane" or "runner"), for an operator reading the object. Raises
     OSError when the store cannot be reached. Blocks (one write, and one read if taken)."""
-    key = claim_key(task_id, attempt)
+    key = claim_key(ref)
     doc = {"nonce_sha256": digest, "claimed_at": time.time(), "by": by}
     try:
         store.put_bytes(key, json.dumps(doc).encode(), content_type="application/json")

@@ -16,6 +16,7 @@ name rules too.
 
 from __future__ import annotations
 
+from controlplane.ids import AttemptRef
 from controlplane.objectstore.base import ObjectStore, UnsafeKey, attempt_prefix, safe_artifact_name
 
 MAX_NAMES = 100  # names in one request
@@ -39,12 +40,12 @@ def grant_method(name: object) -> str:
     raise UnsafeKey("a grant names inputs.json, result.json, events/<name> or artifacts/<path>")
 
 
-def sign_grants(store: ObjectStore, task_id: str, attempt: int, names: list[str], *,
+def sign_grants(store: ObjectStore, ref: AttemptRef, names: list[str], *,
                 expires_in: int) -> dict[str, dict[str, object]]:
     """Signed requests for `names` (checked already) of one attempt. May call out to sign (GCS
     signBlob, an Azure user delegation key): run it off the event loop. NotImplementedError when
     the store cannot sign uploads (the local store)."""
-    prefix = attempt_prefix(task_id, attempt)
+    prefix = attempt_prefix(ref)
     out: dict[str, dict[str, object]] = {}
     for name in names:
         if grant_method(name) == "GET":

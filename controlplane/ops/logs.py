@@ -16,6 +16,8 @@ from typing import Any, Literal, Protocol
 
 from pythonjsonlogger.json import JsonFormatter
 
+from controlplane.ids import AttemptRef
+
 LogFormat = Literal["text", "json"]
 TEXT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # Libraries that give their loggers handlers of their own (fastmcp's rich console, uvicorn's
@@ -36,14 +38,17 @@ class AttemptLike(Protocol):
     def job_name(self) -> str: ...
 
 
-def of_attempt(task_id: str, attempt: int, action: str, **more: Any) -> dict[str, Any]:
-    """The fields of a record about one attempt of a task (for `extra=`)."""
-    return {"task_id": task_id, "attempt": attempt, "action": action, **more}
+def of_attempt(ref: AttemptRef, action: str, **more: Any) -> dict[str, Any]:
+    """The fields of a record about one attempt of a task (for `extra=`; `shard` for a shard's)."""
+    fields: dict[str, Any] = {"task_id": ref.task_id, "attempt": ref.number, "action": action, **more}
+    if ref.shard is not None:
+        fields["shard"] = ref.shard
+    return fields
 
 
 def of_job(job: AttemptLike, action: str, **more: Any) -> dict[str, Any]:
     """The fields of a record about an attempt's job (a job or watched-job row)."""
-    return of_attempt(job.task_id, job.attempt, action, provider=job.provider, job_name=job.job_name, **more)
+    return of_attempt(AttemptRef(job.task_id, job.attempt), action, provider=job.provider, job_name=job.job_name, **more)
 
 
 def set_replica(name: str) -> None:

@@ -152,7 +152,7 @@ class ExtraExecutions:
     def _spec_of(self, j: WatchedJob) -> LaunchSpec | None:
         """The job's LaunchSpec as the scheduler built it (for a draining job, of its attempt)."""
         assert self.build_spec is not None
-        task, job = self.store.tasks.get(j.task_id), self.store.jobs.get(j.task_id, j.attempt)
+        task, job = self.store.tasks.get(j.task_id), self.store.jobs.get(j.ref)
         if task is None or job is None:
             return None
         if task.attempt != j.attempt:

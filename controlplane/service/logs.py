@@ -52,7 +52,7 @@ class Logs:
     def _provider_tail(self, task: TaskRow, req: api.TailTaskLogs, limit: int) -> ProviderLogPage:
         """A page of the job runner's own log (CloudWatch, the local console) for the current
         attempt; its cursor wraps the provider's (e.g. CloudWatch's forward token)."""
-        job = self.store.jobs.get(task.task_id, task.attempt)
+        job = self.store.jobs.get(task.ref)
         where = job.provider if job is not None else task.provider  # the attempt's placement's
         provider = self.providers.get(where)
         if provider is None or not provider.supports(Capability.LOGS):

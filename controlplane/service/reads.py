@@ -70,7 +70,7 @@ class Reads:
         extra: dict[str, str] = {}
         job = None
         if state == TaskState.SCHEDULED or self._may_link(task):  # (else its job says nothing here)
-            job = self.store.jobs.get(task.task_id, task.attempt)
+            job = self.store.jobs.get(task.ref)
         if job is not None:  # the attempt's own placement
             provider = self.providers.get(job.provider)
             if state == TaskState.SCHEDULED and job.provider_reason:
@@ -95,7 +95,7 @@ class Reads:
         """`polling.poll_after_ms` at the placement of the task's attempt (`job`: its job, when read)."""
         where = job.provider if job is not None else None
         if where is None and task.state == TaskState.SCHEDULED and len(self.catalog.placements(task.tool_name)) > 1:
-            placed = self.store.jobs.get(task.task_id, task.attempt)
+            placed = self.store.jobs.get(task.ref)
             where = placed.provider if placed is not None else None
         return poll_after_ms(task, self.estimator, self.providers, where)
 

@@ -41,7 +41,7 @@ class Costs:
         if running:
             # at the placement its job runs on (read only for a tool that has more than one)
             placed_apart = len(self.pricing.catalog.placements(task.tool_name)) > 1
-            priced = self.pricing.of_attempt(task, self.store.jobs.get(task.task_id, task.attempt)
+            priced = self.pricing.of_attempt(task, self.store.jobs.get(task.ref)
                                              if placed_apart else None)
             so_far = priced.usage(time.time() - task.started_at)  # type: ignore[operator]
             used = used + so_far

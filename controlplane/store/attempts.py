@@ -168,15 +168,15 @@ class AttemptStore:
         self.db = writer.db
 
     @contextmanager
-    def open(self, task_id: str, attempt: int, *, reporting: bool = False) -> Iterator[AttemptTx]:
+    def open(self, ref: ids.AttemptRef, *, reporting: bool = False) -> Iterator[AttemptTx]:
         """The attempt, locked. With `reporting` (a runner's events) an attempt that is not the
         task's current one, or whose job no longer reports, raises StaleAttempt."""
         with self.w.tx() as c:
-            task = self.w.lock_task(c, task_id)
-            job = self.w.job(c, task_id, attempt) if task is not None else None
-            a = AttemptTx(self.w, c, task, job, attempt)
+            task = self.w.lock_task(c, ref.task_id)
+            job = self.w.job(c, ref) if task is not None else None
+            a = AttemptTx(self.w, c, task, job, ref.number)
             if reporting and (not a.current or job is None or job.state not in REPORTING):
-                raise StaleAttempt(task_id)
+                raise StaleAttempt(ref.task_id)
             yield a
             a._flush()
 

@@ -75,7 +75,7 @@ class JobStore:
                         JobRow.from_row(j) for j in self.db.run(c, q.JOBS_OF_TASK, {"task_id": t.task_id})])
                 job = JobRow(worker_id=ids.new_worker_id(), task_id=task.task_id, attempt=task.attempt,
                              provider=provider, resource_class=resource_class,
-                             job_name=ids.job_name(task.task_id, task.attempt), state=J.LAUNCHING,
+                             job_name=task.ref.job_name, state=J.LAUNCHING,
                              created_at=now, event_seq=0, placement=placement)
                 self.db.run(c, q.INSERT_JOB, {"worker_id": job.worker_id, "task_id": job.task_id,
                                               "attempt": job.attempt, "provider": job.provider,
@@ -134,15 +134,15 @@ class JobStore:
                          {"worker_id": worker_id, "job_name": job.job_name}, now)
             return True
 
-    def drop_unlaunched(self, task_id: str, attempt: int, error: dict[str, Any]) -> None:
+    def drop_unlaunched(self, ref: ids.AttemptRef, error: dict[str, Any]) -> None:
         """A cancel arrived before the job was launched (or the launch found nothing): the task
         is cancelled with `error` and the launch intent is dropped, in one transaction."""
         now = self.w.clock()
         with self.w.tx() as c:
-            task = self.w.lock_task(c, task_id)
-            if task is None or task.attempt != attempt or task.state not in (S.CANCEL_REQUESTED, S.CANCELLING):
+            task = self.w.lock_task(c, ref.task_id)
+            if task is None or task.attempt != ref.number or task.state not in (S.CANCEL_REQUESTED, S.CANCELLING):
                 return
-            job = self.w.job(c, task_id, attempt)
+            job = self.w.job(c, ref)
             if job is not None and job.state == J.LAUNCHING:
                 self.w.move_job(c, job, J.DROPPED, now)
             if task.state == S.CANCEL_REQUESTED:
@@ -151,8 +151,8 @@ class JobStore:
                               values={"error_json": json.dumps(error)}, now=now)
 
     # ---- watching -----------------------------------------------------------------------------
-    def get(self, task_id: str, attempt: int) -> JobRow | None:
-        rows = self.db.fetch(q.GET_JOB, {"task_id": task_id, "attempt": attempt})
+    def get(self, ref: ids.AttemptRef) -> JobRow | None:
+        rows = self.db.fetch(q.GET_JOB, {"task_id": ref.task_id, "attempt": ref.number})
         return JobRow.from_row(rows[0]) if rows else None
 
     def of_task(self, task_id: str) -> list[JobRow]:
@@ -207,11 +207,11 @@ class JobStore:
             self.db.run(c, q.MARK_STOP_SENT, {"wid": worker_id, "now": now})
         return now
 
-    def note_refused_claim(self, task_id: str, attempt: int) -> None:
+    def note_refused_claim(self, ref: ids.AttemptRef) -> None:
         """A claim of the attempt was refused to an extra execution: counted on the attempt's job
         (`extra_claims`), for the reconciler to stop that execution and the operator to see it."""
         with self.w.tx() as c:
-            self.db.run(c, q.NOTE_REFUSED_CLAIM, {"_tid": task_id, "_att": attempt})
+            self.db.run(c, q.NOTE_REFUSED_CLAIM, {"_tid": ref.task_id, "_att": ref.number})
 
     def extra_checked(self, worker_id: str, seen: int, stopped: int, fence: Fence | None = None) -> None:
         """The reconciler looked into the job's first `seen` refused claims and stopped `stopped`
@@ -237,11 +237,11 @@ class JobStore:
             return [JobRow.from_row(r) for r in c.execute(q.operator_jobs(job_states, limit)).mappings()]
 
     # ---- the runner's credentials -------------------------------------------------------------
-    def claim_runner_secret(self, task_id: str, attempt: int, nonce_digest: str) -> bool | None:
+    def claim_runner_secret(self, ref: ids.AttemptRef, nonce_digest: str) -> bool | None:
         """Record the one runner allowed the attempt's secret: True for the first claim and for a
         repeat with the same nonce, False for any other nonce, None if the attempt is not current."""
         with self.w.tx() as c:
-            rows = self.db.run(c, q.TASK_ATTEMPT, {"task_id": task_id})
-            if not rows or rows[0]["attempt"] != attempt or TaskState(rows[0]["state"]) in FINAL:
+            rows = self.db.run(c, q.TASK_ATTEMPT, {"task_id": ref.task_id})
+            if not rows or rows[0]["attempt"] != ref.number or TaskState(rows[0]["state"]) in FINAL:
                 return None
-            return self.db.run(c, q.CLAIM_SECRET, {"_tid": task_id, "_att": attempt, "_digest": nonce_digest}) == 1
+            return self.db.run(c, q.CLAIM_SECRET, {"_tid": ref.task_id, "_att": ref.number, "_digest": nonce_digest}) == 1

@@ -145,6 +145,11 @@ class TaskRow(_TaskJson, _Row):
         object.__setattr__(self, "state", _TASK_STATES[self.state])
         object.__setattr__(self, "cancel_requested", bool(self.cancel_requested))
 
+    @property
+    def ref(self) -> ids.AttemptRef:
+        """The task's current attempt."""
+        return ids.AttemptRef(self.task_id, self.attempt)
+
 
 @dataclass(frozen=True, slots=True)
 class TaskSummary(_TaskJson, _Row):
@@ -196,6 +201,11 @@ class JobRow(_JobHandle, _Row):
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "state", _JOB_STATES[self.state])
+
+    @property
+    def ref(self) -> ids.AttemptRef:
+        """The job's attempt."""
+        return ids.AttemptRef(self.task_id, self.attempt)
 
 
 class WatchedJob(NamedTuple):
@@ -251,8 +261,13 @@ class WatchedJob(NamedTuple):
         return _loads(self.handle_json)
 
     @property
+    def ref(self) -> ids.AttemptRef:
+        """The job's attempt."""
+        return ids.AttemptRef(self.task_id, self.attempt)
+
+    @property
     def job_name(self) -> str:
-        return ids.job_name(self.task_id, self.attempt)
+        return self.ref.job_name
 
     @property
     def draining(self) -> bool:

@@ -21,6 +21,7 @@ from typing import Any, TypeVar, cast
 from sqlalchemy.engine import Connection
 
 from controlplane import states
+from controlplane.ids import AttemptRef
 from controlplane.states import JobState, TaskState
 from controlplane.store import queries as q
 from controlplane.store.db import Database
@@ -120,8 +121,8 @@ class Writer:
         rows = cast("list[dict[str, Any]]", self.db.run(c, self.lock_stmt, {"task_id": task_id}))
         return TaskRow.from_row(rows[0]) if rows else None
 
-    def job(self, c: Connection, task_id: str, attempt: int) -> JobRow | None:
-        rows = cast("list[dict[str, Any]]", self.db.run(c, q.GET_JOB, {"task_id": task_id, "attempt": attempt}))
+    def job(self, c: Connection, ref: AttemptRef) -> JobRow | None:
+        rows = cast("list[dict[str, Any]]", self.db.run(c, q.GET_JOB, {"task_id": ref.task_id, "attempt": ref.number}))
         return JobRow.from_row(rows[0]) if rows else None
 
     def event(self, c: Connection, task_id: str, kind: str, frm: str | None, to: str | None, attempt: int,

@@ -27,6 +27,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO
 
+from controlplane.ids import AttemptRef
 from controlplane.objectstore.base import (
     HashingReader,
     ObjectExists,
@@ -46,9 +47,9 @@ class NoGrant(OSError):
 
 
 class GrantedStore(ObjectStore):
-    def __init__(self, url: str, task_id: str, attempt: int, ask: Ask, *, pool: int = POOL, timeout_s: float = 60):
+    def __init__(self, url: str, ref: AttemptRef, ask: Ask, *, pool: int = POOL, timeout_s: float = 60):
         self.url = url
-        self.prefix = attempt_prefix(task_id, attempt)
+        self.prefix = attempt_prefix(ref)
         self._ask = ask
         self._pool_size = pool
         self._timeout = timeout_s

@@ -37,6 +37,7 @@ import time
 from typing import Any
 from urllib.parse import urlsplit
 
+from controlplane.ids import AttemptRef
 from controlplane.objectstore.base import ObjectExists, ObjectStore, events_key
 from controlplane.objectstore.claim import nonce_digest
 from controlplane_runner import events
@@ -50,8 +51,7 @@ class Reporter:
     def __init__(
         self,
         *,
-        task_id: str,
-        attempt: int,
+        ref: AttemptRef,
         store: ObjectStore | None,
         callback_url: str | None,
         bootstrap: str | None = None,
@@ -61,8 +61,7 @@ class Reporter:
         flush_interval_s: float = 0.05,
         on_stop: Any = None,
     ):
-        self.task_id = task_id
-        self.attempt = attempt
+        self.ref = ref
         self.store = store
         self.callback_url = callback_url
         self.bootstrap = bootstrap
@@ -238,7 +237,7 @@ class Reporter:
         chunk = self._unacked
         data = "".join(json.dumps(e, separators=(",", ":")) + "\n" for e in chunk).encode()
         try:
-            self.store.put_bytes(events_key(self.task_id, self.attempt, chunk[0]["seq"]), data,
+            self.store.put_bytes(events_key(self.ref, chunk[0]["seq"]), data,
                                  content_type="application/x-ndjson")
         except ObjectExists:
             pass  # the same events were spilled before (idempotent by seq)
@@ -275,7 +274,7 @@ class Reporter:
         """POST to the runner API on the delivery thread's keep-alive connection (`shared`), or on
         a connection of its own for a call from another thread."""
         url = urlsplit(self.callback_url or "")
-        path = f"{url.path.rstrip('/')}/tasks/{self.task_id}/attempts/{self.attempt}/{route}"
+        path = f"{url.path.rstrip('/')}/{self.ref.path}/{route}"
         body = json.dumps(payload, separators=(",", ":")).encode()
         headers = {"Content-Type": "application/json", "Authorization": f"Bearer {credential or self.secret}"}
         conn = self._conn if shared else None

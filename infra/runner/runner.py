@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from controlplane.ids import AttemptRef
 from controlplane.objectstore.base import (
     ObjectExists,
     ObjectStore,
@@ -76,8 +77,7 @@ def level_of(line: str, stream: str) -> str:
 class Runner:
     def __init__(self, args: argparse.Namespace, env: dict[str, str]):
         self.args = args
-        self.task_id = env["CONTROLPLANE_TASK_ID"]
-        self.attempt = int(env.get("CONTROLPLANE_ATTEMPT", "1"))
+        self.ref = AttemptRef.from_env(env)
         self.grace_s = float(env.get("CONTROLPLANE_KILL_GRACE_S", "10"))
         self.claim_wait_s = float(env.get("CONTROLPLANE_CLAIM_WAIT_S", "60"))
         store_url = env.get("CONTROLPLANE_STORE_URL")
@@ -87,8 +87,7 @@ class Runner:
         self.stop_reason: str | None = None
         self.artifact_decls: dict[str, dict[str, Any]] = {}
         self.reporter = Reporter(
-            task_id=self.task_id,
-            attempt=self.attempt,
+            ref=self.ref,
             store=self.store,
             callback_url=env.get("CONTROLPLANE_CALLBACK_URL") or None,
             bootstrap=env.get("CONTROLPLANE_BOOTSTRAP_TOKEN"),
@@ -97,7 +96,7 @@ class Runner:
             on_stop=self.request_stop,
         )
         if store_url and env.get("CONTROLPLANE_STORE_ACCESS") == "grants":
-            self.store = GrantedStore(store_url, self.task_id, self.attempt, self.reporter.grants)
+            self.store = GrantedStore(store_url, self.ref, self.reporter.grants)
         elif store_url:
             self.store = open_store(store_url)
         self.reporter.store = self.store
@@ -144,7 +143,7 @@ class Runner:
         control plane is asked first; only when it does not answer within CONTROLPLANE_CLAIM_WAIT_S
         does the runner take the claim in the object store itself. A runner with neither (run by
         hand) has nobody to share the attempt with and runs."""
-        what = f"{self.args.job_name or 'job'} ({self.task_id} attempt {self.attempt})"
+        what = f"{self.args.job_name or 'job'} ({self.ref.task_id} attempt {self.ref.number})"
         if self.reporter.callback_url:
             verdict = self.reporter.claim(self.claim_wait_s)
             if verdict == reporter.OURS:
@@ -162,7 +161,7 @@ class Runner:
                                 "and this job has no storage access of its own", CLAIM_UNAVAILABLE)
         mine = self.reporter.nonce_sha256
         try:
-            holder = take_claim(self.store, self.task_id, self.attempt, mine, by="runner")
+            holder = take_claim(self.store, self.ref, mine, by="runner")
         except OSError as e:
             return _not_started(f"{what} could not be claimed in the object store ({type(e).__name__})",
                                 CLAIM_UNAVAILABLE)
@@ -267,7 +266,7 @@ class Runner:
     def _fetch_inputs(self) -> dict[str, Any]:
         if self.store is None:
             return {}
-        data = json.loads(self.store.get_bytes(inputs_key(self.task_id, self.attempt)))
+        data = json.loads(self.store.get_bytes(inputs_key(self.ref)))
         if not isinstance(data, dict):
             raise ValueError("inputs are not a JSON object")
         return data
@@ -323,7 +322,7 @@ class Runner:
                 continue
             decl = self.artifact_decls.get(name, {})
             ctype = decl.get("content_type") or guess_content_type(name)
-            key = artifact_key(self.task_id, self.attempt, name)
+            key = artifact_key(self.ref, name)
             try:
                 info = self.store.put_file(key, str(path), content_type=ctype)
             except ObjectExists:
@@ -352,7 +351,7 @@ class Runner:
                                  started_at=started, finished_at=time.time())
         if self.store is not None:
             try:
-                self.store.put_bytes(result_key(self.task_id, self.attempt),
+                self.store.put_bytes(result_key(self.ref),
                                      json.dumps(outcome).encode(), content_type="application/json")
             except ObjectExists:
                 pass
