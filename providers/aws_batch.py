@@ -157,7 +157,7 @@ class AwsBatchProvider(Provider[BatchHandle]):
         once = config.merge(Config(retries={"mode": "standard", "total_max_attempts": 1}))
         self.submitter = session.client("batch", config=once, endpoint_url=settings.endpoint_url)
         self.logs_client = session.client("logs", config=config, endpoint_url=settings.logs_endpoint_url)
-        self.region = self.batch.meta.region_name
+        self.region: str = self.batch.meta.region_name
         self.poll_interval_s = settings.poll_interval_s
         self.stuck_after_s = settings.stuck_after_s
         self.kill_grace_s = context.kill_grace_s
@@ -210,7 +210,8 @@ class AwsBatchProvider(Provider[BatchHandle]):
             for attempt in Retrying(retry=retry_if_exception(throttled), wait=wait_random_exponential(multiplier=0.25, max=8),
                                     stop=stop_after_attempt(8), reraise=True):
                 with attempt:
-                    return self.submitter.submit_job(**request)
+                    resp: dict[str, Any] = self.submitter.submit_job(**request)
+                    return resp
         except (ClientError, BotoCoreError) as e:
             raise classify(e) from e
         raise AssertionError("unreachable")  # pragma: no cover

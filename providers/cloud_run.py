@@ -151,11 +151,11 @@ class CloudRunProvider(Provider[CloudRunHandle]):
         if settings.anonymous:
             from google.auth.credentials import AnonymousCredentials
 
-            return AnonymousCredentials()
+            return AnonymousCredentials()  # type: ignore[no-untyped-call]  # google-auth leaves it untyped
         if settings.credentials_file:
             from google.oauth2 import service_account
 
-            return service_account.Credentials.from_service_account_file(
+            return service_account.Credentials.from_service_account_file(  # type: ignore[no-untyped-call]
                 str(settings.credentials_file), scopes=["https://www.googleapis.com/auth/cloud-platform"])
         return None  # the SDK's Application Default Credentials
 
@@ -266,8 +266,9 @@ class CloudRunProvider(Provider[CloudRunHandle]):
     def same_job(self, a: CloudRunHandle, b: CloudRunHandle) -> bool:
         return a.execution == b.execution
 
-    def _list(self, job_path: str, until: Callable[[Any], bool] | None = None) -> list[Any]:
-        """The job's executions, newest first, page by page (stops early once `until` is true)."""
+    def _list(self, job_path: str, until: Callable[[set[str]], bool] | None = None) -> list[Any]:
+        """The job's executions, newest first, page by page (stops early once `until(names seen)`
+        holds)."""
         out: list[Any] = []
         token = ""
         while True:
@@ -276,7 +277,7 @@ class CloudRunProvider(Provider[CloudRunHandle]):
             response = next(iter(pager.pages))  # this page only: each further page is one more counted call
             out.extend(response.executions)
             token = response.next_page_token
-            if not token or (until is not None and until(out)):
+            if not token or (until is not None and until({ex.name for ex in out})):
                 return out
 
     # ---- poll -----------------------------------------------------------------------------------
@@ -293,7 +294,7 @@ class CloudRunProvider(Provider[CloudRunHandle]):
         seen: dict[str, Any] = {}
         for job_path, group in by_job.items():
             wanted = {h.execution for h in group}
-            listed = self._list(job_path, until=lambda out, w=wanted: w <= {ex.name for ex in out})
+            listed = self._list(job_path, until=wanted.issubset)
             seen.update((ex.name, ex) for ex in listed if ex.name in wanted)
             for name in wanted - seen.keys():  # not listed: confirm before calling it gone
                 try:

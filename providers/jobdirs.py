@@ -11,6 +11,7 @@ import json
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -94,7 +95,7 @@ def signal_group(pgid: int, sig: int) -> None:
         pass
 
 
-def read_json(path: Path) -> dict | None:
+def read_json(path: Path) -> dict[str, Any] | None:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -102,7 +103,7 @@ def read_json(path: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
-def write_json(path: Path, data: dict) -> None:
+def write_json(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data))
     os.replace(tmp, path)

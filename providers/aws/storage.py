@@ -46,7 +46,7 @@ def storage_of(ref: str, definition: dict[str, Any] | None) -> Storage:
     if "FARGATE" not in (definition.get("platformCapabilities") or []):
         return Storage(None, f"{named} runs on EC2 resources, where AWS Batch reserves no disk for a job (jobs share "
                               "the instance's storage; only a Fargate job definition's ephemeralStorage is reserved)")
-    props = definition.get("containerProperties") or next(
+    props: dict[str, Any] = definition.get("containerProperties") or next(
         iter((definition.get("ecsProperties") or {}).get("taskProperties") or []), {})
     size = (props.get("ephemeralStorage") or {}).get("sizeInGiB")
     gib = int(size or FARGATE_DEFAULT_STORAGE_GIB)

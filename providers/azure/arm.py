@@ -16,6 +16,7 @@ from typing import Any
 from azure.core.credentials import AccessToken
 from azure.core.exceptions import HttpResponseError, ServiceRequestError, ServiceResponseError
 from azure.core.pipeline.policies import RetryPolicy
+from azure.core.rest import HttpRequest, HttpResponse
 
 from controlplane_providers import ratelimit
 from controlplane_providers.errors import CapacityProviderError, PermanentProviderError, TransientProviderError
@@ -50,7 +51,7 @@ class LimiterPolicy:
             return response
 
 
-class StartRetriedOnlyOn429(RetryPolicy):
+class StartRetriedOnlyOn429(RetryPolicy[HttpRequest, HttpResponse]):
     """azure-core retries a POST on 500/503/504, and any answer that carries Retry-After. A job
     start that failed that way may have created its execution, so a start is retried in place
     only on 429; the control plane's launch retry calls `find` first."""
@@ -58,7 +59,8 @@ class StartRetriedOnlyOn429(RetryPolicy):
     def is_retry(self, settings: dict[str, Any], response: Any) -> bool:
         request = response.http_request
         if request.method.upper() == "POST" and request.url.split("?", 1)[0].endswith("/start"):
-            return response.http_response.status_code == 429
+            status: int = response.http_response.status_code
+            return status == 429
         return super().is_retry(settings, response)
 
 

@@ -47,7 +47,7 @@ def execution_status(ex: Any, now: float, created_at: float | None, stuck_after_
                      give_up_reason=give_up, raw_status=status)
 
 
-def marker(execution: Any) -> str | None:
+def marker(execution: aca.JobExecution) -> str | None:
     template = execution.properties.template if execution.properties is not None else None
     for container in (template.containers if template is not None else None) or []:
         for env in container.env or []:

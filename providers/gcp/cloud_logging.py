@@ -66,10 +66,11 @@ class LogReader:
                 from google.cloud import logging as gcl
 
                 credentials = self.credentials or google.auth.default(scopes=[LOGGING_SCOPE])[0]
-                session = ratelimit.limit_session(AuthorizedSession(credentials), lambda: self._log_limiter(project))
+                session = ratelimit.limit_session(AuthorizedSession(credentials),  # type: ignore[no-untyped-call]  # google-auth: untyped
+                                                  lambda: self._log_limiter(project))
                 options = {"api_endpoint": self.settings.logging_endpoint} if self.settings.logging_endpoint else None
-                client = self._logging[project] = gcl.Client(project=project, credentials=credentials, _http=session,
-                                                             _use_grpc=False, client_options=options)
+                client = self._logging[project] = gcl.Client(  # type: ignore[no-untyped-call]  # google-cloud-logging: untyped
+                    project=project, credentials=credentials, _http=session, _use_grpc=False, client_options=options)
             return client
 
     def _read_logs(self, execution_name: str, job_path: str, created_at: float | None, cursor: str | None,

@@ -64,7 +64,7 @@ def execution_status(ex: Any, now: float, stuck_after_s: float, on_stuck: str) -
                      raw_status="PENDING")
 
 
-def marker(execution: Any) -> str | None:
+def marker(execution: run_v2.Execution) -> str | None:
     for container in execution.template.containers:
         for env in container.env:
             if env.name == MARKER:
