@@ -87,7 +87,7 @@ class Reconciler:
     # one cycle took half its CPU: bench/inflight.py).
     status_budget = 20_000
 
-    def __init__(self, store: Store, providers: dict[str, Provider], stores: StoreRegistry, attempts: Attempts,
+    def __init__(self, store: Store, providers: dict[str, Provider[Any]], stores: StoreRegistry, attempts: Attempts,
                  settings: Settings, fence: Callable[[], Fence | None] = lambda: None, stop_margin_s: float = 0.0,
                  build_spec: Callable[[TaskRow, JobRow], LaunchSpec] | None = None):
         self.store = store
@@ -198,7 +198,9 @@ class Reconciler:
         if j.worker_id in self._stop_sent:
             return  # stopped once this cycle already (e.g. timed out and silent)
         provider = self.providers.get(j.provider)
-        handle = self._handle(provider, j) if provider is not None and j.handle_json else None
+        if provider is None or not j.handle_json:
+            return
+        handle = self._handle(provider, j)
         if handle is None:
             return
         # Recorded first, fenced with lease to spare: a leader that lost its lease sends no stop.
@@ -212,7 +214,7 @@ class Reconciler:
             log.warning("cancel of %s failed: %s", j.job_name, e, extra=logs.of_job(j, "stop_failed", reason=reason))
 
     # ---- polling ------------------------------------------------------------------------------
-    def _poll_batch(self, provider: Provider, key: Any, jobs: list[WatchedJob], handles: list[Handle], now: float,
+    def _poll_batch(self, provider: Provider[Any], key: Any, jobs: list[WatchedJob], handles: list[Handle], now: float,
                     stats: CycleStats, changed: list[tuple[str, str, str | None]]) -> None:
         """One poll call for a batch of jobs with one poll key (a provider that lists per job,
         Cloud Run, answers each job's executions with one paged list), then what it said."""
@@ -227,15 +229,16 @@ class Reconciler:
         stats.provider_calls[f"{provider.name}.poll"] += 1
         self._apply(jobs, statuses, now, stats, changed)
 
-    def _handle(self, provider: Provider, j: WatchedJob) -> Handle | None:
+    def _handle(self, provider: Provider[Any], j: WatchedJob) -> Handle | None:
         """The job's handle; None (the job is skipped, its status unknown) when the stored handle
         is not one of this provider's (written by another version, or damaged): one job's
         unreadable handle must not stop the cycle for every other job. Said once per job."""
         try:
-            return provider.handle(j.handle_json or "")
+            handle: Handle = provider.handle(j.handle_json or "")
         except MalformedHandle as e:
             self._unreadable_handle(j, e)
             return None
+        return handle
 
     def _unreadable_handle(self, j: WatchedJob, e: MalformedHandle) -> None:
         if j.worker_id not in self._unreadable and j.worker_id not in self._unreadable_now:

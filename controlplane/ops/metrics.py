@@ -146,7 +146,7 @@ class TimeMcpCalls:
         self.inner = inner
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST" or MCP_REQUEST is _OFF:
+        if scope["type"] != "http" or scope["method"] != "POST" or not enabled():
             await self.inner(scope, receive, send)
             return
         start = time.perf_counter()
