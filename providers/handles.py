@@ -76,7 +76,8 @@ HandleT = TypeVar("HandleT", bound=Handle)
 
 def _adapter(cls: type[HandleT]) -> TypeAdapter[HandleT]:
     """The pydantic check of one handle class (made once per class)."""
-    adapter: TypeAdapter[HandleT] = _adapters(cls)  # type: ignore[arg-type]  # a class is hashable; mypy misreads a dataclass's __hash__
+    # (the ignore: a class is hashable, but mypy reads a dataclass's __hash__ as the class's)
+    adapter: TypeAdapter[HandleT] = _adapters(cls)  # type: ignore[arg-type]
     return adapter
 
 

@@ -66,10 +66,11 @@ class LogReader:
                 from google.cloud import logging as gcl
 
                 credentials = self.credentials or google.auth.default(scopes=[LOGGING_SCOPE])[0]
-                session = ratelimit.limit_session(AuthorizedSession(credentials),  # type: ignore[no-untyped-call]  # google-auth: untyped
+                # (the ignores: google-auth and google-cloud-logging are untyped)
+                session = ratelimit.limit_session(AuthorizedSession(credentials),  # type: ignore[no-untyped-call]
                                                   lambda: self._log_limiter(project))
                 options = {"api_endpoint": self.settings.logging_endpoint} if self.settings.logging_endpoint else None
-                client = self._logging[project] = gcl.Client(  # type: ignore[no-untyped-call]  # google-cloud-logging: untyped
+                client = self._logging[project] = gcl.Client(  # type: ignore[no-untyped-call]
                     project=project, credentials=credentials, _http=session, _use_grpc=False, client_options=options)
             return client
 
