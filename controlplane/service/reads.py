@@ -112,7 +112,7 @@ class Reads:
         artifacts = []
         if done:
             now = time.time()
-            for a in self.store.artifacts.of(task.task_id, task.attempt):
+            for a in self.store.artifacts.of_attempt(task.ref):
                 store = self.stores.get(a.store_url)
                 if not store.signs_locally:
                     blocking.must_not_block()  # signing may call out: not on the event loop
