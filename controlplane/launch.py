@@ -76,8 +76,9 @@ def build_launch_spec(task: TaskRow, job: JobRow, catalog: Catalog, settings: Se
 def asked_shape(res: dict[str, Any], rc: ResourceClass) -> dict[str, Any]:
     """The cpu, memory_mb and gpu a task's job is launched with: what its `resources` asked for,
     else its resource class's (also what its usage is counted from, `controlplane.prices`)."""
+    gpu = res.get("gpu")
     return {"cpu": float(res.get("cpu") or rc.cpu), "memory_mb": int(res.get("memory_mb") or rc.memory_mb),
-            "gpu": int(res.get("gpu") if res.get("gpu") is not None else rc.gpu)}
+            "gpu": int(gpu if gpu is not None else rc.gpu)}
 
 
 def check_scratch(providers: dict[str, Provider[Any]], catalog: Catalog, tool_name: str, rc_name: str,

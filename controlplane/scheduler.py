@@ -39,7 +39,7 @@ from controlplane.states import JobState, TaskState
 from controlplane.store import Store
 from controlplane.store.leases import Fence, Fenced
 from controlplane.store.rows import JobRow, TaskRow
-from controlplane_providers.base import CapacityProviderError, LaunchSpec, PermanentProviderError, Provider
+from controlplane_providers.base import CapacityProviderError, Handle, LaunchSpec, PermanentProviderError, Provider
 
 
 class JobNotFoundYet(Exception):
@@ -52,7 +52,7 @@ LAUNCH_CONCURRENCY = 8
 
 
 class Scheduler:
-    def __init__(self, store: Store, catalog: Catalog, providers: dict[str, Provider], stores: StoreRegistry,
+    def __init__(self, store: Store, catalog: Catalog, providers: dict[str, Provider[Any]], stores: StoreRegistry,
                  attempts: Attempts, build_spec: Callable[[TaskRow, JobRow], LaunchSpec],
                  fence: Callable[[], Fence | None] = lambda: None, launch_margin_s: float = 0.0):
         self.store = store
@@ -179,7 +179,7 @@ class Scheduler:
             return
         provider = self.providers[job.provider]
         spec = self.build_spec(task, job)
-        handle = None
+        handle: Handle | None = None
         fresh = wid in self._fresh
         self._fresh.discard(wid)
         if not fresh:  # a launch that may have happened is looked up before it is repeated
@@ -207,7 +207,7 @@ class Scheduler:
         log.info("launched %s (task %s attempt %d) on %s", job.job_name, job.task_id, job.attempt, job.provider,
                  extra=logs.of_job(job, "launch"))
 
-    def _launch_if_leading(self, provider: Provider, spec: LaunchSpec) -> Any:
+    def _launch_if_leading(self, provider: Provider[Any], spec: LaunchSpec) -> Handle:
         """The last look at the lease and the provider call, back to back in one thread. A pause
         between the two is the window no fence closes (`store.leases`); as two calls to worker
         threads, a launch also waited there for a thread (up to LAUNCH_CONCURRENCY launches at
@@ -216,7 +216,7 @@ class Scheduler:
         if fence is not None and not self.store.leases.holds(fence, self.launch_margin_s):
             raise Fenced(f"lease epoch {fence.epoch} no longer held with {self.launch_margin_s}s to spare")
         started = time.perf_counter()
-        handle = metrics.provider_call(provider.name, "launch", provider.launch, spec)
+        handle: Handle = metrics.provider_call(provider.name, "launch", provider.launch, spec)
         metrics.LAUNCH.labels(provider.name).observe(time.perf_counter() - started)
         return handle
 

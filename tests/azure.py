@@ -126,7 +126,7 @@ import traceback
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -160,7 +160,7 @@ MONITOR_COLUMNS: dict[str, tuple[str, str]] = {
     "Log": ("string", "Log_s"), "Stream": ("string", "Stream_s")}
 TABLES: dict[str, dict[str, str]] = {TABLE: COLUMNS, MONITOR_TABLE: {c: t for c, (t, _) in MONITOR_COLUMNS.items()}}
 TICKS = 10_000_000  # 100 ns ticks a second: Kusto's datetime resolution
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ALNUM = string.ascii_lowercase + string.digits
 
 
@@ -170,7 +170,7 @@ def rfc3339(t: float | None) -> str | None:
     """Seconds since the epoch -> RFC3339 UTC with microseconds (ARM's startTime/endTime)."""
     if t is None:
         return None
-    return datetime.fromtimestamp(t, timezone.utc).isoformat()
+    return datetime.fromtimestamp(t, UTC).isoformat()
 
 
 def render_ticks(ticks: int) -> str:
@@ -199,7 +199,7 @@ def parse_ticks(text: str) -> int:
     if not m:
         raise ValueError(f"not a datetime: {text!r}")
     y, mo, d, h, mi, s, frac, _z, sign, oh, om = m.groups()
-    day = datetime(int(y), int(mo), int(d), tzinfo=timezone.utc)
+    day = datetime(int(y), int(mo), int(d), tzinfo=UTC)
     secs = (day - _EPOCH) // timedelta(seconds=1) + int(h or 0) * 3600 + int(mi or 0) * 60 + int(s or 0)
     if sign:
         offset = (int(oh) * 60 + int(om)) * 60
@@ -211,7 +211,7 @@ def _to_ticks(ts: datetime | float | str | None) -> int:
     if ts is None:
         return time.time_ns() // 100
     if isinstance(ts, datetime):
-        aware = ts if ts.tzinfo else ts.replace(tzinfo=timezone.utc)
+        aware = ts if ts.tzinfo else ts.replace(tzinfo=UTC)
         return (aware - _EPOCH) // timedelta(microseconds=1) * 10
     if isinstance(ts, str):
         return parse_ticks(ts)

@@ -261,7 +261,7 @@ def self_signed_tls(directory: Path) -> tuple[ssl.SSLContext, Path]:
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fake cloud test CA")])
     ca_ski = x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key())

@@ -63,7 +63,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -99,14 +99,14 @@ def rfc3339(t: float | None) -> str | None:
     """Seconds since the epoch -> RFC3339 UTC with microseconds and Z (as Cloud Run answers)."""
     if t is None:
         return None
-    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def rfc3339_ns(ns: int) -> str:
     """Nanoseconds since the epoch -> RFC3339 UTC as proto3 JSON writes a Timestamp (and Cloud
     Logging answers): Z, and 0, 3, 6 or 9 fractional digits, as few as the value needs."""
     secs, frac = divmod(ns, 1_000_000_000)
-    text = datetime.fromtimestamp(secs, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+    text = datetime.fromtimestamp(secs, UTC).strftime("%Y-%m-%dT%H:%M:%S")
     if frac == 0:
         return text + "Z"
     digits = f"{frac:09d}"
@@ -126,7 +126,7 @@ def parse_rfc3339_ns(text: str) -> int:
     if not m:
         raise ValueError(f"not an RFC3339 timestamp: {text!r}")
     y, mo, d, h, mi, s, frac, z, sign, oh, om = m.groups()
-    dt = datetime(int(y), int(mo), int(d), int(h), int(mi), int(s), tzinfo=timezone.utc)
+    dt = datetime(int(y), int(mo), int(d), int(h), int(mi), int(s), tzinfo=UTC)
     ns = int(dt.timestamp()) * 1_000_000_000 + int((frac or "0").ljust(9, "0"))
     if not z:
         offset = (int(oh) * 60 + int(om)) * 60 * 1_000_000_000

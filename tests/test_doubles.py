@@ -63,7 +63,7 @@ def harness() -> MemoryHarness:
 @pytest.mark.parametrize("error", [TransientProviderError("503"), CapacityProviderError("the region is full"),
                                    PermanentProviderError("no such job definition")])
 def test_a_launch_told_to_fail_raises_and_starts_nothing(harness: MemoryHarness, error: Exception) -> None:
-    p, spec = harness.double, harness.spec(unique("fail"), SLEEP.format(s=1))
+    p, spec = harness.double, harness.spec(unique("fail"), SLEEP.format(s=30))  # still running when polled
     p.fail_next_launch(error)  # type: ignore[arg-type]
     with pytest.raises(type(error)):
         p.launch(spec)
@@ -72,7 +72,7 @@ def test_a_launch_told_to_fail_raises_and_starts_nothing(harness: MemoryHarness,
 
 
 def test_a_launch_whose_answer_is_lost_started_its_job(harness: MemoryHarness) -> None:
-    p, spec = harness.double, harness.spec(unique("lost"), SLEEP.format(s=1))
+    p, spec = harness.double, harness.spec(unique("lost"), SLEEP.format(s=30))
     p.fail_next_launch(TransientProviderError("502"), started=True)
     with pytest.raises(TransientProviderError):
         p.launch(spec)

@@ -63,7 +63,7 @@ def check_key(key: str) -> str:
     return key
 
 
-def safe_artifact_name(name: str) -> str:
+def safe_artifact_name(name: object) -> str:
     """An artifact name as a job reports it: one relative path of safe segments.
 
     Refuses traversal, absolute paths, control characters and hidden segments instead of

@@ -11,10 +11,10 @@ schema as its `outputSchema` (`controlplane.mcp.tools.output_schema`); tail_task
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NotRequired
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
-from typing_extensions import NotRequired, TypedDict
+from typing_extensions import TypedDict
 
 from controlplane.states import TaskState
 

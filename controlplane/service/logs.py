@@ -21,7 +21,7 @@ ASCII_DIGITS = re.compile(r"[0-9]{1,18}")  # fits a 64-bit integer column on eve
 
 
 class Logs:
-    def __init__(self, settings: Settings, store: Store, providers: dict[str, Provider], access: Access):
+    def __init__(self, settings: Settings, store: Store, providers: dict[str, Provider[Any]], access: Access):
         self.settings = settings
         self.store = store
         self.providers = providers

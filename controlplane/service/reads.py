@@ -6,6 +6,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import PurePosixPath
+from typing import Any
 
 from controlplane import api, blocking
 from controlplane.api import iso
@@ -40,7 +41,7 @@ class Overview:
 
 class Reads:
     def __init__(self, settings: Settings, store: Store, catalog: Catalog, stores: StoreRegistry,
-                 estimator: Estimator, providers: dict[str, Provider], access: Access, costs: Costs):
+                 estimator: Estimator, providers: dict[str, Provider[Any]], access: Access, costs: Costs):
         self.settings = settings
         self.store = store
         self.catalog = catalog
@@ -134,7 +135,7 @@ class Reads:
         return TaskResult(task_id=task.task_id, state=state, result=task.result if done else None, artifacts=artifacts,
                           error=task.error if done else None, completed_at=iso(task.completed_at),
                           attempt=task.attempt, usage=used.usage, estimated_cost=used.estimated_cost,
-                          **pending)  # type: ignore[arg-type]
+                          **pending)
 
     def timeline(self, caller: str, task_id: str) -> list[TimelineEntry]:
         """A task's audit (every transition, retry, launch and cancel), oldest first, for a

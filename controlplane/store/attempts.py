@@ -18,7 +18,7 @@ from sqlalchemy.engine import Connection
 from controlplane import ids
 from controlplane.states import FINAL, REPORTING, JobState, TaskState
 from controlplane.store import queries as q
-from controlplane.store.models import Artifact
+from controlplane.store.models import Artifact, table_of
 from controlplane.store.rows import JobRow, TaskRow
 from controlplane.store.writer import Writer
 
@@ -99,7 +99,7 @@ class AttemptTx:
         if job.state in REPORTING or job_state == JobState.ABANDONED:
             self.job = self.w.move_job(self.c, job, job_state, self.now)
         if artifacts:
-            self.c.execute(self.w.db.insert_ignore(Artifact.__table__), [
+            self.c.execute(self.w.db.insert_ignore(table_of(Artifact)), [
                 {"artifact_id": ids.new_artifact_id(), "task_id": task.task_id, "attempt": task.attempt,
                  "name": a["name"], "kind": a.get("kind") or "file", "size_bytes": int(a["size_bytes"]),
                  "sha256": a["sha256"], "content_type": a.get("content_type") or "application/octet-stream",

@@ -67,12 +67,12 @@ class JobStore:
             if free <= 0:
                 return []
             claimed = []
-            for r in self.db.run(c, self.next_queued, {"rc": resource_class, "now": now, "lim": free}):
+            for r in self.db.rows(c, self.next_queued, {"rc": resource_class, "now": now, "lim": free}):
                 task = TaskRow.from_row(r)
                 provider, placement = task.provider, 0
                 if place is not None:
                     provider, placement = place(task, lambda t=task: [  # type: ignore[misc]
-                        JobRow.from_row(j) for j in self.db.run(c, q.JOBS_OF_TASK, {"task_id": t.task_id})])
+                        JobRow.from_row(j) for j in self.db.rows(c, q.JOBS_OF_TASK, {"task_id": t.task_id})])
                 job = JobRow(worker_id=ids.new_worker_id(), task_id=task.task_id, attempt=task.attempt,
                              provider=provider, resource_class=resource_class,
                              job_name=task.ref.job_name, state=J.LAUNCHING,
@@ -108,7 +108,7 @@ class JobStore:
         with self.w.tx() as c:
             if fence is not None:
                 self.leases.check(c, fence)
-            rows = self.db.run(c, q.GET_JOB_BY_WORKER, {"worker_id": worker_id})
+            rows = self.db.rows(c, q.GET_JOB_BY_WORKER, {"worker_id": worker_id})
             job = JobRow.from_row(rows[0]) if rows else None
             if job is None or job.state != J.LAUNCHING:
                 return False
@@ -125,7 +125,7 @@ class JobStore:
         with self.w.tx() as c:
             if fence is not None:
                 self.leases.check(c, fence)
-            rows = self.db.run(c, q.GET_JOB_BY_WORKER, {"worker_id": worker_id})
+            rows = self.db.rows(c, q.GET_JOB_BY_WORKER, {"worker_id": worker_id})
             job = JobRow.from_row(rows[0]) if rows else None
             if job is None or job.state != J.ACTIVE:
                 return False
@@ -226,7 +226,7 @@ class JobStore:
         """A watched job's state (draining -> done, ... -> abandoned), if the move is legal now."""
         now = self.w.clock()
         with self.w.tx() as c:
-            rows = self.db.run(c, q.GET_JOB_BY_WORKER, {"worker_id": worker_id})
+            rows = self.db.rows(c, q.GET_JOB_BY_WORKER, {"worker_id": worker_id})
             job = JobRow.from_row(rows[0]) if rows else None
             if job is not None and job.state != to:
                 self.w.move_job(c, job, to, now)
@@ -241,7 +241,7 @@ class JobStore:
         """Record the one runner allowed the attempt's secret: True for the first claim and for a
         repeat with the same nonce, False for any other nonce, None if the attempt is not current."""
         with self.w.tx() as c:
-            rows = self.db.run(c, q.TASK_ATTEMPT, {"task_id": ref.task_id})
+            rows = self.db.rows(c, q.TASK_ATTEMPT, {"task_id": ref.task_id})
             if not rows or rows[0]["attempt"] != ref.number or TaskState(rows[0]["state"]) in FINAL:
                 return None
-            return self.db.run(c, q.CLAIM_SECRET, {"_tid": ref.task_id, "_att": ref.number, "_digest": nonce_digest}) == 1
+            return self.db.count(c, q.CLAIM_SECRET, {"_tid": ref.task_id, "_att": ref.number, "_digest": nonce_digest}) == 1

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
-from typing import Any, NamedTuple, Self
+from typing import Any, NamedTuple, Self, cast
 
 from controlplane import ids
 from controlplane.states import JobState, TaskState
-
 
 # A state's enum member by its text (faster than calling the enum, which the reconciler would do
 # 20,000 times a cycle with 10,000 jobs in flight).
@@ -26,6 +25,11 @@ _JOB_STATES: dict[str, JobState] = {s.value: s for s in JobState}
 
 def _loads(text: str | None) -> Any:
     return json.loads(text) if text else None
+
+
+def _object(text: str | None) -> dict[str, Any] | None:
+    """A JSON object column, decoded (None when empty)."""
+    return cast("dict[str, Any] | None", _loads(text))
 
 
 @functools.cache
@@ -38,19 +42,19 @@ class _Row:
     __slots__ = ()
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> Self:
+    def from_row(cls, row: Mapping[Any, Any]) -> Self:
         try:  # the usual case: the query selected exactly the row's columns
             return cls(**row)  # (a plain dict: `**` of a SQLAlchemy RowMapping is slow)
         except TypeError:  # more columns than the row has fields (a join): keep the row's own
             return cls(**{f.name: row[f.name] for f in fields(cls) if f.name in row})  # type: ignore[arg-type]
 
     @classmethod
-    def many(cls, columns: list[str], tuples: list[tuple[Any, ...]]) -> list[Self]:
+    def many(cls, columns: list[str], tuples: Sequence[Sequence[Any]]) -> list[Self]:
         """Rows from the driver's tuples: positionally when the query selects the row's fields in
         their order (log pages, the audit), else by name."""
-        if tuple(columns) == _field_names(cls):
+        if tuple(columns) == _field_names(cls):  # type: ignore[arg-type]  # a class is hashable; mypy reads type[Self] as not
             return [cls(*t) for t in tuples]
-        return [cls.from_row(dict(zip(columns, t))) for t in tuples]
+        return [cls.from_row(dict(zip(columns, t, strict=True))) for t in tuples]
 
     def but(self, **changes: Any) -> Self:
         """A copy with `changes` (the row as a write left it)."""
@@ -68,11 +72,11 @@ class _TaskJson:
 
     @property
     def progress(self) -> dict[str, Any] | None:
-        return _loads(self.progress_json)
+        return _object(self.progress_json)
 
     @property
     def error(self) -> dict[str, Any] | None:
-        return _loads(self.error_json)
+        return _object(self.error_json)
 
     @property
     def result(self) -> Any:
@@ -80,7 +84,7 @@ class _TaskJson:
 
     @property
     def tags(self) -> list[str]:
-        return json.loads(self.tags_json or "[]")
+        return cast("list[str]", json.loads(self.tags_json or "[]"))
 
 
 class _JobHandle:
@@ -91,7 +95,7 @@ class _JobHandle:
 
     @property
     def handle(self) -> dict[str, Any] | None:
-        return _loads(self.handle_json)
+        return _object(self.handle_json)
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,7 +262,7 @@ class WatchedJob(NamedTuple):
     @property
     def handle(self) -> dict[str, Any] | None:
         """The provider handle as stored (decode it with `Provider.handle`)."""
-        return _loads(self.handle_json)
+        return _object(self.handle_json)
 
     @property
     def ref(self) -> ids.AttemptRef:
@@ -300,7 +304,7 @@ class EventRow(_Row):
 
     @property
     def detail(self) -> dict[str, Any] | None:
-        return _loads(self.detail_json)
+        return _object(self.detail_json)
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from sqlalchemy.engine import Connection
 
@@ -118,11 +118,11 @@ class Writer:
             changed.append(task_id)
 
     def lock_task(self, c: Connection, task_id: str) -> TaskRow | None:
-        rows = cast("list[dict[str, Any]]", self.db.run(c, self.lock_stmt, {"task_id": task_id}))
+        rows = self.db.rows(c, self.lock_stmt, {"task_id": task_id})
         return TaskRow.from_row(rows[0]) if rows else None
 
     def job(self, c: Connection, ref: AttemptRef) -> JobRow | None:
-        rows = cast("list[dict[str, Any]]", self.db.run(c, q.GET_JOB, {"task_id": ref.task_id, "attempt": ref.number}))
+        rows = self.db.rows(c, q.GET_JOB, {"task_id": ref.task_id, "attempt": ref.number})
         return JobRow.from_row(rows[0]) if rows else None
 
     def event(self, c: Connection, task_id: str, kind: str, frm: str | None, to: str | None, attempt: int,
