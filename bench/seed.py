@@ -88,7 +88,7 @@ def _event(task_id: str, ts: float, kind: str, frm: str | None, to: str | None, 
 
 def _job(task_id: str, rc: str, state: str, created: float, **extra: Any) -> dict[str, Any]:
     row = dict(worker_id=ids.new_worker_id(), task_id=task_id, attempt=1, provider="local", resource_class=rc,
-               job_name=ids.job_name(task_id, 1), state=state, handle_json=None, created_at=created,
+               job_name=ids.AttemptRef(task_id, 1).job_name, state=state, handle_json=None, created_at=created,
                launched_at=created, seen_at=None, finished_at=None, stop_sent_at=None, event_seq=0,
                provider_status=None, provider_reason=None)
     row.update(extra)
@@ -200,7 +200,7 @@ def _history(n: int, first_pk: int, *, rng: random.Random, now: float, running: 
             # seen_at stays None: a job the runner never called back for is judged by its provider
             # alone, so the (double's) RUNNING answer keeps it running for the whole benchmark.
             jobs.append(_job(task_id, rc, "active", started - 0.2, worker_id=row["worker_id"],
-                             handle_json=json.dumps({"job": ids.job_name(task_id, 1), "double": True}),
+                             handle_json=json.dumps({"job": ids.AttemptRef(task_id, 1).job_name, "double": True}),
                              provider_status="running"))
             events.append(_event(task_id, started, "running", "scheduled", "running", {"source": "provider"}))
             out.running_ids.append(task_id)
@@ -273,7 +273,7 @@ def seed_inflight(db: Database, n: int, *, seed: int = 11, now: float | None = N
                    progress_json=json.dumps({"percent": round(100 * i / n, 1), "step": i % 100, "step_total": 100,
                                              "ts": now}))
         tasks.append(row)
-        name = ids.job_name(task_id, 1)
+        name = ids.AttemptRef(task_id, 1).job_name
         handle = handles[i] if handles else {"job": name, "double": True, "arn": f"arn:bench:job/{name}"}
         jobs.append(_job(task_id, rc, "active", started - 0.5, worker_id=wid, seen_at=now,
                          event_seq=rng.randrange(1, 200), handle_json=json.dumps(handle), provider=provider))
