@@ -96,6 +96,11 @@ class AttemptTx:
         attempt, counted against that budget ("elsewhere": its placement had no room, no budget)."""
         assert self.task is not None and self.job is not None
         task, job = self.task, self.job
+        if job.state == JobState.LAUNCHING and job_state == JobState.DONE and task.started_at is not None:
+            # Its runner started and ended before the launch was recorded (a restart between the
+            # provider call and its record): the launch happened, and the audit says so once.
+            self.w.event(self.c, task.task_id, "launched", None, None, job.attempt,
+                         {"worker_id": job.worker_id, "job_name": job.job_name}, self.now)
         if job.state in REPORTING or job_state == JobState.ABANDONED:
             self.job = self.w.move_job(self.c, job, job_state, self.now)
         if artifacts:
