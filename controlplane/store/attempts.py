@@ -99,8 +99,7 @@ class AttemptTx:
         if job.state == JobState.LAUNCHING and job_state == JobState.DONE and task.started_at is not None:
             # Its runner started and ended before the launch was recorded (a restart between the
             # provider call and its record): the launch happened, and the audit says so once.
-            self.w.event(self.c, task.task_id, "launched", None, None, job.attempt,
-                         {"worker_id": job.worker_id, "job_name": job.job_name}, self.now)
+            self.w.launched(self.c, job, self.now)
         if job.state in REPORTING or job_state == JobState.ABANDONED:
             self.job = self.w.move_job(self.c, job, job_state, self.now)
         if artifacts:

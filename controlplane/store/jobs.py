@@ -113,8 +113,7 @@ class JobStore:
             if job is None or job.state != J.LAUNCHING:
                 return False
             self.w.move_job(c, job, J.ACTIVE, now, handle_json=json.dumps(handle), launched_at=now)
-            self.w.event(c, job.task_id, "launched", None, None, job.attempt,
-                         {"worker_id": worker_id, "job_name": job.job_name}, now)
+            self.w.launched(c, job, now)
             return True
 
     def follow(self, worker_id: str, handle: dict[str, Any], fence: Fence | None = None) -> bool:

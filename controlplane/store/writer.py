@@ -129,6 +129,11 @@ class Writer:
               detail: dict[str, Any] | None, now: float) -> None:
         self.db.run(c, q.INSERT_EVENT, event_row(task_id, kind, frm, to, attempt, detail, now))
 
+    def launched(self, c: Connection, job: JobRow, now: float) -> None:
+        """The audit's one record that the job's launch happened."""
+        self.event(c, job.task_id, "launched", None, None, job.attempt,
+                   {"worker_id": job.worker_id, "job_name": job.job_name}, now)
+
     def events(self, c: Connection, rows: list[dict[str, Any]]) -> None:
         """Several events (`event_row`s) in one statement: a group commit's submits."""
         self.db.run_many(c, q.INSERT_EVENT, rows)
