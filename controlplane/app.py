@@ -41,7 +41,7 @@ from controlplane.estimates import Estimator
 from controlplane.http.listener import Listener
 from controlplane.http.routes import RouteDeps, routes
 from controlplane.launch import build_launch_spec
-from controlplane.objectstore.registry import StoreRegistry
+from controlplane.objectstore.registry import ObjectStores
 from controlplane.ops import metrics, traces
 from controlplane.prices import PriceError, PriceTable, Pricing
 from controlplane.progress import ProgressHub
@@ -87,21 +87,21 @@ class ControlPlane:
         # Called (on the event loop) after a new catalog was taken: the MCP server's tool list.
         self.catalog_listeners: list[Callable[[], Awaitable[None]]] = []
         self.secret_key = self.settings.secret_key()
-        self.stores = StoreRegistry(self.settings.resolved_object_store_url, self.secret_key)
+        self.object_stores = ObjectStores(self.settings.resolved_object_store_url, self.secret_key)
         self.providers: dict[str, Provider[Any]] = dict(providers or {})
-        self.providers.update(open_for(self.catalog, self.settings, self.stores, self.providers))
+        self.providers.update(open_for(self.catalog, self.settings, self.object_stores, self.providers))
         self.estimator = Estimator(self.store.tasks.runtimes)
         try:  # prices of what attempts use: the defaults, and the operator's file over them
             self.pricing = Pricing(PriceTable.load(self.settings.resolved_prices_path), self.catalog, self.providers)
         except PriceError as e:
             raise CatalogError(str(e)) from None
-        self.attempts = Attempts(self.store, self.catalog, self.stores, self.settings, self.pricing)
-        self.service = TaskService(self.settings, self.store, self.catalog, self.stores, self.estimator, self.providers,
+        self.attempts = Attempts(self.store, self.catalog, self.object_stores, self.settings, self.pricing)
+        self.service = TaskService(self.settings, self.store, self.catalog, self.object_stores, self.estimator, self.providers,
                                    wake=self.wake, pricing=self.pricing)
-        self.scheduler = Scheduler(self.store, self.catalog, self.providers, self.stores, self.attempts,
+        self.scheduler = Scheduler(self.store, self.catalog, self.providers, self.object_stores, self.attempts,
                                    self.build_spec, fence=lambda: self.fence,
                                    launch_margin_s=self.settings.leader_lease_s / 3)
-        self.reconciler = Reconciler(self.store, self.providers, self.stores, self.attempts, self.settings,
+        self.reconciler = Reconciler(self.store, self.providers, self.object_stores, self.attempts, self.settings,
                                      fence=lambda: self.fence, stop_margin_s=self.settings.leader_lease_s / 3,
                                      build_spec=self.build_spec)
         self.service.limits.refresh()  # operators' limits per caller; read again by the loop below
@@ -132,7 +132,7 @@ class ControlPlane:
         if text is None:
             return False
         try:
-            new, opened = await anyio.to_thread.run_sync(prepare, text, self.settings, self.stores, self.providers)
+            new, opened = await anyio.to_thread.run_sync(prepare, text, self.settings, self.object_stores, self.providers)
         except CatalogError as e:
             self.catalog_status = replace(self.catalog_status, refused_at=time.time(), problems=e.problems)
             log.error("the catalog file changed, but the server keeps revision %d: %d problem(s)\n%s",
@@ -161,7 +161,7 @@ class ControlPlane:
         """The task's job as its tool was when the task was admitted, at its job's placement
         (PermanentProviderError when this process never knew that tool: removed from the catalog
         before a restart)."""
-        python, store_url = self.providers[job.provider].python, self.stores.get(task.store_url).url
+        python, store_url = self.providers[job.provider].python, self.object_stores.get(task.store_url).url
         try:
             return build_launch_spec(task, job, self.catalog, self.settings, secret_key=self.secret_key,
                                      callback_url=self.callback_url, store_url=store_url, python=python)
@@ -266,13 +266,13 @@ class ControlPlane:
         listener = Listener(self.settings.internal_host, self.settings.internal_port)
         if self.public_url is None:
             self.public_url = listener.url
-        self.stores.set_base_url(self.public_url)
+        self.object_stores.set_base_url(self.public_url)
         self.service.same_host = True  # links served only while this process lives: add file URLs
         return listener, Starlette(routes=routes(self.route_deps()))
 
     def route_deps(self) -> RouteDeps:
         """What the runner and download routes use."""
-        return RouteDeps(secret_key=self.secret_key, store=self.store, attempts=self.attempts, stores=self.stores,
+        return RouteDeps(secret_key=self.secret_key, store=self.store, attempts=self.attempts, object_stores=self.object_stores,
                          wake=self.wake, grant_ttl_s=self.settings.grant_url_ttl_s,
                          grant_run_margin_s=self.settings.grant_run_margin_s)
 
@@ -280,7 +280,7 @@ class ControlPlane:
         """The MCP HTTP app serves the runner and download routes at `url`."""
         self.public_url = url
         self.serves_http_routes = True
-        self.stores.set_base_url(url)
+        self.object_stores.set_base_url(url)
 
     def _write_endpoint_file(self) -> None:
         if not self.callback_url:

@@ -37,7 +37,7 @@ from typing import Any
 from controlplane.catalog import Catalog, RetryPolicy
 from controlplane.ids import AttemptRef
 from controlplane.objectstore.base import UnsafeKey, artifact_key, events_prefix, result_key, safe_artifact_name
-from controlplane.objectstore.registry import StoreRegistry
+from controlplane.objectstore.registry import ObjectStores
 from controlplane.ops import logs, metrics, traces
 from controlplane.outcomes import (
     Decision,
@@ -68,11 +68,11 @@ class Applied:
 
 
 class Attempts:
-    def __init__(self, store: Store, catalog: Catalog, stores: StoreRegistry, settings: Settings, pricing: Pricing):
+    def __init__(self, store: Store, catalog: Catalog, object_stores: ObjectStores, settings: Settings, pricing: Pricing):
         self.store = store
         self.pricing = pricing
         self.catalog = catalog
-        self.stores = stores
+        self.object_stores = object_stores
         self.settings = settings
         self._beats: dict[tuple[str, int], float] = {}
         self._lock = threading.Lock()
@@ -133,7 +133,7 @@ class Attempts:
 
     def read_spilled(self, store_url: str, ref: AttemptRef, from_seq: int) -> list[dict[str, Any]]:
         """Events a runner wrote to the object store (no callback, or callback unreachable)."""
-        objects = self.stores.get(store_url)
+        objects = self.object_stores.get(store_url)
         out: list[dict[str, Any]] = []
         for key in objects.list(events_prefix(ref)):
             for line in objects.get_bytes(key).splitlines():
@@ -147,7 +147,7 @@ class Attempts:
 
     def read_outcome(self, store_url: str, ref: AttemptRef) -> ev.Finished | None:
         try:
-            data = json.loads(self.stores.get(store_url).get_bytes(result_key(ref)))
+            data = json.loads(self.object_stores.get(store_url).get_bytes(result_key(ref)))
         except (FileNotFoundError, ValueError):
             return None
         return ev.parse_outcome(data)

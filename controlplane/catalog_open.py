@@ -6,13 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 from controlplane.catalog import Catalog, CatalogError, file_format, parse_data, server_problems
-from controlplane.objectstore.registry import StoreRegistry
+from controlplane.objectstore.registry import ObjectStores
 from controlplane.settings import Settings
 from controlplane_providers import registry
 from controlplane_providers.base import Provider, ProviderContext
 
 
-def open_for(catalog: Catalog, settings: Settings, stores: StoreRegistry,
+def open_for(catalog: Catalog, settings: Settings, object_stores: ObjectStores,
              providers: dict[str, Provider[Any]]) -> dict[str, Provider[Any]]:
     """Check `catalog` against the server's settings, open the object stores it names and
     create the providers it names that are not in `providers` yet (returned). CatalogError otherwise."""
@@ -20,10 +20,10 @@ def open_for(catalog: Catalog, settings: Settings, stores: StoreRegistry,
     if problems:
         raise CatalogError(*problems)
     for url in catalog.store_urls():  # open every store the catalog names, failing early
-        stores.get(url)
+        object_stores.get(url)
     if settings.job_store_access == "grants":
         for url in [settings.resolved_object_store_url, *catalog.store_urls()]:
-            if not stores.get(url).signs_uploads:
+            if not object_stores.get(url).signs_uploads:
                 raise CatalogError(f"CONTROLPLANE_JOB_STORE_ACCESS=grants needs object stores that sign "
                                    f"uploads (s3://, gs://, az://); {url.split('://', 1)[0]}:// does not")
     context = ProviderContext(home=settings.home, kill_grace_s=settings.kill_grace_s,
@@ -38,14 +38,14 @@ def open_for(catalog: Catalog, settings: Settings, stores: StoreRegistry,
     return opened
 
 
-def prepare(text: str, settings: Settings, stores: StoreRegistry,
+def prepare(text: str, settings: Settings, object_stores: ObjectStores,
             providers: dict[str, Provider[Any]]) -> tuple[Catalog, dict[str, Provider[Any]]]:
     """The catalog file's new text, validated as at start, with the providers it adds (blocks:
     run it in a worker thread). CatalogError, without internals, when it cannot be taken."""
     path = settings.resolved_catalog_path
     new = Catalog.from_data(parse_data(text, source=str(path), fmt=file_format(path)), source=str(path))
     try:
-        return new, open_for(new, settings, stores, providers)
+        return new, open_for(new, settings, object_stores, providers)
     except CatalogError:
         raise
     except Exception as e:  # noqa: BLE001 - an object store that cannot be opened, said without internals

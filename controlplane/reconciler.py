@@ -46,7 +46,7 @@ import anyio
 import anyio.to_thread
 
 from controlplane.attempts import Attempts
-from controlplane.objectstore.registry import StoreRegistry
+from controlplane.objectstore.registry import ObjectStores
 from controlplane.ops import logs, metrics
 from controlplane.ops.health import ProviderHealth
 from controlplane.reconciling.cycle import ALIVE, CycleStats, call
@@ -87,7 +87,7 @@ class Reconciler:
     # one cycle took half its CPU: bench/inflight.py).
     status_budget = 20_000
 
-    def __init__(self, store: Store, providers: dict[str, Provider[Any]], stores: StoreRegistry, attempts: Attempts,
+    def __init__(self, store: Store, providers: dict[str, Provider[Any]], object_stores: ObjectStores, attempts: Attempts,
                  settings: Settings, fence: Callable[[], Fence | None] = lambda: None, stop_margin_s: float = 0.0,
                  build_spec: Callable[[TaskRow, JobRow], LaunchSpec] | None = None):
         self.store = store
@@ -95,7 +95,7 @@ class Reconciler:
         self.stop_margin_s = stop_margin_s  # lease to spare before a stop is sent
         self._fence: Fence | None = None  # the fence of the cycle under way
         self.providers = providers
-        self.stores = stores
+        self.object_stores = object_stores
         self.attempts = attempts
         self.settings = settings
         self.started_at = time.time()
@@ -108,7 +108,7 @@ class Reconciler:
         self.extras = ExtraExecutions(store, providers, settings, build_spec, self._handle, lambda: self._fence,
                                       stop_margin_s)
         self._status_room = self.status_budget  # statuses this cycle may still record
-        self.retention = Retention(store, stores, providers, settings)
+        self.retention = Retention(store, object_stores, providers, settings)
         self.health = ProviderHealth()  # what the polls looked like, for the operator (ops/health.py)
 
     async def cycle(self, force_poll: bool = False) -> CycleStats:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from controlplane.objectstore.base import task_prefix
-from controlplane.objectstore.registry import StoreRegistry
+from controlplane.objectstore.registry import ObjectStores
 from controlplane.settings import Settings
 from controlplane.states import TERMINAL, TaskState
 from controlplane.store import Store
@@ -61,9 +61,9 @@ class Swept:
 class Retention:
     log_rows_per_tx = LOG_ROWS_PER_TX
 
-    def __init__(self, store: Store, stores: StoreRegistry, providers: dict[str, Provider[Any]], settings: Settings):
+    def __init__(self, store: Store, object_stores: ObjectStores, providers: dict[str, Provider[Any]], settings: Settings):
         self.store = store
-        self.stores = stores
+        self.object_stores = object_stores
         self.providers = providers
         self.settings = settings
         self._after: dict[TaskState, tuple[float, int]] = {}  # each state's cursor, kept between cycles
@@ -134,7 +134,7 @@ class Retention:
         """Delete what the task keeps outside its rows: its objects, what its provider keeps of its
         jobs, and (in slices) a long log. False: not now (retried on the next pass)."""
         try:
-            self.stores.get(t.store_url).delete_prefix(task_prefix(t.task_id))
+            self.object_stores.get(t.store_url).delete_prefix(task_prefix(t.task_id))
             if not self._release(t.task_id):
                 return False  # a job of the task still runs and keeps its things: ask again next pass
         except Exception as e:  # noqa: BLE001 - retried next pass; the task stays until it works

@@ -31,7 +31,7 @@ from controlplane import blocking
 from controlplane.attempts import Attempts
 from controlplane.catalog import Catalog
 from controlplane.objectstore.base import inputs_key
-from controlplane.objectstore.registry import StoreRegistry
+from controlplane.objectstore.registry import ObjectStores
 from controlplane.ops import logs, metrics, traces
 from controlplane.outcomes import cancelled_error
 from controlplane.placement import NO_CAPACITY, Placer
@@ -52,7 +52,7 @@ LAUNCH_CONCURRENCY = 8
 
 
 class Scheduler:
-    def __init__(self, store: Store, catalog: Catalog, providers: dict[str, Provider[Any]], stores: StoreRegistry,
+    def __init__(self, store: Store, catalog: Catalog, providers: dict[str, Provider[Any]], object_stores: ObjectStores,
                  attempts: Attempts, build_spec: Callable[[TaskRow, JobRow], LaunchSpec],
                  fence: Callable[[], Fence | None] = lambda: None, launch_margin_s: float = 0.0):
         self.store = store
@@ -62,7 +62,7 @@ class Scheduler:
         self.placer = Placer(catalog)
         self.attempts = attempts
         self.providers = providers
-        self.stores = stores
+        self.object_stores = object_stores
         self.build_spec = build_spec
         self._fresh: set[str] = set()  # intents this process created and has not tried yet
         self._inflight: set[str] = set()
@@ -221,5 +221,5 @@ class Scheduler:
         return handle
 
     def _write_inputs(self, task: TaskRow) -> None:
-        self.stores.get(task.store_url).put_bytes(inputs_key(task.ref), task.inputs_json.encode(),
+        self.object_stores.get(task.store_url).put_bytes(inputs_key(task.ref), task.inputs_json.encode(),
                                                   content_type="application/json", overwrite=True)

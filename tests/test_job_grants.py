@@ -133,7 +133,7 @@ async def test_a_job_without_credentials_delivers_inputs_events_result_and_artif
     body = httpx.get(big["download_url"]).content
     assert len(body) == 50_000 and hashlib.sha256(body).hexdigest() == big["sha256"]
     assert [ln["message"] for ln in await agent.all_logs(tid)] == [f"line {i}" for i in range(25)]
-    store = grants.cp.stores.default
+    store = grants.cp.object_stores.default
     assert store.stat(result_key(AttemptRef(tid, 1))) is not None  # written by a signed PUT
     assert list(store.list(events_prefix(AttemptRef(tid, 1)))) == []  # the callback took every event
 
@@ -152,7 +152,7 @@ async def test_with_the_callback_down_spilled_events_and_the_result_still_end_th
     assert st["progress"]["percent"] == 100  # progress reported while the callback was down
     res = await agent.call("get_task_result", task_id=tid)
     assert res["result"]["late"] is True
-    spilled = list(grants.cp.stores.default.list(events_prefix(AttemptRef(tid, 1))))
+    spilled = list(grants.cp.object_stores.default.list(events_prefix(AttemptRef(tid, 1))))
     assert spilled and all(k.rsplit("/", 1)[1].startswith("spill-") for k in spilled)  # keys granted ahead
 
 

@@ -188,7 +188,7 @@ async def test_tampered_links_are_forbidden(artifact: dict, cp: ControlPlane) ->
     sig = parse_qs(urlsplit(url).query)["signature"][0]
     flipped = ("0" if sig[0] != "0" else "1") + sig[1:]
     other_key = f"tasks/{artifact['task_id']}/attempts/1/inputs.json"
-    assert cp.stores.default.stat(other_key) is not None  # a real object: only the signature stops it
+    assert cp.object_stores.default.stat(other_key) is not None  # a real object: only the signature stops it
     tampered = {
         "signature": with_query(url, signature=flipped),
         "no signature": with_query(url, signature=""),
@@ -226,9 +226,9 @@ async def test_expired_link_is_forbidden(artifact: dict, cp: ControlPlane) -> No
 async def test_signed_link_cannot_reach_outside_the_store(artifact: dict, cp: ControlPlane) -> None:
     secret = cp.settings.secret_key()
     assert (cp.settings.home / "secret.key").read_bytes().strip() == secret
-    assert (cp.stores.default.root / ".." / "secret.key").resolve() == (cp.settings.home / "secret.key").resolve()
+    assert (cp.object_stores.default.root / ".." / "secret.key").resolve() == (cp.settings.home / "secret.key").resolve()
     future = int(time.time()) + 600
-    signer = cp.stores.default.signer
+    signer = cp.object_stores.default.signer
     attempts = [
         # key the signature covers, how it is written in the URL path
         ("../secret.key", "%2E%2E/secret.key"),

@@ -211,7 +211,7 @@ async def test_runner_without_callback_delivers_through_the_store(home: Path) ->
         task = cp.store.tasks.get(tid)
         assert task.result["via"] == "store"
         assert [a.name for a in cp.store.artifacts.of(tid)] == ["data.bin"]
-        spilled = list(cp.stores.default.list(f"{task_prefix(tid)}attempts/1/events/"))
+        spilled = list(cp.object_stores.default.list(f"{task_prefix(tid)}attempts/1/events/"))
         assert spilled, "the events should have come through the object store"
 
 
@@ -235,14 +235,14 @@ class FailingDeletes:
 async def test_expiry_removes_logs_artifacts_and_objects(agent: Agent, cp: ControlPlane) -> None:
     tid = await agent.submit(inputs={"log_lines": 10, "artifact_bytes": 100}, ttl_s=60)
     assert (await agent.wait(tid))["state"] == "succeeded"
-    store = cp.stores.default
+    store = cp.object_stores.default
     assert list(store.list(task_prefix(tid))) and cp.store.artifacts.of(tid)
     job_dir = Path(cp.settings.home) / "jobs" / cp.store.jobs.get(AttemptRef(tid, 1)).job_name
     assert job_dir.is_dir()
     with cp.db.write() as c:  # the ttl has passed
         c.execute(text("update tasks set expires_at = 0 where task_id = :t"), {"t": tid})
     failing = FailingDeletes(store)
-    cp.stores._stores[cp.stores.default_url] = failing  # type: ignore[assignment]
+    cp.object_stores._stores[cp.object_stores.default_url] = failing  # type: ignore[assignment]
     await cp.reconciler.cycle()
     assert cp.store.tasks.get(tid).state == "succeeded"  # deletion failed: nothing removed, retried later
     await expire_soon(cp, tid)  # next cycle (or the one after, if the job's runner is still exiting)

@@ -35,7 +35,7 @@ def finished(cp: ControlPlane, n: int, *, log_lines: int = 0, past_ttl: bool = T
                       resources_json="{}", max_runtime_s=60, max_attempts=1, estimate_s=1.0)
         tid = cp.store.tasks.submit(new).task.task_id
         cp.store.tasks.request_cancel(tid, "local", "test", {"code": "CANCELLED", "message": "test"})
-        cp.stores.default.put_bytes(f"{task_prefix(tid)}attempts/1/result.json", b"{}", content_type="application/json")
+        cp.object_stores.default.put_bytes(f"{task_prefix(tid)}attempts/1/result.json", b"{}", content_type="application/json")
         with cp.db.write() as c:
             if log_lines:
                 c.execute(text("INSERT INTO task_logs (task_id, seq, attempt, ts, stream, level, message) "
@@ -65,8 +65,8 @@ def test_a_backlog_larger_than_a_batch_expires_over_cycles(home: Path) -> None:
     assert [s.more for s in swept] == [True, True, False]  # the last cycle found nothing left
     assert states(cp, due) == ["expired"] * 7 and states(cp, live) == ["cancelled"] * 2
     assert log_count(cp) == 0
-    assert all(list(cp.stores.default.list(task_prefix(t))) == [] for t in due)
-    assert all(list(cp.stores.default.list(task_prefix(t))) for t in live)
+    assert all(list(cp.object_stores.default.list(task_prefix(t))) == [] for t in due)
+    assert all(list(cp.object_stores.default.list(task_prefix(t))) for t in live)
     assert cp.reconciler.retention.sweep(time.time()).expired == 0
 
 
@@ -120,8 +120,8 @@ class FailingFor:
 def test_a_failed_deletion_is_retried_next_cycle_and_holds_up_no_other_task(home: Path) -> None:
     cp = control_plane(home, retention_batch=3, retention_cycle_s=60)
     due = finished(cp, 7)
-    store = FailingFor(cp.stores.default, due[1])
-    cp.stores._stores[cp.stores.default_url] = store  # type: ignore[assignment]
+    store = FailingFor(cp.object_stores.default, due[1])
+    cp.object_stores._stores[cp.object_stores.default_url] = store  # type: ignore[assignment]
     assert cp.reconciler.retention.sweep(time.time()).expired == 6
     assert states(cp, due) == ["expired", "cancelled"] + ["expired"] * 5  # kept, with its objects
     assert list(store.list(task_prefix(due[1])))

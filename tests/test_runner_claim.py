@@ -71,7 +71,7 @@ def forget_claim(cp, tid: str) -> None:  # noqa: ANN001
     """Forget the real runner's claim (database and object store), so a test makes the first one."""
     with cp.db.engine.begin() as c:
         c.execute(update(Job.__table__).where(Job.__table__.c.task_id == tid).values(secret_claim=None))
-    cp.stores.get(cp.store.tasks.get(tid).store_url).delete_prefix(claim_key(AttemptRef(tid, 1)))
+    cp.object_stores.get(cp.store.tasks.get(tid).store_url).delete_prefix(claim_key(AttemptRef(tid, 1)))
 
 
 async def test_claim_answers(agent: Agent, cp) -> None:
@@ -107,7 +107,7 @@ async def test_a_claim_the_runner_took_in_the_object_store_wins_over_a_later_one
     await claimed_by_its_runner(cp, tid)
     forget_claim(cp, tid)
     holder = secrets.token_hex(32)
-    store = cp.stores.get(cp.store.tasks.get(tid).store_url)
+    store = cp.object_stores.get(cp.store.tasks.get(tid).store_url)
     assert take_claim(store, AttemptRef(tid, 1), nonce_digest(holder), by="runner") == nonce_digest(holder)
     base = f"{cp.public_url}/runner/v1/tasks/{tid}/attempts/1/claim"
     token = {"Authorization": f"Bearer {bootstrap_token(cp.secret_key, AttemptRef(tid, 1))}"}

@@ -38,7 +38,7 @@ from controlplane.store import StaleAttempt
 
 if TYPE_CHECKING:
     from controlplane.attempts import Attempts
-    from controlplane.objectstore.registry import StoreRegistry
+    from controlplane.objectstore.registry import ObjectStores
     from controlplane.store import Store
     from controlplane.store.rows import TaskRow
 
@@ -57,7 +57,7 @@ class RouteDeps:
     secret_key: bytes  # derives the runners' bootstrap tokens and secrets
     store: Store  # tasks, jobs (the runner's secret claim)
     attempts: Attempts  # where a runner's events and heartbeats go
-    stores: StoreRegistry  # local object stores, for signed downloads
+    object_stores: ObjectStores  # local object stores, for signed downloads
     wake: Callable[[], None]  # nudges the loops after a finished or cancelled attempt
     grant_ttl_s: int = 900  # lifetime of a grant asked for as it is needed
     grant_run_margin_s: int = 1800  # a grant asked for ahead lives the task's max runtime plus this
@@ -109,7 +109,7 @@ def routes(cp: RouteDeps) -> list[Route]:
         digest = nonce_digest(nonce)
         try:  # the object store decides, so that a runner that claimed it without us is seen too
             holder = await anyio.to_thread.run_sync(
-                lambda: take_claim(cp.stores.get(task.store_url), ref, digest, by="control-plane"))
+                lambda: take_claim(cp.object_stores.get(task.store_url), ref, digest, by="control-plane"))
         except OSError:
             log.warning("the claim of %s/%s could not be written to the object store", ref.task_id, ref.number,
                         extra=logs.of_attempt(ref, "claim_failed"))
@@ -190,7 +190,7 @@ def routes(cp: RouteDeps) -> list[Route]:
         task = await current(ref)
         if task is None:
             return _error(409, "this attempt is no longer current")
-        objects = cp.stores.get(task.store_url)
+        objects = cp.object_stores.get(task.store_url)
         ttl = task.max_runtime_s + cp.grant_run_margin_s if ahead else cp.grant_ttl_s
         ttl = min(ttl, objects.max_url_ttl_s)
         try:
@@ -205,17 +205,17 @@ def routes(cp: RouteDeps) -> list[Route]:
         return JSONResponse({"grants": grants, "expires_in": ttl}, headers={"Cache-Control": "no-store"})
 
     async def download(request: Request) -> Response:
-        store = cp.stores.local(request.path_params["store"])
+        objects = cp.object_stores.local(request.path_params["store"])
         key = request.path_params["key"]
         q = request.query_params
-        signer = store.signer if store is not None else None
-        if store is None or signer is None:
+        signer = objects.signer if objects is not None else None
+        if objects is None or signer is None:
             return _error(404, "not found")
         filename = q.get("filename", "")
         if not signer.verify(key, q.get("expires", ""), filename, q.get("signature", "")):
             return _error(403, "invalid or expired link")
         try:
-            path = store.path_of(key)
+            path = objects.path_of(key)
         except UnsafeKey:
             return _error(404, "not found")
         if not path.is_file():

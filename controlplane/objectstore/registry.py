@@ -1,5 +1,6 @@
-"""The stores a control plane uses, opened once each: the default store and those the catalog
-names. Local stores get a link signer; their links are served by the control plane."""
+"""The object stores a control plane uses (`ObjectStores`; the database is `Store`), opened once
+each: the default one and those the catalog names. Local stores get a link signer; their links
+are served by the control plane."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from controlplane.objectstore.base import ObjectStore, open_store
 from controlplane.objectstore.local import LinkSigner, LocalObjectStore, store_id
 
 
-class StoreRegistry:
+class ObjectStores:
     def __init__(self, default_url: str, secret_key: bytes):
         self.default_url = default_url
         self._secret = secret_key

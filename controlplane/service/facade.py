@@ -13,7 +13,7 @@ from controlplane.budgets import Budgets
 from controlplane.catalog import Catalog
 from controlplane.estimates import Estimator
 from controlplane.limits import Limits, Streams
-from controlplane.objectstore.registry import StoreRegistry
+from controlplane.objectstore.registry import ObjectStores
 from controlplane.prices import PriceTable, Pricing
 from controlplane.service.access import Access, AdminReads
 from controlplane.service.cancel import Cancels
@@ -32,13 +32,13 @@ class TaskService:
     """Every operation takes the caller first (an owner string or an `identity.Caller`) and
     raises `ControlPlaneError`s with the codes of `controlplane.errors`."""
 
-    def __init__(self, settings: Settings, store: Store, catalog: Catalog, stores: StoreRegistry,
+    def __init__(self, settings: Settings, store: Store, catalog: Catalog, object_stores: ObjectStores,
                  estimator: Estimator, providers: dict[str, Provider[Any]] | None = None,
                  wake: Callable[..., None] = lambda **_: None, pricing: Pricing | None = None):
         self.settings = settings
         self.store = store
         self.catalog = catalog
-        self.stores = stores
+        self.object_stores = object_stores
         self.estimator = estimator
         self.providers = providers or {}
         self.pricing = pricing or Pricing(PriceTable.load(settings.resolved_prices_path), catalog, self.providers)
@@ -54,7 +54,7 @@ class TaskService:
         self.submits = Submits(store, self.admission, self.pricing, estimator, self.providers, wake)
         self.load, self.commits = self.submits.load, self.submits.commits
         self._submit_alone = self.submits.alone  # the write tried on the loop first (replaceable in tests)
-        self.reads = Reads(settings, store, catalog, stores, estimator, self.providers, self.access, self.costs)
+        self.reads = Reads(settings, store, catalog, object_stores, estimator, self.providers, self.access, self.costs)
         self.logs = Logs(settings, store, self.providers, self.access)
         self.listing = Listing(store, self.access)
         self.cancels = Cancels(store, self.access, wake)

@@ -13,7 +13,7 @@ from controlplane.api import iso
 from controlplane.catalog import Catalog
 from controlplane.estimates import Estimator
 from controlplane.objectstore.local import LocalObjectStore
-from controlplane.objectstore.registry import StoreRegistry
+from controlplane.objectstore.registry import ObjectStores
 from controlplane.service.access import Access
 from controlplane.service.answers import Artifact, TaskResult, TaskStatus, TimelineEntry
 from controlplane.service.polling import poll_after_ms
@@ -40,12 +40,12 @@ class Overview:
 
 
 class Reads:
-    def __init__(self, settings: Settings, store: Store, catalog: Catalog, stores: StoreRegistry,
+    def __init__(self, settings: Settings, store: Store, catalog: Catalog, object_stores: ObjectStores,
                  estimator: Estimator, providers: dict[str, Provider[Any]], access: Access, costs: Costs):
         self.settings = settings
         self.store = store
         self.catalog = catalog
-        self.stores = stores
+        self.object_stores = object_stores
         self.estimator = estimator
         self.providers = providers
         self.access = access
@@ -114,18 +114,18 @@ class Reads:
         if done:
             now = time.time()
             for a in self.store.artifacts.of_attempt(task.ref):
-                store = self.stores.get(a.store_url)
-                if not store.signs_locally:
+                objects = self.object_stores.get(a.store_url)
+                if not objects.signs_locally:
                     blocking.must_not_block()  # signing may call out: not on the event loop
-                lifetime = min(ttl, store.max_url_ttl_s)
-                local = self.same_host and isinstance(store, LocalObjectStore)
+                lifetime = min(ttl, objects.max_url_ttl_s)
+                local = self.same_host and isinstance(objects, LocalObjectStore)
                 artifacts.append(Artifact(
                     artifact_id=a.artifact_id, name=a.name, kind=a.kind, size_bytes=a.size_bytes, sha256=a.sha256,
                     content_type=a.content_type,
-                    download_url=store.signed_url(a.storage_key, expires_in=lifetime,
+                    download_url=objects.signed_url(a.storage_key, expires_in=lifetime,
                                                   filename=PurePosixPath(a.name).name),
                     expires_at=iso(math.floor(now) + lifetime),
-                    **({"file_url": store.file_url(a.storage_key)} if local else {})))  # type: ignore[attr-defined]
+                    **({"file_url": objects.file_url(a.storage_key)} if local else {})))  # type: ignore[attr-defined]
         pending: dict[str, object] = {}
         if not done:
             pending["message"] = ("the task expired; its result and artifacts were removed"
