@@ -226,7 +226,7 @@ def fence_cost(url: str, n: int) -> dict[str, Any]:
             if fenced:
                 store.leases.holds(fence, 1.0)
             t2 = time.perf_counter()
-            store.jobs.record_launch(job.worker_id, {"job": job.job_name, "double": True}, f)
+            store.jobs.record_launch(job.job_id, {"job": job.job_name, "double": True}, f)
             t3 = time.perf_counter()
             sfx = "_fenced" if fenced else ""
             t["claim" + sfx].append((t1 - t0) * 1000)

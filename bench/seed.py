@@ -75,7 +75,7 @@ def _task_row(task_id: str, *, owner: str, tool: str, rc: str, state: str, submi
         tags_json=json.dumps(tags), resources_json="{}", max_runtime_s=max_runtime_s, state=state, attempt=1,
         max_attempts=2 if tool == "lj_relax" else 1, not_before=0.0, submitted_at=submitted,
         scheduled_at=None, started_at=None, heartbeat_at=None, updated_at=submitted, completed_at=None,
-        expires_at=None, timeout_at=None, worker_id=None, cancel_requested=False, cancel_reason=None,
+        expires_at=None, timeout_at=None, job_id=None, cancel_requested=False, cancel_reason=None,
         stop_reason=None, progress_json=None, result_json=None, error_json=None, metrics_json=None,
         estimate_s=8.0 if tool == "lj_relax" else 1.0, log_seq=0, log_first_seq=1, version=1,
     )
@@ -87,7 +87,7 @@ def _event(task_id: str, ts: float, kind: str, frm: str | None, to: str | None, 
 
 
 def _job(task_id: str, rc: str, state: str, created: float, **extra: Any) -> dict[str, Any]:
-    row = dict(worker_id=ids.new_worker_id(), task_id=task_id, attempt=1, provider="local", resource_class=rc,
+    row = dict(job_id=ids.new_job_id(), task_id=task_id, attempt=1, provider="local", resource_class=rc,
                job_name=ids.AttemptRef(task_id, 1).job_name, state=state, handle_json=None, created_at=created,
                launched_at=created, seen_at=None, finished_at=None, stop_sent_at=None, event_seq=0,
                provider_status=None, provider_reason=None)
@@ -194,12 +194,12 @@ def _history(n: int, first_pk: int, *, rng: random.Random, now: float, running: 
         if state == "running":
             started = now - rng.uniform(5, 60)
             row.update(scheduled_at=started - 0.2, started_at=started, updated_at=started, heartbeat_at=None,
-                       timeout_at=started + 3600, version=3, worker_id=ids.new_worker_id(),
+                       timeout_at=started + 3600, version=3, job_id=ids.new_job_id(),
                        progress_json=json.dumps({"percent": round(rng.uniform(0, 99), 1), "step": 40,
                                                  "step_total": 100, "phase": "relax", "ts": now - 1}))
             # seen_at stays None: a job the runner never called back for is judged by its provider
             # alone, so the (double's) RUNNING answer keeps it running for the whole benchmark.
-            jobs.append(_job(task_id, rc, "active", started - 0.2, worker_id=row["worker_id"],
+            jobs.append(_job(task_id, rc, "active", started - 0.2, job_id=row["job_id"],
                              handle_json=json.dumps({"job": ids.AttemptRef(task_id, 1).job_name, "double": True}),
                              provider_status="running"))
             events.append(_event(task_id, started, "running", "scheduled", "running", {"source": "provider"}))
@@ -210,7 +210,7 @@ def _history(n: int, first_pk: int, *, rng: random.Random, now: float, running: 
             started = submitted + rng.uniform(0.5, 30)
             done = started + (rng.uniform(2, 60) if tool == "lj_relax" else rng.uniform(0.1, 30))
             row.update(scheduled_at=started - 0.3, started_at=started, updated_at=done, completed_at=done,
-                       expires_at=done + TTL_S, timeout_at=started + 600, version=4, worker_id=ids.new_worker_id(),
+                       expires_at=done + TTL_S, timeout_at=started + 600, version=4, job_id=ids.new_job_id(),
                        log_seq=rng.choice([0, 12, 100, 1000]))
             if state == "succeeded":
                 row["result_json"] = json.dumps({"energy": round(rng.uniform(-500, -20), 6),
@@ -218,13 +218,13 @@ def _history(n: int, first_pk: int, *, rng: random.Random, now: float, running: 
             else:
                 code = {"failed": "TOOL_FAILED", "cancelled": "CANCELLED", "timed_out": "TOOL_TIMEOUT"}[state]
                 row["error_json"] = json.dumps({"code": code, "message": f"the task ended {state}"})
-            events.append(_event(task_id, done, state, "running", state, {"worker_id": row["worker_id"]}))
+            events.append(_event(task_id, done, state, "running", state, {"job_id": row["job_id"]}))
             if done + TTL_S <= now:  # past its ttl: the reconciler has expired it (a tombstone)
                 row.update(state="expired", inputs_json="{}", result_json=None, progress_json=None,
                            updated_at=done + TTL_S, version=5)
                 events.append(_event(task_id, done + TTL_S, "expired", state, "expired"))
             else:
-                jobs.append(_job(task_id, rc, "done", started - 0.3, worker_id=row["worker_id"],
+                jobs.append(_job(task_id, rc, "done", started - 0.3, job_id=row["job_id"],
                                  finished_at=done, seen_at=done, provider_status="succeeded"))
         row["pk"] = first_pk + i
         out.by_state[row["state"]] = out.by_state.get(row["state"], 0) + 1
@@ -264,24 +264,24 @@ def seed_inflight(db: Database, n: int, *, seed: int = 11, now: float | None = N
         submitted = now - 120 + 60 * i / n
         task_id = ids.new_task_id(int(submitted * 1000))
         started = submitted + rng.uniform(1, 30)
-        wid = ids.new_worker_id()
+        wid = ids.new_job_id()
         row = _task_row(task_id, owner=MAIN_OWNER, tool=tool, rc=rc, state="running", submitted=submitted, rng=rng,
                         tags=[PROJECTS[i % len(PROJECTS)]], max_runtime_s=3600)
         row["provider"] = provider
         row.update(scheduled_at=started - 0.5, started_at=started, updated_at=now, heartbeat_at=now,
-                   timeout_at=started + 3600, version=3, worker_id=wid, log_seq=rng.randrange(0, 500),
+                   timeout_at=started + 3600, version=3, job_id=wid, log_seq=rng.randrange(0, 500),
                    progress_json=json.dumps({"percent": round(100 * i / n, 1), "step": i % 100, "step_total": 100,
                                              "ts": now}))
         tasks.append(row)
         name = ids.AttemptRef(task_id, 1).job_name
         handle = handles[i] if handles else {"job": name, "double": True, "arn": f"arn:bench:job/{name}"}
-        jobs.append(_job(task_id, rc, "active", started - 0.5, worker_id=wid, seen_at=now,
+        jobs.append(_job(task_id, rc, "active", started - 0.5, job_id=wid, seen_at=now,
                          event_seq=rng.randrange(1, 200), handle_json=json.dumps(handle), provider=provider))
         events += [
             _event(task_id, submitted, "submitted", None, "queued", {"priority": 0, "queue": rc}),
-            _event(task_id, started - 0.5, "scheduled", "queued", "scheduled", {"worker_id": wid, "job_name": name}),
-            _event(task_id, started - 0.4, "launched", None, None, {"worker_id": wid, "job_name": name}),
-            _event(task_id, started, "running", "scheduled", "running", {"worker_id": wid}),
+            _event(task_id, started - 0.5, "scheduled", "queued", "scheduled", {"job_id": wid, "job_name": name}),
+            _event(task_id, started - 0.4, "launched", None, None, {"job_id": wid, "job_name": name}),
+            _event(task_id, started, "running", "scheduled", "running", {"job_id": wid}),
         ]
     jobs.sort(key=lambda j: j["created_at"])  # in the order they were launched, as a server writes them
     with db.write() as c:

@@ -39,7 +39,7 @@ class Admission:
         self.pricing = pricing
         self.budgets = budgets
 
-    def check(self, owner: str, req: api.SubmitTask) -> tuple[NewTask, Guards]:
+    def check(self, caller: str, req: api.SubmitTask) -> tuple[NewTask, Guards]:
         """The task a submit asks for, checked against the catalog and the limits, and the guards
         its write must pass, in the order they run: everything but the write."""
         tool = self.catalog.tool(req.tool_name)
@@ -74,16 +74,16 @@ class Admission:
         # Its cost at the estimated runtime (from the tool's history), where its provider runs it.
         estimate_cost = self.pricing.estimate(self.pricing.of(tool.name, tool.provider, rc_name, resources), estimate)
         new = NewTask(
-            owner=str(owner), tool_name=tool.name, inputs_json=inputs_json, input_size=input_size,
+            owner=str(caller), tool_name=tool.name, inputs_json=inputs_json, input_size=input_size,
             provider=tool.provider, resource_class=rc_name, priority=req.priority, ttl_s=ttl,
             idempotency_key=req.idempotency_key, tags=list(req.tags), resources_json=json.dumps(resources),
             max_runtime_s=max_runtime, max_attempts=tool.retry.max_attempts, estimate_s=estimate,
             max_recoveries=tool.retry.max_recoveries,
             store_url=tool.object_store or rc.object_store or "",
-            team=team_for_new_task(owner), estimate_cost=estimate_cost,
+            team=team_for_new_task(caller), estimate_cost=estimate_cost,
         )
-        limits = self.limits.for_submit(owner)
-        budgets = self.budgets.for_submit(str(owner), req.tags, time.time())
+        limits = self.limits.for_submit(caller)
+        budgets = self.budgets.for_submit(str(caller), req.tags, time.time())
         return new, (*((limits,) if limits is not None else ()), *budgets, QueueLength(rc.max_queue_length))
 
     def validate_inputs(self, tool_name: str, inputs: dict[str, Any]) -> None:

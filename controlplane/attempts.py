@@ -74,7 +74,7 @@ class Attempts:
         self.catalog = catalog
         self.object_stores = object_stores
         self.settings = settings
-        self._beats: dict[tuple[str, int], float] = {}
+        self._beats: dict[AttemptRef, float] = {}
         self._lock = threading.Lock()
 
     def policy(self, tool_name: str) -> RetryPolicy:
@@ -120,7 +120,7 @@ class Attempts:
         a.append_logs(lines, self.settings.max_log_lines_per_task)
         a.acknowledge(seq)
         if seq > before:
-            a.start({"worker_id": a.job.worker_id})
+            a.start({"job_id": a.job.job_id})
         cancel = a.task.cancel_requested
         if outcome is not None:
             # The runner's word ends the attempt, not its job: a launched job is watched (and
@@ -282,7 +282,7 @@ class Attempts:
     # ---- heartbeats: kept in memory, written in batches ---------------------------------------
     def beat(self, ref: AttemptRef, ts: float) -> None:
         with self._lock:
-            self._beats[(ref.task_id, ref.number)] = ts
+            self._beats[ref] = ts
 
     def flush_beats(self) -> None:
         with self._lock:

@@ -62,12 +62,12 @@ class Budgets:
         self._owners = {r.subject: r for r in rows if r.scope == "owner"}
         self._tags = {r.subject: r for r in rows if r.scope == "tag"}
 
-    def for_submit(self, owner: str, tags: Sequence[str], now: float) -> tuple[BudgetCheck, ...]:
-        """The guards of the budgets a submit of `owner` with `tags` counts against (none: it
+    def for_submit(self, caller: str, tags: Sequence[str], now: float) -> tuple[BudgetCheck, ...]:
+        """The guards of the budgets a submit of `caller` with `tags` counts against (none: it
         reads nothing)."""
         if not self._owners and not self._tags:
             return ()
-        rows = [self._owners[owner]] if owner in self._owners else []
+        rows = [self._owners[caller]] if caller in self._owners else []
         # (tags in one order: a refusal names the same budget first whatever order the tags came in)
         rows += [self._tags[t] for t in sorted(set(tags)) if t in self._tags]
         return tuple(BudgetCheck(r.scope, r.subject, r.period, r.amount, *period_bounds(r.period, now)) for r in rows)

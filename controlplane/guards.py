@@ -127,12 +127,12 @@ class OpenStreams:
 
     limit: int
 
-    def locks(self, owner: str) -> Iterable[str]:
-        return (f"streams:{owner}",)
+    def locks(self, caller: str) -> Iterable[str]:
+        return (f"streams:{caller}",)
 
-    def check(self, counts: Counts, owner: str) -> None:
+    def check(self, counts: Counts, caller: str) -> None:
         if self.limit <= 0:
             raise LimitReached("streams", self.limit, None)
-        expiries = counts.open_streams(owner, self.limit)
+        expiries = counts.open_streams(caller, self.limit)
         if len(expiries) >= self.limit:
             raise LimitReached("streams", self.limit, max(1.0, min(expiries) - counts.now))

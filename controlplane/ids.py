@@ -1,6 +1,6 @@
 """Opaque, unguessable identifiers and the job names derived from them.
 
-Artifact and worker ids carry 128 random bits. A task id is a millisecond clock followed by 80
+Artifact and job ids carry 128 random bits. A task id is a millisecond clock followed by 80
 random bits, the layout of a ULID or a UUIDv7, in the same 26 characters of lowercase base32:
 a new task's id then sorts after every older one, so each index keyed by it (the tasks' own, their
 events', logs' and jobs') takes new rows at its right-hand end, as it does for an integer key,
@@ -45,8 +45,8 @@ def new_artifact_id() -> str:
     return "art_" + _random_token()
 
 
-def new_worker_id() -> str:
-    return "wrk_" + _random_token()
+def new_job_id() -> str:
+    return "job_" + _random_token()
 
 
 @dataclass(frozen=True, slots=True)

@@ -81,8 +81,8 @@ class Limits:
         """Read the operators' overrides again (a short read; the loop calls it)."""
         self._overrides = {r.owner: r for r in self.store.callers.overrides()}
 
-    def of(self, owner: str) -> Effective:
-        row = self._overrides.get(owner)
+    def of(self, caller: str) -> Effective:
+        row = self._overrides.get(caller)
         if row is None:
             return self.defaults
         d = self.defaults
@@ -90,16 +90,16 @@ class Limits:
                          _pick(row.submits_per_day, d.submits_per_day),
                          _pick(row.tasks_in_flight, d.tasks_in_flight), _pick(row.streams, d.streams))
 
-    def for_submit(self, owner: str) -> CallerLimits | None:
-        """The guard a submit of `owner` passes, or None (then it reads nothing for limits)."""
-        if not self._overrides or owner not in self._overrides:
+    def for_submit(self, caller: str) -> CallerLimits | None:
+        """The guard a submit of `caller` passes, or None (then it reads nothing for limits)."""
+        if not self._overrides or caller not in self._overrides:
             return self._default_submit
-        return self._submit_limits(self.of(owner))
+        return self._submit_limits(self.of(caller))
 
-    def streams(self, owner: str) -> int | None:
-        if owner not in self._overrides:
+    def streams(self, caller: str) -> int | None:
+        if caller not in self._overrides:
             return self.defaults.streams
-        return self.of(owner).streams
+        return self.of(caller).streams
 
     @staticmethod
     def _submit_limits(e: Effective) -> CallerLimits | None:
@@ -120,16 +120,16 @@ class Streams:
         self.store = store
 
     @asynccontextmanager
-    async def hold(self, owner: str, task_id: str, duration_s: float | None) -> AsyncIterator[None]:
-        """One stream of `owner` open for the block (at most `duration_s`; None: until it ends).
+    async def hold(self, caller: str, task_id: str, duration_s: float | None) -> AsyncIterator[None]:
+        """One stream of `caller` open for the block (at most `duration_s`; None: until it ends).
         Raises LimitReached when the caller has `limit` open already, on any replica."""
-        limit = self.limits.streams(owner)
+        limit = self.limits.streams(caller)
         if limit is None:
             yield
             return
         callers = self.store.callers
         hold_s = (duration_s + self.MARGIN_S) if duration_s is not None else self.OPEN_ENDED_S
-        stream_id = await anyio.to_thread.run_sync(callers.open_stream, str(owner), task_id, hold_s,
+        stream_id = await anyio.to_thread.run_sync(callers.open_stream, str(caller), task_id, hold_s,
                                                    OpenStreams(limit))
         try:
             if duration_s is not None:

@@ -100,8 +100,8 @@ class Reconciler:
         self.settings = settings
         self.started_at = time.time()
         self._last_poll: dict[str, float] = {}
-        self._stop_sent: dict[str, float] = {}  # this cycle's stops, by worker id
-        # Watched jobs whose stored handle did not decode (said once), by worker id: their provider.
+        self._stop_sent: dict[str, float] = {}  # this cycle's stops, by job id
+        # Watched jobs whose stored handle did not decode (said once), by job id: their provider.
         self._unreadable: dict[str, str] = {}
         self._unreadable_now: dict[str, str] = {}  # ... seen so in this cycle
         # The extra executions of attempts (build_spec None: not looked up).
@@ -192,10 +192,10 @@ class Reconciler:
                 self._send_stop(j, j.stop_reason or "cancel", stats)
 
     def _sent_at(self, j: WatchedJob) -> float:
-        return self._stop_sent.get(j.worker_id, j.stop_sent_at or 0)
+        return self._stop_sent.get(j.job_id, j.stop_sent_at or 0)
 
     def _send_stop(self, j: WatchedJob, reason: str, stats: CycleStats) -> None:
-        if j.worker_id in self._stop_sent:
+        if j.job_id in self._stop_sent:
             return  # stopped once this cycle already (e.g. timed out and silent)
         provider = self.providers.get(j.provider)
         if provider is None or not j.handle_json:
@@ -204,7 +204,7 @@ class Reconciler:
         if handle is None:
             return
         # Recorded first, fenced with lease to spare: a leader that lost its lease sends no stop.
-        self._stop_sent[j.worker_id] = self.store.jobs.mark_stop_sent(j.worker_id, self._fence, self.stop_margin_s)
+        self._stop_sent[j.job_id] = self.store.jobs.mark_stop_sent(j.job_id, self._fence, self.stop_margin_s)
         try:
             call(provider, "cancel", handle, reason)
             stats.provider_calls[f"{provider.name}.cancel"] += 1
@@ -241,10 +241,10 @@ class Reconciler:
         return handle
 
     def _unreadable_handle(self, j: WatchedJob, e: MalformedHandle) -> None:
-        if j.worker_id not in self._unreadable and j.worker_id not in self._unreadable_now:
+        if j.job_id not in self._unreadable and j.job_id not in self._unreadable_now:
             log.error("job %s of task %s cannot be polled or stopped: %s", j.job_name, j.task_id, e,
                       extra=logs.of_job(j, "unreadable_handle"))
-        self._unreadable_now[j.worker_id] = j.provider
+        self._unreadable_now[j.job_id] = j.provider
 
     def _apply(self, jobs: list[WatchedJob], statuses: list[JobStatus | None], now: float,
                stats: CycleStats, changed: list[tuple[str, str, str | None]]) -> None:
@@ -254,7 +254,7 @@ class Reconciler:
             reason = st.waiting_reason or st.reason
             if (st.raw_status != j.provider_status or reason != j.provider_reason) and self._status_room > 0:
                 self._status_room -= 1
-                changed.append((j.worker_id, st.raw_status or st.phase.value, reason))
+                changed.append((j.job_id, st.raw_status or st.phase.value, reason))
             alive = st.phase in ALIVE
             if j.draining:
                 self._drain(j, alive, now, stats)
@@ -280,7 +280,7 @@ class Reconciler:
         """A job whose task has moved on: done once it ended; stopped until then; abandoned if it
         has not confirmed it stopped within stop_confirm_timeout_s."""
         if not alive:
-            self.store.jobs.move(j.worker_id, JobState.DONE)
+            self.store.jobs.move(j.job_id, JobState.DONE)
             return
         provider = self.providers.get(j.provider)
         grace = self.settings.kill_grace_s + (provider.poll_interval_s if provider is not None else 0.0)
@@ -290,7 +290,7 @@ class Reconciler:
         if not abandoned and now - (j.stop_requested_at or now) >= self.settings.stop_confirm_timeout_s:
             log.warning("job %s did not confirm it stopped within %.0f s: abandoned (still stopped now and then)",
                         j.job_name, self.settings.stop_confirm_timeout_s, extra=logs.of_job(j, "abandoned"))
-            self.store.jobs.move(j.worker_id, JobState.ABANDONED)
+            self.store.jobs.move(j.job_id, JobState.ABANDONED)
             abandoned = True
         if now - self._sent_at(j) >= (ABANDONED_RESEND_S if abandoned else STOP_RESEND_S):
             self._send_stop(j, "superseded", stats)

@@ -92,33 +92,33 @@ class Scheduler:
             except Fenced as e:
                 log.warning("claims left to the new leader: %s", e, extra={"action": "fenced"})
                 return 0
-            self._fresh.update(job.worker_id for _task, job in claimed)
+            self._fresh.update(job.job_id for _task, job in claimed)
             now = time.time()
             for task, _job in claimed:  # how long each waited for its slot
                 metrics.QUEUE_WAIT.labels(rc.name).observe(max(0.0, now - max(task.submitted_at, task.not_before)))
                 traces.queued(task, now)
         pending = await blocking.call(self.store.jobs.launch_intents)
         now = time.monotonic()
-        todo = [j for j in pending if j.worker_id not in self._inflight and self._retry_at.get(j.worker_id, 0) <= now]
+        todo = [j for j in pending if j.job_id not in self._inflight and self._retry_at.get(j.job_id, 0) <= now]
         if todo:
             async with anyio.create_task_group() as tg:
                 for job in todo:
-                    self._inflight.add(job.worker_id)
+                    self._inflight.add(job.job_id)
                     tg.start_soon(self._launch_guarded, job)
         return len(todo)
 
     async def _launch_guarded(self, job: JobRow) -> None:
-        wid = job.worker_id
+        jid = job.job_id
         try:
             async with self._limiter:
                 await self._launch(job)
-            self._forget(wid)
+            self._forget(jid)
         except Fenced as e:  # no longer the leader: leave the intent to the one who is
             log.warning("launch of %s left to the new leader: %s", job.job_name, e, extra=logs.of_job(job, "fenced"))
-            self._forget(wid)
+            self._forget(jid)
         except PermanentProviderError as e:
             log.warning("launch of %s refused: %s", job.job_name, e, extra=logs.of_job(job, "launch_refused"))
-            self._forget(wid)  # the attempt ends: nothing will retry it
+            self._forget(jid)  # the attempt ends: nothing will retry it
             await anyio.to_thread.run_sync(self.attempts.end_unlaunched, job.ref,
                                            f"the provider refused to start the job: {e}")
         except CapacityProviderError as e:
@@ -129,21 +129,21 @@ class Scheduler:
             if moved:
                 log.warning("launch of %s refused for capacity on %s, next attempt elsewhere: %s", job.job_name,
                             job.provider, e, extra=logs.of_job(job, "moved"))
-                self._forget(wid)
+                self._forget(jid)
             else:  # the tool's only placement: wait for room there, as for any transient error
                 self._back_off(job, e)
         except Exception as e:  # noqa: BLE001 - transient or unknown: retry with backoff, find first
             self._back_off(job, e)
         finally:
-            self._inflight.discard(wid)
+            self._inflight.discard(jid)
 
     def _back_off(self, job: JobRow, e: Exception) -> None:
         """Try the launch again later (the next try looks the job up first), sooner the fewer tries."""
-        wid = job.worker_id
-        n = self._failures.get(wid, 0) + 1
-        self._failures[wid] = n
+        jid = job.job_id
+        n = self._failures.get(jid, 0) + 1
+        self._failures[jid] = n
         delay = min(60.0, 0.5 * 2 ** (n - 1))
-        self._retry_at[wid] = time.monotonic() + delay
+        self._retry_at[jid] = time.monotonic() + delay
         log.warning("launch of %s failed (try %d, next in %.1fs): %s", job.job_name, n, delay, e,
                     extra=logs.of_job(job, "launch_failed", tries=n))
 
@@ -164,24 +164,24 @@ class Scheduler:
                                     placements=len(placements))
         return True
 
-    def _forget(self, wid: str) -> None:
+    def _forget(self, jid: str) -> None:
         """Drop what a launch's retries kept (its backoff), once the launch is done either way."""
-        self._retry_at.pop(wid, None)
-        self._failures.pop(wid, None)
+        self._retry_at.pop(jid, None)
+        self._failures.pop(jid, None)
 
     async def _launch(self, job: JobRow) -> None:
-        wid = job.worker_id
+        jid = job.job_id
         task = await anyio.to_thread.run_sync(self.store.tasks.get, job.task_id)
         if task is None or task.attempt != job.attempt or task.state not in (
             TaskState.SCHEDULED, TaskState.RUNNING, TaskState.CANCEL_REQUESTED, TaskState.CANCELLING
         ):
-            await anyio.to_thread.run_sync(self.store.jobs.move, wid, JobState.DROPPED)
+            await anyio.to_thread.run_sync(self.store.jobs.move, jid, JobState.DROPPED)
             return
         provider = self.providers[job.provider]
         spec = self.build_spec(task, job)
         handle: Handle | None = None
-        fresh = wid in self._fresh
-        self._fresh.discard(wid)
+        fresh = jid in self._fresh
+        self._fresh.discard(jid)
         if not fresh:  # a launch that may have happened is looked up before it is repeated
             handle = await anyio.to_thread.run_sync(metrics.provider_call, provider.name, "find", provider.find, spec)
         if task.state == TaskState.RUNNING:
@@ -190,11 +190,11 @@ class Scheduler:
             # on; dropped, its end would go unseen and the task would stay running to its timeout.
             if handle is None:
                 raise JobNotFoundYet(f"{job.job_name} reported that it runs, but {provider.name} does not list it yet")
-            await anyio.to_thread.run_sync(self.store.jobs.record_launch, wid, handle.encode(), self.fence())
+            await anyio.to_thread.run_sync(self.store.jobs.record_launch, jid, handle.encode(), self.fence())
             return
         if task.state != TaskState.SCHEDULED:  # cancelled before its job started
             if handle is not None:
-                await anyio.to_thread.run_sync(self.store.jobs.record_launch, wid, handle.encode())  # the reconciler stops it
+                await anyio.to_thread.run_sync(self.store.jobs.record_launch, jid, handle.encode())  # the reconciler stops it
             else:
                 await anyio.to_thread.run_sync(self.store.jobs.drop_unlaunched, task.ref,
                                                cancelled_error(task.cancel_reason))
@@ -203,7 +203,7 @@ class Scheduler:
             await anyio.to_thread.run_sync(self._write_inputs, task)
             with traces.launching(task, provider.name, job.job_name):
                 handle = await anyio.to_thread.run_sync(self._launch_if_leading, provider, spec)
-        await anyio.to_thread.run_sync(self.store.jobs.record_launch, wid, handle.encode(), self.fence())
+        await anyio.to_thread.run_sync(self.store.jobs.record_launch, jid, handle.encode(), self.fence())
         log.info("launched %s (task %s attempt %d) on %s", job.job_name, job.task_id, job.attempt, job.provider,
                  extra=logs.of_job(job, "launch"))
 

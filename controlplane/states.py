@@ -125,6 +125,6 @@ WATCHED: frozenset[JobState] = frozenset({J.ACTIVE, J.DRAINING, J.ABANDONED})
 REPORTING: frozenset[JobState] = frozenset({J.LAUNCHING, J.ACTIVE})
 
 
-def check_job(worker_id: str, current: JobState | str, target: JobState | str) -> None:
+def check_job(job_id: str, current: JobState | str, target: JobState | str) -> None:
     if JobState(target) not in JOB_TRANSITIONS[JobState(current)]:
-        raise IllegalTransition(f"job {worker_id}", str(current), str(target))
+        raise IllegalTransition(f"job {job_id}", str(current), str(target))

@@ -87,7 +87,7 @@ async def a_recorded_execution_refused_its_claim_is_left_for_the_holder(cp: Cont
     provider = cp.providers[job.provider]
     late = await anyio.to_thread.run_sync(provider.launch, cp.build_spec(task, job))
     with cp.db.engine.begin() as c:  # as if the late execution were the one the control plane recorded
-        c.execute(update(Job.__table__).where(Job.__table__.c.worker_id == job.worker_id)
+        c.execute(update(Job.__table__).where(Job.__table__.c.job_id == job.job_id)
                   .values(handle_json=json_of(late)))
     st = await agent.wait(tid, timeout=90)
     assert st["state"] == "succeeded" and st["attempt"] == 1, st

@@ -36,7 +36,7 @@ def running_task(cp: ControlPlane, runner: MemoryProvider) -> tuple[str, str]:
     """A running task whose attempt's job runs one execution: (task id, job name)."""
     assert cp.store.tasks.submit(new_task()).created
     [(task, job)] = cp.store.jobs.claim_for_launch("cpu_small", capacity=100)
-    assert cp.store.jobs.record_launch(job.worker_id, runner.start(job.job_name).encode())
+    assert cp.store.jobs.record_launch(job.job_id, runner.start(job.job_name).encode())
     cp.attempts.mark_running(task.ref, time.time())
     return task.task_id, job.job_name
 

@@ -71,7 +71,7 @@ async def test_a_leader_paused_past_its_lease_launches_nothing_when_it_wakes(hom
         # A claims the tasks and reads what it has to launch, and is paused right there (its
         # scheduler's tick, stopped between its claim and its provider calls).
         claimed = a.store.jobs.claim_for_launch("cpu_small", 4, fence=a.fence)
-        a.scheduler._fresh.update(job.worker_id for _t, job in claimed)  # as tick() records its own claims
+        a.scheduler._fresh.update(job.job_id for _t, job in claimed)  # as tick() records its own claims
         todo = a.store.jobs.launch_intents()
         assert len(todo) == 3
         time.sleep(0.6)  # the lease runs out while A is paused
@@ -179,7 +179,7 @@ async def test_a_leader_paused_mid_cycle_stops_nothing_it_read_as_silent(home: P
         a.reconciler.cycle_sync(force_poll=True)
         assert a.store.tasks.get(tid).state == "running"
         a.reconciler.started_at -= 60  # A has led for a while (a restart is not the runner's silence)
-        a.store.attempts.touch({(tid, 1): time.time() - 30})  # the runner's last word, 30 s ago
+        a.store.attempts.touch({AttemptRef(tid, 1): time.time() - 30})  # the runner's last word, 30 s ago
         before = _writes(a, tid)
         _lead(a, 0.5)
         provider.pause = True
@@ -197,7 +197,7 @@ async def test_a_leader_paused_mid_cycle_stops_nothing_it_read_as_silent(home: P
             assert await anyio.to_thread.run_sync(provider.paused.wait, 10)
             time.sleep(0.6)  # A is paused past its lease
             assert _lead(b, 10).epoch == old.epoch + 1
-            b.store.attempts.touch({(tid, 1): time.time()})  # the runner is heard again, by B
+            b.store.attempts.touch({AttemptRef(tid, 1): time.time()})  # the runner is heard again, by B
             provider.resume.set()
         after = _writes(a, tid)
         assert after[2][0].stop_sent_at is None and after[2][0].stop_requested_at is None

@@ -34,7 +34,7 @@ def test_a_job_that_ran_before_its_launch_was_recorded_is_in_the_audit_once(home
     ended = cp.store.tasks.get(task.task_id)
     assert ended is not None and ended.state == "succeeded"
     assert launched_events(cp, task.task_id) == 1
-    assert not cp.store.jobs.record_launch(job.worker_id, {"job": job.job_name})  # a late record adds none
+    assert not cp.store.jobs.record_launch(job.job_id, {"job": job.job_name})  # a late record adds none
     assert launched_events(cp, task.task_id) == 1
 
 
@@ -42,7 +42,7 @@ def test_a_recorded_launch_is_in_the_audit_once(home: Path) -> None:
     cp = ControlPlane(Settings(home=home), providers={"local": MemoryProvider()})
     assert cp.store.tasks.submit(new_task()).created
     [(task, job)] = cp.store.jobs.claim_for_launch("cpu_small", capacity=100)
-    assert cp.store.jobs.record_launch(job.worker_id, MemoryProvider().start(job.job_name).encode())
+    assert cp.store.jobs.record_launch(job.job_id, MemoryProvider().start(job.job_name).encode())
     now = time.time()
     cp.attempts.apply(task.ref, [
         ev.started(pid=1, job_name=job.job_name, seq=1, ts=now),

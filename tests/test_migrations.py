@@ -154,7 +154,7 @@ def test_upgrade_to_0005_renames_dropped_launches_and_records_abandonment(db: Da
                 {"w": wid, "t": f"tsk_{wid}", "j": f"job-{wid}", "s": state})
     db.upgrade()
     with db.engine.connect() as c:
-        rows = c.execute(text("SELECT worker_id, state, abandoned_at FROM jobs ORDER BY worker_id")).all()
+        rows = c.execute(text("SELECT job_id, state, abandoned_at FROM jobs ORDER BY job_id")).all()
     assert [tuple(r) for r in rows] == [("w1", "dropped", None), ("w2", "done", None)]
 
 

@@ -143,7 +143,7 @@ def test_the_next_placement_is_chosen_away_from_one_that_had_no_room() -> None:
     places = (Placed(FULL, _Options(zone="a")), Placed(FULL, _Options(zone="b")), Placed("local", ProviderOptions()))
 
     def job(attempt: int, placement: int, status: str | None = None) -> JobRow:
-        return JobRow(worker_id=f"w{attempt}", task_id="t", attempt=attempt, provider=places[placement].provider,
+        return JobRow(job_id=f"w{attempt}", task_id="t", attempt=attempt, provider=places[placement].provider,
                       resource_class="cpu_small", job_name=f"j{attempt}", state="done", created_at=0.0,
                       provider_status=status, placement=placement)
 

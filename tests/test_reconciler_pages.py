@@ -53,7 +53,7 @@ def running(cp: ControlPlane, double: MemoryProvider, n: int,
     out = {}
     for i, (task, job) in enumerate(cp.store.jobs.claim_for_launch("cpu_small", capacity=10_000)):
         handle = double.start(job.job_name, group=groups[i % len(groups)])
-        assert cp.store.jobs.record_launch(job.worker_id, handle.encode())
+        assert cp.store.jobs.record_launch(job.job_id, handle.encode())
         cp.attempts.mark_running(task.ref, time.time())
         out[job.job_name] = task.task_id
     return out
@@ -179,8 +179,8 @@ def test_a_page_of_handles_decodes_together_and_a_bad_one_is_named_alone(double:
 def test_a_page_is_one_range_of_the_index_of_watched_jobs(cp: ControlPlane) -> None:
     assert WATCHED_JOBS_WHERE == "state IN ({})".format(", ".join(f"'{s.value}'" for s in sorted(WATCHED)))
     with cp.db.read() as c:
-        plan = query_plan(cp.db, c, q.WATCHED_PAGE, {"after_ts": 0.0, "after_wid": "", "lim": PAGE})
-    assert plan == ["SEARCH jobs USING INDEX ix_jobs_watched ((created_at,worker_id)>(?,?))"]
+        plan = query_plan(cp.db, c, q.WATCHED_PAGE, {"after_ts": 0.0, "after_jid": "", "lim": PAGE})
+    assert plan == ["SEARCH jobs USING INDEX ix_jobs_watched ((created_at,job_id)>(?,?))"]
 
 
 def test_what_a_cloud_says_is_kept_whatever_its_words(cp: ControlPlane, double: MemoryProvider) -> None:

@@ -35,7 +35,7 @@ def test_hot_queries_select_their_rows_fields_in_order(stmt: object, row: type) 
 def test_a_watched_job_carries_its_task_and_is_frozen(cp: ControlPlane) -> None:
     sub = cp.store.tasks.submit(new_task())
     [(_task, job)] = cp.store.jobs.claim_for_launch(sub.task.resource_class, capacity=1)
-    assert cp.store.jobs.record_launch(job.worker_id, {"job": "j-1"})
+    assert cp.store.jobs.record_launch(job.job_id, {"job": "j-1"})
     watched = cp.store.jobs.watched()
     assert [w.task_id for w in watched] == [sub.task.task_id]
     w = watched[0]

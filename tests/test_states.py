@@ -159,7 +159,7 @@ def job_in(cp: ControlPlane, state: JobState):
     cp.store.tasks.submit(new_task())
     [(_task, job)] = cp.store.jobs.claim_for_launch("cpu_small", 1000, limit=1)
     with cp.db.write() as c:
-        c.execute(text("update jobs set state = :s where worker_id = :w"), {"s": state.value, "w": job.worker_id})
+        c.execute(text("update jobs set state = :s where job_id = :w"), {"s": state.value, "w": job.job_id})
     return cp.store.jobs.get(job.ref)
 
 

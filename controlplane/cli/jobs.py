@@ -30,7 +30,7 @@ def jobs_list(home: HomeOpt = None,
     require_head(db)
     rows = Store(db).jobs.for_operator(state, limit)
     if as_json:
-        print(json.dumps([{k: getattr(r, k) for k in ("worker_id", "task_id", "attempt", "provider", "job_name",
+        print(json.dumps([{k: getattr(r, k) for k in ("job_id", "task_id", "attempt", "provider", "job_name",
                                                         "state", "handle_json", "created_at", "finished_at",
                                                         "abandoned_at", "stop_requested_at", "provider_status",
                                                         "provider_reason", "extra_claims", "extra_checked",

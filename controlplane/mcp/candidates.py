@@ -147,25 +147,25 @@ class Completer:
         self.catalog = catalog
         self.schemas = schemas
 
-    def task_ids(self, owner: str, typed: str) -> Candidates:
-        ids = self.service.task_ids(owner, typed, MAX_VALUES + 1)
+    def task_ids(self, caller: str, typed: str) -> Candidates:
+        ids = self.service.task_ids(caller, typed, MAX_VALUES + 1)
         more = len(ids) > MAX_VALUES
         return Candidates(ids[:MAX_VALUES], None if more else len(ids), more)
 
     def tool_names(self, typed: str) -> Candidates:
         return _finish(sorted(self.catalog.tools), typed)
 
-    def argument(self, owner: str, tool: str, argument: str, typed: str,
+    def argument(self, caller: str, tool: str, argument: str, typed: str,
                  arguments: dict[str, Any] | None = None) -> Candidates | None:
         """Candidates for one argument of a tool (catalog or canonical); None for an unknown tool."""
         arguments = arguments or {}
         spec = self.catalog.tool(tool)
         if spec is not None:
-            return self._catalog_argument(owner, spec, argument, typed, arguments)
+            return self._catalog_argument(caller, spec, argument, typed, arguments)
         if tool not in self.schemas:
             return None
         if argument == "task_id":
-            return self.task_ids(owner, typed)
+            return self.task_ids(caller, typed)
         if argument == "tool_name":
             return self.tool_names(typed)
         if tool == "submit_task" and argument.startswith("inputs."):
@@ -174,13 +174,13 @@ class Completer:
             target = self.catalog.tool(str(arguments.get("tool_name", "")))
             if target is None:
                 return Candidates([], 0, False)
-            return self._catalog_argument(owner, target, argument.removeprefix("inputs."), typed, inner)
+            return self._catalog_argument(caller, target, argument.removeprefix("inputs."), typed, inner)
         schema = property_schema(self.schemas[tool], argument) or {}
         if typed.startswith("$."):
             return _finish([], typed, resolved=references(typed, argument, arguments))
         return _finish(schema_values(schema) + _suggested(schema), typed)
 
-    def _catalog_argument(self, owner: str, spec: Any, argument: str, typed: str,
+    def _catalog_argument(self, caller: str, spec: Any, argument: str, typed: str,
                           arguments: dict[str, Any]) -> Candidates:
         schema = property_schema(spec.input_schema, argument)
         if schema is None:
@@ -188,6 +188,6 @@ class Completer:
         if typed.startswith("$."):
             return _finish([], typed, resolved=references(typed, argument, arguments))
         cands = schema_values(schema)
-        cands += _history(self.service.recent_inputs(owner, spec.name, HISTORY_TASKS), argument)
+        cands += _history(self.service.recent_inputs(caller, spec.name, HISTORY_TASKS), argument)
         cands += _suggested(schema)
         return _finish(cands, typed)

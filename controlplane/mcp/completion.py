@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict
 from controlplane.mcp.candidates import Candidates, Completer
 from controlplane.mcp.prompts import typed_argument
 from controlplane.mcp.resources import TASK_TEMPLATE, TOOL_TEMPLATE
-from controlplane.mcp.tools import caller
+from controlplane.mcp.tools import current_caller
 
 if TYPE_CHECKING:
     from fastmcp import FastMCP
@@ -67,9 +67,9 @@ class CompletionExtension(ServerExtension):
         return [MethodBinding(EXTENSION_ID, CompleteToolParams, self._complete)]
 
     async def _complete(self, ctx: ServerRequestContext[Any, Any], params: CompleteToolParams) -> dict[str, Any]:
-        owner = caller(self.cp.settings.default_owner)
+        caller = current_caller(self.cp.settings.default_owner)
         args = (params.context.arguments if params.context else None) or {}
-        found = await anyio.to_thread.run_sync(self.completer.argument, owner, params.ref.name,
+        found = await anyio.to_thread.run_sync(self.completer.argument, caller, params.ref.name,
                                                params.argument.name, params.argument.value, args)
         if found is None:
             raise MCPError(code=INVALID_PARAMS, message=f"unknown tool '{params.ref.name}'", data={"tool": params.ref.name})
@@ -85,11 +85,11 @@ def install(mcp: FastMCP, cp: ControlPlane, schemas: dict[str, dict[str, Any]]) 
     @mcp.completion
     async def complete(ref: Any, argument: mcp_types.CompletionArgument,
                        context: mcp_types.CompletionContext | None) -> mcp_types.Completion | None:
-        owner = caller(owner_default)
+        caller = current_caller(owner_default)
         args: dict[str, Any] = dict((context.arguments if context else None) or {})
         if isinstance(ref, mcp_types.ResourceTemplateReference):
             if ref.uri == TASK_TEMPLATE and argument.name == "task_id":
-                return wire(await anyio.to_thread.run_sync(completer.task_ids, owner, argument.value))
+                return wire(await anyio.to_thread.run_sync(completer.task_ids, caller, argument.value))
             if ref.uri == TOOL_TEMPLATE and argument.name == "tool_name":
                 return wire(completer.tool_names(argument.value))
             return None
@@ -98,7 +98,7 @@ def install(mcp: FastMCP, cp: ControlPlane, schemas: dict[str, dict[str, Any]]) 
             return None
         props = spec.input_schema.get("properties", {})
         args = {k: typed_argument(v, props.get(k)) for k, v in args.items()}
-        found = await anyio.to_thread.run_sync(completer.argument, owner, ref.name, argument.name,
+        found = await anyio.to_thread.run_sync(completer.argument, caller, ref.name, argument.name,
                                                argument.value, args)
         return wire(found) if found is not None else None
 

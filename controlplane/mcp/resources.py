@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from controlplane import api
 from controlplane.errors import ControlPlaneError
-from controlplane.mcp.tools import caller
+from controlplane.mcp.tools import current_caller
 from controlplane.states import TERMINAL, TaskState
 
 if TYPE_CHECKING:
@@ -37,13 +37,13 @@ def not_found(uri: str) -> MCPError:
 
 
 # ---- resources -------------------------------------------------------------------------------
-def task_document(cp: ControlPlane, owner: str, task_id: str) -> str:
+def task_document(cp: ControlPlane, caller: str, task_id: str) -> str:
     """The task as one JSON document: status, result (once it ended), the last log lines."""
     svc = cp.service
     try:
         ref = api.GetTaskStatus(task_id=task_id)
-        status = svc.status(owner, ref)
-        logs = svc.tail(owner, api.TailTaskLogs(task_id=task_id, from_end=True, limit=RESOURCE_LOG_LINES))
+        status = svc.status(caller, ref)
+        logs = svc.tail(caller, api.TailTaskLogs(task_id=task_id, from_end=True, limit=RESOURCE_LOG_LINES))
     except (ValidationError, ControlPlaneError) as e:
         if isinstance(e, ControlPlaneError) and e.code.value != "NOT_FOUND":
             raise MCPError(code=INVALID_PARAMS, message=e.message) from None
@@ -51,7 +51,7 @@ def task_document(cp: ControlPlane, owner: str, task_id: str) -> str:
     result: dict[str, Any] | None = None
     if TaskState(status["state"]) in TERMINAL or status["state"] == TaskState.EXPIRED:
         try:
-            result = svc.result(owner, api.GetTaskResult(task_id=task_id))
+            result = svc.result(caller, api.GetTaskResult(task_id=task_id))
         except ControlPlaneError as e:
             result = {"error": e.to_dict()}
     return json.dumps({"status": status, "result": result, "logs": logs}, separators=(",", ":"))
@@ -76,7 +76,7 @@ def install(mcp: FastMCP, cp: ControlPlane) -> None:
                   description="One of your tasks: its status (state, progress, ETA), its result once it ended "
                               f"(with artifact links) and its last {RESOURCE_LOG_LINES} log lines.")
     async def task_resource(task_id: str) -> str:
-        return await anyio.to_thread.run_sync(task_document, cp, caller(owner_default), task_id)
+        return await anyio.to_thread.run_sync(task_document, cp, current_caller(owner_default), task_id)
 
     @mcp.resource(TOOL_TEMPLATE, name="catalog_tool", mime_type="application/json",
                   description="A tool of the catalog: description, input schema, provider, limits and the "

@@ -42,7 +42,7 @@ from controlplane.guards import LimitReached
 from controlplane.limits import limit_exceeded
 from controlplane.mcp.compat import CancelledWaitAnswer
 from controlplane.mcp.progress import ProgressSender, is_final, notification_of
-from controlplane.mcp.tools import TOOLING_VERSION, caller, describe_validation_error, error, inline_schema, ok
+from controlplane.mcp.tools import TOOLING_VERSION, current_caller, describe_validation_error, error, inline_schema, ok
 from controlplane.store.rows import TaskRow
 
 if TYPE_CHECKING:
@@ -52,13 +52,13 @@ log = logging.getLogger("controlplane.mcp.streaming")
 NOTIFY_META = "io.github.mcp-controlplane/notify"
 
 
-async def follow(cp: ControlPlane, owner: str, task_id: str, sender: ProgressSender, until: float) -> TaskRow:
+async def follow(cp: ControlPlane, caller: str, task_id: str, sender: ProgressSender, until: float) -> TaskRow:
     """Forward the caller's task's progress to `sender` until it ends or `until` (monotonic)
     passes; returns the task as last seen. Never cancels the task."""
     keepalive_s = cp.settings.keepalive_s
     task: TaskRow | None = None
     last_sent = time.monotonic()
-    watch = cp.hub.watch(task_id, read=functools.partial(cp.service.get, owner, task_id),
+    watch = cp.hub.watch(task_id, read=functools.partial(cp.service.get, caller, task_id),
                          quiet_s=lambda: min(keepalive_s, max(0.0, until - time.monotonic())))
     async with contextlib.aclosing(watch) as sightings:
         async for seen in sightings:
@@ -110,22 +110,22 @@ class WaitTool(Tool):
 
     async def run(self, arguments: dict[str, Any]) -> ToolResult:
         started = time.perf_counter()
-        owner = caller(self.default_owner)
+        caller = current_caller(self.default_owner)
         try:
             req = api.WaitTask.model_validate_json(json.dumps(arguments))
         except ValidationError as e:
             return error(describe_validation_error(e), started)
         svc = self.cp.service
         try:
-            if await blocking.call(self.cp.service.get, owner, req.task_id) is None:
+            if await blocking.call(self.cp.service.get, caller, req.task_id) is None:
                 raise not_found()
             sender = progress_sender_for_request()
             if sender is None:  # nobody to stream to: wait quietly
                 sender = ProgressSender(_discard)
             answer_if_cancelled = CancelledWaitAnswer.for_request()
             try:
-                async with svc.streams.hold(owner, req.task_id, req.timeout_s):  # the caller's streams limit
-                    task = await follow(self.cp, owner, req.task_id, sender, time.monotonic() + req.timeout_s)
+                async with svc.streams.hold(caller, req.task_id, req.timeout_s):  # the caller's streams limit
+                    task = await follow(self.cp, caller, req.task_id, sender, time.monotonic() + req.timeout_s)
             except anyio.get_cancelled_exc_class():
                 sender.close()  # nothing after the answer, which follows
                 if answer_if_cancelled is not None and answer_if_cancelled.requested:
@@ -138,7 +138,7 @@ class WaitTool(Tool):
             finally:
                 sender.close()  # no progress after the terminal answer
             if is_final(task):
-                out = {"done": True, **svc.result(owner, api.GetTaskResult(task_id=req.task_id))}
+                out = {"done": True, **svc.result(caller, api.GetTaskResult(task_id=req.task_id))}
             else:
                 out = {"done": False, "message": f"the task is still {task.state} after {req.timeout_s:g} s; "
                        "call wait_task again or poll get_task_status", "status": svc.describe(task)}
@@ -184,7 +184,7 @@ class Followers:
         self.cp = cp
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def maybe_follow(self, owner: str, out: dict[str, Any]) -> None:
+    def maybe_follow(self, caller: str, out: dict[str, Any]) -> None:
         """Called by a task-creating tool after it answered: follow the task if the client asked."""
         try:
             ctx = get_context()
@@ -195,20 +195,20 @@ class Followers:
         if rc is None or not meta.get(NOTIFY_META) or rc.protocol_version in MODERN_PROTOCOL_VERSIONS:
             return
         token, session = meta.get("progressToken"), rc.session
-        task = asyncio.create_task(self._follow(owner, out["task_id"], token, session))
+        task = asyncio.create_task(self._follow(caller, out["task_id"], token, session))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _follow(self, owner: str, task_id: str, token: Any, session: Any) -> None:
+    async def _follow(self, caller: str, task_id: str, token: Any, session: Any) -> None:
         async def send(progress: float, total: float | None, message: str | None) -> None:
             await session.send_progress_notification(progress_token=token, progress=progress, total=total,
                                                      message=message)  # the session's own channel
 
         sender = ProgressSender(send if token is not None else _discard)
         try:
-            task = await follow(self.cp, owner, task_id, sender, float("inf"))
+            task = await follow(self.cp, caller, task_id, sender, float("inf"))
             sender.close()
-            result = await asyncio.to_thread(self.cp.service.result, owner, api.GetTaskResult(task_id=task_id))
+            result = await asyncio.to_thread(self.cp.service.result, caller, api.GetTaskResult(task_id=task_id))
             await session.send_notification(ToolResultNotification(params={
                 "job_id": task_id, "task_id": task_id, "result": result,
                 "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

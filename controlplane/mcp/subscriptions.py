@@ -31,7 +31,7 @@ from mcp_types import INVALID_PARAMS
 from controlplane import blocking
 from controlplane.mcp import compat
 from controlplane.mcp.progress import MIN_INTERVAL_S
-from controlplane.mcp.tools import caller
+from controlplane.mcp.tools import current_caller
 
 if TYPE_CHECKING:
     from fastmcp import FastMCP
@@ -82,8 +82,8 @@ class TaskSubscriptions:
         task_id = task_id_of(uri)
         if task_id is None:
             return None
-        owner = caller(self.cp.settings.default_owner)
-        task = await blocking.call(self.cp.service.get, owner, task_id)
+        caller = current_caller(self.cp.settings.default_owner)
+        task = await blocking.call(self.cp.service.get, caller, task_id)
         return task_id if task is not None else None
 
     async def _watch(self, task_id: str, notify: Callable[[], Awaitable[bool]],

@@ -43,7 +43,7 @@ from controlplane.errors import ControlPlaneError
 from controlplane.guards import LimitReached
 from controlplane.limits import limit_exceeded
 from controlplane.mcp.progress import progress_details
-from controlplane.mcp.tools import caller, error
+from controlplane.mcp.tools import current_caller, error
 from controlplane.states import TaskState
 from controlplane.store.rows import TaskRow
 
@@ -114,14 +114,14 @@ class ControlPlaneTasks(ServerExtension):
         modern = rc is not None and rc.protocol_version in MODERN_PROTOCOL_VERSIONS
         if spec is None or not modern or context.client_extension_settings(TASKS_EXTENSION_ID) is None:
             return await call_next()  # the two-stage answer (docs/design/two-stage-answer.md)
-        owner = caller(self.cp.settings.default_owner)
+        caller = current_caller(self.cp.settings.default_owner)
         started = time.perf_counter()
         req = api.SubmitTask(tool_name=spec.name, inputs=dict(params.arguments or {}))
         try:
-            sub = await self.cp.service.submit_grouped(owner, req)
+            sub = await self.cp.service.submit_grouped(caller, req)
         except ControlPlaneError as e:
             return error(e, started)  # refused before any task existed: an ordinary tool error
-        task = await blocking.call(self.cp.service.get, owner, sub["task_id"])
+        task = await blocking.call(self.cp.service.get, caller, sub["task_id"])
         assert task is not None  # committed before we answer (the spec's durability rule)
         # fastmcp passes an outcome that is not a ToolResult to the wire as it is (its alias is narrower)
         return {"resultType": "task", **self._task_fields(task)}  # type: ignore[return-value]
@@ -158,9 +158,9 @@ class ControlPlaneTasks(ServerExtension):
         percent = [f"{p['percent']:g}%"] if isinstance(p.get("percent"), int | float) else []
         return " ".join(percent + progress_details(p)) or None
 
-    def _tool_result(self, owner: str, task: TaskRow) -> dict[str, Any]:
+    def _tool_result(self, caller: str, task: TaskRow) -> dict[str, Any]:
         """The CallToolResult a synchronous call of the tool would have returned."""
-        out = self.cp.service.result(owner, api.GetTaskResult(task_id=task.task_id))
+        out = self.cp.service.result(caller, api.GetTaskResult(task_id=task.task_id))
         text = json.dumps(out, separators=(",", ":"))
         # the duration (ms): for a task, how long its tool ran
         ran = (task.completed_at - task.started_at) * 1000 if task.started_at and task.completed_at else 0.0
@@ -182,32 +182,32 @@ class ControlPlaneTasks(ServerExtension):
                            message=f"this request targets the tasks extension ({TASKS_EXTENSION_ID}); "
                                    "the client did not declare it",
                            data={"requiredCapabilities": {"extensions": {TASKS_EXTENSION_ID: {}}}})
-        owner = caller(self.cp.settings.default_owner)
-        task = await blocking.call(self.cp.service.get, owner, task_id)
+        caller = current_caller(self.cp.settings.default_owner)
+        task = await blocking.call(self.cp.service.get, caller, task_id)
         if task is None:  # unknown and someone else's answer alike
             raise MCPError(code=INVALID_PARAMS, message=f"task {task_id} not found")
-        return owner, task
+        return caller, task
 
     async def _get(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> dict[str, Any]:
-        owner, task = await self._owned(ctx, params.task_id)
+        caller, task = await self._owned(ctx, params.task_id)
         legacy = ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS
         out = self._task_fields(task, legacy=legacy)
         if legacy:
             return out  # 2025-11-25: the result comes from tasks/result
         status = out["status"]
         if status == "completed":
-            out["result"] = await anyio.to_thread.run_sync(self._tool_result, owner, task)
+            out["result"] = await anyio.to_thread.run_sync(self._tool_result, caller, task)
         elif status == "failed":
             out["error"] = self._error(task)
         return {"resultType": "complete", **out}
 
     async def _result(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> dict[str, Any]:
         """2025-11-25 `tasks/result`: waits for the task to end, then returns its tool result."""
-        owner, task = await self._owned(ctx, params.task_id)
-        watch = self.cp.hub.watch(task.task_id, read=functools.partial(self.cp.service.get, owner, task.task_id),
+        caller, task = await self._owned(ctx, params.task_id)
+        watch = self.cp.hub.watch(task.task_id, read=functools.partial(self.cp.service.get, caller, task.task_id),
                                   quiet_s=15.0)
         try:
-            async with self.cp.service.streams.hold(owner, task.task_id, None), \
+            async with self.cp.service.streams.hold(caller, task.task_id, None), \
                     contextlib.aclosing(watch) as sightings:  # a streaming wait: the caller's streams limit
                 async for seen in sightings:
                     task = seen.task or task
@@ -217,17 +217,17 @@ class ControlPlaneTasks(ServerExtension):
             err = limit_exceeded(e)
             raise MCPError(code=LIMIT_EXCEEDED_RPC, message=err.message, data=err.to_dict()) from None
         if STATUS[TaskState(task.state)] == "completed":
-            return await anyio.to_thread.run_sync(self._tool_result, owner, task)
+            return await anyio.to_thread.run_sync(self._tool_result, caller, task)
         raise MCPError(**self._error(task))
 
     async def _cancel(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> dict[str, Any]:
-        owner, task = await self._owned(ctx, params.task_id)
+        caller, task = await self._owned(ctx, params.task_id)
         try:
-            await anyio.to_thread.run_sync(self.cp.service.cancel, owner,
+            await anyio.to_thread.run_sync(self.cp.service.cancel, caller,
                                            api.CancelTask(task_id=task.task_id, reason="tasks/cancel"))
         except ControlPlaneError as e:  # a teammate's task: readable, not cancellable (FORBIDDEN)
             raise MCPError(code=INVALID_PARAMS, message=e.message, data=e.to_dict()) from None
-        fresh = await blocking.call(self.cp.service.get, owner, task.task_id)
+        fresh = await blocking.call(self.cp.service.get, caller, task.task_id)
         task = fresh or task
         legacy = ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS
         return self._task_fields(task, legacy=True) if legacy else {"resultType": "complete"}
@@ -242,11 +242,11 @@ class ControlPlaneTasks(ServerExtension):
             raise MCPError(code=MISSING_REQUIRED_CLIENT_CAPABILITY,
                            message=f"this request targets the tasks extension ({TASKS_EXTENSION_ID})",
                            data={"requiredCapabilities": {"extensions": {TASKS_EXTENSION_ID: {}}}})
-        owner = caller(self.cp.settings.default_owner)
+        caller = current_caller(self.cp.settings.default_owner)
 
         def page_of_rows() -> tuple[list[TaskRow | None], str | None]:
-            page = self.cp.service.list(owner, api.ListTasks(cursor=params.cursor, limit=50))
-            return [self.cp.service.get(owner, t["task_id"]) for t in page["tasks"]], page["next_cursor"]
+            page = self.cp.service.list(caller, api.ListTasks(cursor=params.cursor, limit=50))
+            return [self.cp.service.get(caller, t["task_id"]) for t in page["tasks"]], page["next_cursor"]
 
         try:
             rows, next_cursor = await anyio.to_thread.run_sync(page_of_rows)

@@ -34,7 +34,7 @@ log = logging.getLogger("controlplane.mcp")
 TOOLING_VERSION = "0.1.0"
 
 
-def caller(default_owner: str) -> str:
+def current_caller(default_owner: str) -> str:
     """The identity of the caller: the bearer token's identity (an OAuth token's owner,
     "<issuer>#<subject>", with its team and admin rights: `controlplane.identity`), else the
     default owner."""
@@ -113,7 +113,7 @@ def output_schema(answer: Any) -> dict[str, Any]:
 
 
 class ServiceTool(Tool):
-    """A tool whose body is `handler(owner, arguments)`. With `inline` the body is tried on the
+    """A tool whose body is `handler(caller, arguments)`. With `inline` the body is tried on the
     event loop first (no thread hop) and moved to a worker thread if it would block (see
     `controlplane.blocking`); otherwise it runs in a worker thread."""
 
@@ -123,7 +123,7 @@ class ServiceTool(Tool):
     # The handler is a coroutine function that runs on the event loop and decides itself what
     # goes to a thread (submits: a group commit, see controlplane.group_commit).
     awaited: SkipJsonSchema[bool] = False
-    # Called with (owner, answer) after a successful call: the two-stage follower of new tasks.
+    # Called with (caller, answer) after a successful call: the two-stage follower of new tasks.
     after: SkipJsonSchema[Callable[[str, dict[str, Any]], None] | None] = None
 
     def to_mcp_tool(self, **overrides: Any) -> Any:
@@ -136,11 +136,11 @@ class ServiceTool(Tool):
 
     async def run(self, arguments: dict[str, Any]) -> ToolResult:
         started = time.perf_counter()
-        owner = caller(self.default_owner)
+        caller = current_caller(self.default_owner)
         try:
-            out = await self._body(owner, arguments)
+            out = await self._body(caller, arguments)
             if self.after is not None:
-                self.after(owner, out)
+                self.after(caller, out)
         except ControlPlaneError as e:
             return error(e, started)
         except Exception:
@@ -150,19 +150,19 @@ class ServiceTool(Tool):
         return ok(out, started)
 
 
-    async def _body(self, owner: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    async def _body(self, caller: str, arguments: dict[str, Any]) -> dict[str, Any]:
         if self.awaited:
-            return await self.handler(owner, arguments)  # type: ignore[no-any-return]
+            return await self.handler(caller, arguments)  # type: ignore[no-any-return]
         if self.inline:
-            return await blocking.call(self.handler, owner, arguments)
-        return await anyio.to_thread.run_sync(self.handler, owner, arguments)
+            return await blocking.call(self.handler, caller, arguments)
+        return await anyio.to_thread.run_sync(self.handler, caller, arguments)
 
 
 def canonical_tool(name: str, description: str, model: type[BaseModel], answer: Any,
                    method: Callable[[str, Any], Any], *, default_owner: str, read_only: bool,
                    inline: bool = False, after: Callable[[str, dict[str, Any]], None] | None = None,
                    schema_version: int = 1) -> ServiceTool:
-    """A tool calling `method(owner, request)`, whose answers are `answer`'s (its outputSchema);
+    """A tool calling `method(caller, request)`, whose answers are `answer`'s (its outputSchema);
     a coroutine function `method` is awaited on the event loop (see ServiceTool.awaited), any
     other runs per `inline`."""
     def parse(arguments: dict[str, Any]) -> Any:
@@ -171,11 +171,11 @@ def canonical_tool(name: str, description: str, model: type[BaseModel], answer: 
         except ValidationError as e:
             raise describe_validation_error(e) from None
 
-    def handler(owner: str, arguments: dict[str, Any]) -> dict[str, Any]:
-        return method(owner, parse(arguments))  # type: ignore[no-any-return]
+    def handler(caller: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        return method(caller, parse(arguments))  # type: ignore[no-any-return]
 
-    async def awaited_handler(owner: str, arguments: dict[str, Any]) -> dict[str, Any]:
-        return await method(owner, parse(arguments))  # type: ignore[no-any-return]
+    async def awaited_handler(caller: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        return await method(caller, parse(arguments))  # type: ignore[no-any-return]
 
     awaited = inspect.iscoroutinefunction(method)
     return ServiceTool(
@@ -189,8 +189,8 @@ def canonical_tool(name: str, description: str, model: type[BaseModel], answer: 
 
 def catalog_tool(spec: Any, submit_direct: Callable[[str, str, dict[str, Any]], Awaitable[dict[str, Any]]], *,
                  default_owner: str, after: Callable[[str, dict[str, Any]], None] | None = None) -> ServiceTool:
-    async def handler(owner: str, arguments: dict[str, Any]) -> dict[str, Any]:
-        return await submit_direct(owner, spec.name, arguments)
+    async def handler(caller: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        return await submit_direct(caller, spec.name, arguments)
 
     return ServiceTool(
         name=spec.name,

@@ -41,7 +41,7 @@ class ExtraExecutions:
         self.handle = handle  # a watched job's decoded handle (None: unreadable, said by the reconciler)
         self.fence = fence  # the fence of the cycle under way
         self.stop_margin_s = stop_margin_s  # lease to spare before a stop is sent
-        # Jobs with refused claims not yet looked into, by worker id: (refused claims, when this
+        # Jobs with refused claims not yet looked into, by job id: (refused claims, when this
         # process first saw that many); and those seen so in the cycle under way.
         self._since: dict[str, tuple[int, float]] = {}
         self._since_now: dict[str, tuple[int, float]] = {}
@@ -59,13 +59,13 @@ class ExtraExecutions:
         keeps the exit status that says why it ended)."""
         for j in jobs:
             if j.extra_claims > j.extra_checked:
-                seen = self._since.get(j.worker_id)
+                seen = self._since.get(j.job_id)
                 since = seen[1] if seen is not None and seen[0] == j.extra_claims else now  # a new refusal: a new grace
-                self._since_now[j.worker_id] = (j.extra_claims, since)
+                self._since_now[j.job_id] = (j.extra_claims, since)
                 provider = self.providers.get(j.provider)
                 grace = self.settings.kill_grace_s + (provider.poll_interval_s if provider is not None else 0.0)
                 if now - since >= grace and self._stop(j, stats):
-                    del self._since_now[j.worker_id]
+                    del self._since_now[j.job_id]
 
     def _stop(self, j: WatchedJob, stats: CycleStats) -> bool:
         """Another execution of the job's attempt asked for its claim (and was refused): stop
@@ -105,7 +105,7 @@ class ExtraExecutions:
             stats.provider_calls[f"{provider.name}.cancel"] += 1
             log.warning("stopped an extra execution of task %s attempt %d (%s, %s)", j.task_id, j.attempt,
                         provider.name, j.job_name, extra=logs.of_job(j, "extra_stopped"))
-        self.store.jobs.extra_checked(j.worker_id, j.extra_claims, len(running), fence)
+        self.store.jobs.extra_checked(j.job_id, j.extra_claims, len(running), fence)
         stats.extra_stopped += len(running)
         metrics.extra_executions(provider.name, "stopped", len(running))
         return True
@@ -128,7 +128,7 @@ class ExtraExecutions:
                         extra=logs.of_job(j, "extra_lookup_failed"))
             return False
         running = [h for h, st in zip(others, statuses, strict=False) if st.phase in ALIVE]
-        if not running or not self.store.jobs.follow(j.worker_id, running[0].encode(), self.fence()):
+        if not running or not self.store.jobs.follow(j.job_id, running[0].encode(), self.fence()):
             return False
         stats.provider_calls[f"{provider.name}.find_all"] += 1
         log.warning("job %s ended refused its claim; following the execution of task %s attempt %d that holds it",

@@ -82,7 +82,8 @@ class TaskStatus(Answer):
     priority: int
     queue: str
     position: int | None
-    worker_id: str | None
+    job_id: str | None  # the current attempt's provider job (controlplane jobs lists it)
+    worker_id: Annotated[str | None, Field(deprecated="job_id's old name: the same value")]
     submitted_at: str | None
     started_at: str | None
     updated_at: str | None

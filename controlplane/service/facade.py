@@ -69,57 +69,57 @@ class TaskService:
     def same_host(self, value: bool) -> None:
         self.reads.same_host = value
 
-    def submit(self, owner: str, req: api.SubmitTask) -> dict[str, Any]:
-        return self.submits.submit(owner, req).dump()
+    def submit(self, caller: str, req: api.SubmitTask) -> dict[str, Any]:
+        return self.submits.submit(caller, req).dump()
 
-    async def submit_grouped(self, owner: str, req: api.SubmitTask) -> dict[str, Any]:
+    async def submit_grouped(self, caller: str, req: api.SubmitTask) -> dict[str, Any]:
         """`submit` for callers on the event loop (`Submits.grouped`)."""
-        return (await self.submits.grouped(owner, req, self._submit_alone)).dump()
+        return (await self.submits.grouped(caller, req, self._submit_alone)).dump()
 
-    async def submit_direct(self, owner: str, tool_name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    async def submit_direct(self, caller: str, tool_name: str, arguments: dict[str, Any]) -> dict[str, Any]:
         """A catalog tool called by name: its arguments are the inputs (the two-stage answer)."""
-        sub = await self.submits.grouped(owner, api.SubmitTask(tool_name=tool_name, inputs=arguments),
+        sub = await self.submits.grouped(caller, api.SubmitTask(tool_name=tool_name, inputs=arguments),
                                          self._submit_alone)
         return Submits.direct(tool_name, sub).dump()
 
     def poll_after_ms(self, task: TaskRow) -> int:
         return self.reads.poll_after_ms(task)
 
-    def get(self, owner: str, task_id: str) -> TaskRow | None:
+    def get(self, caller: str, task_id: str) -> TaskRow | None:
         """The task if the caller may read it, else None (`Access.get`)."""
-        return self.access.get(owner, task_id)
+        return self.access.get(caller, task_id)
 
-    def task_ids(self, owner: str, prefix: str, limit: int) -> list[str]:
+    def task_ids(self, caller: str, prefix: str, limit: int) -> list[str]:
         """The caller's task ids starting with `prefix`, newest first (argument completion)."""
-        return self.store.tasks.task_ids(owner, prefix, limit)
+        return self.store.tasks.task_ids(caller, prefix, limit)
 
-    def recent_inputs(self, owner: str, tool_name: str, limit: int) -> list[dict[str, Any]]:
+    def recent_inputs(self, caller: str, tool_name: str, limit: int) -> list[dict[str, Any]]:
         """The inputs of the caller's latest tasks of a tool (argument completion)."""
-        return self.store.tasks.recent_inputs(owner, tool_name, limit)
+        return self.store.tasks.recent_inputs(caller, tool_name, limit)
 
-    def status(self, owner: str, req: api.GetTaskStatus) -> dict[str, Any]:
-        return self.reads.status(owner, req).dump()
+    def status(self, caller: str, req: api.GetTaskStatus) -> dict[str, Any]:
+        return self.reads.status(caller, req).dump()
 
     def describe(self, task: TaskRow) -> dict[str, Any]:
         return self.reads.describe(task).dump()
 
-    def result(self, owner: str, req: api.GetTaskResult) -> dict[str, Any]:
-        return self.reads.result(owner, req).dump()
+    def result(self, caller: str, req: api.GetTaskResult) -> dict[str, Any]:
+        return self.reads.result(caller, req).dump()
 
     def usage_report(self, caller: str, req: api.UsageReport) -> dict[str, Any]:
         return self.costs.report(caller, req).dump()
 
-    def tail(self, owner: str, req: api.TailTaskLogs) -> dict[str, Any]:
-        return self.logs.tail(owner, req).dump()
+    def tail(self, caller: str, req: api.TailTaskLogs) -> dict[str, Any]:
+        return self.logs.tail(caller, req).dump()
 
-    def list(self, owner: str, req: api.ListTasks) -> dict[str, Any]:
-        return self.listing.list(owner, req).dump()
+    def list(self, caller: str, req: api.ListTasks) -> dict[str, Any]:
+        return self.listing.list(caller, req).dump()
 
-    def cancel(self, owner: str, req: api.CancelTask) -> dict[str, Any]:
-        return self.cancels.cancel(owner, req).dump()
+    def cancel(self, caller: str, req: api.CancelTask) -> dict[str, Any]:
+        return self.cancels.cancel(caller, req).dump()
 
-    def timeline(self, owner: str, task_id: str) -> builtins.list[dict[str, Any]]:  # `list` is a method here
-        return [e.dump() for e in self.reads.timeline(owner, task_id)]
+    def timeline(self, caller: str, task_id: str) -> builtins.list[dict[str, Any]]:  # `list` is a method here
+        return [e.dump() for e in self.reads.timeline(caller, task_id)]
 
     def overview(self) -> Overview:
         return self.reads.overview()

@@ -84,7 +84,7 @@ class Reads:
             task_id=task.task_id, state=state, tool_name=task.tool_name, attempt=task.attempt,
             max_attempts=task.max_attempts, priority=task.priority, queue=task.resource_class,
             position=self.store.tasks.queue_position(task) if state == TaskState.QUEUED else None,
-            worker_id=task.worker_id, submitted_at=iso(task.submitted_at), started_at=iso(task.started_at),
+            job_id=task.job_id, worker_id=task.job_id, submitted_at=iso(task.submitted_at), started_at=iso(task.started_at),
             updated_at=iso(task.updated_at), heartbeat_at=iso(task.heartbeat_at),
             completed_at=iso(task.completed_at), expires_at=iso(task.expires_at), timeout_at=iso(task.timeout_at),
             progress=progress, cancel_requested=bool(task.cancel_requested),

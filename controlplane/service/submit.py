@@ -53,8 +53,8 @@ class Submits:
             gather_s=GROUP_GATHER_S if store.db.is_sqlite else 0.0, in_progress=lambda: self.load.calls)
         self.load.on_answered = self.commits.poke
 
-    def submit(self, owner: str, req: api.SubmitTask) -> SubmitAnswer:
-        new, guards = self.admission.check(owner, req)
+    def submit(self, caller: str, req: api.SubmitTask) -> SubmitAnswer:
+        new, guards = self.admission.check(caller, req)
         try:
             sub = self.store.tasks.submit(new, guards)
         except QueueFull as e:
@@ -63,14 +63,14 @@ class Submits:
             raise self.refused(e) from None
         return self.submitted(new, sub)
 
-    async def grouped(self, owner: str, req: api.SubmitTask, alone: WriteAlone) -> SubmitAnswer:
+    async def grouped(self, caller: str, req: api.SubmitTask, alone: WriteAlone) -> SubmitAnswer:
         """`submit` for callers on the event loop. A submit alone is written at once, on the loop
         by `alone` (a short SQLite transaction costs less than a hop to a thread and back); one
         made while other calls are being served (`blocking.Load`) or a group commit is forming or
         in flight, or that finds the write lock taken, joins one (`controlplane.group_commit`:
         one transaction and one fsync for all, off the loop). Either way it is answered once its
         task is on disk."""
-        new, guards = await blocking.call(self.admission.check, owner, req)
+        new, guards = await blocking.call(self.admission.check, caller, req)
         try:
             sub = alone(new, guards) if not (self.commits.busy or self.load.others) else None
             if sub is None:

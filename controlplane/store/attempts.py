@@ -24,7 +24,7 @@ from controlplane.store.writer import Writer
 
 S = TaskState
 _BUDGETS = {"failure": "failures", "recovery": "recoveries"}  # a retry "elsewhere" spends neither
-_RESET_ON_RETRY = dict(worker_id=None, started_at=None, timeout_at=None, scheduled_at=None, heartbeat_at=None,
+_RESET_ON_RETRY = dict(job_id=None, started_at=None, timeout_at=None, scheduled_at=None, heartbeat_at=None,
                        progress_json=None, stop_reason=None)
 
 
@@ -73,7 +73,7 @@ class AttemptTx:
     def acknowledge(self, seq: int) -> None:
         """The runner's events up to `seq` are applied; it was alive just now."""
         assert self.job is not None
-        self.w.db.run(self.c, q.UPDATE_JOB, {"_wid": self.job.worker_id, "event_seq": seq, "seen_at": self.now})
+        self.w.db.run(self.c, q.UPDATE_JOB, {"_jid": self.job.job_id, "event_seq": seq, "seen_at": self.now})
         self.job = self.job.but(event_seq=seq, seen_at=self.now)
         self._pending["heartbeat_at"] = self.now
 
@@ -109,7 +109,7 @@ class AttemptTx:
                  "sha256": a["sha256"], "content_type": a.get("content_type") or "application/octet-stream",
                  "store_url": task.store_url, "storage_key": a["key"], "created_at": self.now}
                 for a in artifacts])
-        detail: dict[str, Any] = {"worker_id": job.worker_id}
+        detail: dict[str, Any] = {"job_id": job.job_id}
         if job_state == JobState.ABANDONED:
             detail["job"] = "abandoned"  # the task ends without the job's confirmation that it stopped
         if note:
@@ -134,7 +134,7 @@ class AttemptTx:
         """What the provider said when it refused to launch the attempt's job (its status word
         and reason, kept on the job: where the next attempt runs is chosen from them)."""
         assert self.job is not None
-        self.w.db.run(self.c, q.UPDATE_JOB, {"_wid": self.job.worker_id, "provider_status": status[:32],
+        self.w.db.run(self.c, q.UPDATE_JOB, {"_jid": self.job.job_id, "provider_status": status[:32],
                                              "provider_reason": reason})
         self.job = self.job.but(provider_status=status[:32], provider_reason=reason)
 
@@ -184,12 +184,12 @@ class AttemptStore:
             yield a
             a._flush()
 
-    def touch(self, beats: dict[tuple[str, int], float]) -> None:
-        """Record heartbeats (runner calls without events), many at once."""
+    def touch(self, beats: dict[ids.AttemptRef, float]) -> None:
+        """Record heartbeats (runner calls without events), many at once, each the latest of its attempt."""
         if not beats:
             return
         with self.w.tx() as c:
-            for (task_id, attempt), ts in beats.items():
-                params = {"_tid": task_id, "_att": attempt, "_ts": ts}
+            for ref, ts in beats.items():
+                params = {"_tid": ref.task_id, "_att": ref.number, "_ts": ts}
                 self.db.run(c, q.JOB_HEARTBEAT, params)
                 self.db.run(c, q.HEARTBEAT, params)

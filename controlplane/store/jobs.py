@@ -73,18 +73,18 @@ class JobStore:
                 if place is not None:
                     provider, placement = place(task, lambda t=task: [  # type: ignore[misc]
                         JobRow.from_row(j) for j in self.db.rows(c, q.JOBS_OF_TASK, {"task_id": t.task_id})])
-                job = JobRow(worker_id=ids.new_worker_id(), task_id=task.task_id, attempt=task.attempt,
+                job = JobRow(job_id=ids.new_job_id(), task_id=task.task_id, attempt=task.attempt,
                              provider=provider, resource_class=resource_class,
                              job_name=task.ref.job_name, state=J.LAUNCHING,
                              created_at=now, event_seq=0, placement=placement)
-                self.db.run(c, q.INSERT_JOB, {"worker_id": job.worker_id, "task_id": job.task_id,
+                self.db.run(c, q.INSERT_JOB, {"job_id": job.job_id, "task_id": job.task_id,
                                               "attempt": job.attempt, "provider": job.provider,
                                               "resource_class": resource_class, "job_name": job.job_name,
                                               "state": job.state.value, "created_at": now, "event_seq": 0,
                                               "placement": placement})
                 task = self.w.transition(c, task, S.SCHEDULED, kind="scheduled",
-                                         detail={"worker_id": job.worker_id, "job_name": job.job_name},
-                                         values={"scheduled_at": now, "worker_id": job.worker_id}, now=now)
+                                         detail={"job_id": job.job_id, "job_name": job.job_name},
+                                         values={"scheduled_at": now, "job_id": job.job_id}, now=now)
                 claimed.append((task, job))
             return claimed
 
@@ -101,14 +101,14 @@ class JobStore:
         with self.db.read() as c:
             return [JobRow.from_row(r) for r in c.execute(q.LAUNCH_INTENTS).mappings()]
 
-    def record_launch(self, worker_id: str, handle: dict[str, Any], fence: Fence | None = None) -> bool:
+    def record_launch(self, job_id: str, handle: dict[str, Any], fence: Fence | None = None) -> bool:
         """The job was launched (launching -> active with its handle). With a `fence`, only while
         the lease is still held (raises `leases.Fenced`: the successor finds the job by its name)."""
         now = self.w.clock()
         with self.w.tx() as c:
             if fence is not None:
                 self.leases.check(c, fence)
-            rows = self.db.rows(c, q.GET_JOB_BY_WORKER, {"worker_id": worker_id})
+            rows = self.db.rows(c, q.GET_JOB_BY_ID, {"job_id": job_id})
             job = JobRow.from_row(rows[0]) if rows else None
             if job is None or job.state != J.LAUNCHING:
                 return False
@@ -116,7 +116,7 @@ class JobStore:
             self.w.launched(c, job, now)
             return True
 
-    def follow(self, worker_id: str, handle: dict[str, Any], fence: Fence | None = None) -> bool:
+    def follow(self, job_id: str, handle: dict[str, Any], fence: Fence | None = None) -> bool:
         """The job's execution ended refused its attempt's claim while another execution of the
         attempt holds it and runs: the job follows that one from now on (its handle replaced).
         With a `fence`, only while the lease is still held (raises `leases.Fenced`)."""
@@ -124,13 +124,13 @@ class JobStore:
         with self.w.tx() as c:
             if fence is not None:
                 self.leases.check(c, fence)
-            rows = self.db.rows(c, q.GET_JOB_BY_WORKER, {"worker_id": worker_id})
+            rows = self.db.rows(c, q.GET_JOB_BY_ID, {"job_id": job_id})
             job = JobRow.from_row(rows[0]) if rows else None
             if job is None or job.state != J.ACTIVE:
                 return False
-            self.db.run(c, q.UPDATE_JOB, {"_wid": worker_id, "handle_json": json.dumps(handle)})
+            self.db.run(c, q.UPDATE_JOB, {"_jid": job_id, "handle_json": json.dumps(handle)})
             self.w.event(c, job.task_id, "followed", None, None, job.attempt,
-                         {"worker_id": worker_id, "job_name": job.job_name}, now)
+                         {"job_id": job_id, "job_name": job.job_name}, now)
             return True
 
     def drop_unlaunched(self, ref: ids.AttemptRef, error: dict[str, Any]) -> None:
@@ -175,35 +175,35 @@ class JobStore:
                  for t in self.db.fetch(q.ATTENTION_TASKS, {"now": now}, into=_tuples)}
         after: tuple[float, str] = (float("-inf"), "")
         while True:
-            rows = self.db.fetch(q.WATCHED_PAGE, {"after_ts": after[0], "after_wid": after[1], "lim": size},
+            rows = self.db.fetch(q.WATCHED_PAGE, {"after_ts": after[0], "after_jid": after[1], "lim": size},
                                  into=_tuples)
             if rows:
                 yield WatchedJob.of_jobs(rows, tasks)
             if len(rows) < size:
                 return
-            after = (rows[-1][11], rows[-1][0])  # created_at, worker_id
+            after = (rows[-1][11], rows[-1][0])  # created_at, job_id
 
     def watched(self) -> list[WatchedJob]:
         """Every job the reconciler watches (the walk of `watched_pages` in one list)."""
         return [j for page in self.watched_pages(2000) for j in page]
 
     def set_provider_status(self, updates: list[tuple[str, str, str | None]]) -> None:
-        """Record what the provider said, (worker id, status word, reason), many in one statement.
+        """Record what the provider said, (job id, status word, reason), many in one statement.
         A cloud's words are kept as text every engine stores: the status word cut to its column
         (32 characters, which PostgreSQL enforces) and NUL in either replaced by U+FFFD."""
         if updates:
             with self.w.tx() as c:
-                self.db.run_many(c, q.SET_PROVIDER_STATUS, [{"wid": w, "st": _storable(st)[:32], "rs": _storable(rs)}
+                self.db.run_many(c, q.SET_PROVIDER_STATUS, [{"jid": w, "st": _storable(st)[:32], "rs": _storable(rs)}
                                                             for w, st, rs in updates])
 
-    def mark_stop_sent(self, worker_id: str, fence: Fence | None = None, margin_s: float = 0.0) -> float:
+    def mark_stop_sent(self, job_id: str, fence: Fence | None = None, margin_s: float = 0.0) -> float:
         """Record a stop about to be sent. With a `fence`, only while the lease is still held
         with `margin_s` to spare (raises `leases.Fenced`: the stop must not be sent)."""
         now = self.w.clock()
         with self.w.tx() as c:
             if fence is not None:
                 self.leases.check(c, fence, margin_s)
-            self.db.run(c, q.MARK_STOP_SENT, {"wid": worker_id, "now": now})
+            self.db.run(c, q.MARK_STOP_SENT, {"jid": job_id, "now": now})
         return now
 
     def note_refused_claim(self, ref: ids.AttemptRef) -> None:
@@ -212,20 +212,20 @@ class JobStore:
         with self.w.tx() as c:
             self.db.run(c, q.NOTE_REFUSED_CLAIM, {"_tid": ref.task_id, "_att": ref.number})
 
-    def extra_checked(self, worker_id: str, seen: int, stopped: int, fence: Fence | None = None) -> None:
+    def extra_checked(self, job_id: str, seen: int, stopped: int, fence: Fence | None = None) -> None:
         """The reconciler looked into the job's first `seen` refused claims and stopped `stopped`
         extra executions. With a `fence`, only while the lease is still held (raises
         `leases.Fenced`)."""
         with self.w.tx() as c:
             if fence is not None:
                 self.leases.check(c, fence)
-            self.db.run(c, q.EXTRA_CHECKED, {"_wid": worker_id, "_seen": seen, "_stopped": stopped})
+            self.db.run(c, q.EXTRA_CHECKED, {"_jid": job_id, "_seen": seen, "_stopped": stopped})
 
-    def move(self, worker_id: str, to: JobState) -> None:
+    def move(self, job_id: str, to: JobState) -> None:
         """A watched job's state (draining -> done, ... -> abandoned), if the move is legal now."""
         now = self.w.clock()
         with self.w.tx() as c:
-            rows = self.db.rows(c, q.GET_JOB_BY_WORKER, {"worker_id": worker_id})
+            rows = self.db.rows(c, q.GET_JOB_BY_ID, {"job_id": job_id})
             job = JobRow.from_row(rows[0]) if rows else None
             if job is not None and job.state != to:
                 self.w.move_job(c, job, to, now)

@@ -62,7 +62,7 @@ class Task(SQLModel, table=True):
     completed_at: float | None = None
     expires_at: float | None = None
     timeout_at: float | None = None
-    worker_id: str | None = Field(default=None, sa_column=Column(String(40)))
+    job_id: str | None = Field(default=None, sa_column=Column(String(40)))
     cancel_requested: bool = False
     cancel_reason: str | None = Field(default=None, sa_column=Column(String(500)))
     stop_reason: str | None = Field(default=None, sa_column=Column(String(20)))
@@ -100,7 +100,7 @@ class TaskTag(SQLModel, table=True):
 
 
 class TaskEvent(SQLModel, table=True):
-    """Append-only audit: every transition, retry, cancellation and worker assignment."""
+    """Append-only audit: every transition, retry, cancellation and job assignment."""
 
     __tablename__ = "task_events"
     __table_args__ = (Index("ix_task_events_task", "task_id", "pk"), Index("ix_task_events_ts", "ts"))
@@ -157,7 +157,7 @@ WATCHED_JOBS_WHERE = "state IN ('abandoned', 'active', 'draining')"
 
 
 class Job(SQLModel, table=True):
-    """A provider job: one attempt of one task, a worker in docs/design/task-model.md.
+    """A provider job: one attempt of one task (docs/design/task-model.md).
 
     A row is written *before* the provider is asked to launch (state `launching`, the launch
     intent); the provider's handle is filled in once it answers. `job_name` is derived from
@@ -169,13 +169,13 @@ class Job(SQLModel, table=True):
     __table_args__ = (
         UniqueConstraint("task_id", "attempt", name="uq_jobs_attempt"),
         Index("ix_jobs_state", "state"),
-        # The reconciler walks the watched jobs in pages, in (created_at, worker_id) order (about
+        # The reconciler walks the watched jobs in pages, in (created_at, job_id) order (about
         # the order they were written in), from a cursor; the index holds only those jobs.
-        Index("ix_jobs_watched", "created_at", "worker_id", sqlite_where=text(WATCHED_JOBS_WHERE),
+        Index("ix_jobs_watched", "created_at", "job_id", sqlite_where=text(WATCHED_JOBS_WHERE),
               postgresql_where=text(WATCHED_JOBS_WHERE)),
     )
 
-    worker_id: str = Field(sa_column=Column(String(40), primary_key=True))
+    job_id: str = Field(sa_column=Column(String(40), primary_key=True))
     task_id: str = Field(sa_column=Column(String(40), nullable=False))
     attempt: int
     provider: str = Field(sa_column=Column(String(64), nullable=False))

@@ -128,7 +128,7 @@ class TaskRow(_TaskJson, _Row):
     completed_at: float | None = None
     expires_at: float | None = None
     timeout_at: float | None = None
-    worker_id: str | None = None
+    job_id: str | None = None
     cancel_requested: bool = False
     cancel_reason: str | None = None
     stop_reason: str | None = None
@@ -179,7 +179,7 @@ class TaskSummary(_TaskJson, _Row):
 
 @dataclass(frozen=True, slots=True)
 class JobRow(_JobHandle, _Row):
-    worker_id: str
+    job_id: str
     task_id: str
     attempt: int
     provider: str
@@ -225,7 +225,7 @@ class WatchedJob(NamedTuple):
     flight, and a frozen dataclass's `__init__` (one `object.__setattr__` per field) cost about
     four times as much (`bench/inflight.py`)."""
 
-    worker_id: str
+    job_id: str
     task_id: str
     attempt: int
     provider: str
@@ -236,7 +236,7 @@ class WatchedJob(NamedTuple):
     stop_sent_at: float | None
     provider_status: str | None
     provider_reason: str | None
-    created_at: float  # the job's (with worker_id, the cursor of the reconciler's paged walk)
+    created_at: float  # the job's (with job_id, the cursor of the reconciler's paged walk)
     extra_claims: int  # claims refused to extra executions of the attempt
     extra_checked: int  # ... that the reconciler has looked into
     job_state: JobState

@@ -132,7 +132,7 @@ class Writer:
     def launched(self, c: Connection, job: JobRow, now: float) -> None:
         """The audit's one record that the job's launch happened."""
         self.event(c, job.task_id, "launched", None, None, job.attempt,
-                   {"worker_id": job.worker_id, "job_name": job.job_name}, now)
+                   {"job_id": job.job_id, "job_name": job.job_name}, now)
 
     def events(self, c: Connection, rows: list[dict[str, Any]]) -> None:
         """Several events (`event_row`s) in one statement: a group commit's submits."""
@@ -163,11 +163,11 @@ class Writer:
 
     def move_job(self, c: Connection, job: JobRow, to: JobState, now: float, **values: Any) -> JobRow:
         """The only code that changes jobs.state (the transition table of `states.JobState`)."""
-        states.check_job(job.worker_id, job.state, to)
+        states.check_job(job.job_id, job.state, to)
         vals: dict[str, Any] = {"state": to.value, **values}
         if to != JobState.ACTIVE:  # the attempt ended (for a drained or abandoned job: as far as we care)
             vals["finished_at"] = now
         if to == JobState.ABANDONED:
             vals["abandoned_at"] = now
-        self.db.run(c, q.UPDATE_JOB, {"_wid": job.worker_id, **vals})
+        self.db.run(c, q.UPDATE_JOB, {"_jid": job.job_id, **vals})
         return job.but(**vals)
