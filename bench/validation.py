@@ -25,13 +25,12 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.seed import seed_log  # noqa: E402
 from controlplane import api  # noqa: E402
 from controlplane.app import ControlPlane  # noqa: E402
 from controlplane.mcp.tools import output_schema  # noqa: E402
 from controlplane.service import answers  # noqa: E402
 from controlplane.settings import Settings  # noqa: E402
-
-from bench.seed import seed_log  # noqa: E402
 
 
 def best_ms(fn: Callable[[], Any], rounds: int = 7, n: int = 10) -> float:
