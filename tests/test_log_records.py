@@ -125,3 +125,34 @@ def test_json_records_over_stdio(home: Path, tmp_path: Path) -> None:
         reap_jobs(home)
     records = [json.loads(line) for line in err.read_text().splitlines() if line.strip()]
     assert [r["action"] for r in records if r.get("task_id") == task_id] == ["launch", "claim", "end"]
+
+
+def _garbage_request(url: str) -> None:
+    """Bytes that are not HTTP, on the server's socket: uvicorn itself logs a warning."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    with socket.create_connection((parts.hostname, parts.port), timeout=5) as s:
+        s.sendall(b"\x16\x03\x01 not http at all\r\n\r\n")
+        try:
+            s.recv(1024)
+        except OSError:
+            pass
+
+
+def test_the_web_server_s_own_lines_are_json_too(home: Path) -> None:
+    """uvicorn's warnings (here: a request that is not HTTP) come out in the server's format."""
+    for log_format in ("json", "text"):
+        proc, err, url = serve(home / log_format, log_format=log_format)
+        try:
+            _garbage_request(url)
+            time.sleep(0.5)
+        finally:
+            stop(proc)
+        lines = [line for line in err.read_text().splitlines() if line.strip()]
+        if log_format == "json":
+            records = [json.loads(line) for line in lines]  # every line, uvicorn's included
+            assert any(r["logger"].startswith("uvicorn") and "HTTP" in r["message"] for r in records), records
+        else:
+            assert any(TEXT_LINE.match(line) and " uvicorn.error: " in line for line in lines), lines

@@ -30,7 +30,8 @@ class Listener:
     async def serve(self, app: Any, *, lifespan: Literal["auto", "on", "off"] = "off") -> None:
         import uvicorn
 
-        config = uvicorn.Config(app, lifespan=lifespan, log_level="warning", access_log=False,
+        # log_config=None: uvicorn's records go to the handler `ops.logs` configured, in its format
+        config = uvicorn.Config(app, lifespan=lifespan, log_level="warning", access_log=False, log_config=None,
                                 timeout_graceful_shutdown=2)
         self._server = uvicorn.Server(config)
         self._server.should_exit = self._stopped
