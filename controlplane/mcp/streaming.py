@@ -137,11 +137,7 @@ class WaitTool(Tool):
                 raise
             finally:
                 sender.close()  # no progress after the terminal answer
-            if is_final(task):
-                out = {"done": True, **svc.result(owner, api.GetTaskResult(task_id=req.task_id))}
-            else:
-                out = {"done": False, "message": f"the task is still {task.state} after {req.timeout_s:g} s; "
-                       "call wait_task again or poll get_task_status", "status": svc.describe(task)}
+            out = svc.waited(owner, task, req.timeout_s)
         except ControlPlaneError as e:
             return error(e, started)
         except LimitReached as e:
