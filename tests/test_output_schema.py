@@ -1,8 +1,9 @@
-"""The canonical tools publish an outputSchema made from their answer models, and every answer they
-give validates against it: through the `mcp` SDK's client (which itself checks a tool's
-structuredContent against its outputSchema) and fastmcp's Client, over stdio and Streamable HTTP,
-in both protocol eras. Error results stay isError with a documented code, are not held to the
-schema, and leak nothing; an answer that breaks its schema is refused by the SDK's client."""
+"""Every tool (the canonical tools, wait_task and the catalog's) publishes an outputSchema made from
+its answer models, and every answer it gives validates against it: through the `mcp` SDK's client
+(which itself checks a tool's structuredContent against its outputSchema) and fastmcp's Client,
+over stdio and Streamable HTTP, in both protocol eras, a catalog tool's also when it runs as a
+task of the tasks extension. Error results stay isError with a documented code, are not held to
+the schema, and leak nothing; an answer that breaks its schema is refused by the SDK's client."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import mcp
 import pytest
 from fastmcp import Client
 from fastmcp.client.transports import StdioTransport
+from fastmcp_tasks.client import TasksClientExtension
 from jsonschema import Draft202012Validator
 from mcp.client.stdio import StdioServerParameters
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
@@ -31,7 +33,7 @@ pytestmark = pytest.mark.anyio
 
 SERVE_STDIO = ["-m", "controlplane.cli", "serve", "--transport", "stdio"]
 ANSWERING = {"submit_task", "get_task_status", "tail_task_logs", "list_tasks", "cancel_task", "get_task_result",
-             "usage_report"}
+             "usage_report", "wait_task", "exercise", "lj_relax"}
 UNKNOWN_ID = "tsk_" + "a" * 26
 Call = Callable[[str, dict[str, Any]], Awaitable[Any]]
 
@@ -68,7 +70,7 @@ class Checked:
 
 
 async def every_tool_answers_to_its_schema(call: Call, tools: list[Any]) -> None:
-    """Each canonical tool publishes a valid object-rooted outputSchema; every success answer of
+    """Each tool publishes a valid object-rooted outputSchema; every success answer of
     each, in the states a task passes through, validates against it; errors are isError."""
     published = {t.name: t for t in tools}
     for name in ANSWERING:
@@ -78,6 +80,10 @@ async def every_tool_answers_to_its_schema(call: Call, tools: list[Any]) -> None
         Draft202012Validator.check_schema(schema)
     assert {b["properties"].get("source", {}).get("const") for b in published["tail_task_logs"].output_schema["anyOf"]} \
         == {None, "provider"}  # the two shapes of a log page, said as two
+    assert [b["properties"]["done"]["const"] for b in published["wait_task"].output_schema["anyOf"]] == [True, False]
+    # a catalog tool: the task it queued (with a message), or, run as a task, the task's result
+    assert [{"queue", "message"} <= set(b["required"]) for b in published["exercise"].output_schema["anyOf"]] \
+        == [True, False]
     c = Checked(call, tools)
     inputs = {"log_lines": 3, "artifact_bytes": 100, "result": {"x": 1}}
     done = await c.ok("submit_task", tool_name="exercise", inputs=inputs, idempotency_key="k", tags=["a"])
@@ -95,6 +101,14 @@ async def every_tool_answers_to_its_schema(call: Call, tools: list[Any]) -> None
     assert st["state"] == "succeeded", st
     res = await c.ok("get_task_result", task_id=done["task_id"])
     assert res["result"]["x"] == 1 and res["artifacts"]
+    waited = await c.ok("wait_task", task_id=done["task_id"], timeout_s=5)
+    assert waited["done"] is True and waited["state"] == "succeeded" and waited["result"] == res["result"]
+    running = await c.ok("wait_task", task_id=long["task_id"], timeout_s=0.2)
+    assert running["done"] is False and running["status"]["task_id"] == long["task_id"] and running["message"]
+    assert c.shapes >= {"wait_task[0]", "wait_task[1]"}
+    queued = await c.ok("exercise", result={"y": 2})
+    assert queued["task_id"].startswith("tsk_") and "get_task_status" in queued["message"]
+    assert "exercise[0]" in c.shapes
     assert (await c.ok("tail_task_logs", task_id=done["task_id"]))["lines"]
     await c.ok("tail_task_logs", task_id=done["task_id"], source="provider")
     assert c.shapes >= {"tail_task_logs[0]", "tail_task_logs[1]"}
@@ -108,6 +122,8 @@ async def every_tool_answers_to_its_schema(call: Call, tools: list[Any]) -> None
     await c.refused("get_task_result", ErrorCode.NOT_FOUND, task_id=UNKNOWN_ID)
     await c.refused("submit_task", ErrorCode.INVALID_REQUEST, tool_name="exercise", surprise=1)
     await c.refused("tail_task_logs", ErrorCode.INVALID_REQUEST, task_id=done["task_id"], cursor="not a cursor")
+    await c.refused("wait_task", ErrorCode.NOT_FOUND, task_id=UNKNOWN_ID)
+    await c.refused("exercise", ErrorCode.INVALID_REQUEST, surprise=1)
 
 
 async def with_sdk_client(server: Any, era: str) -> None:
@@ -145,21 +161,54 @@ async def test_over_http(server_process: ServerProcess, era: str) -> None:
     await with_fastmcp_client(server_process.url, era)
 
 
+async def test_a_catalog_tool_run_as_a_task_answers_to_its_schema(server_process: ServerProcess) -> None:
+    """Run as a task of the tasks extension (2026-07-28), a catalog tool's result is the task's:
+    both clients check it against the tool's outputSchema once the task is done."""
+    server_process.start()
+    async with mcp.Client(server_process.url, extensions=[TasksClientExtension()]) as client:
+        schema = next(t for t in (await client.list_tools()).tools if t.name == "exercise").output_schema
+        res = await client.call_tool("exercise", {"result": {"z": 3}})  # the SDK client checks it
+        assert not res.is_error and res.structured_content["result"]["z"] == 3
+        assert res.structured_content["state"] == "succeeded" and "queue" not in res.structured_content
+        Draft202012Validator(schema).validate(res.structured_content)
+    async with Client(server_process.url, extensions=[TasksClientExtension()]) as fast:
+        got = await fast.call_tool("exercise", {"result": {"z": 4}})
+        assert got.structured_content["result"]["z"] == 4 and got.data is not None
+
+
 @pytest.mark.parametrize("era", ["auto", "legacy"])
 async def test_an_answer_that_breaks_its_schema_is_refused_by_the_sdk_client(
         cp: ControlPlane, monkeypatch: pytest.MonkeyPatch, era: str) -> None:
-    """A status whose state is not one a task can be in: the SDK's client refuses it."""
-    real = cp.service.status
+    """A status, a wait's answer and a catalog tool's answer whose state is not one a task can be
+    in: the SDK's client refuses each."""
+    real, real_wait, real_direct = cp.service.status, cp.service.waited, cp.service.submit_direct
 
     def broken(owner: str, req: Any) -> dict[str, Any]:
         return {**real(owner, req), "state": "paused"}
 
+    def broken_wait(owner: str, task: Any, timeout_s: float) -> dict[str, Any]:
+        out = real_wait(owner, task, timeout_s)
+        return {**out, "status": {**out["status"], "state": "paused"}} if "status" in out else {**out, "state": "paused"}
+
+    async def broken_direct(owner: str, tool_name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        return {**await real_direct(owner, tool_name, arguments), "state": "paused"}
+
     monkeypatch.setattr(cp.service, "status", broken)
+    monkeypatch.setattr(cp.service, "waited", broken_wait)
+    monkeypatch.setattr(cp.service, "submit_direct", broken_direct)
     async with served(build_server(cp, with_auth=False).http_app(path="/mcp")) as url, \
             mcp.Client(url, mode=era) as client:
         sub = await client.call_tool("submit_task", {"tool_name": "exercise", "inputs": {}})
         assert not sub.is_error
         with pytest.raises(RuntimeError, match="Invalid structured content returned by tool get_task_status"):
             await client.call_tool("get_task_status", {"task_id": sub.structured_content["task_id"]})
+        long = await client.call_tool("submit_task", {"tool_name": "exercise", "inputs": {"sleep_s": 60}})
+        for task_id, timeout_s in ((long.structured_content["task_id"], 0.1),  # not done yet
+                                   (sub.structured_content["task_id"], 60)):  # done
+            with pytest.raises(RuntimeError, match="Invalid structured content returned by tool wait_task"):
+                await client.call_tool("wait_task", {"task_id": task_id, "timeout_s": timeout_s})
+        assert not (await client.call_tool("cancel_task", {"task_id": long.structured_content["task_id"]})).is_error
+        with pytest.raises(RuntimeError, match="Invalid structured content returned by tool exercise"):
+            await client.call_tool("exercise", {})
         gone = await client.call_tool("get_task_status", {"task_id": UNKNOWN_ID})  # an error is not held to it
         assert gone.is_error and gone.structured_content["code"] == "NOT_FOUND"

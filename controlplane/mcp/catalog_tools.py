@@ -20,7 +20,8 @@ from mcp.server.subscriptions import PromptsListChanged, ToolsListChanged
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from controlplane.mcp import compat, prompts
-from controlplane.mcp.tools import ServiceTool, catalog_tool
+from controlplane.mcp.tools import ServiceTool, catalog_tool, output_schema
+from controlplane.service import answers
 
 if TYPE_CHECKING:
     from fastmcp import FastMCP
@@ -96,4 +97,7 @@ class CatalogTools(Middleware):
 
 def make_catalog_tool(cp: ControlPlane, default_owner: str, after: Callable[[str, dict[str, Any]], None]
                       ) -> Callable[[Any], ServiceTool]:
-    return lambda spec: catalog_tool(spec, cp.service.submit_direct, default_owner=default_owner, after=after)
+    """Makes the tool of a catalog entry; their outputSchema is made here, once for all of them."""
+    schema = output_schema(answers.CatalogToolAnswer)
+    return lambda spec: catalog_tool(spec, cp.service.submit_direct, answer_schema=schema,
+                                     default_owner=default_owner, after=after)

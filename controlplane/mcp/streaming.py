@@ -5,7 +5,7 @@
   HTTP the answer streams as SSE, which the transport keeps alive with a comment every 15 s; a
   client that goes away only ends the wait, never the task, which stays reachable by id (the
   polling fallback). It returns the task's result, or a "still running" answer with the
-  latest status. A client that cancels the wait (`notifications/cancelled`) gets one answer,
+  latest status (`answers.WaitAnswer`, its outputSchema). A client that cancels the wait (`notifications/cancelled`) gets one answer,
   CANCELLED, and the task goes on (docs/design/errors-and-cancellation.md; see `CancelledWaitAnswer`).
 * The two-stage answer (docs/design/two-stage-answer.md): a catalog tool (or submit_task) called with a progressToken
   and `_meta["io.github.mcp-controlplane/notify"] = true` answers at once with the task id, then,
@@ -42,7 +42,16 @@ from controlplane.guards import LimitReached
 from controlplane.limits import limit_exceeded
 from controlplane.mcp.compat import CancelledWaitAnswer
 from controlplane.mcp.progress import ProgressSender, is_final, notification_of
-from controlplane.mcp.tools import TOOLING_VERSION, current_caller, describe_validation_error, error, inline_schema, ok
+from controlplane.mcp.tools import (
+    TOOLING_VERSION,
+    current_caller,
+    describe_validation_error,
+    error,
+    inline_schema,
+    ok,
+    output_schema,
+)
+from controlplane.service import answers
 from controlplane.store.rows import TaskRow
 
 if TYPE_CHECKING:
@@ -137,11 +146,7 @@ class WaitTool(Tool):
                 raise
             finally:
                 sender.close()  # no progress after the terminal answer
-            if is_final(task):
-                out = {"done": True, **svc.result(caller, api.GetTaskResult(task_id=req.task_id))}
-            else:
-                out = {"done": False, "message": f"the task is still {task.state} after {req.timeout_s:g} s; "
-                       "call wait_task again or poll get_task_status", "status": svc.describe(task)}
+            out = svc.waited(caller, task, req.timeout_s)
         except ControlPlaneError as e:
             return error(e, started)
         except LimitReached as e:
@@ -163,9 +168,10 @@ def wait_tool(cp: ControlPlane, default_owner: str) -> WaitTool:
         description=("Wait for a task to finish, up to timeout_s, streaming its progress (notifications/progress "
                      "for your progressToken). Returns the result like get_task_result, or done=false with the "
                      "latest status if it is still running. Leaving early never cancels the task."),
-        parameters=inline_schema(api.WaitTask.model_json_schema()), cp=cp, default_owner=default_owner,
+        parameters=inline_schema(api.WaitTask.model_json_schema()), output_schema=output_schema(answers.WaitAnswer),
+        cp=cp, default_owner=default_owner,
         annotations=ToolAnnotations(read_only_hint=True, destructive_hint=False, open_world_hint=False),
-        meta={"schemaVersion": 1, "toolingVersion": TOOLING_VERSION},
+        meta={"schemaVersion": 3, "toolingVersion": TOOLING_VERSION},  # 2: outputSchema; 3: status.job_id
     )
 
 

@@ -2,8 +2,8 @@
 
 Each tool validates its arguments itself (unknown fields and wrong types are INVALID_REQUEST),
 calls the task service in a worker thread, and answers with JSON: the result as text content
-and as structured content, or an `isError` result carrying `{code, message, hint?}`. A canonical
-tool publishes its answer model's schema as its `outputSchema`, made once when the tool is built.
+and as structured content, or an `isError` result carrying `{code, message, hint?}`. Each tool
+publishes its answer model's schema as its `outputSchema`, made once when the server is built.
 Unexpected exceptions are logged here and reach the client only as `INTERNAL`.
 """
 
@@ -188,7 +188,11 @@ def canonical_tool(name: str, description: str, model: type[BaseModel], answer: 
 
 
 def catalog_tool(spec: Any, submit_direct: Callable[[str, str, dict[str, Any]], Awaitable[dict[str, Any]]], *,
-                 default_owner: str, after: Callable[[str, dict[str, Any]], None] | None = None) -> ServiceTool:
+                 answer_schema: dict[str, Any], default_owner: str,
+                 after: Callable[[str, dict[str, Any]], None] | None = None) -> ServiceTool:
+    """The tool of catalog entry `spec`: its arguments are the task's inputs; it answers with the
+    task it queued, or as a task of the tasks extension (`answer_schema`, its outputSchema, says
+    both: made once, shared by every catalog tool)."""
     async def handler(caller: str, arguments: dict[str, Any]) -> dict[str, Any]:
         return await submit_direct(caller, spec.name, arguments)
 
@@ -196,7 +200,8 @@ def catalog_tool(spec: Any, submit_direct: Callable[[str, str, dict[str, Any]], 
         name=spec.name,
         description=(spec.description + f"\n\nRuns as a durable task (estimated {spec.estimate_s:g} s): the call "
                      "returns a task id at once; follow it with get_task_status, tail_task_logs and get_task_result."),
-        parameters=inline_schema(spec.input_schema), handler=handler, default_owner=default_owner, awaited=True,
+        parameters=inline_schema(spec.input_schema), output_schema=answer_schema, handler=handler,
+        default_owner=default_owner, awaited=True,
         after=after, task_config=TaskConfig(mode="optional"),
         annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=False, idempotentHint=False, openWorldHint=True),
         meta={"schemaVersion": spec.schema_version, "toolingVersion": TOOLING_VERSION, "async": True,

@@ -4,9 +4,9 @@ Each model's `dump()` is the answer's JSON object exactly as the tools write it:
 declaration order; a field with a default is an optional key, written only when the operation
 set it (even to None); a field without one is always written, null or not.
 
-The same models describe the answers to clients: each canonical tool publishes its answer's JSON
-schema as its `outputSchema` (`controlplane.mcp.tools.output_schema`); tail_task_logs is the one answer
-(`TailAnswer`) that takes one of two shapes.
+The same models describe the answers to clients: each tool publishes its answer's JSON schema as
+its `outputSchema` (`controlplane.mcp.tools.output_schema`). Three answers take one of two shapes:
+tail_task_logs' (`TailAnswer`), wait_task's (`WaitAnswer`) and a catalog tool's (`CatalogToolAnswer`).
 """
 
 from __future__ import annotations
@@ -63,7 +63,14 @@ class SubmitAnswer(Answer):
     estimated_runtime_seconds: Number | None
     estimated_cost: Money
     deduplicated: bool | None = None  # only when the idempotency key found an earlier task
-    message: str | None = None  # only for a catalog tool called by name
+    message: str | None = None  # only for a catalog tool called by name (`DirectAnswer`)
+
+
+class DirectAnswer(SubmitAnswer):
+    """A catalog tool called by name: submit_task's answer, plus a message saying how to follow
+    the task."""
+
+    message: str
 
 
 class Usage(Answer):
@@ -202,6 +209,36 @@ class TaskResult(Answer):
     estimated_cost: CostSoFar
     message: str | None = None  # only while the result is not there (not done, or expired)
     poll_after_ms: int | None = None  # likewise (null once expired)
+
+
+# A catalog tool answers at once with the task it queued; run as a task of the tasks extension,
+# its result (the task's tool result) is the task's, as get_task_result answers it.
+CatalogToolAnswer = DirectAnswer | TaskResult
+
+
+class WaitDone(TaskResult):
+    """wait_task's answer once the task ended: get_task_result's answer, with done=true."""
+
+    done: Literal[True]
+
+    @classmethod
+    def of(cls, result: TaskResult) -> WaitDone:
+        return cls(done=True, **{name: getattr(result, name) for name in result.model_fields_set})
+
+    def dump(self) -> dict[str, Any]:
+        return {"done": True, **super().dump()}  # `done` first, as a reader looks for it
+
+
+class WaitPending(Answer):
+    """wait_task's answer when its timeout came first: done=false, what to do next, and the
+    task's status as get_task_status answers it."""
+
+    done: Literal[False]
+    message: str
+    status: TaskStatus
+
+
+WaitAnswer = WaitDone | WaitPending
 
 
 class UsageReport(Answer):

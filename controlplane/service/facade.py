@@ -16,6 +16,7 @@ from controlplane.limits import Limits, Streams
 from controlplane.objectstore.registry import ObjectStores
 from controlplane.prices import PriceTable, Pricing
 from controlplane.service.access import Access, AdminReads
+from controlplane.service.answers import WaitDone, WaitPending
 from controlplane.service.cancel import Cancels
 from controlplane.service.listing import Listing
 from controlplane.service.logs import Logs
@@ -23,6 +24,7 @@ from controlplane.service.reads import Overview, Reads
 from controlplane.service.submit import Submits
 from controlplane.service.usage import Costs
 from controlplane.settings import Settings
+from controlplane.states import FINAL, TaskState
 from controlplane.store import Store
 from controlplane.store.rows import TaskRow
 from controlplane_providers.base import Provider
@@ -100,11 +102,17 @@ class TaskService:
     def status(self, caller: str, req: api.GetTaskStatus) -> dict[str, Any]:
         return self.reads.status(caller, req).dump()
 
-    def describe(self, task: TaskRow) -> dict[str, Any]:
-        return self.reads.describe(task).dump()
-
     def result(self, caller: str, req: api.GetTaskResult) -> dict[str, Any]:
         return self.reads.result(caller, req).dump()
+
+    def waited(self, caller: str, task: TaskRow, timeout_s: float) -> dict[str, Any]:
+        """wait_task's answer for the caller's task as last seen after waiting up to `timeout_s`:
+        once it ended, done with its result (get_task_result's answer); else not done, with its
+        status."""
+        if TaskState(task.state) in FINAL:
+            return WaitDone.of(self.reads.result(caller, api.GetTaskResult(task_id=task.task_id))).dump()
+        return WaitPending(done=False, message=f"the task is still {task.state} after {timeout_s:g} s; call "
+                           "wait_task again or poll get_task_status", status=self.reads.describe(task)).dump()
 
     def usage_report(self, caller: str, req: api.UsageReport) -> dict[str, Any]:
         return self.costs.report(caller, req).dump()

@@ -17,7 +17,7 @@ from controlplane.guards import BudgetReached, LimitReached, QueueFull
 from controlplane.limits import limit_exceeded
 from controlplane.ops import metrics
 from controlplane.prices import Pricing, money
-from controlplane.service.answers import Money, SubmitAnswer
+from controlplane.service.answers import DirectAnswer, Money, SubmitAnswer
 from controlplane.service.polling import poll_after_ms
 from controlplane.states import TaskState
 from controlplane.store import NewTask, Store, Submitted
@@ -114,10 +114,10 @@ class Submits:
             estimated_cost=Money(amount=money(task.estimate_cost), currency=self.pricing.currency), **extra)
 
     @staticmethod
-    def direct(tool_name: str, sub: SubmitAnswer) -> SubmitAnswer:
+    def direct(tool_name: str, sub: SubmitAnswer) -> DirectAnswer:
         """A catalog tool's answer (the two-stage answer): submit_task's, plus a `message` saying
         how to follow the task."""
         est = sub.estimated_runtime_seconds
-        return sub.model_copy(update={"message": f"{tool_name} queued as task {sub.task_id} (estimated runtime "
-                                                 f"{est:.0f} s). Follow it with get_task_status, tail_task_logs "
-                                                 "and get_task_result."})
+        return DirectAnswer(**{name: getattr(sub, name) for name in sub.model_fields_set},
+                            message=f"{tool_name} queued as task {sub.task_id} (estimated runtime {est:.0f} s). "
+                                    "Follow it with get_task_status, tail_task_logs and get_task_result.")
