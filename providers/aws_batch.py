@@ -69,7 +69,7 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
-from controlplane_providers import ratelimit
+from controlplane_providers import logtail, ratelimit
 from controlplane_providers.aws.errors import classify, throttled
 from controlplane_providers.aws.storage import Storage, read_definition, storage_of
 from controlplane_providers.base import (
@@ -121,6 +121,9 @@ class AwsBatchSettings(ProviderSettings):
     max_tps: float = Field(default=40.0, gt=0)  # all Batch calls of this process, per account and region
     poll_interval_s: float = Field(default=10.0, gt=0)
     stuck_after_s: float = Field(default=900.0, gt=0)  # RUNNABLE/STARTING longer than this is "stuck"
+    # CloudWatch Logs GetLogEvents of this process, per account and region (AWS allows 25 a second
+    # per account and region, shared with everything else that reads the account's logs).
+    log_reads_per_min: int = Field(default=600, ge=1)
 
 
 class AwsBatchOptions(WaitPolicy):
@@ -150,13 +153,15 @@ class AwsBatchProvider(Provider[BatchHandle]):
     capabilities = frozenset({Capability.LOGS, Capability.LOG_LINK, Capability.SCRATCH})
 
     def __init__(self, settings: AwsBatchSettings, context: ProviderContext, *, session: Any = None):
+        self.settings = settings
         session = session or boto3.session.Session(region_name=settings.region)
         config = Config(retries={"mode": "adaptive", "max_attempts": 8}, connect_timeout=10, read_timeout=30)
         self.batch = session.client("batch", config=config, endpoint_url=settings.endpoint_url)
         # SubmitJob only, with botocore's retries off: `_submit` retries a throttled one itself.
         once = config.merge(Config(retries={"mode": "standard", "total_max_attempts": 1}))
         self.submitter = session.client("batch", config=once, endpoint_url=settings.endpoint_url)
-        self.logs_client = session.client("logs", config=config, endpoint_url=settings.logs_endpoint_url)
+        # Log reads are not retried in place: a throttled or failed read is an empty page to ask again.
+        self.logs_client = session.client("logs", config=once, endpoint_url=settings.logs_endpoint_url)
         self.region: str = self.batch.meta.region_name
         self.poll_interval_s = settings.poll_interval_s
         self.stuck_after_s = settings.stuck_after_s
@@ -312,14 +317,26 @@ class AwsBatchProvider(Provider[BatchHandle]):
                                   "logStreamName": stream, "startFromHead": True, "limit": max(1, min(limit, 10000))}
         if cursor:
             kwargs["nextToken"] = cursor
+        quota = ratelimit.shared(ratelimit.key("logs", region=self.region, endpoint=self.logs_client.meta.endpoint_url),
+                                 self.settings.log_reads_per_min, window_s=60.0)
+        token = quota.try_acquire()
+        if token is None:
+            return logtail.over_quota(cursor, f"CloudWatch Logs reads are kept to {self.settings.log_reads_per_min} "
+                                      "a minute per region", quota.wait_s())
+        failed = True
         try:
             resp = self.logs_client.get_log_events(**kwargs)
+            failed = False
         except ClientError as e:
             if e.response.get("Error", {}).get("Code") == "ResourceNotFoundException":
                 return LogPage([], cursor, reason=f"log stream {stream} does not exist (yet)")
+            if throttled(e):
+                return logtail.over_quota(cursor, "CloudWatch Logs throttled the read", 1.0)
             raise classify(e) from e
         except BotoCoreError as e:
             raise classify(e) from e
+        finally:
+            quota.release(token, failed=failed)
         lines = [LogLine(ts=ev["timestamp"] / 1000, message=ev["message"]) for ev in resp.get("events", [])]
         return LogPage(lines, resp.get("nextForwardToken") or cursor)
 

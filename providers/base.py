@@ -188,7 +188,10 @@ class Provider(ABC, Generic[H]):
         """At most `limit` lines of the runner's native log after `cursor` (None: from the start),
         with the cursor to pass next. A log that does not exist (yet), or a read over the
         service's quota, is an empty page with a reason and the cursor unchanged. Only for a
-        provider that declares `Capability.LOGS`."""
+        provider that declares `Capability.LOGS`.
+
+        Raises: TransientProviderError when the log service cannot be read now (not for a read
+        over its quota), PermanentProviderError when the read itself is wrong."""
         raise NotImplementedError
 
     def log_link(self, handle: H) -> str | None:

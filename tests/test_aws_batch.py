@@ -504,6 +504,7 @@ class BatchHarness(Harness):
         self.provider = AwsBatchProvider.configured(home, region=aws.REGION, endpoint_url=proxy.url, max_tps=500,
                                                     poll_interval_s=0.1)
         self.options = AwsBatchOptions(job_queue=aws.QUEUE, job_definition=aws.JOB_DEFINITION)
+        self.log_quota_setting = "log_reads_per_min"
 
     def count_jobs(self, job_name: str) -> int:
         return sum(1 for j in aws.backend()._jobs.values() if j.job_name == job_name)
