@@ -12,6 +12,8 @@ import json
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
+from sqlalchemy.engine import Connection
+
 from controlplane import ids
 from controlplane.states import FINAL, JobState, TaskState
 from controlplane.store import queries as q
@@ -106,10 +108,7 @@ class JobStore:
         the lease is still held (raises `leases.Fenced`: the successor finds the job by its name)."""
         now = self.w.clock()
         with self.w.tx() as c:
-            if fence is not None:
-                self.leases.check(c, fence)
-            rows = self.db.rows(c, q.GET_JOB_BY_ID, {"job_id": job_id})
-            job = JobRow.from_row(rows[0]) if rows else None
+            job = self._fenced_job(c, job_id, fence)
             if job is None or job.state != J.LAUNCHING:
                 return False
             self.w.move_job(c, job, J.ACTIVE, now, handle_json=json.dumps(handle), launched_at=now)
@@ -122,16 +121,21 @@ class JobStore:
         With a `fence`, only while the lease is still held (raises `leases.Fenced`)."""
         now = self.w.clock()
         with self.w.tx() as c:
-            if fence is not None:
-                self.leases.check(c, fence)
-            rows = self.db.rows(c, q.GET_JOB_BY_ID, {"job_id": job_id})
-            job = JobRow.from_row(rows[0]) if rows else None
+            job = self._fenced_job(c, job_id, fence)
             if job is None or job.state != J.ACTIVE:
                 return False
             self.db.run(c, q.UPDATE_JOB, {"_jid": job_id, "handle_json": json.dumps(handle)})
             self.w.event(c, job.task_id, "followed", None, None, job.attempt,
                          {"job_id": job_id, "job_name": job.job_name}, now)
             return True
+
+    def _fenced_job(self, c: Connection, job_id: str, fence: Fence | None) -> JobRow | None:
+        """The job, read inside the transaction `c` once the lease `fence` (if any) is checked
+        (raises `leases.Fenced`)."""
+        if fence is not None:
+            self.leases.check(c, fence)
+        rows = self.db.rows(c, q.GET_JOB_BY_ID, {"job_id": job_id})
+        return JobRow.from_row(rows[0]) if rows else None
 
     def drop_unlaunched(self, ref: ids.AttemptRef, error: dict[str, Any]) -> None:
         """A cancel arrived before the job was launched (or the launch found nothing): the task
@@ -225,8 +229,7 @@ class JobStore:
         """A watched job's state (draining -> done, ... -> abandoned), if the move is legal now."""
         now = self.w.clock()
         with self.w.tx() as c:
-            rows = self.db.rows(c, q.GET_JOB_BY_ID, {"job_id": job_id})
-            job = JobRow.from_row(rows[0]) if rows else None
+            job = self._fenced_job(c, job_id, None)
             if job is not None and job.state != to:
                 self.w.move_job(c, job, to, now)
 
