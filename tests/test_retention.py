@@ -155,3 +155,28 @@ def test_purge_takes_tombstones_and_old_events_in_batches_and_keeps_the_audit_of
     assert [[e.kind for e in cp.store.logs.events(t)] for t in gone] == [["expired"]] * 5
     assert {t: [e.kind for e in cp.store.logs.events(t)] for t in live} == live_audit
     assert states(cp, live) == ["cancelled"] * 2
+
+
+def job_rows(cp: ControlPlane, task_id: str) -> list[tuple[str, str]]:
+    with cp.db.read() as c:
+        return [tuple(r) for r in c.execute(text("SELECT job_id, state FROM jobs WHERE task_id = :t"), {"t": task_id})]
+
+
+def test_a_job_still_draining_when_its_task_is_purged_goes_once_it_ends(home: Path) -> None:
+    """The reconciler keeps watching a draining job after its task's tombstone is purged (the
+    cloud job may still run), and the job's row goes when the job ends, not left for ever."""
+    from controlplane.states import JobState
+
+    cp = control_plane(home, retention_batch=10, retention_cycle_s=0, purge_after_s=0)
+    [tid] = finished(cp, 1)
+    with cp.db.write() as c:
+        c.execute(text("INSERT INTO jobs (job_id, task_id, attempt, provider, resource_class, job_name, state,"
+                       " created_at, event_seq) VALUES ('job_x', :t, 1, 'local', 'cpu_small', 'cp-x-a1', 'draining',"
+                       " 1.0, 0)"), {"t": tid})
+    for _ in range(5):
+        if not cp.reconciler.retention.sweep(time.time()).more:
+            break
+    assert states(cp, [tid]) == [None]  # the tombstone is purged
+    assert job_rows(cp, tid) == [("job_x", "draining")]  # still watched: its cloud job may run
+    cp.store.jobs.move("job_x", JobState.DONE)
+    assert job_rows(cp, tid) == []

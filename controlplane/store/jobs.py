@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from sqlalchemy.engine import Connection
 
-from controlplane import ids
+from controlplane import ids, states
 from controlplane.states import FINAL, JobState, TaskState
 from controlplane.store import queries as q
 from controlplane.store.leases import Fence, LeaseStore
@@ -226,12 +226,18 @@ class JobStore:
             self.db.run(c, q.EXTRA_CHECKED, {"_jid": job_id, "_seen": seen, "_stopped": stopped})
 
     def move(self, job_id: str, to: JobState) -> None:
-        """A watched job's state (draining -> done, ... -> abandoned), if the move is legal now."""
+        """A watched job's state (draining -> done, ... -> abandoned), if the move is legal now. A
+        job that ends after its task was purged goes with it (the purge keeps only watched jobs)."""
         now = self.w.clock()
         with self.w.tx() as c:
             job = self._fenced_job(c, job_id, None)
-            if job is not None and job.state != to:
-                self.w.move_job(c, job, to, now)
+            if job is None or job.state == to:
+                return
+            if to in (J.DONE, J.DROPPED) and not self.db.rows(c, q.GET_TASK, {"task_id": job.task_id}):
+                states.check_job(job_id, job.state, to)
+                self.db.run(c, q.DELETE_JOB, {"_jid": job_id})
+                return
+            self.w.move_job(c, job, to, now)
 
     def for_operator(self, job_states: Sequence[str] | None = None, limit: int = 100) -> list[JobRow]:
         """Jobs for the operator, newest first (all states, or `job_states`)."""

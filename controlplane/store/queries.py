@@ -124,6 +124,7 @@ DELETE_TASK = delete(T).where(T.c.pk == _bp("pk"))
 DELETE_TASK_TAGS = delete(TAGS).where(TAGS.c.task_pk == _bp("pk"))
 DELETE_TASK_JOBS = delete(JOBS).where(JOBS.c.task_id == _bp("task_id"),  # no IN list: it runs as an executemany
                                       or_(JOBS.c.state == JobState.DONE.value, JOBS.c.state == JobState.DROPPED.value))
+DELETE_JOB = delete(JOBS).where(JOBS.c.job_id == _bp("_jid"))
 # The audit outlives the tasks it describes, for its own period; old events go `lim` at a time
 # (pks found along ix_task_events_ts), so no one statement holds the write lock for long.
 DELETE_OLD_EVENTS = delete(EV).where(EV.c.pk.in_(select(EV.c.pk).where(EV.c.ts < _bp("before")).limit(_bp("lim"))))
