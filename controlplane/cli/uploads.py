@@ -1,7 +1,7 @@
 """`controlplane put FILE`: upload a file to a running server and print its reference.
 
 The file is hashed (streamed), `create_upload` answers a plan, the bytes go where the plan says
-(one PUT, the local store's `Content-Range` chunks, or S3 parts) straight from the file in 1 MiB
+(one PUT, `Content-Range` chunks to the local store or a GCS resumable session, S3 parts or Azure blocks) straight from the file in 1 MiB
 pieces with a progress bar, and `complete_upload` has the server verify them. Memory stays
 constant whatever the file's size. Run it again after an interruption: the server answers the
 same upload and what it already holds, and only the rest is sent.
@@ -76,6 +76,8 @@ class Sender:
             try:
                 r = self.http.put(url, headers={**headers, "Content-Length": str(length)},
                                   content=_pieces(self.path, start, length, self.advance))
+                if r.status_code == 308:  # GCS: a chunk of a resumable upload taken, more to come
+                    return r
                 if r.status_code < 500 and r.status_code not in (408, 429):
                     r.raise_for_status()  # refused (a bad or expired link): no retry helps
                     return r
@@ -91,7 +93,7 @@ class Sender:
         headers = dict(plan.get("headers") or {})
         if form == "single":
             self.put(plan["url"], headers, 0, self.size)
-        elif form == "content_range":
+        elif form in ("content_range", "gcs_resumable"):
             at, step = int(plan.get("received_bytes") or 0), int(plan["chunk_bytes"])
             self.progress.update(self.bar, completed=at)
             while at < self.size:
@@ -99,7 +101,7 @@ class Sender:
                 rng = {"Content-Range": f"bytes {at}-{at + n - 1}/{self.size}"}
                 self.put(plan["url"], {**headers, **rng}, at, n)
                 at += n
-        elif form == "s3_multipart":
+        elif form in ("s3_multipart", "azure_blocks"):
             part_size, done = int(plan["part_size"]), set(plan.get("parts_done") or [])
             self.progress.update(self.bar, completed=sum(min(part_size, self.size - (n - 1) * part_size)
                                                          for n in done))

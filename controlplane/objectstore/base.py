@@ -211,7 +211,7 @@ class ObjectStore(ABC):
         `session` hands back when the plan is asked again. May call out: off the event loop."""
         raise NotImplementedError(f"the {self.url.split(':', 1)[0]}:// store cannot take uploads")
 
-    def finish_upload(self, key: str, session: str | None, size_bytes: int) -> None:
+    def finish_upload(self, key: str, session: str | None, size_bytes: int, content_type: str) -> None:
         """Make what was sent under `session` the object `key` (an S3 multipart upload completed);
         UploadIncomplete if bytes are missing. Nothing to do for a single PUT."""
         return None

@@ -215,7 +215,7 @@ class LocalObjectStore(ObjectStore):
             plan.update(form="content_range", chunk_bytes=single_max, received_bytes=self.received(key))
         return plan, None
 
-    def finish_upload(self, key: str, session: str | None, size_bytes: int) -> None:
+    def finish_upload(self, key: str, session: str | None, size_bytes: int, content_type: str) -> None:
         if not self.path_of(key).is_file():
             raise UploadIncomplete(key)
 

@@ -200,7 +200,7 @@ class S3ObjectStore(ObjectStore):
             out += page.get("Parts", [])
         return out
 
-    def finish_upload(self, key: str, session: str | None, size_bytes: int) -> None:
+    def finish_upload(self, key: str, session: str | None, size_bytes: int, content_type: str) -> None:
         """Completes the multipart upload with the parts S3 lists (their ETags), if they are all
         there and add up to `size_bytes`; UploadIncomplete if not."""
         if session is None:

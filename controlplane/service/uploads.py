@@ -80,7 +80,7 @@ class Uploads:
         except UnsafeKey as e:
             raise invalid(f"name: {e}") from None
         now = self.store.writer.clock()
-        row = self.store.uploads.pending(caller, req.name, req.size_bytes, req.sha256, now)
+        row = self.store.uploads.pending(str(caller), req.name, req.size_bytes, req.sha256, now)
         resumed = row is not None
         if row is None:
             upload_id = "upl_" + secrets.token_hex(12)
@@ -113,7 +113,7 @@ class Uploads:
         if row.state == "pending":
             objects = self.object_stores.get(row.store_url)
             try:
-                objects.finish_upload(row.storage_key, row.session, row.size_bytes)
+                objects.finish_upload(row.storage_key, row.session, row.size_bytes, row.content_type)
             except UploadIncomplete:
                 raise ControlPlaneError(ErrorCode.UPLOAD_INCOMPLETE, "the upload has not received all its bytes",
                                         "send the rest: create_upload with the same file answers what is "
