@@ -19,6 +19,7 @@ import os
 import re
 import weakref
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import anyio.to_thread
@@ -82,11 +83,11 @@ def upload_routes(object_stores: ObjectStores, pending: Callable[[str], bool]) -
         if lock is None:
             locks[key] = lock = asyncio.Lock()
         async with lock:
-            return await _write(request, objects, key, dest.is_file(), start, end, size)
+            return await _write(request, objects, key, dest, start, end, size)
 
-    async def _write(request: Request, objects: LocalObjectStore, key: str, done: bool, start: int, end: int,
+    async def _write(request: Request, objects: LocalObjectStore, key: str, dest: Path, start: int, end: int,
                      size: int) -> Response:
-        if done:
+        if await anyio.to_thread.run_sync(dest.is_file):
             return _answer(409, size, "this upload has all its bytes already")
         part = objects.partial_of(key)
         have = await anyio.to_thread.run_sync(objects.received, key)
