@@ -172,6 +172,20 @@ class UsageReport(_Input):
         return v
 
 
+class CreateUpload(_Input):
+    name: str = Field(min_length=1, max_length=255, pattern=r"^[^\x00-\x1f\x7f\\]+$",
+                      description="The file's name (a relative path of safe segments; none starting with '.')")
+    size_bytes: int = Field(ge=0, le=5 * 1024**4, description="The file's exact size in bytes")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="The file's SHA-256, 64 lowercase hex digits")
+    content_type: str | None = Field(default=None, min_length=1, max_length=128, pattern=r"^[!-~]+/[!-~]+$",
+                                     description="Its media type (default: guessed from the name)")
+
+
+class CompleteUpload(_Input):
+    upload_id: str = Field(min_length=5, max_length=40, pattern=r"^upl_[0-9a-z]+$",
+                           description="The upload id create_upload returned")
+
+
 # ---- JSON values ------------------------------------------------------------------------------------
 MAX_JSON_DEPTH = 100  # nesting levels of one argument (the 2025-11-25 wire parses at most 200 in all)
 NOT_FINITE = "not a finite number (NaN and Infinity are not JSON)"

@@ -29,6 +29,11 @@ class ErrorCode(StrEnum):
     # A limit of this caller (submits per minute or day, tasks in flight, streaming waits): the
     # error carries `limit`, `max` and `retry_after_s` (controlplane.limits).
     LIMIT_EXCEEDED = "LIMIT_EXCEEDED"
+    # complete_upload found the bytes sent differ from the size or sha256 promised: the object is
+    # deleted, and so is the upload (create_upload starts afresh).
+    UPLOAD_MISMATCH = "UPLOAD_MISMATCH"
+    # complete_upload came before every byte was sent: nothing is lost, send the rest.
+    UPLOAD_INCOMPLETE = "UPLOAD_INCOMPLETE"
 
 
 class TaskErrorCode(StrEnum):

@@ -15,6 +15,9 @@ submit waits behind it). So each cycle:
   resumes where this one stopped; a task whose deletion failed (or whose job still runs) is
   left behind the cursor and tried again on the next pass (the next cycle, unless a backlog
   spans several), never skipped;
+* deletes expired uploads, `retention_batch` at a time: each one's object (and what its store
+  kept of an unfinished one) first, then its row (`held_upload` is where a task that still
+  refers to an upload will keep it);
 * purges, every PURGE_EVERY_S (or at once while a backlog is left), tombstones and audit
   events `retention_batch` rows per transaction;
 * stops starting batches once `retention_cycle_s` is spent (always running at least one of each
@@ -31,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from controlplane.objectstore.base import task_prefix
+from controlplane.objectstore.base import task_prefix, upload_prefix
 from controlplane.objectstore.registry import ObjectStores
 from controlplane.settings import Settings
 from controlplane.states import TERMINAL, TaskState
@@ -52,6 +55,7 @@ class Swept:
     expired: int = 0
     purged: int = 0  # tombstones
     events_purged: int = 0
+    uploads_expired: int = 0
     batches: int = 0  # write transactions
     batches_s: float = 0.0  # their total time, and the longest one's (how long a submit may wait)
     longest_batch_s: float = 0.0
@@ -74,6 +78,7 @@ class Retention:
         out = Swept()
         deadline = time.monotonic() + self.settings.retention_cycle_s
         self._expire(now, deadline, out)
+        self._expire_uploads(now, deadline, out)
         if self._purge_left or now - self._last_purge >= PURGE_EVERY_S:
             self._last_purge = now
             self._purge_left = self._purge(now, deadline, out)
@@ -161,6 +166,39 @@ class Retention:
                     continue
                 released.append(provider.release(handle))
         return all(released)
+
+    # ---- uploads -------------------------------------------------------------------------------
+    def _expire_uploads(self, now: float, deadline: float, out: Swept) -> None:
+        """Expired uploads and their objects, a batch at a time until none is left or the budget
+        is spent (one batch always). One whose deletion fails stays and is tried next cycle."""
+        size = self.settings.retention_batch
+        failed: set[str] = set()
+        while True:
+            due = [u for u in self.store.uploads.due(now, size + len(failed)) if u.upload_id not in failed]
+            for u in due:
+                if self.held_upload(u.upload_id):
+                    failed.add(u.upload_id)
+                    continue
+                try:
+                    objects = self.object_stores.get(u.store_url)
+                    objects.abort_upload(u.storage_key, u.session)
+                    objects.delete_prefix(upload_prefix(u.upload_id))
+                except Exception as e:  # noqa: BLE001 - retried next cycle
+                    log.warning("deleting upload %s failed (will retry): %s", u.upload_id, e)
+                    failed.add(u.upload_id)
+                    continue
+                if self._timed(out, self.store.uploads.delete, u.upload_id):
+                    out.uploads_expired += 1
+            if len(due) < size:
+                return
+            if time.monotonic() >= deadline:
+                out.more = True
+                return
+
+    def held_upload(self, upload_id: str) -> bool:
+        """Whether an expired upload must stay: never yet. When tasks refer to uploads, one that a
+        task which can still run refers to is kept here until that task ends."""
+        return False
 
     # ---- purging --------------------------------------------------------------------------------
     def _purge(self, now: float, deadline: float, out: Swept) -> bool:

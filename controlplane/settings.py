@@ -206,6 +206,14 @@ class Settings(BaseSettings):
     # is down) live for the task's max runtime plus this margin (capped by the store's signing).
     grant_run_margin_s: int = Field(default=1800, ge=0)
 
+    # Uploads (create_upload): a pending or complete upload and its object are deleted this long
+    # after it was created; a file up to upload_single_max_bytes goes in one PUT, a larger one in
+    # the store's resumable form (parts or chunks of at least that size); upload links live
+    # upload_url_ttl_s (asking for the plan again signs new ones), at most until the upload expires.
+    upload_ttl_s: int = Field(default=7 * 24 * 3600, gt=0)
+    upload_single_max_bytes: int = Field(default=64 * 1024 * 1024, ge=5 * 1024 * 1024)
+    upload_url_ttl_s: int = Field(default=24 * 3600, ge=60)
+
     # Job runners keep their own settings (CONTROLPLANE_<PROVIDER>_*, in each provider module).
 
     @field_validator("home", mode="before")

@@ -4,6 +4,8 @@ and the command groups, one module each.
     controlplane serve [--transport stdio|http] [--host 127.0.0.1] [--port 8000] [--home DIR]
     controlplane demo [--home DIR]
     controlplane tasks list|show|logs|cancel|result|submit|watch ...   (against a running server)
+    controlplane put FILE [--name N]   (upload a file to a running server: its upload:// reference)
+    controlplane get artifact://TASK_ID/NAME [-o FILE]   (download an artifact, checked, resumable)
     controlplane db upgrade [--home DIR]   (the one-shot migration of a deployment)
     controlplane catalog validate CATALOG   (every problem at once)
     controlplane catalog export CATALOG [--default-image IMAGE] [--format json|yaml]   (for terraform/)
@@ -22,7 +24,7 @@ from typing import Annotated
 
 import typer
 
-from controlplane.cli import budgets, catalog, db, jobs, limits, tasks, usage
+from controlplane.cli import budgets, catalog, db, downloads, jobs, limits, tasks, uploads, usage
 from controlplane.cli.common import HomeOpt, err, settings_of, setup_logging
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
@@ -97,6 +99,8 @@ def demo(
 # Commands first, then the groups, in the order `--help` lists them.
 app.command("jobs")(jobs.jobs_list)
 app.command("usage")(usage.usage_report)
+app.command("put")(uploads.put)
+app.command("get")(downloads.get)
 app.add_typer(tasks.app, name="tasks")
 app.add_typer(db.app, name="db")
 app.add_typer(catalog.app, name="catalog")

@@ -4,6 +4,7 @@
     POST /runner/v1/tasks/{task_id}/attempts/{attempt}/events   runner -> control plane
     POST /runner/v1/tasks/{task_id}/attempts/{attempt}/grants   runner: signed URLs for its own keys
     GET  /objects/{store}/{key}?expires=&filename=&signature=    signed download (a local store)
+    PUT  /uploads/{store}/{key}?expires=&size=&signature=        signed upload (`http/uploads.py`)
     GET  /healthz
 
 These routes are not behind the MCP bearer auth: a runner trades its attempt's one-time bootstrap
@@ -27,6 +28,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 
+from controlplane.http.uploads import upload_routes
 from controlplane.ids import AttemptRef
 from controlplane.launch import bootstrap_token, runner_secret
 from controlplane.objectstore.base import UnsafeKey, guess_content_type
@@ -235,5 +237,6 @@ def routes(cp: RouteDeps) -> list[Route]:
               methods=["POST"]),
         Route("/objects/{store}/{key:path}", download, methods=["GET", "HEAD"]),
         Route("/healthz", healthz, methods=["GET"]),
+        *upload_routes(cp.object_stores, cp.store.uploads.takes_bytes),
     ]
 

@@ -31,7 +31,7 @@ from controlplane.mcp.subscriptions import TaskSubscriptions
 from controlplane.mcp.tasks import ControlPlaneTasks
 from controlplane.mcp.tools import canonical_tool, error
 from controlplane.ops import traces
-from controlplane.service import answers
+from controlplane.service import answers, uploads
 
 if TYPE_CHECKING:
     from controlplane.app import ControlPlane
@@ -143,6 +143,14 @@ def build_server(cp: ControlPlane, *, with_auth: bool = True) -> FastMCP:
                        "cost at list prices, summed by tool, tag and/or owner over a period (default: this month).",
                        api.UsageReport, answers.UsageReport, svc.usage_report, default_owner=owner,
                        read_only=True, schema_version=3),  # 2: group_by's uniqueItems, no NUL in owner (stated); 3: outputSchema
+        canonical_tool("create_upload", "Start uploading a file (name, exact size, sha256): answers an upload "
+                       "id, its expiry and a plan saying where to send the bytes (one signed PUT, or the store's "
+                       "parts or chunks for a large file). Asking again for the same file resumes it.",
+                       api.CreateUpload, uploads.UploadAnswer, svc.create_upload, default_owner=owner,
+                       read_only=False),
+        canonical_tool("complete_upload", "Finish an upload once its bytes are sent: the server checks their size "
+                       "and sha256 and answers the upload's reference (upload://...).", api.CompleteUpload,
+                       uploads.CompletedUpload, svc.complete_upload, default_owner=owner, read_only=False),
         wait_tool(cp, owner),
     ]
     # Before every 2026-07-28 tools/call with arguments, the SDK checks the request's Mcp-Param-*

@@ -14,6 +14,8 @@ identity's token and cached until shortly before it expires; at most 7 days).
 
 from __future__ import annotations
 
+import base64
+import builtins
 import datetime
 import os
 from collections.abc import Iterator
@@ -21,7 +23,7 @@ from typing import Any, BinaryIO
 from urllib.parse import quote
 
 from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
-from azure.storage.blob import BlobSasPermissions, BlobServiceClient, ContentSettings, generate_blob_sas
+from azure.storage.blob import BlobBlock, BlobSasPermissions, BlobServiceClient, ContentSettings, generate_blob_sas
 
 from controlplane.objectstore.base import (
     CHUNK,
@@ -30,6 +32,7 @@ from controlplane.objectstore.base import (
     ObjectInfo,
     ObjectStore,
     SignedRequest,
+    UploadIncomplete,
     check_key,
     content_disposition,
     join_key,
@@ -150,6 +153,60 @@ class AzureBlobObjectStore(ObjectStore):
         url = self._sas_url(key, expires_in, BlobSasPermissions(create=True, write=True))
         return SignedRequest("PUT", url, {"x-ms-blob-type": "BlockBlob", "If-None-Match": "*"})
 
+    # ---- uploads a caller sends (`controlplane.service.uploads`) ------------------------------
+    def upload_plan(self, key: str, *, size_bytes: int, content_type: str, expires_in: int,
+                    session: str | None, single_max: int) -> tuple[dict[str, Any], str | None]:
+        """One Put Blob up to `single_max`; past it a block blob: a SAS allowing Put Block, a URL
+        per block still missing (the blob's uncommitted blocks say which are there), and the
+        control plane commits the block list when the upload completes."""
+        if size_bytes <= single_max:
+            put = self.signed_put(key, expires_in=expires_in)
+            return {"form": "single", **put.as_dict(),
+                    "headers": {**put.headers, "x-ms-blob-content-type": content_type}}, None
+        from controlplane.objectstore.s3 import multipart_part_size
+
+        url = self._sas_url(key, expires_in, BlobSasPermissions(write=True))
+        block = multipart_part_size(size_bytes, single_max)
+        count = -(-size_bytes // block)
+        held = {b.id: b.size for b in self._uncommitted(key)}
+        parts, done = [], []
+        for n in range(1, count + 1):
+            if held.get(block_id(n)) == min(block, size_bytes - (n - 1) * block):
+                done.append(n)
+                continue
+            wire = base64.b64encode(block_id(n).encode()).decode()
+            parts.append({"part_number": n, "block_id": wire, "url": f"{url}&comp=block&blockid={quote(wire)}"})
+        return {"form": "azure_blocks", "method": "PUT", "part_size": block, "part_count": count, "parts": parts,
+                "parts_done": done, "block_ids": "base64 of the part number as 8 decimal digits"}, None
+
+    def _uncommitted(self, key: str) -> builtins.list[Any]:  # (`list` is a method here)
+        try:
+            _committed, uncommitted = self.container_client.get_blob_client(self._name(key)).get_block_list("uncommitted")
+        except ResourceNotFoundError:
+            return []
+        return list(uncommitted)
+
+    def finish_upload(self, key: str, session: str | None, size_bytes: int, content_type: str) -> None:
+        """Commits the uploaded blocks in order when they are all there; UploadIncomplete if
+        not. A single Put Blob needs nothing."""
+        if self.stat(key) is not None:
+            return
+        blocks = {b.id: b.size for b in self._uncommitted(key)}
+        ids, total, n = [], 0, 1
+        while block_id(n) in blocks:
+            ids.append(block_id(n))
+            total += blocks[block_id(n)]
+            n += 1
+        if not ids or total != size_bytes:
+            raise UploadIncomplete(key)
+        self.container_client.get_blob_client(self._name(key)).commit_block_list(
+            [BlobBlock(block_id=i) for i in ids], content_settings=ContentSettings(content_type=content_type),
+            if_none_match="*")
+
+    def abort_upload(self, key: str, session: str | None) -> None:
+        """Uncommitted blocks cannot be deleted by themselves: Azure drops them a week after
+        their last change, which an upload's expiry matches."""
+
     def _sas_url(self, key: str, expires_in: int, permission: BlobSasPermissions, **extra: Any) -> str:
         check_key(key)
         now = datetime.datetime.now(UTC)
@@ -180,3 +237,9 @@ class AzureBlobObjectStore(ObjectStore):
             key = self.service.get_user_delegation_key(now - datetime.timedelta(minutes=5), until)
             self._delegation = (key, until)
         return self._delegation
+
+
+def block_id(n: int) -> str:
+    """The id of an upload's block `n` (from 1), as the SDK lists and commits it (it encodes it
+    in base64 on the wire): the same length for every block, as Azure wants."""
+    return f"{n:08d}"

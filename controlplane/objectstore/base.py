@@ -14,7 +14,7 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from controlplane.ids import AttemptRef
 
@@ -29,6 +29,10 @@ class UnsafeKey(ValueError):
 
 class ObjectExists(Exception):
     """Objects are immutable: a second write under the same key is refused."""
+
+
+class UploadIncomplete(Exception):
+    """An upload's bytes are not all in the store yet (parts or a range missing)."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,15 @@ def guess_content_type(name: str) -> str:
 
 
 # ---- layout of one task in the store ---------------------------------------------------------
+def upload_key(upload_id: str, name: str) -> str:
+    """`uploads/<upload id>/<name>`: one upload's object (its name made safe)."""
+    return f"{upload_prefix(upload_id)}{safe_artifact_name(name)}"
+
+
+def upload_prefix(upload_id: str) -> str:
+    return check_key(f"uploads/{upload_id}") + "/"
+
+
 def task_prefix(task_id: str) -> str:
     return check_key(f"tasks/{task_id}") + "/"
 
@@ -188,6 +201,24 @@ class ObjectStore(ABC):
         backend can enforce it) until `expires_in` seconds from now. The cloud stores sign one;
         the local store cannot (jobs that write to it run beside it, with its path)."""
         raise NotImplementedError(f"the {self.url.split(':', 1)[0]}:// store cannot sign uploads")
+
+    # ---- uploads a caller sends (`controlplane.service.uploads`) ------------------------------
+    def upload_plan(self, key: str, *, size_bytes: int, content_type: str, expires_in: int,
+                    session: str | None, single_max: int) -> tuple[dict[str, Any], str | None]:
+        """How a caller with no credentials sends `size_bytes` to `key`: a plan (one signed PUT up
+        to `single_max` bytes, else this store's resumable form, saying what the store already
+        holds) and the store's session to keep for the next call (an S3 multipart id), which
+        `session` hands back when the plan is asked again. May call out: off the event loop."""
+        raise NotImplementedError(f"the {self.url.split(':', 1)[0]}:// store cannot take uploads")
+
+    def finish_upload(self, key: str, session: str | None, size_bytes: int, content_type: str) -> None:
+        """Make what was sent under `session` the object `key` (an S3 multipart upload completed);
+        UploadIncomplete if bytes are missing. Nothing to do for a single PUT."""
+        return None
+
+    def abort_upload(self, key: str, session: str | None) -> None:
+        """Drop what an unfinished upload left (parts, a partial file); idempotent."""
+        return None
 
 
 def split_store_url(url: str) -> tuple[str, str, str]:

@@ -48,6 +48,7 @@ from controlplane.objectstore.base import (
     ObjectInfo,
     ObjectStore,
     SignedRequest,
+    UploadIncomplete,
     check_key,
     content_disposition,
     join_key,
@@ -55,6 +56,7 @@ from controlplane.objectstore.base import (
 )
 
 UPLOAD_CHUNK = 8 * CHUNK  # a multiple of 256 KiB, as resumable uploads require
+RESUMABLE_UNIT = 256 * 1024
 DEFAULT_IAM_ENDPOINT = "https://iamcredentials.googleapis.com"
 
 log = logging.getLogger("controlplane.objectstore.gcs")
@@ -304,6 +306,47 @@ class GcsObjectStore(ObjectStore):
         url = self._sign(key, {"version": "v4", "method": "PUT", "headers": dict(headers),  # the library adds Host to it
                                "expiration": datetime.timedelta(seconds=min(int(expires_in), self.max_url_ttl_s))})
         return SignedRequest("PUT", url, headers)
+
+    # ---- uploads a caller sends (`controlplane.service.uploads`) ------------------------------
+    def upload_plan(self, key: str, *, size_bytes: int, content_type: str, expires_in: int,
+                    session: str | None, single_max: int) -> tuple[dict[str, Any], str | None]:
+        """A signed PUT up to `single_max`; past it a resumable upload session the control plane
+        opens (its URI is the session, and the credential: GCS keeps it a week), taking
+        `Content-Range` chunks of a multiple of 256 KiB, with what GCS holds of it already."""
+        if size_bytes <= single_max:
+            put = self.signed_put(key, expires_in=expires_in)
+            return {"form": "single", **put.as_dict()}, None
+        if session is None:
+            session = str(self._blob(key).create_resumable_upload_session(
+                content_type=content_type, size=size_bytes, if_generation_match=0))
+        step = max(RESUMABLE_UNIT, single_max // RESUMABLE_UNIT * RESUMABLE_UNIT)
+        return {"form": "gcs_resumable", "method": "PUT", "url": session, "headers": {}, "chunk_bytes": step,
+                "received_bytes": self._received(session, size_bytes)}, session
+
+    @staticmethod
+    def _received(session: str, size_bytes: int) -> int:
+        """How many bytes a resumable session holds (asked with `Content-Range: bytes */size`)."""
+        r = requests.put(session, data=b"", headers={"Content-Range": f"bytes */{size_bytes}"}, timeout=30)
+        if r.status_code in (200, 201):
+            return size_bytes
+        if r.status_code != 308:
+            raise OSError(f"GCS answered {r.status_code} for an upload session's state")
+        held = r.headers.get("Range", "")
+        n = int(held.rsplit("-", 1)[1]) + 1 if held.startswith("bytes=") else 0
+        # Until the last chunk a session keeps whole multiples of 256 KiB; round down to one, so
+        # that a reply naming a byte it does not hold (an emulator's "bytes=0-0") costs nothing.
+        return n // RESUMABLE_UNIT * RESUMABLE_UNIT
+
+    def finish_upload(self, key: str, session: str | None, size_bytes: int, content_type: str) -> None:
+        if self.stat(key) is None:
+            raise UploadIncomplete(key)
+
+    def abort_upload(self, key: str, session: str | None) -> None:
+        if session is not None:
+            try:
+                requests.delete(session, timeout=30)  # GCS answers 499: the session is gone
+            except requests.RequestException as e:
+                log.warning("cancelling an upload session failed (it lapses within a week): %s", type(e).__name__)
 
     def _sign(self, key: str, kwargs: dict[str, Any]) -> str:
         if self.emulator:

@@ -15,10 +15,20 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 from urllib.parse import quote, unquote, urlencode, urlparse
 
-from controlplane.objectstore.base import CHUNK, ObjectExists, ObjectInfo, ObjectStore, UnsafeKey, check_key
+from controlplane.objectstore.base import (
+    CHUNK,
+    ObjectExists,
+    ObjectInfo,
+    ObjectStore,
+    UnsafeKey,
+    UploadIncomplete,
+    check_key,
+)
+
+PARTIAL = ".upload-partial-"  # an upload's bytes so far, beside where its object will be
 
 
 class LinkSigner:
@@ -49,6 +59,27 @@ class LinkSigner:
             return False
         good = hmac.compare_digest(self.signature(key, exp, filename), signature or "")
         return good and exp >= (now if now is not None else time.time())
+
+    # An upload's link: PUT of exactly `size` bytes to `key` (`/uploads/<store id>/<key>`).
+    def put_signature(self, key: str, expires: int, size: int) -> str:
+        msg = f"PUT\n{self.store_id}\n{key}\n{expires}\n{size}".encode()
+        return hmac.new(self._key, msg, hashlib.sha256).hexdigest()
+
+    def put_url(self, key: str, *, expires_in: int, size: int) -> str:
+        if not self.base_url:
+            raise RuntimeError("the control plane's public URL is not known yet")
+        expires = int(time.time()) + int(expires_in)
+        query = urlencode({"expires": expires, "size": size, "signature": self.put_signature(key, expires, size)})
+        return f"{self.base_url.rstrip('/')}/uploads/{self.store_id}/{quote(key)}?{query}"
+
+    def verify_put(self, key: str, expires: str, size: str, signature: str) -> int | None:
+        """The size the link allows if it is genuine and unexpired, else None."""
+        try:
+            exp, n = int(expires), int(size)
+        except (TypeError, ValueError):
+            return None
+        good = hmac.compare_digest(self.put_signature(key, exp, n), signature or "")
+        return n if good and exp >= time.time() else None
 
 
 def store_id(url: str) -> str:
@@ -145,3 +176,48 @@ class LocalObjectStore(ObjectStore):
             raise RuntimeError("this local store has no link signer")
         check_key(key)
         return self.signer.url(key, expires_in=expires_in, filename=filename)
+
+    # ---- uploads: sent to the control plane's PUT route (`controlplane.http.uploads`) ----------
+    def partial_of(self, key: str) -> Path:
+        dest = self.path_of(key)
+        return dest.with_name(PARTIAL + dest.name)
+
+    def received(self, key: str) -> int:
+        """How many bytes of an upload to `key` the store holds (all of them once published)."""
+        for p in (self.path_of(key), self.partial_of(key)):
+            try:
+                return p.stat().st_size
+            except FileNotFoundError:
+                continue
+        return 0
+
+    def publish_partial(self, key: str) -> None:
+        """The finished partial file becomes the object (ObjectExists if it already is one)."""
+        part, dest = self.partial_of(key), self.path_of(key)
+        with open(part, "rb") as f:
+            os.fsync(f.fileno())
+        try:
+            os.link(part, dest)
+        except FileExistsError:
+            raise ObjectExists(key) from None
+        finally:
+            part.unlink(missing_ok=True)
+
+    def upload_plan(self, key: str, *, size_bytes: int, content_type: str, expires_in: int,
+                    session: str | None, single_max: int) -> tuple[dict[str, Any], str | None]:
+        """A signed PUT to the control plane; past `single_max`, the same URL taking
+        `Content-Range` chunks of `chunk_bytes`, from `received_bytes` on."""
+        if self.signer is None:
+            raise RuntimeError("this local store has no link signer")
+        url = self.signer.put_url(check_key(key), expires_in=expires_in, size=size_bytes)
+        plan: dict[str, Any] = {"form": "single", "method": "PUT", "url": url, "headers": {"Content-Type": content_type}}
+        if size_bytes > single_max:
+            plan.update(form="content_range", chunk_bytes=single_max, received_bytes=self.received(key))
+        return plan, None
+
+    def finish_upload(self, key: str, session: str | None, size_bytes: int, content_type: str) -> None:
+        if not self.path_of(key).is_file():
+            raise UploadIncomplete(key)
+
+    def abort_upload(self, key: str, session: str | None) -> None:
+        self.partial_of(key).unlink(missing_ok=True)

@@ -11,6 +11,7 @@ signed them (an STS session, such as an ECS task role's, rotated every few hours
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import os
 from collections.abc import Iterator
@@ -26,6 +27,7 @@ from controlplane.objectstore.base import (
     ObjectInfo,
     ObjectStore,
     SignedRequest,
+    UploadIncomplete,
     check_key,
     content_disposition,
     join_key,
@@ -160,6 +162,78 @@ class S3ObjectStore(ObjectStore):
             "put_object", Params={"Bucket": self.bucket, "Key": self._key(key)},
             ExpiresIn=min(int(expires_in), self.max_url_ttl_s))
         return SignedRequest("PUT", url, {"If-None-Match": "*"})
+
+    # ---- uploads a caller sends (`controlplane.service.uploads`) ------------------------------
+    def upload_plan(self, key: str, *, size_bytes: int, content_type: str, expires_in: int,
+                    session: str | None, single_max: int) -> tuple[dict[str, Any], str | None]:
+        """One presigned PutObject up to `single_max`; past it a multipart upload the control
+        plane starts (its id is the session), with a presigned UploadPart URL for each part the
+        store does not hold yet (ListParts)."""
+        check_key(key)
+        full, ttl = self._key(key), min(int(expires_in), self.max_url_ttl_s)
+        if size_bytes <= single_max:
+            url = self.client.generate_presigned_url(
+                "put_object", Params={"Bucket": self.bucket, "Key": full, "ContentType": content_type}, ExpiresIn=ttl)
+            return {"form": "single", "method": "PUT", "url": url, "headers": {"Content-Type": content_type}}, None
+        if session is None:
+            session = self.client.create_multipart_upload(Bucket=self.bucket, Key=full,
+                                                          ContentType=content_type)["UploadId"]
+        part_size = multipart_part_size(size_bytes, single_max)
+        count = -(-size_bytes // part_size)
+        held = {p["PartNumber"]: p["Size"] for p in self._parts(full, session)}
+        parts = []
+        for n in range(1, count + 1):
+            want = min(part_size, size_bytes - (n - 1) * part_size)
+            if held.get(n) == want:
+                continue
+            url = self.client.generate_presigned_url(
+                "upload_part", Params={"Bucket": self.bucket, "Key": full, "UploadId": session, "PartNumber": n},
+                ExpiresIn=ttl)
+            parts.append({"part_number": n, "url": url})
+        return {"form": "s3_multipart", "method": "PUT", "multipart_id": session, "part_size": part_size,
+                "part_count": count, "parts": parts, "parts_done": sorted(set(range(1, count + 1)) - {
+                    p["part_number"] for p in parts})}, session
+
+    def _parts(self, full: str, session: str) -> builtins.list[dict[str, Any]]:  # (`list` is a method here)
+        out: builtins.list[dict[str, Any]] = []
+        for page in self.client.get_paginator("list_parts").paginate(Bucket=self.bucket, Key=full, UploadId=session):
+            out += page.get("Parts", [])
+        return out
+
+    def finish_upload(self, key: str, session: str | None, size_bytes: int, content_type: str) -> None:
+        """Completes the multipart upload with the parts S3 lists (their ETags), if they are all
+        there and add up to `size_bytes`; UploadIncomplete if not."""
+        if session is None:
+            if self.stat(key) is None:
+                raise UploadIncomplete(key)
+            return
+        full = self._key(key)
+        try:
+            parts = sorted(self._parts(full, session), key=lambda p: p["PartNumber"])
+        except ClientError as e:
+            if _code(e) == "NoSuchUpload" and self.stat(key) is not None:
+                return  # completed already (a retried complete_upload)
+            raise
+        numbers = [p["PartNumber"] for p in parts]
+        if not parts or numbers != list(range(1, len(parts) + 1)) or sum(p["Size"] for p in parts) != size_bytes:
+            raise UploadIncomplete(key)
+        self.client.complete_multipart_upload(Bucket=self.bucket, Key=full, UploadId=session, MultipartUpload={
+            "Parts": [{"PartNumber": p["PartNumber"], "ETag": p["ETag"]} for p in parts]})
+
+    def abort_upload(self, key: str, session: str | None) -> None:
+        if session is None:
+            return
+        try:
+            self.client.abort_multipart_upload(Bucket=self.bucket, Key=self._key(key), UploadId=session)
+        except ClientError as e:
+            if _code(e) not in ("NoSuchUpload", "404"):
+                raise
+
+
+def multipart_part_size(size_bytes: int, smallest: int) -> int:
+    """Parts of `smallest` bytes, or larger (whole MiB) so that there are at most 1000 of them
+    (S3 allows 10,000 parts of up to 5 GiB: a plan of a 5 TB file stays a thousand URLs)."""
+    return max(smallest, -(-size_bytes // (1000 * CHUNK)) * CHUNK)
 
 
 def _read_full(stream: BinaryIO, n: int) -> bytes:

@@ -22,6 +22,7 @@ from controlplane.service.listing import Listing
 from controlplane.service.logs import Logs
 from controlplane.service.reads import Overview, Reads
 from controlplane.service.submit import Submits
+from controlplane.service.uploads import Uploads
 from controlplane.service.usage import Costs
 from controlplane.settings import Settings
 from controlplane.states import FINAL, TaskState
@@ -60,6 +61,7 @@ class TaskService:
         self.logs = Logs(settings, store, self.providers, self.access)
         self.listing = Listing(store, self.access)
         self.cancels = Cancels(store, self.access, wake)
+        self.uploads = Uploads(settings, store, object_stores)
 
     @property
     def same_host(self) -> bool:
@@ -125,6 +127,12 @@ class TaskService:
 
     def cancel(self, caller: str, req: api.CancelTask) -> dict[str, Any]:
         return self.cancels.cancel(caller, req).dump()
+
+    def create_upload(self, caller: str, req: api.CreateUpload) -> dict[str, Any]:
+        return self.uploads.create(caller, req).dump()
+
+    def complete_upload(self, caller: str, req: api.CompleteUpload) -> dict[str, Any]:
+        return self.uploads.complete(caller, req).dump()
 
     def timeline(self, caller: str, task_id: str) -> builtins.list[dict[str, Any]]:  # `list` is a method here
         return [e.dump() for e in self.reads.timeline(caller, task_id)]

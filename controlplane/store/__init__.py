@@ -14,6 +14,7 @@ network.
     store.retention  expiry and purging                                (retention.py)
     store.callers    limits per caller, open streams                   (callers.py)
     store.usage      usage per attempt, its sums and reports, budgets  (usage.py)
+    store.uploads    files callers bring                               (uploads.py)
 
 Statements live in `queries.py`, rows come back as the frozen types of `rows.py`.
 """
@@ -32,6 +33,7 @@ from controlplane.store.leases import Fence, LeaseStore
 from controlplane.store.logs import LogStore
 from controlplane.store.retention import RetentionStore
 from controlplane.store.tasks import NewTask, Submitted, TaskStore
+from controlplane.store.uploads import UploadStore
 from controlplane.store.usage import UsageStore
 from controlplane.store.writer import Writer, _now
 
@@ -51,6 +53,7 @@ class Store:
         self.retention = RetentionStore(self.writer)
         self.callers = CallerStore(self.writer)
         self.usage = UsageStore(self.writer)
+        self.uploads = UploadStore(self.writer)
 
     @contextmanager
     def fenced(self, fence: Fence | None) -> Iterator[None]:

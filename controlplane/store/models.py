@@ -302,6 +302,30 @@ class Budget(SQLModel, table=True):
     updated_at: float
 
 
+class Upload(SQLModel, table=True):
+    """A file a caller brings (`create_upload`): pending until the control plane has verified
+    its size and sha256 (`complete_upload`), deleted with its object once it expires."""
+
+    __tablename__ = "uploads"
+    __table_args__ = (Index("ix_uploads_owner", "owner", "sha256", "size_bytes", "name"),
+                      Index("ix_uploads_expires", "expires_at"))
+
+    upload_id: str = Field(sa_column=Column(String(40), primary_key=True))
+    owner: str = Field(sa_column=Column(String(200), nullable=False))
+    team: str | None = Field(default=None, sa_column=Column(String(200)))
+    name: str = Field(sa_column=Column(String(255), nullable=False))
+    size_bytes: int = Field(sa_column=Column(BigInteger, nullable=False))
+    sha256: str = Field(sa_column=Column(String(64), nullable=False))
+    content_type: str = Field(sa_column=Column(String(128), nullable=False))
+    store_url: str = Field(sa_column=Column(Text, nullable=False))
+    storage_key: str = Field(sa_column=Column(Text, nullable=False))
+    session: str | None = Field(default=None, sa_column=Column(Text))  # the store's (an S3 multipart id)
+    state: str = Field(sa_column=Column(String(16), nullable=False))  # "pending" | "complete"
+    created_at: float
+    expires_at: float
+    completed_at: float | None = None
+
+
 def table_of(model: type[SQLModel]) -> Table:
     """The table of a table model (SQLModel sets `__table__` on the class but does not declare it)."""
     table: Table = model.__table__  # type: ignore[attr-defined]

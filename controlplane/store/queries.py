@@ -32,6 +32,7 @@ from controlplane.store.models import (
     TaskEvent,
     TaskLog,
     TaskTag,
+    Upload,
     table_of,
 )
 
@@ -47,6 +48,7 @@ CALLER_LIMITS_T = table_of(CallerLimits)
 STREAMS = table_of(CallerStream)
 USAGE = table_of(AttemptUsage)
 BUDGETS = table_of(Budget)
+UPLOADS = table_of(Upload)
 
 S = TaskState
 _bp = bindparam
@@ -342,3 +344,17 @@ def operator_jobs(job_states: Sequence[str] | None, limit: int) -> Any:
 
 def count_by_state(resource_class: str | None) -> Any:
     return COUNT_BY_STATE.where(T.c.resource_class == resource_class) if resource_class else COUNT_BY_STATE
+
+# ==== uploads ==================================================================================
+INSERT_UPLOAD = insert(UPLOADS)
+GET_UPLOAD = select(UPLOADS).where(UPLOADS.c.upload_id == _bp("upload_id"))
+PENDING_UPLOAD = select(UPLOADS).where(
+    UPLOADS.c.owner == _bp("owner"), UPLOADS.c.sha256 == _bp("sha256"), UPLOADS.c.size_bytes == _bp("size_bytes"),
+    UPLOADS.c.name == _bp("name"), UPLOADS.c.state == "pending", UPLOADS.c.expires_at > _bp("now"),
+).order_by(UPLOADS.c.created_at.desc()).limit(1)
+SET_UPLOAD_SESSION = update(UPLOADS).where(UPLOADS.c.upload_id == _bp("_id")).values(session=_bp("_session"))
+COMPLETE_UPLOAD = update(UPLOADS).where(UPLOADS.c.upload_id == _bp("_id"), UPLOADS.c.state == "pending").values(
+    state="complete", completed_at=_bp("_now"))
+DELETE_UPLOAD = delete(UPLOADS).where(UPLOADS.c.upload_id == _bp("upload_id"))
+DUE_UPLOADS = select(UPLOADS).where(UPLOADS.c.expires_at <= _bp("now")).order_by(
+    UPLOADS.c.expires_at, UPLOADS.c.upload_id).limit(_bp("lim"))

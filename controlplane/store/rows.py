@@ -343,3 +343,23 @@ class BudgetRow(_Row):
     period: str  # "day" | "week" | "month" (UTC)
     amount: float
     updated_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class UploadRow(_Row):
+    """A file a caller brings: pending until verified, complete after."""
+
+    upload_id: str
+    owner: str
+    team: str | None
+    name: str
+    size_bytes: int
+    sha256: str
+    content_type: str
+    store_url: str
+    storage_key: str
+    session: str | None
+    state: str  # "pending" | "complete"
+    created_at: float
+    expires_at: float
+    completed_at: float | None
