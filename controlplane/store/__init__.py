@@ -14,6 +14,7 @@ network.
     store.retention  expiry and purging                                (retention.py)
     store.callers    limits per caller, open streams                   (callers.py)
     store.usage      usage per attempt, its sums and reports, budgets  (usage.py)
+                     the tasks a task waits for (`after`)              (parents.py)
 
 Statements live in `queries.py`, rows come back as the frozen types of `rows.py`.
 """
