@@ -20,7 +20,7 @@ from controlplane.app import ControlPlane
 from controlplane.settings import Settings
 from controlplane.states import TaskState
 from controlplane.store import NewTask
-from tests.conftest import FAST, Agent, ServerProcess, ToolCallError, fast_env
+from tests.conftest import FAST, Agent, ServerProcess, ToolCallError, fast_env, write_catalog
 
 pytestmark = pytest.mark.anyio
 
@@ -250,3 +250,33 @@ def test_children_submitted_while_parents_end_never_wait_forever(engine: str, ho
         assert state == (TaskState.FAILED if failed else TaskState.QUEUED), (child, after, state)
     depth = sum(one.store.tasks.queue_depths().values())
     assert depth == sum(1 for child, _ in children if one.store.tasks.get(child).state == TaskState.QUEUED)
+
+
+def test_waiting_tasks_take_no_place_in_a_queue_and_count_in_flight(home: Path) -> None:
+    """A waiting task passes a full queue (it is in no queue), counts against its caller's tasks
+    in flight, and once released joins its queue even when the queue is full."""
+    from controlplane import api
+    from controlplane.errors import ControlPlaneError
+
+    write_catalog(home, queue_length=1)
+    cp = ControlPlane(Settings(home=home, limit_tasks_in_flight=3, **FAST))
+
+    def submit_as_alice(after: list[str] | None = None) -> dict[str, Any]:
+        return cp.service.submit("alice", api.SubmitTask(tool_name="exercise", inputs={}, after=after or []))
+
+    def refused(code: str) -> None:
+        with pytest.raises(ControlPlaneError) as e:
+            submit_as_alice()
+        assert e.value.code == code
+
+    parent = submit_as_alice()["task_id"]  # the queue (length 1) is full now
+    child = submit_as_alice([parent])
+    assert child["state"] == "waiting"
+    refused("QUEUE_OVERLOADED")
+    cp.store.tasks.transition(parent, TaskState.SCHEDULED)  # its place in the queue is free
+    assert submit_as_alice()["state"] == "queued"  # the queue is full again
+    refused("LIMIT_EXCEEDED")  # parent, child (waiting) and that one are 3 in flight
+    cp.store.tasks.transition(parent, TaskState.RUNNING)
+    cp.store.tasks.transition(parent, TaskState.SUCCEEDED)
+    assert cp.store.tasks.get(child["task_id"]).state == TaskState.QUEUED
+    assert cp.store.tasks.queue_depths() == {"cpu_small": 2}
