@@ -14,7 +14,7 @@ from typing import Any
 
 from sqlalchemy.exc import IntegrityError
 
-from controlplane import dependencies, ids
+from controlplane import dependencies, ids, states
 from controlplane.states import TaskState
 from controlplane.store import parents
 from controlplane.store import queries as q
@@ -23,7 +23,6 @@ from controlplane.store.rows import TaskRow, TaskSummary
 from controlplane.store.writer import Writer, event_row
 
 S = TaskState
-TERMINAL_OR_EXPIRED = (S.SUCCEEDED, S.FAILED, S.CANCELLED, S.TIMED_OUT, S.EXPIRED)
 
 
 def could_be_task_id(text: str) -> bool:
@@ -324,7 +323,7 @@ class TaskStore:
                 return None, False
             detail: dict[str, Any] = {"reason": reason} if admin is None else {"reason": reason, "by": admin}
             vals: dict[str, Any] = {"cancel_requested": True, "cancel_reason": reason}
-            if cascade is not None and task.state not in TERMINAL_OR_EXPIRED:
+            if cascade is not None and task.state not in states.FINAL:
                 self._cancel_descendants(c, task, cascade, now)
             if task.state in (S.QUEUED, S.WAITING):
                 vals["error_json"] = json.dumps(error)
