@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 from jsonschema.exceptions import ValidationError as SchemaValidationError
@@ -15,7 +16,7 @@ from jsonschema.exceptions import ValidationError as SchemaValidationError
 from controlplane import api
 from controlplane.budgets import Budgets
 from controlplane.catalog import Catalog
-from controlplane.errors import ControlPlaneError, ErrorCode, invalid, too_large
+from controlplane.errors import ControlPlaneError, ErrorCode, invalid, not_found, too_large
 from controlplane.estimates import Estimator
 from controlplane.guards import QueueLength
 from controlplane.identity import team_for_new_task
@@ -30,8 +31,10 @@ from controlplane_providers.base import Provider
 
 class Admission:
     def __init__(self, settings: Settings, catalog: Catalog, providers: dict[str, Provider[Any]], estimator: Estimator,
-                 limits: Limits, pricing: Pricing, budgets: Budgets):
+                 limits: Limits, pricing: Pricing, budgets: Budgets,
+                 readable: Callable[[str, str], object | None] = lambda caller, task_id: None):
         self.settings = settings
+        self.readable = readable  # the task if the caller may read it (`Access.get`), else None
         self.catalog = catalog
         self.providers = providers
         self.estimator = estimator
@@ -80,11 +83,24 @@ class Admission:
             max_runtime_s=max_runtime, max_attempts=tool.retry.max_attempts, estimate_s=estimate,
             max_recoveries=tool.retry.max_recoveries,
             store_url=tool.object_store or rc.object_store or "",
-            team=team_for_new_task(caller), estimate_cost=estimate_cost,
+            team=team_for_new_task(caller), estimate_cost=estimate_cost, after=self.parents(caller, req.after),
         )
         limits = self.limits.for_submit(caller)
         budgets = self.budgets.for_submit(str(caller), req.tags, time.time())
         return new, (*((limits,) if limits is not None else ()), *budgets, QueueLength(rc.max_queue_length))
+
+    def parents(self, caller: str, after: list[str]) -> tuple[str, ...]:
+        """The tasks a submit waits for, distinct and sorted: at most `max_parents`
+        (INVALID_REQUEST), each one the caller may read (NOT_FOUND, as for an unknown task). They
+        all exist before the new task, so no cycle can form."""
+        found = tuple(sorted(dict.fromkeys(after)))
+        if len(found) > self.settings.max_parents:
+            raise invalid(f"after names {len(found)} tasks; the limit is {self.settings.max_parents}",
+                          hint="wait for fewer tasks, or chain them through intermediate tasks")
+        for task_id in found:
+            if self.readable(caller, task_id) is None:
+                raise not_found(f"task {task_id} named in after")
+        return found
 
     def validate_inputs(self, tool_name: str, inputs: dict[str, Any]) -> None:
         """INVALID_REQUEST naming the first offending field (`inputs.<field>`) unless the inputs fit the

@@ -51,6 +51,8 @@ def _no_nul(text: str | None) -> str | None:
 
 
 TaskId = Annotated[str, Field(min_length=4, max_length=64, description="The task id returned by submit_task")]
+# What a submit's `after` may hold at all; the server's own limit (`Settings.max_parents`) is at most this.
+MAX_PARENTS_ACCEPTED = 1000
 Tag = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")]
 # Text the store keeps or looks up as it is (a tool's inputs are kept as JSON, where NUL is written
 # \u0000 and reaches the tool intact; PostgreSQL's text cannot hold it, so it is refused everywhere
@@ -101,6 +103,10 @@ class SubmitTask(_Input):
         "tool) returns the existing task instead of creating another")
     priority: int = Field(default=0, ge=-100, le=100, description="Higher runs first; FIFO within a priority")
     tags: list[Tag] = Field(default_factory=list, max_length=32, description="Labels to filter list_tasks by")
+    after: list[TaskId] = Field(default_factory=list, max_length=MAX_PARENTS_ACCEPTED, description=(
+        "Tasks (yours, or ones you may read) this one waits for: it is admitted at once as 'waiting', queued "
+        "when every one of them has succeeded, and ends DEPENDENCY_FAILED if one fails, times out, expires or "
+        "is cancelled. At most CONTROLPLANE_MAX_PARENTS (64 by default)"))
 
 
 class GetTaskStatus(_Input):
@@ -133,11 +139,16 @@ class ListTasks(_Input):
                                           "a teammate's tasks shared with your team; otherwise none")
     everyone: bool = Field(default=False, description="Every owner's tasks, newest first, each with its owner "
                            "(tasks:admin only)")
+    parent: Annotated[str | None, StoredText] = Field(default=None, min_length=4, max_length=64,
+                                                      description="Only the tasks submitted with this task in their "
+                                                                  "`after` (its children)")
 
 
 class CancelTask(_Input):
     task_id: TaskId
     reason: Annotated[str, StoredText] = Field(default="user-request", min_length=1, max_length=500)
+    cascade: bool = Field(default=False, description="Also cancel the tasks waiting for this one, and theirs "
+                          "(without it they end DEPENDENCY_FAILED)")
 
 
 class WaitTask(_Input):

@@ -42,6 +42,7 @@ class TaskErrorCode(StrEnum):
     CANCELLED = "CANCELLED"  # cancelled by its owner
     WORKER_LOST = "WORKER_LOST"  # the job vanished or stopped heartbeating, retries exhausted
     LAUNCH_FAILED = "LAUNCH_FAILED"  # the provider refused to start the job
+    DEPENDENCY_FAILED = "DEPENDENCY_FAILED"  # a parent (`after`) failed, timed out, expired or was cancelled
     INTERNAL = "INTERNAL"
 
 

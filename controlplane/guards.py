@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from controlplane import dependencies
+from controlplane.states import TaskState
 from controlplane.store import NewTask
 from controlplane.store.counts import Counts, Guard, Refused
 
@@ -38,7 +40,8 @@ class LimitReached(Refused):
 @dataclass(frozen=True)
 class QueueLength:
     """At most `limit` tasks waiting in the task's queue (its resource class). Lock: the queue's,
-    which the scheduler's claims take too."""
+    which the scheduler's claims take too. A task that will wait for its parents is in no queue
+    and passes (released, it joins its queue even when full: it was admitted already)."""
 
     limit: int
 
@@ -46,6 +49,8 @@ class QueueLength:
         return (new.resource_class,)
 
     def check(self, counts: Counts, new: NewTask) -> None:
+        if new.after and dependencies.verdict(counts.parents(new.after)) != TaskState.QUEUED:
+            return
         waiting = sum(counts.waiting(new.resource_class).values())
         if waiting >= self.limit:
             raise QueueFull(new.resource_class, waiting)

@@ -170,6 +170,8 @@ class Settings(BaseSettings):
 
     # Limits on what a caller can send.
     max_input_bytes: int = 256 * 1024
+    # How many tasks a submit may wait for (`after`; docs/design/dependencies.md).
+    max_parents: int = Field(default=64, ge=1, le=1000)
     max_tags: int = 32
     max_tag_length: int = 128
     max_log_page: int = 1000

@@ -1,17 +1,20 @@
-"""The state machines: a task's ten states (docs/design/task-model.md) and a job's six, each with the only table
+"""The state machines: a task's eleven states (docs/design/task-model.md) and a job's six, each with the only table
 of its legal transitions.
 
 The store refuses any transition not listed here (`IllegalTransition`); nothing else in the
 code base decides whether a state change is allowed.
 
-    queued ──► scheduled ──► running ──► succeeded | failed
-      │            │            │  ╲
-      │            │            │   ╲─► cancelling (timeout kill) ──► timed_out
-      │            ▼            ▼
-      │      cancel_requested ──► cancelling ──► cancelled
-      ▼
-   cancelled                     (terminal) ──► expired
+    waiting ──► queued ──► scheduled ──► running ──► succeeded | failed
+       │          │            │            │  ╲
+       │          │            │            │   ╲─► cancelling (timeout kill) ──► timed_out
+       │          │            ▼            ▼
+       │          │      cancel_requested ──► cancelling ──► cancelled
+       ▼          ▼
+  failed | cancelled      cancelled             (terminal) ──► expired
 
+* `waiting`: admitted, its parents (`after`) not all succeeded yet; it holds no slot and is in
+  no queue. The transaction that ends its last parent queues it, or ends it `failed`
+  (DEPENDENCY_FAILED) when a parent did not succeed (docs/design/dependencies.md).
 * `scheduled` means a slot is held and the launch intent is recorded; the job may or may not
   exist yet at the provider.
 * `scheduled|running -> queued` is a retry as the next attempt (a job lost, preempted or never
@@ -29,6 +32,7 @@ from enum import StrEnum
 
 
 class TaskState(StrEnum):
+    WAITING = "waiting"
     QUEUED = "queued"
     SCHEDULED = "scheduled"
     RUNNING = "running"
@@ -44,6 +48,7 @@ class TaskState(StrEnum):
 S = TaskState
 
 TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
+    S.WAITING: frozenset({S.QUEUED, S.FAILED, S.CANCELLED}),
     S.QUEUED: frozenset({S.SCHEDULED, S.CANCELLED, S.FAILED}),
     S.SCHEDULED: frozenset({S.RUNNING, S.QUEUED, S.CANCEL_REQUESTED, S.FAILED}),
     S.RUNNING: frozenset(

@@ -21,7 +21,7 @@ from rich.text import Text
 from controlplane.states import FINAL, TaskState
 
 STYLE = {"succeeded": "green", "failed": "red", "timed_out": "red", "cancelled": "dim", "expired": "dim",
-         "running": "cyan", "queued": "yellow", "scheduled": "yellow"}
+         "running": "cyan", "queued": "yellow", "scheduled": "yellow", "waiting": "blue"}
 
 
 def percent_of(task: dict[str, Any]) -> float:

@@ -177,6 +177,18 @@ def test_cancel_stops_a_running_task(cli: Cli) -> None:
     assert "nothing to cancel" in again
 
 
+def test_a_task_waits_for_another_and_a_cancel_cascades(cli: Cli) -> None:
+    parent = cli.json("submit", "exercise", "--inputs", '{"sleep_s": 120, "progress_steps": 120}')["task_id"]
+    child = cli.json("submit", "exercise", "--after", parent)
+    assert child["state"] == "waiting"
+    listed = cli.json("list", "--parent", parent)
+    assert [t["task_id"] for t in listed["tasks"]] == [child["task_id"]]
+    cli.json("cancel", parent, "--cascade")
+    st = cli.wait(child["task_id"])
+    assert st["state"] == "cancelled" and parent in st["error"]["message"]
+    cli.wait(parent)
+
+
 def test_errors_are_short_and_exit_non_zero(cli: Cli, tmp_path: Path) -> None:
     unknown = cli.run("show", "tsk_" + "a" * 26)
     assert unknown.returncode == 1 and unknown.stdout == ""

@@ -75,8 +75,8 @@ async def poll_until(client: Client, task_id: str, statuses: set[str], timeout: 
 def test_every_state_maps_to_one_protocol_status() -> None:
     assert set(STATUS) == set(TaskState)
     assert {s: STATUS[s] for s in TaskState} == {
-        TaskState.QUEUED: "working", TaskState.SCHEDULED: "working", TaskState.RUNNING: "working",
-        TaskState.CANCEL_REQUESTED: "working", TaskState.CANCELLING: "working",
+        TaskState.WAITING: "working", TaskState.QUEUED: "working", TaskState.SCHEDULED: "working",
+        TaskState.RUNNING: "working", TaskState.CANCEL_REQUESTED: "working", TaskState.CANCELLING: "working",
         TaskState.SUCCEEDED: "completed", TaskState.FAILED: "failed", TaskState.TIMED_OUT: "failed",
         TaskState.CANCELLED: "cancelled", TaskState.EXPIRED: "failed"}
 

@@ -5,6 +5,7 @@ with IllegalTransition and leaves the task exactly as it was."""
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import replace
 from itertools import pairwise
 
 import pytest
@@ -44,19 +45,29 @@ def new_task(owner: str = "alice") -> NewTask:
                    resources_json="{}", max_runtime_s=60, max_attempts=1, estimate_s=1.0)
 
 
+def start_of(state: TaskState) -> TaskState:
+    """Where a task that reaches `state` starts: `waiting` (submitted with a parent not yet
+    ended) is its own start, every other state is reached from `queued`."""
+    return TaskState.WAITING if state == TaskState.WAITING else TaskState.QUEUED
+
+
 def task_in(cp: ControlPlane, state: TaskState) -> str:
     """Submit a task and walk it along legal transitions until it is in `state`."""
-    sub = cp.store.tasks.submit(new_task())
-    assert sub.created and sub.task.state == "queued"
-    for step in path_to(state):
+    if state == TaskState.WAITING:
+        parent = cp.store.tasks.submit(new_task()).task.task_id
+        sub = cp.store.tasks.submit(replace(new_task(), after=(parent,)))
+    else:
+        sub = cp.store.tasks.submit(new_task())
+    assert sub.created and sub.task.state == start_of(state)
+    for step in [] if state == TaskState.WAITING else path_to(state):
         cp.store.tasks.transition(sub.task.task_id, step)
     assert cp.store.tasks.get(sub.task.task_id).state == state.value
     return sub.task.task_id
 
 
-def test_the_ten_states_of_the_design() -> None:
+def test_the_eleven_states_of_the_design() -> None:
     assert {s.value for s in TaskState} == {
-        "queued", "scheduled", "running", "cancel_requested", "cancelling",
+        "waiting", "queued", "scheduled", "running", "cancel_requested", "cancelling",
         "succeeded", "failed", "cancelled", "timed_out", "expired",
     }
     assert set(TRANSITIONS) == set(TaskState)
@@ -72,8 +83,9 @@ def test_the_ten_states_of_the_design() -> None:
 def test_every_state_is_reachable_from_queued(cp: ControlPlane, state: TaskState) -> None:
     task_id = task_in(cp, state)
     trail = [(e.from_state, e.to_state) for e in cp.store.logs.events(task_id)]
-    walked = [TaskState.QUEUED, *path_to(state)]
-    assert trail == [(None, "queued")] + [(a.value, b.value) for a, b in pairwise(walked)]
+    start = start_of(state)
+    walked = [start, *(path_to(state) if start == TaskState.QUEUED else [])]
+    assert trail == [(None, start.value)] + [(a.value, b.value) for a, b in pairwise(walked)]
 
 
 @pytest.mark.parametrize("pair", LEGAL, ids=_pair_id)
@@ -210,7 +222,8 @@ def test_the_queue_depth_admission_reads_follows_every_transition(cp: ControlPla
     task_id = task_in(cp, src)
     cp.store.tasks.transition(task_id, dst)
     kept, counted = queue_depths(cp)
-    assert kept == counted and sum(counted.values()) == 2 + (dst == TaskState.QUEUED)
+    # (a waiting task's parent is one more queued task; a waiting task itself is in no queue)
+    assert kept == counted and sum(counted.values()) == 2 + (dst == TaskState.QUEUED) + (src == TaskState.WAITING)
     with cp.db.write() as c:
         c.execute(text("UPDATE tasks SET priority = 5 WHERE task_id = :t"), {"t": others[0]})
         c.execute(text("DELETE FROM task_events WHERE task_id = :t"), {"t": others[1]})

@@ -97,9 +97,13 @@ def tasks_list(url: UrlOpt = DEFAULT_URL, token: TokenOpt = None, state: Annotat
                tool: Annotated[str | None, typer.Option()] = None, tag: Annotated[list[str] | None, typer.Option()] = None,
                owner: Annotated[str | None, typer.Option(help="Whose tasks (tasks:admin: anyone's; a team: a "
                                                               "teammate's)")] = None,
+               parent: Annotated[str | None, typer.Option(help="Only the tasks waiting (or that waited) for "
+                                                               "this one")] = None,
                limit: int = 50, cursor: str | None = None, as_json: JsonOpt = False) -> None:
     """List your tasks, newest first."""
     args: dict[str, Any] = {"limit": limit}
+    if parent:
+        args["parent"] = parent
     if owner:
         args["owner"] = owner
     if state:
@@ -182,9 +186,10 @@ def tasks_logs(task_id: str, url: UrlOpt = DEFAULT_URL, token: TokenOpt = None, 
 
 @app.command("cancel")
 def tasks_cancel(task_id: str, url: UrlOpt = DEFAULT_URL, token: TokenOpt = None, reason: str = "user-request",
+                 cascade: Annotated[bool, typer.Option(help="Also cancel the tasks waiting for it")] = False,
                  as_json: JsonOpt = False) -> None:
     """Cancel a task."""
-    _print(_call(url, token, "cancel_task", {"task_id": task_id, "reason": reason}), as_json)
+    _print(_call(url, token, "cancel_task", {"task_id": task_id, "reason": reason, "cascade": cascade}), as_json)
 
 
 @app.command("result")
@@ -196,7 +201,9 @@ def tasks_result(task_id: str, url: UrlOpt = DEFAULT_URL, token: TokenOpt = None
 @app.command("submit")
 def tasks_submit(tool_name: str, inputs: Annotated[str, typer.Option(help="JSON object of inputs")] = "{}",
                  url: UrlOpt = DEFAULT_URL, token: TokenOpt = None, priority: int = 0,
-                 idempotency_key: str | None = None, as_json: JsonOpt = False) -> None:
+                 idempotency_key: str | None = None,
+                 after: Annotated[list[str] | None, typer.Option(help="A task to wait for (repeat for several)")] = None,
+                 as_json: JsonOpt = False) -> None:
     """Submit a catalog tool as a task."""
     try:
         parsed = json.loads(inputs)
@@ -206,4 +213,6 @@ def tasks_submit(tool_name: str, inputs: Annotated[str, typer.Option(help="JSON 
     args: dict[str, Any] = {"tool_name": tool_name, "inputs": parsed, "priority": priority}
     if idempotency_key:
         args["idempotency_key"] = idempotency_key
+    if after:
+        args["after"] = after
     _print(_call(url, token, "submit_task", args), as_json)

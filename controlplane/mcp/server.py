@@ -118,27 +118,29 @@ def build_server(cp: ControlPlane, *, with_auth: bool = True) -> FastMCP:
     # (controlplane.group_commit) off the loop.
     tools = [
         canonical_tool("submit_task", "Submit a catalog tool to run as a durable task. Returns at once with the "
-                       "task id, its queue position and when to poll.", api.SubmitTask, answers.SubmitAnswer,
+                       "task id, its queue position and when to poll. With `after`, it waits (state 'waiting') "
+                       "until those tasks have succeeded.", api.SubmitTask, answers.SubmitAnswer,
                        svc.submit_grouped, default_owner=owner, read_only=False, after=followers.maybe_follow,
-                       schema_version=4),  # 2: resources.scratch_mb is applied or refused; 3: no NUL (stated); 4: outputSchema
+                       schema_version=5),  # 2: resources.scratch_mb is applied or refused; 3: no NUL (stated); 4: outputSchema; 5: `after`, state waiting
         canonical_tool("get_task_status", "State, progress (percent, step, phase, message, ETA), timing and "
                        "error of a task.", api.GetTaskStatus, answers.TaskStatus, svc.status, default_owner=owner,
-                       read_only=True, inline=True, schema_version=3),  # 2: outputSchema; 3: job_id (worker_id deprecated)
+                       read_only=True, inline=True, schema_version=4),  # 2: outputSchema; 3: job_id (worker_id deprecated); 4: waiting, waiting_for
         canonical_tool("tail_task_logs", "Log lines of a task, page by page: pass next_cursor back to continue; "
                        "from_end=true starts at the last lines.", api.TailTaskLogs, answers.TailAnswer, svc.tail,
-                       default_owner=owner, read_only=True, inline=True, schema_version=2),  # 2: outputSchema
+                       default_owner=owner, read_only=True, inline=True, schema_version=3),  # 2: outputSchema; 3: state waiting
         canonical_tool("list_tasks", "Your tasks, newest first, filtered by state, tool, tags and submission "
                        "time, with cursor pagination (an administrator's: anyone's, or everyone's).", api.ListTasks,
                        answers.TaskList, svc.list, default_owner=owner, read_only=True, inline=True,
-                       schema_version=5),  # 2: `owner`; 3: no NUL; 4: `everyone`; 5: outputSchema
-        canonical_tool("cancel_task", "Cancel a task: a queued task is cancelled at once; a running one is "
-                       "stopped (its cloud job or process tree included). Idempotent.", api.CancelTask,
+                       schema_version=6),  # 2: `owner`; 3: no NUL; 4: `everyone`; 5: outputSchema; 6: `parent`, waiting
+        canonical_tool("cancel_task", "Cancel a task: a queued or waiting task is cancelled at once; a running "
+                       "one is stopped (its cloud job or process tree included). cascade=true also cancels the "
+                       "tasks waiting for it. Idempotent.", api.CancelTask,
                        answers.CancelAnswer, svc.cancel, default_owner=owner, read_only=False, inline=True,
-                       schema_version=3),  # 2: no NUL in reason (stated); 3: outputSchema
+                       schema_version=4),  # 2: no NUL in reason (stated); 3: outputSchema; 4: `cascade`, waiting
         canonical_tool("get_task_result", "The result of a finished task, its artifacts with signed download "
                        "links (sha256, size, expiry) and its error, if any.", api.GetTaskResult, answers.TaskResult,
                        svc.result, default_owner=owner, read_only=True, inline=True,
-                       schema_version=2),  # 2: outputSchema
+                       schema_version=3),  # 2: outputSchema; 3: state waiting
         canonical_tool("usage_report", "What your tasks used (vCPU-, GiB- and GPU-seconds) and their estimated "
                        "cost at list prices, summed by tool, tag and/or owner over a period (default: this month).",
                        api.UsageReport, answers.UsageReport, svc.usage_report, default_owner=owner,

@@ -6,7 +6,7 @@ tool's result when the task is done, and may `tasks/cancel` it (our cancellation
 the cloud job). `tasks/list` lists the caller's tasks, page by page. The task id is our task id:
 it stays good in a fresh session and after a restart, for this caller only.
 
-Our ten states map onto the protocol's five statuses in one table (`STATUS`). A task that ended
+Our eleven states map onto the protocol's five statuses in one table (`STATUS`). A task that ended
 badly (`failed`, `timed_out`) is `failed` with a JSON-RPC error whose `data` is our task error;
 an `expired` task is `failed` too, its result gone.
 
@@ -54,8 +54,9 @@ if TYPE_CHECKING:
     from controlplane.app import ControlPlane
 
 S = TaskState
-# Our ten states onto the protocol's task statuses: the one table.
+# Our eleven states onto the protocol's task statuses: the one table.
 STATUS: dict[TaskState, str] = {
+    S.WAITING: "working",  # admitted, waiting for its parents (`after`)
     S.QUEUED: "working",
     S.SCHEDULED: "working",
     S.RUNNING: "working",

@@ -107,6 +107,7 @@ class TaskStatus(Answer):
     usage: UsageFigures
     estimated_cost: CostSoFar
     waiting_reason: str | None = None  # only while scheduled, when the provider said why
+    waiting_for: list[str] | None = None  # only while waiting: the parents (`after`) not yet succeeded
     log_link: str | None = None  # only for a provider with a console link
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from controlplane import api
+from controlplane import api, dependencies
 from controlplane.errors import not_found
 from controlplane.ops import metrics
 from controlplane.outcomes import cancelled_error
@@ -37,14 +37,20 @@ class Cancels:
     def _request(self, caller: str, req: api.CancelTask) -> tuple[TaskRow | None, bool]:
         """The cancel as the store records it: a caller with rights over others' tasks cancels
         what `Access.cancel_target` allows, an administrator's with who asked in the audit and
-        in the reason the owner reads."""
+        in the reason the owner reads. With `cascade`, the tasks waiting for it are cancelled
+        with it, their error naming it."""
+        def cascade(reason: str) -> dict[str, object] | None:
+            return dependencies.cascade_cancelled(req.task_id, reason) if req.cascade else None
+
         if type(caller) is str:
-            return self.store.tasks.request_cancel(req.task_id, caller, req.reason, cancelled_error(req.reason))
+            return self.store.tasks.request_cancel(req.task_id, caller, req.reason, cancelled_error(req.reason),
+                                                   cascade=cascade(req.reason))
         found = self.access.cancel_target(caller, req.task_id)
         if found is None:
             return None, False
         if found.owner == caller:
-            return self.store.tasks.request_cancel(req.task_id, caller, req.reason, cancelled_error(req.reason))
+            return self.store.tasks.request_cancel(req.task_id, caller, req.reason, cancelled_error(req.reason),
+                                                   cascade=cascade(req.reason))
         reason = f"by an administrator: {req.reason}"  # what the owner reads in the task's error
         return self.store.tasks.request_cancel(req.task_id, found.owner, reason, cancelled_error(reason),
-                                               admin=str(caller))
+                                               admin=str(caller), cascade=cascade(reason))

@@ -51,7 +51,7 @@ class TaskService:
         self.audit = AdminReads(store)
         self.access = Access(store, self.audit)
         self.admission = Admission(settings, catalog, self.providers, estimator, self.limits, self.pricing,
-                                   self.budgets)
+                                   self.budgets, readable=self.access.get)
         self.validate_inputs = self.admission.validate_inputs
         self.costs = Costs(store, self.pricing)
         self.submits = Submits(store, self.admission, self.pricing, estimator, self.providers, wake)

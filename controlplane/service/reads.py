@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
-from controlplane import api, blocking
+from controlplane import api, blocking, dependencies
 from controlplane.api import iso
 from controlplane.catalog import Catalog
 from controlplane.estimates import Estimator
@@ -68,7 +68,9 @@ class Reads:
             if eta is not None:
                 progress["eta_s"] = eta
         used = self.costs.of(task)
-        extra: dict[str, str] = {}
+        extra: dict[str, Any] = {}
+        if state == TaskState.WAITING:
+            extra["waiting_for"] = dependencies.unfinished(self.store.tasks.parents_of(task.task_id))
         job = None
         if state == TaskState.SCHEDULED or self._may_link(task):  # (else its job says nothing here)
             job = self.store.jobs.get(task.ref)

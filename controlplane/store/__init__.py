@@ -6,6 +6,7 @@ network.
 
     store.tasks      submit, reads, pages, cancel requests, stops     (tasks.py)
                      what a submit's guards may count                 (counts.py)
+                     the tasks a task waits for (`after`)              (parents.py)
     store.jobs       launch intents, handles, watched jobs, secrets   (jobs.py)
     store.attempts   an attempt's logs, progress, start and end        (attempts.py)
     store.logs       log lines and the audit of events                 (logs.py)

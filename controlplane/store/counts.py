@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from controlplane.states import TaskState
 from controlplane.store import queries as q
 
 if TYPE_CHECKING:
@@ -44,6 +45,8 @@ class Counts:
     def __init__(self, db: Database, c: Any, now: float):
         self.db, self.c, self.now = db, c, now
         self._depths: dict[str, dict[int, int]] = {}
+        self._parents: dict[str, TaskState | None] = {}
+        self._parent_stmt = db.for_share(q.PARENT_STATE)
 
     def waiting(self, queue: str) -> dict[int, int]:
         """{priority: tasks waiting} in the queue."""
@@ -57,6 +60,20 @@ class Counts:
         """One more task waiting in the queue, written by this transaction."""
         depths = self.waiting(queue)
         depths[priority] = depths.get(priority, 0) + 1
+
+    def lock_parents(self, task_ids: list[str]) -> None:
+        """Read these tasks' states and keep them from changing until the commit (FOR SHARE on
+        PostgreSQL, in the order given; SQLite serialises writers): a parent's end that commits
+        meanwhile waits for this transaction, and then finds the children it wrote."""
+        for task_id in task_ids:
+            if task_id not in self._parents:
+                rows = self._rows(self._parent_stmt, {"task_id": task_id})
+                self._parents[task_id] = TaskState(rows[0]["state"]) if rows else None
+
+    def parents(self, task_ids: tuple[str, ...]) -> dict[str, TaskState | None]:
+        """{parent id: its state (None: no such task)} of a submit's `after`."""
+        self.lock_parents(list(task_ids))
+        return {task_id: self._parents[task_id] for task_id in task_ids}
 
     def nth_newest_submit(self, owner: str, since: float, n: int) -> float | None:
         """When the owner's n-th newest task (1-based) submitted after `since` was submitted; None

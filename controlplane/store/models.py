@@ -1,5 +1,5 @@
 """The tables (sqlmodel): tasks, task_tags, task_events, task_logs, artifacts, jobs, leases, queue_depth,
-caller_limits, caller_streams, attempt_usage, budgets.
+caller_limits, caller_streams, attempt_usage, budgets, task_parents.
 
 Times are UNIX epoch seconds (float) so that every engine stores and compares them alike.
 JSON columns are text holding JSON. The schema itself is owned by the alembic migrations in
@@ -324,6 +324,18 @@ class Upload(SQLModel, table=True):
     created_at: float
     expires_at: float
     completed_at: float | None = None
+
+
+class TaskParent(SQLModel, table=True):
+    """A task submitted with `after` waits for each of its parents: one row per (child, parent).
+    A task can only name tasks that exist before it, so these edges never close a cycle."""
+
+    __tablename__ = "task_parents"
+    # A parent's end finds its children (the waiting ones, through their state).
+    __table_args__ = (Index("ix_task_parents_parent", "parent_id", "child_id"),)
+
+    child_id: str = Field(sa_column=Column(String(40), primary_key=True))
+    parent_id: str = Field(sa_column=Column(String(40), primary_key=True))
 
 
 def table_of(model: type[SQLModel]) -> Table:

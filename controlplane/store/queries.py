@@ -31,6 +31,7 @@ from controlplane.store.models import (
     Task,
     TaskEvent,
     TaskLog,
+    TaskParent,
     TaskTag,
     Upload,
     table_of,
@@ -49,6 +50,7 @@ STREAMS = table_of(CallerStream)
 USAGE = table_of(AttemptUsage)
 BUDGETS = table_of(Budget)
 UPLOADS = table_of(Upload)
+TP = table_of(TaskParent)
 
 S = TaskState
 _bp = bindparam
@@ -213,6 +215,22 @@ DELETE_STREAM = delete(STREAMS).where(STREAMS.c.stream_id == _bp("stream_id"))
 RENEW_STREAM = update(STREAMS).where(STREAMS.c.stream_id == _bp("_sid")).values(expires_at=_bp("_exp"))
 
 
+# ==== parents (`after`) ==========================================================================
+INSERT_PARENT = insert(TP)
+# A parent's state, read under FOR SHARE by a submit that names it (`Counts.lock_parents`).
+PARENT_STATE = select(T.c.task_id, T.c.state).where(T.c.task_id == _bp("task_id"))
+# A parent's waiting children (ix_task_parents_parent), in id order: the order their rows are locked.
+WAITING_CHILDREN = (select(T.c.task_id, T.c.resource_class)
+                    .select_from(TP.join(T, T.c.task_id == TP.c.child_id))
+                    .where(TP.c.parent_id == _bp("parent_id"), T.c.state == S.WAITING.value)
+                    .order_by(T.c.task_id))
+# A task's parents and their states (None: purged).
+PARENTS_OF = (select(TP.c.parent_id, T.c.state)
+              .select_from(TP.outerjoin(T, T.c.task_id == TP.c.parent_id))
+              .where(TP.c.child_id == _bp("child_id")))
+DELETE_TASK_PARENTS = delete(TP).where(or_(TP.c.child_id == _bp("task_id"), TP.c.parent_id == _bp("task_id")))
+
+
 # ==== statements shaped by the call ============================================================
 LIST_FIELDS = ("pk", "task_id", "tool_name", "state", "priority", "resource_class", "attempt", "submitted_at",
                "updated_at", "tags_json", "started_at", "completed_at", "progress_json")
@@ -220,7 +238,7 @@ LIST_FIELDS = ("pk", "task_id", "tool_name", "state", "priority", "resource_clas
 
 def list_page(owner: str, *, teams: Sequence[str] | None = None, states_: Sequence[str] | None, tool_name: str | None,
               tags_any: Sequence[str] | None, submitted_after: float | None, submitted_before: float | None,
-              after: tuple[float, int] | None, limit: int) -> list[Any]:
+              after: tuple[float, int] | None, limit: int, parent: str | None = None) -> list[Any]:
     """The statements of one page of list_tasks, newest first, each walking one index in order
     and stopping after `limit` rows: a filter with several values (tags, states) runs one walk
     per value, and the caller merges them, so that nothing sorts everything that matches."""
@@ -249,6 +267,8 @@ def list_page(owner: str, *, teams: Sequence[str] | None = None, states_: Sequen
             q = q.where(T.c.tool_name == tool_name)
         if teams is not None:  # a teammate's tasks: those shared with our teams
             q = q.where(T.c.team.in_(list(teams)))
+        if parent is not None:
+            q = q.where(children_of(parent))
         if submitted_after is not None:
             q = q.where(ts >= submitted_after)
         if submitted_before is not None:
@@ -261,7 +281,7 @@ def list_page(owner: str, *, teams: Sequence[str] | None = None, states_: Sequen
 
 def everyone_page(*, states_: Sequence[str] | None, tool_name: str | None, tags_any: Sequence[str] | None,
                   submitted_after: float | None, submitted_before: float | None, after_pk: int | None,
-                  limit: int) -> Any:
+                  limit: int, parent: str | None = None) -> Any:
     """One page of every owner's tasks (an administrator's list), newest first by submission
     order (`pk`), each row with its owner: a walk of the primary key, backwards, that stops after
     `limit` rows. Every filter is checked on the way, so an index of its own (one more write per
@@ -279,7 +299,14 @@ def everyone_page(*, states_: Sequence[str] | None, tool_name: str | None, tags_
         q = q.where(T.c.submitted_at < submitted_before)
     if after_pk is not None:
         q = q.where(T.c.pk < after_pk)
+    if parent is not None:
+        q = q.where(children_of(parent))
     return q.order_by(T.c.pk.desc()).limit(limit)
+
+
+def children_of(parent: str) -> Any:
+    """The condition of list_tasks' `parent`: tasks submitted with `parent` in their `after`."""
+    return T.c.task_id.in_(select(TP.c.child_id).where(TP.c.parent_id == parent))
 
 
 def task_ids_by_prefix(owner: str, prefix: str, limit: int) -> tuple[Any, bool]:

@@ -14,8 +14,9 @@ from typing import Any
 
 from sqlalchemy.exc import IntegrityError
 
-from controlplane import ids
+from controlplane import dependencies, ids, states
 from controlplane.states import TaskState
+from controlplane.store import parents
 from controlplane.store import queries as q
 from controlplane.store.counts import Counts, Guard, Refused
 from controlplane.store.rows import TaskRow, TaskSummary
@@ -54,13 +55,14 @@ class NewTask:
     max_recoveries: int | None = None  # None: max_attempts - 1
     team: str | None = None  # the team whose members may read it
     estimate_cost: float | None = None  # what it should cost (`controlplane.prices`; None: unpriced)
+    after: tuple[str, ...] = ()  # the tasks it waits for (ids the caller may read), sorted, distinct
 
 
 @dataclass(frozen=True)
 class Submitted:
     task: TaskRow
     created: bool  # False: an earlier task with the same idempotency key
-    position: int | None  # in its queue, for a new task
+    position: int | None  # in its queue, for a new task that is queued
 
 
 Guards = Sequence[Guard[NewTask]]  # a submit's checks, in the order they run (`controlplane.guards`)
@@ -109,6 +111,8 @@ class TaskStore:
         IntegrityError there."""
         counts = Counts(self.db, c, self.w.clock())
         out: list[Submitted | Exception] = []
+        # The parents the batch names, share-locked before anything else (docs/design/dependencies.md).
+        counts.lock_parents(sorted({p for new, _ in items for p in new.after}))
         # Every guard's locks, the whole batch's at once, held to the commit (`Database.lock`).
         self.db.lock(c, *(key for new, guards in items for g in guards for key in g.locks(new)))
         events: list[dict[str, Any]] = []
@@ -152,6 +156,8 @@ class TaskStore:
         for guard in guards:
             guard.check(counts, new)
         now = counts.now
+        found = counts.parents(new.after)
+        state = dependencies.verdict(found) if new.after else S.QUEUED
         ahead = sum(n for prio, n in counts.waiting(new.resource_class).items() if prio >= new.priority)
         recoveries = new.max_recoveries if new.max_recoveries is not None else new.max_attempts - 1
         values = dict(
@@ -159,19 +165,27 @@ class TaskStore:
             input_size=new.input_size, provider=new.provider, resource_class=new.resource_class,
             priority=new.priority, ttl_s=new.ttl_s, idempotency_key=new.idempotency_key,
             tags_json=json.dumps(new.tags), resources_json=new.resources_json, max_runtime_s=new.max_runtime_s,
-            state=S.QUEUED.value, attempt=1, max_attempts=new.max_attempts, not_before=0.0,
+            state=state.value, attempt=1, max_attempts=new.max_attempts, not_before=0.0,
             submitted_at=now, updated_at=now, cancel_requested=False, estimate_s=new.estimate_s,
             log_seq=0, log_first_seq=1, version=1, store_url=new.store_url, failures=0, recoveries=0,
             max_recoveries=recoveries, team=new.team, estimate_cost=new.estimate_cost,
         )
+        detail: dict[str, Any] = {"priority": new.priority, "queue": new.resource_class}
+        if new.after:
+            detail["after"] = list(new.after)
+        if state == S.FAILED:  # a parent had already ended badly: admitted, and ended at once
+            error = dependencies.dependency_failed(found)
+            values.update(error_json=json.dumps(error), completed_at=now, expires_at=now + new.ttl_s)
+            detail.update(error=error)
         pk = self.db.rows(c, q.INSERT_TASK, values)[0]["pk"]
         if new.tags:
             c.execute(q.INSERT_TAGS, [{"task_pk": pk, "tag": t, "owner": new.owner, "submitted_at": now}
                                       for t in dict.fromkeys(new.tags)])
-        counts.queued(new.resource_class, new.priority)  # as the trigger counted it
-        events.append(event_row(str(values["task_id"]), "submitted", None, S.QUEUED.value, 1,
-                                {"priority": new.priority, "queue": new.resource_class}, now))
-        return Submitted(TaskRow.from_row({**values, "pk": pk}), True, ahead + 1)
+        parents.add(self.db, c, str(values["task_id"]), new.after)
+        if state == S.QUEUED:
+            counts.queued(new.resource_class, new.priority)  # as the trigger counted it
+        events.append(event_row(str(values["task_id"]), "submitted", None, state.value, 1, detail, now))
+        return Submitted(TaskRow.from_row({**values, "pk": pk}), True, ahead + 1 if state == S.QUEUED else None)
 
     def find_idempotent(self, owner: str, tool_name: str, key: str | None) -> TaskRow | None:
         if key is None:
@@ -199,15 +213,16 @@ class TaskStore:
              tool_name: str | None = None,
              tags_any: Sequence[str] | None = None, submitted_after: float | None = None,
              submitted_before: float | None = None, after: tuple[float, int] | None = None,
-             limit: int = 50) -> builtins.list[TaskSummary]:
+             limit: int = 50, parent: str | None = None) -> builtins.list[TaskSummary]:
         """Newest first by submission time; `after` = (submitted_at, pk) of the last row of the
         previous page (keyset pagination: a page costs the same wherever it starts). `teams`:
-        only the tasks shared with one of these teams."""
+        only the tasks shared with one of these teams; `parent`: only the tasks waiting (or that
+        waited) for it."""
         rows: dict[int, TaskSummary] = {}
         with self.db.read() as c:
             for stmt in q.list_page(owner, teams=teams, states_=states_, tool_name=tool_name, tags_any=tags_any,
                                     submitted_after=submitted_after, submitted_before=submitted_before,
-                                    after=after, limit=limit):
+                                    after=after, limit=limit, parent=parent):
                 result = c.execute(stmt)
                 for r in TaskSummary.many(builtins.list(result.keys()), result.all()):
                     rows.setdefault(r.pk, r)
@@ -216,13 +231,13 @@ class TaskStore:
     def list_everyone(self, *, states_: Sequence[str] | None = None, tool_name: str | None = None,
                       tags_any: Sequence[str] | None = None, submitted_after: float | None = None,
                       submitted_before: float | None = None, after_pk: int | None = None,
-                      limit: int = 50) -> builtins.list[tuple[TaskSummary, str]]:
+                      limit: int = 50, parent: str | None = None) -> builtins.list[tuple[TaskSummary, str]]:
         """Every owner's tasks, newest first by submission order (`pk`; `after_pk`: the last row of
         the previous page), each with its owner: an administrator's list."""
         with self.db.read() as c:
             result = c.execute(q.everyone_page(states_=states_, tool_name=tool_name, tags_any=tags_any,
                                                submitted_after=submitted_after, submitted_before=submitted_before,
-                                               after_pk=after_pk, limit=limit))
+                                               after_pk=after_pk, limit=limit, parent=parent))
             rows = result.all()
         n = len(q.LIST_FIELDS)
         return [(TaskSummary(*r[:n]), r[n]) for r in rows]
@@ -292,11 +307,13 @@ class TaskStore:
             return self.w.transition(c, task, to, kind=kind, detail=detail, values=values, now=now)
 
     def request_cancel(self, task_id: str, owner: str, reason: str, error: dict[str, Any],
-                       admin: str | None = None) -> tuple[TaskRow | None, bool]:
-        """Returns (task, acknowledged). A queued task is cancelled at once (with `error`); a
-        scheduled or running one goes to cancel_requested for the reconciler to stop its job; a
-        finished one is left as it is (acknowledged=False). `admin`: the administrator who asked
-        for another owner's task; the audit names them, for a cancel that changed nothing too."""
+                       admin: str | None = None, cascade: dict[str, Any] | None = None) -> tuple[TaskRow | None, bool]:
+        """Returns (task, acknowledged). A queued or waiting task is cancelled at once (with
+        `error`); a scheduled or running one goes to cancel_requested for the reconciler to stop
+        its job; a finished one is left as it is (acknowledged=False). `admin`: the administrator
+        who asked for another owner's task; the audit names them, for a cancel that changed
+        nothing too. `cascade`: the error of its waiting descendants, cancelled with it (without
+        it they end as its end decides)."""
         if not could_be_task_id(task_id):
             return None, False
         now = self.w.clock()
@@ -306,7 +323,9 @@ class TaskStore:
                 return None, False
             detail: dict[str, Any] = {"reason": reason} if admin is None else {"reason": reason, "by": admin}
             vals: dict[str, Any] = {"cancel_requested": True, "cancel_reason": reason}
-            if task.state == S.QUEUED:
+            if cascade is not None and task.state not in states.FINAL:
+                self._cancel_descendants(c, task, cascade, now)
+            if task.state in (S.QUEUED, S.WAITING):
                 vals["error_json"] = json.dumps(error)
                 return self.w.transition(c, task, S.CANCELLED, kind="cancelled", detail=detail,
                                          values=vals, now=now), True
@@ -318,6 +337,24 @@ class TaskStore:
                 self.w.event(c, task.task_id, "admin_cancel", task.state.value, task.state.value, task.attempt,
                              detail, now)
             return task, task.state in (S.CANCEL_REQUESTED, S.CANCELLING)
+
+    def _cancel_descendants(self, c: Any, task: TaskRow, error: dict[str, Any], now: float) -> None:
+        """Every task waiting for `task`, directly or through others (all of them wait too),
+        cancelled with `error`, in the transaction that cancels it."""
+        todo = [task.task_id]
+        while todo:
+            for child_id, _ in parents.waiting_children(self.db, c, todo.pop()):
+                child = self.w.lock_task(c, child_id)
+                if child is None or child.state != S.WAITING:
+                    continue
+                self.w.transition_alone(c, child, S.CANCELLED, kind="cancelled", detail={"ancestor": task.task_id},
+                                  values={"cancel_requested": True, "cancel_reason": error["message"][:500],
+                                          "error_json": json.dumps(error)}, now=now)
+                todo.append(child_id)
+
+    def parents_of(self, task_id: str) -> dict[str, TaskState | None]:
+        """The task's parents (`after`) and their states (None: purged)."""
+        return parents.read(self.db, task_id)
 
     def audit(self, task_id: str, kind: str, detail: dict[str, Any]) -> None:
         """An entry in the task's audit that changes nothing else (an administrator's read)."""
