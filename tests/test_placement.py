@@ -207,6 +207,19 @@ async def test_an_attempt_refused_for_room_runs_at_the_next_placement_and_every_
 
 
 @pytest.mark.anyio
+async def test_status_and_the_tool_resource_say_where_an_attempt_runs(home: Path) -> None:
+    """get_task_status names the provider of the attempt's placement (after a move, the next
+    one's), and tool:// lists every placement's provider in the catalog's order."""
+    cp = control_plane(home, TWO)
+    async with Client(build_server(cp)) as client:
+        agent = Agent(client)
+        tid = await agent.submit(inputs={"log_lines": 1})
+        st = await agent.wait(tid)
+        assert st["state"] == "succeeded" and st["attempt"] == 2 and st["provider"] == "local", st
+        doc = json.loads((await client.read_resource("tool://exercise"))[0].text)  # type: ignore[union-attr]
+        assert doc["placements"] == [FULL, "local"] and doc["provider"] == FULL
+
+
 async def test_a_tools_only_placement_without_room_is_waited_for_as_today(home: Path) -> None:
     cp = control_plane(home, 'provider = "noroom"')
     async with Client(build_server(cp)) as client:

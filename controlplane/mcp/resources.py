@@ -3,7 +3,8 @@
 - `task://{task_id}`: the caller's task as one JSON document: its status, its result once it
   ended (with artifact links) and its last log lines. Unknown and someone else's alike answer
   "Resource not found".
-- `tool://{tool_name}`: a catalog entry: description, input schema, provider, limits, estimate.
+- `tool://{tool_name}`: a catalog entry: description, input schema, provider (and every placement's, in
+  order), limits, estimate.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ def tool_document(cp: ControlPlane, tool_name: str) -> str:
         raise not_found(f"tool://{tool_name}")
     return json.dumps({"name": spec.name, "description": spec.description, "schemaVersion": spec.schema_version,
                        "inputSchema": spec.input_schema, "provider": spec.provider,
+                       "placements": [p.provider for p in spec.each_placement()],
                        "resourceClass": spec.resource_class, "defaultRuntimeSeconds": spec.default_runtime_s,
                        "maxRuntimeSeconds": spec.max_runtime_s,
                        "estimatedRuntimeSeconds": cp.service.estimator.estimate(spec, None)},

@@ -109,6 +109,7 @@ class TaskStatus(Answer):
     waiting_reason: str | None = None  # only while scheduled, when the provider said why
     waiting_for: list[str] | None = None  # only while waiting: the parents (`after`) not yet succeeded
     log_link: str | None = None  # only for a provider with a console link
+    provider: str | None = None  # once the attempt is placed: the provider its job runs on
 
 
 class LogLine(Answer):

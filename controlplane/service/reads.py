@@ -72,8 +72,11 @@ class Reads:
         if state == TaskState.WAITING:
             extra["waiting_for"] = dependencies.unfinished(self.store.tasks.parents_of(task.task_id))
         job = None
-        if state == TaskState.SCHEDULED or self._may_link(task):  # (else its job says nothing here)
-            job = self.store.jobs.get(task.ref)
+        several = len(self.catalog.placements(task.tool_name)) > 1
+        if task.job_id and (several or state == TaskState.SCHEDULED or self._may_link(task)):
+            job = self.store.jobs.get(task.ref)  # (else its job says nothing the task does not)
+        if task.job_id:  # where the attempt runs: its job's placement (a tool's only one: the task's)
+            extra["provider"] = job.provider if job is not None else task.provider
         if job is not None:  # the attempt's own placement
             provider = self.providers.get(job.provider)
             if state == TaskState.SCHEDULED and job.provider_reason:
