@@ -220,6 +220,7 @@ async def test_status_and_the_tool_resource_say_where_an_attempt_runs(home: Path
         assert doc["placements"] == [FULL, "local"] and doc["provider"] == FULL
 
 
+@pytest.mark.anyio
 async def test_a_tools_only_placement_without_room_is_waited_for_as_today(home: Path) -> None:
     cp = control_plane(home, 'provider = "noroom"')
     async with Client(build_server(cp)) as client:
