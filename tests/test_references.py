@@ -2,8 +2,8 @@
 upload (`create_upload`, PUT, `complete_upload`) handed to a tool whose schema marks a file field,
 the tool reading a local file its runner fetched and checked; a chain of tasks each reading the
 previous one's artifact by `artifact://`; what admission refuses (another caller's object
-answers NOT_FOUND exactly as a missing one); and retention keeping an expired upload that a task
-which can still run refers to."""
+answers NOT_FOUND exactly as a missing one); retention keeping an expired upload that a task
+which can still run refers to; and the same chain on AWS Batch on moto, the store on moto's S3."""
 
 from __future__ import annotations
 
@@ -14,12 +14,17 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from fastmcp import Client
 
 from controlplane.app import ControlPlane
+from controlplane.mcp.server import build_server
 from controlplane.references import file_fields
 from controlplane.settings import Settings
+from tests import aws
+from tests.aws import moto  # noqa: F401  (fixture)
+from tests.cloud import moto_server  # noqa: F401  (fixture)
 from tests.conftest import FAST, Agent, catalog_text, serving
 from tests.test_uploads import aput
 
@@ -69,7 +74,7 @@ async def upload(agent: Agent, name: str, body: bytes, complete: bool = True) ->
 
 async def result(agent: Agent, task_id: str) -> dict[str, Any]:
     st = await agent.wait(task_id)
-    assert st["state"] == "succeeded", st
+    assert st["state"] == "succeeded", (st.get("error"), [ln["message"] for ln in (await agent.call("tail_task_logs", task_id=task_id))["lines"]])
     return (await agent.call("get_task_result", task_id=task_id))["result"]  # type: ignore[no-any-return]
 
 
@@ -167,3 +172,31 @@ async def test_an_artifact_of_a_running_parent_is_resolved_when_the_child_is_rel
         err = await agent.error("submit_task", tool_name="digest", inputs={"data": f"artifact://{other}/out.txt"})
         assert err["code"] == "NOT_FOUND"
         await agent.call("cancel_task", task_id=other)
+
+
+# ---- on a cloud fake: AWS Batch on moto, the store on moto's S3 ----------------------------------
+async def test_an_upload_and_an_artifact_reach_a_batch_job_through_s3(moto: str, home: Path) -> None:  # noqa: F811
+    import secrets
+
+    name = f"cp-{secrets.token_hex(5)}"
+    aws.client("s3", moto).create_bucket(Bucket=name)
+    aws.batch_catalog(home)
+    on_batch = DIGEST.replace('provider = "local"\nresource_class = "cpu_small"',
+                              'provider = "aws_batch"\nresource_class = "batch"')
+    (home / "catalog.toml").write_text((home / "catalog.toml").read_text() + on_batch)
+    cp = ControlPlane(Settings(home=home, object_store_url=f"s3://{name}/runs", **FAST))
+    body = hashlib.sha256(b"on s3").digest() * 1000
+    with aws.BatchExecutor(moto):
+        async with Client(build_server(cp)) as client:
+            agent = Agent(client)
+            up = await agent.call("create_upload", name="in.bin", size_bytes=len(body),
+                                  sha256=hashlib.sha256(body).hexdigest())
+            assert up["plan"]["form"] == "single"
+            async with httpx.AsyncClient() as h:
+                r = await h.put(up["plan"]["url"], content=body, headers=up["plan"].get("headers") or {})
+                assert r.status_code in (200, 201), r.text
+            await agent.call("complete_upload", upload_id=up["upload_id"])
+            first = await agent.submit("digest", inputs={"data": up["reference"], "suffix": "!"})
+            second = await agent.submit("digest", inputs={"data": f"artifact://{first}/out.bin"}, after=[first])
+            assert (await result(agent, first))["sha256"] == hashlib.sha256(body).hexdigest()
+            assert (await result(agent, second))["sha256"] == hashlib.sha256(body + b"!").hexdigest()
