@@ -175,8 +175,13 @@ async def test_an_artifact_of_a_running_parent_is_resolved_when_the_child_is_rel
 
 
 # ---- on a cloud fake: AWS Batch on moto, the store on moto's S3 ----------------------------------
-async def test_an_upload_and_an_artifact_reach_a_batch_job_through_s3(moto: str, home: Path) -> None:  # noqa: F811
+@pytest.mark.parametrize("access", ["identity", "grants"])
+async def test_an_upload_and_an_artifact_reach_a_batch_job_through_s3(moto: str, home: Path, access: str) -> None:  # noqa: F811
+    """With the job's own identity, or with no credential at all (`grants`): then the control
+    plane signs a GET for each file input (`inputs/<field>`)."""
     import secrets
+
+    from tests.test_job_grants import CLOUD_VARS
 
     name = f"cp-{secrets.token_hex(5)}"
     aws.client("s3", moto).create_bucket(Bucket=name)
@@ -184,9 +189,13 @@ async def test_an_upload_and_an_artifact_reach_a_batch_job_through_s3(moto: str,
     on_batch = DIGEST.replace('provider = "local"\nresource_class = "cpu_small"',
                               'provider = "aws_batch"\nresource_class = "batch"')
     (home / "catalog.toml").write_text((home / "catalog.toml").read_text() + on_batch)
-    cp = ControlPlane(Settings(home=home, object_store_url=f"s3://{name}/runs", **FAST))
+    cp = ControlPlane(Settings(home=home, object_store_url=f"s3://{name}/runs", job_store_access=access, **FAST))
     body = hashlib.sha256(b"on s3").digest() * 1000
-    with aws.BatchExecutor(moto):
+
+    def job_env(env: dict[str, str]) -> dict[str, str]:
+        return {k: v for k, v in env.items() if access == "identity" or not k.startswith(CLOUD_VARS)}
+
+    with aws.BatchExecutor(moto, job_env=job_env) as executor:
         async with Client(build_server(cp)) as client:
             agent = Agent(client)
             up = await agent.call("create_upload", name="in.bin", size_bytes=len(body),
@@ -200,3 +209,5 @@ async def test_an_upload_and_an_artifact_reach_a_batch_job_through_s3(moto: str,
             second = await agent.submit("digest", inputs={"data": f"artifact://{first}/out.bin"}, after=[first])
             assert (await result(agent, first))["sha256"] == hashlib.sha256(body).hexdigest()
             assert (await result(agent, second))["sha256"] == hashlib.sha256(body + b"!").hexdigest()
+            env = executor.envs[f"cp-{second.removeprefix('tsk_')}-a1"]
+            assert (env.get("CONTROLPLANE_STORE_ACCESS") == "grants") == (access == "grants")

@@ -275,12 +275,15 @@ class Runner:
 
     def _materialize(self, inputs: dict[str, Any], workdir: Path) -> None:
         """The files the inputs refer to, made local (`controlplane_runner.materialize`): read
-        through the runner's own store access (a job on grants has none for them yet)."""
-        if self.store is None or isinstance(self.store, GrantedStore):
+        through the runner's own store access, or through grants the control plane signs."""
+        if self.store is None:
             return
         files = materialize.manifest(self.store, self.ref)
         if files:
-            n = materialize.materialize(files, inputs, workdir, materialize.opener(self.store, self.store_url))
+            granted = self.store if isinstance(self.store, GrantedStore) else None
+            open_ = (lambda field, _f: granted.open_input(field)) if granted is not None \
+                else materialize.opener(self.store, self.store_url)
+            n = materialize.materialize(files, inputs, workdir, open_)
             print(f"# {len(files)} input file(s) materialized ({n} bytes)", flush=True)
 
     def _relay_lines(self, pipe: IO[bytes], stream: str, echo: IO[str]) -> None:
