@@ -23,6 +23,7 @@ from controlplane.identity import team_for_new_task
 from controlplane.launch import check_scratch
 from controlplane.limits import Limits
 from controlplane.prices import Pricing
+from controlplane.references import Resolver
 from controlplane.settings import Settings
 from controlplane.store import NewTask
 from controlplane.store.tasks import Guards
@@ -32,8 +33,10 @@ from controlplane_providers.base import Provider
 class Admission:
     def __init__(self, settings: Settings, catalog: Catalog, providers: dict[str, Provider[Any]], estimator: Estimator,
                  limits: Limits, pricing: Pricing, budgets: Budgets,
-                 readable: Callable[[str, str], object | None] = lambda caller, task_id: None):
+                 readable: Callable[[str, str], object | None] = lambda caller, task_id: None,
+                 resolver: Resolver | None = None):
         self.settings = settings
+        self.resolver = resolver  # the references in file fields (None: none are resolved)
         self.readable = readable  # the task if the caller may read it (`Access.get`), else None
         self.catalog = catalog
         self.providers = providers
@@ -53,6 +56,9 @@ class Admission:
         if len(inputs_json.encode()) > self.settings.max_input_bytes:
             raise too_large(f"inputs are {len(inputs_json.encode())} bytes; the limit is {self.settings.max_input_bytes}")
         self.validate_inputs(req.tool_name, req.inputs)
+        after = self.parents(caller, req.after)
+        refs = self.resolver.resolve(caller, tool.input_schema, req.inputs, tool.max_input_file_mb, after) \
+            if self.resolver is not None else ()
 
         res = req.resources or api.Resources()
         rc_name = res.resource_class or tool.resource_class
@@ -83,7 +89,7 @@ class Admission:
             max_runtime_s=max_runtime, max_attempts=tool.retry.max_attempts, estimate_s=estimate,
             max_recoveries=tool.retry.max_recoveries,
             store_url=tool.object_store or rc.object_store or "",
-            team=team_for_new_task(caller), estimate_cost=estimate_cost, after=self.parents(caller, req.after),
+            team=team_for_new_task(caller), estimate_cost=estimate_cost, after=after, refs=refs,
         )
         limits = self.limits.for_submit(caller)
         budgets = self.budgets.for_submit(str(caller), req.tags, time.time())

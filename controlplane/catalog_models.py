@@ -117,6 +117,8 @@ class ToolSpec(_Strict):
     ttl_s: int | None = Field(default=None, ge=1)
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
     input_schema: dict[str, Any]
+    # The largest file (MiB) an input marked `"x-controlplane-file": true` may refer to.
+    max_input_file_mb: int = Field(default=100 * 1024, ge=1)
     # Object store for this tool's tasks (overrides the resource class's and the server's).
     object_store: str | None = None
     provider_options: dict[str, Any] = Field(default_factory=dict)

@@ -55,6 +55,13 @@ def dependency_failed(parents: Mapping[str, TaskState | None]) -> dict[str, Any]
                       parent=parent, parent_state=str(parents[parent] or S.EXPIRED))
 
 
+def missing_artifact(parent: str, name: str) -> dict[str, Any]:
+    """The error of a task released without an artifact of a parent its inputs refer to."""
+    return task_error(TaskErrorCode.DEPENDENCY_FAILED,
+                      f"parent task {parent} succeeded without the artifact {name} this task's inputs refer to: "
+                      "this task will not run", parent=parent, parent_state=str(S.SUCCEEDED), artifact=name)
+
+
 def cascade_cancelled(ancestor: str, reason: str) -> dict[str, Any]:
     """The error of a waiting task cancelled with its ancestor (`cancel_task(cascade=true)`)."""
     return cancelled_error(f"task {ancestor}, which it waited for, was cancelled ({reason})")

@@ -38,7 +38,7 @@ from controlplane.objectstore.base import task_prefix, upload_prefix
 from controlplane.objectstore.registry import ObjectStores
 from controlplane.settings import Settings
 from controlplane.states import TERMINAL, TaskState
-from controlplane.store import Store
+from controlplane.store import Store, inputs
 from controlplane.store.retention import Expiring
 from controlplane_providers.base import MalformedHandle, Provider
 
@@ -196,9 +196,9 @@ class Retention:
                 return
 
     def held_upload(self, upload_id: str) -> bool:
-        """Whether an expired upload must stay: never yet. When tasks refer to uploads, one that a
-        task which can still run refers to is kept here until that task ends."""
-        return False
+        """Whether an expired upload must stay: a task that can still run (not in a final state)
+        refers to it (`task_inputs`), so it stays until that task ends."""
+        return inputs.held(self.store.db, f"upload://{upload_id}")
 
     # ---- purging --------------------------------------------------------------------------------
     def _purge(self, now: float, deadline: float, out: Swept) -> bool:

@@ -19,6 +19,7 @@ enough): a leader paused past its lease wakes to find its writes refused and lau
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -30,13 +31,13 @@ import anyio.to_thread
 from controlplane import blocking
 from controlplane.attempts import Attempts
 from controlplane.catalog import Catalog
-from controlplane.objectstore.base import inputs_key
+from controlplane.objectstore.base import input_files_key, inputs_key
 from controlplane.objectstore.registry import ObjectStores
 from controlplane.ops import logs, metrics, traces
 from controlplane.outcomes import cancelled_error
 from controlplane.placement import NO_CAPACITY, Placer
 from controlplane.states import JobState, TaskState
-from controlplane.store import Store
+from controlplane.store import Store, inputs
 from controlplane.store.leases import Fence, Fenced
 from controlplane.store.rows import JobRow, TaskRow
 from controlplane_providers.base import CapacityProviderError, Handle, LaunchSpec, PermanentProviderError, Provider
@@ -221,5 +222,15 @@ class Scheduler:
         return handle
 
     def _write_inputs(self, task: TaskRow) -> None:
-        self.object_stores.get(task.store_url).put_bytes(inputs_key(task.ref), task.inputs_json.encode(),
-                                                  content_type="application/json", overwrite=True)
+        """The attempt's inputs and, when they refer to files, where each file is (what the runner
+        materializes before the tool starts)."""
+        objects = self.object_stores.get(task.store_url)
+        objects.put_bytes(inputs_key(task.ref), task.inputs_json.encode(), content_type="application/json",
+                          overwrite=True)
+        files = {r.field: {"kind": r.kind, "store_url": r.store_url or (self.object_stores.default_url
+                                                                        if r.kind != "url" else ""),
+                           "key": r.storage_key, "size_bytes": r.size_bytes, "sha256": r.sha256}
+                 for r in inputs.of(self.store.db, task.task_id)}
+        if files:
+            objects.put_bytes(input_files_key(task.ref), json.dumps(files).encode(),
+                              content_type="application/json", overwrite=True)

@@ -172,6 +172,9 @@ class Settings(BaseSettings):
     max_input_bytes: int = 256 * 1024
     # How many tasks a submit may wait for (`after`; docs/design/dependencies.md).
     max_parents: int = Field(default=64, ge=1, le=1000)
+    # Prefixes of object-store or https URLs a task's file input may name (comma-separated; empty:
+    # none, only upload:// and artifact:// references: docs/design/references.md).
+    input_url_prefixes: str = ""
     max_tags: int = 32
     max_tag_length: int = 128
     max_log_page: int = 1000

@@ -191,7 +191,7 @@ class BatchExecutor:
     def _start(self, job: Any) -> None:
         job.status = "STARTING"
         overrides = job.container_overrides
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "AWS_BATCH_JOB_ID": job.job_id}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p), "AWS_BATCH_JOB_ID": job.job_id}
         env.update({e["name"]: e["value"] for e in overrides.get("environment", [])})
         if self.job_env is not None:
             env = self.job_env(env)

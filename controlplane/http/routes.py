@@ -36,7 +36,7 @@ from controlplane.objectstore.claim import nonce_digest, take_claim
 from controlplane.objectstore.grants import MAX_NAMES, grant_method, sign_grants
 from controlplane.ops import logs, metrics
 from controlplane.states import FINAL
-from controlplane.store import StaleAttempt
+from controlplane.store import StaleAttempt, inputs
 
 if TYPE_CHECKING:
     from controlplane.attempts import Attempts
@@ -195,9 +195,16 @@ def routes(cp: RouteDeps) -> list[Route]:
         objects = cp.object_stores.get(task.store_url)
         ttl = task.max_runtime_s + cp.grant_run_margin_s if ahead else cp.grant_ttl_s
         ttl = min(ttl, objects.max_url_ttl_s)
+        files = None
+        if any(str(n).startswith("inputs/") or n == "input_files.json" for n in names):
+            rows = await anyio.to_thread.run_sync(inputs.of, cp.store.db, ref.task_id)  # where admission found them
+            files = {r.field: (cp.object_stores.get(r.store_url), r.storage_key) for r in rows
+                     if r.resolved and r.kind != "url"}
+            if not rows:  # no file inputs: no input_files.json to read (the answer leaves it out)
+                names = [n for n in names if n != "input_files.json"]
         try:
             grants = await anyio.to_thread.run_sync(
-                lambda: sign_grants(objects, ref, names, expires_in=ttl))
+                lambda: sign_grants(objects, ref, names, expires_in=ttl, files=files))
         except NotImplementedError:
             return _error(409, "this task's object store cannot sign uploads", "CAPABILITY_MISSING")
         except Exception:  # noqa: BLE001

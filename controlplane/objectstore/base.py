@@ -109,6 +109,11 @@ def inputs_key(ref: AttemptRef) -> str:
     return attempt_prefix(ref) + "inputs.json"
 
 
+def input_files_key(ref: AttemptRef) -> str:
+    """The attempt's file inputs (`controlplane.references`): field -> where the bytes are."""
+    return attempt_prefix(ref) + "input_files.json"
+
+
 def result_key(ref: AttemptRef) -> str:
     return attempt_prefix(ref) + "result.json"
 

@@ -26,7 +26,7 @@ def grant_method(name: object) -> str:
     """The HTTP method a job may use on `name` ("GET" or "PUT"); UnsafeKey if none."""
     if not isinstance(name, str):
         raise UnsafeKey("a grant name must be a string")
-    if name == "inputs.json":
+    if name in ("inputs.json", "input_files.json"):
         return "GET"
     if name == "result.json":
         return "PUT"
@@ -37,17 +37,27 @@ def grant_method(name: object) -> str:
     if kind == "artifacts":
         safe_artifact_name(rest)
         return "PUT"
-    raise UnsafeKey("a grant names inputs.json, result.json, events/<name> or artifacts/<path>")
+    if kind == "inputs" and rest and "/" not in rest:  # the file a file input refers to, by field
+        return "GET"
+    raise UnsafeKey("a grant names inputs.json, input_files.json, inputs/<field>, result.json, events/<name> "
+                    "or artifacts/<path>")
 
 
-def sign_grants(store: ObjectStore, ref: AttemptRef, names: list[str], *,
-                expires_in: int) -> dict[str, dict[str, object]]:
-    """Signed requests for `names` (checked already) of one attempt. May call out to sign (GCS
+def sign_grants(store: ObjectStore, ref: AttemptRef, names: list[str], *, expires_in: int,
+                files: dict[str, tuple[ObjectStore, str]] | None = None) -> dict[str, dict[str, object]]:
+    """Signed requests for `names` (checked already) of one attempt, and GETs of the files its
+    task's inputs refer to (`inputs/<field>`, those in `files`; others are left out). May call out to sign (GCS
     signBlob, an Azure user delegation key): run it off the event loop. NotImplementedError when
     the store cannot sign uploads (the local store)."""
     prefix = attempt_prefix(ref)
     out: dict[str, dict[str, object]] = {}
     for name in names:
+        if name.startswith("inputs/"):  # a file the task's inputs refer to (`files`: field -> store, key)
+            found = (files or {}).get(name.removeprefix("inputs/"))
+            if found is not None:
+                url = found[0].signed_url(found[1], expires_in=expires_in, filename=found[1].rsplit("/", 1)[-1])
+                out[name] = {"method": "GET", "url": url, "headers": {}, "expires_in": expires_in}
+            continue
         if grant_method(name) == "GET":
             url = store.signed_url(prefix + name, expires_in=expires_in, filename=name)
             out[name] = {"method": "GET", "url": url, "headers": {}, "expires_in": expires_in}

@@ -15,6 +15,7 @@ from controlplane.estimates import Estimator
 from controlplane.limits import Limits, Streams
 from controlplane.objectstore.registry import ObjectStores
 from controlplane.prices import PriceTable, Pricing
+from controlplane.references import Resolver
 from controlplane.service.access import Access, AdminReads
 from controlplane.service.answers import WaitDone, WaitPending
 from controlplane.service.cancel import Cancels
@@ -24,7 +25,7 @@ from controlplane.service.reads import Overview, Reads
 from controlplane.service.submit import Submits
 from controlplane.service.uploads import Uploads
 from controlplane.service.usage import Costs
-from controlplane.settings import Settings
+from controlplane.settings import Settings, csv
 from controlplane.states import FINAL, TaskState
 from controlplane.store import Store
 from controlplane.store.rows import TaskRow
@@ -51,7 +52,9 @@ class TaskService:
         self.audit = AdminReads(store)
         self.access = Access(store, self.audit)
         self.admission = Admission(settings, catalog, self.providers, estimator, self.limits, self.pricing,
-                                   self.budgets, readable=self.access.get)
+                                   self.budgets, readable=self.access.get,
+                                   resolver=Resolver(store, csv(settings.input_url_prefixes), self.access.get,
+                                                     store.writer.clock))
         self.validate_inputs = self.admission.validate_inputs
         self.costs = Costs(store, self.pricing)
         self.submits = Submits(store, self.admission, self.pricing, estimator, self.providers, wake)

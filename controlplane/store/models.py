@@ -1,5 +1,5 @@
 """The tables (sqlmodel): tasks, task_tags, task_events, task_logs, artifacts, jobs, leases, queue_depth,
-caller_limits, caller_streams, attempt_usage, budgets, task_parents.
+caller_limits, caller_streams, attempt_usage, budgets, task_parents, task_inputs.
 
 Times are UNIX epoch seconds (float) so that every engine stores and compares them alike.
 JSON columns are text holding JSON. The schema itself is owned by the alembic migrations in
@@ -336,6 +336,24 @@ class TaskParent(SQLModel, table=True):
 
     child_id: str = Field(sa_column=Column(String(40), primary_key=True))
     parent_id: str = Field(sa_column=Column(String(40), primary_key=True))
+
+
+class TaskInput(SQLModel, table=True):
+    """A file a task's inputs refer to (`controlplane.references`), as admission resolved it: the
+    runner reads it from here, and retention keeps what a task that can still run refers to."""
+
+    __tablename__ = "task_inputs"
+    # Retention asks whether an upload is referred to (by `ref`).
+    __table_args__ = (Index("ix_task_inputs_ref", "ref", "task_id"),)
+
+    task_id: str = Field(sa_column=Column(String(40), primary_key=True))
+    field: str = Field(sa_column=Column(String(200), primary_key=True))
+    kind: str = Field(sa_column=Column(String(16), nullable=False))  # "upload" | "artifact" | "url"
+    ref: str = Field(sa_column=Column(Text, nullable=False))  # as the caller wrote it
+    store_url: str = Field(sa_column=Column(Text, nullable=False))  # '' for an https URL
+    storage_key: str = Field(sa_column=Column(Text, nullable=False))  # the key, or the URL itself
+    size_bytes: int | None = Field(default=None, sa_column=Column(BigInteger))  # None: unknown until read
+    sha256: str | None = Field(default=None, sa_column=Column(String(64)))
 
 
 def table_of(model: type[SQLModel]) -> Table:

@@ -30,6 +30,7 @@ from controlplane.store.models import (
     QueueDepth,
     Task,
     TaskEvent,
+    TaskInput,
     TaskLog,
     TaskParent,
     TaskTag,
@@ -51,6 +52,7 @@ USAGE = table_of(AttemptUsage)
 BUDGETS = table_of(Budget)
 UPLOADS = table_of(Upload)
 TP = table_of(TaskParent)
+TI = table_of(TaskInput)
 
 S = TaskState
 _bp = bindparam
@@ -229,6 +231,17 @@ PARENTS_OF = (select(TP.c.parent_id, T.c.state)
               .select_from(TP.outerjoin(T, T.c.task_id == TP.c.parent_id))
               .where(TP.c.child_id == _bp("child_id")))
 DELETE_TASK_PARENTS = delete(TP).where(or_(TP.c.child_id == _bp("task_id"), TP.c.parent_id == _bp("task_id")))
+
+
+# ==== inputs by reference ======================================================================
+INSERT_TASK_INPUT = insert(TI)
+TASK_INPUTS = select(TI).where(TI.c.task_id == _bp("task_id")).order_by(TI.c.field)
+DELETE_TASK_INPUTS = delete(TI).where(TI.c.task_id == _bp("task_id"))
+# Whether a task that can still run (not yet in a final state) refers to `ref` (ix_task_inputs_ref).
+REF_HELD = (select(TI.c.task_id).select_from(TI.join(T, T.c.task_id == TI.c.task_id))
+            .where(TI.c.ref == _bp("ref"), or_(*(T.c.state == s for s in IN_FLIGHT_STATES))).limit(1))
+RESOLVE_TASK_INPUT = update(TI).where(TI.c.task_id == _bp("_task_id"), TI.c.field == _bp("_field")).values(
+    store_url=_bp("_store_url"), storage_key=_bp("_storage_key"), size_bytes=_bp("_size"), sha256=_bp("_sha256"))
 
 
 # ==== statements shaped by the call ============================================================

@@ -79,13 +79,14 @@ class RetentionStore:
 
     def purge_tombstones(self, before: float, limit: int) -> int:
         """Delete up to `limit` tombstones of tasks that expired before `before`, with their tags,
-        ended job rows and parent links, in one transaction. Returns how many."""
+        ended job rows, parent links and input references, in one transaction. Returns how many."""
         with self.w.tx() as c:
             due = self.db.rows(c, q.DUE_FOR_PURGE, {"before": before, "lim": limit})
             if due:
                 c.execute(q.DELETE_TASK_TAGS, [{"pk": r["pk"]} for r in due])
                 c.execute(q.DELETE_TASK_JOBS, [{"task_id": r["task_id"]} for r in due])
                 c.execute(q.DELETE_TASK_PARENTS, [{"task_id": r["task_id"]} for r in due])
+                c.execute(q.DELETE_TASK_INPUTS, [{"task_id": r["task_id"]} for r in due])
                 c.execute(q.DELETE_TASK, [{"pk": r["pk"]} for r in due])
         return len(due)
 

@@ -16,9 +16,10 @@ from sqlalchemy.exc import IntegrityError
 
 from controlplane import dependencies, ids, states
 from controlplane.states import TaskState
-from controlplane.store import parents
+from controlplane.store import inputs, parents
 from controlplane.store import queries as q
 from controlplane.store.counts import Counts, Guard, Refused
+from controlplane.store.inputs import InputRow
 from controlplane.store.rows import TaskRow, TaskSummary
 from controlplane.store.writer import Writer, event_row
 
@@ -56,6 +57,7 @@ class NewTask:
     team: str | None = None  # the team whose members may read it
     estimate_cost: float | None = None  # what it should cost (`controlplane.prices`; None: unpriced)
     after: tuple[str, ...] = ()  # the tasks it waits for (ids the caller may read), sorted, distinct
+    refs: tuple[InputRow, ...] = ()  # the files its inputs refer to, resolved (`controlplane.references`)
 
 
 @dataclass(frozen=True)
@@ -158,6 +160,10 @@ class TaskStore:
         now = counts.now
         found = counts.parents(new.after)
         state = dependencies.verdict(found) if new.after else S.QUEUED
+        # Its parents ended while it was admitted: an artifact it refers to must be there now.
+        missing = inputs.first_missing(self.db, c, new.refs) if state == S.QUEUED and new.refs else None
+        if missing is not None:
+            state = S.FAILED
         ahead = sum(n for prio, n in counts.waiting(new.resource_class).items() if prio >= new.priority)
         recoveries = new.max_recoveries if new.max_recoveries is not None else new.max_attempts - 1
         values = dict(
@@ -174,7 +180,7 @@ class TaskStore:
         if new.after:
             detail["after"] = list(new.after)
         if state == S.FAILED:  # a parent had already ended badly: admitted, and ended at once
-            error = dependencies.dependency_failed(found)
+            error = dependencies.missing_artifact(*missing) if missing else dependencies.dependency_failed(found)
             values.update(error_json=json.dumps(error), completed_at=now, expires_at=now + new.ttl_s)
             detail.update(error=error)
         pk = self.db.rows(c, q.INSERT_TASK, values)[0]["pk"]
@@ -182,6 +188,9 @@ class TaskStore:
             c.execute(q.INSERT_TAGS, [{"task_pk": pk, "tag": t, "owner": new.owner, "submitted_at": now}
                                       for t in dict.fromkeys(new.tags)])
         parents.add(self.db, c, str(values["task_id"]), new.after)
+        inputs.add(c, str(values["task_id"]), new.refs)
+        if state == S.QUEUED and new.refs:
+            inputs.resolve_artifacts(self.db, c, str(values["task_id"]))
         if state == S.QUEUED:
             counts.queued(new.resource_class, new.priority)  # as the trigger counted it
         events.append(event_row(str(values["task_id"]), "submitted", None, state.value, 1, detail, now))

@@ -24,7 +24,7 @@ from sqlalchemy.engine import Connection
 from controlplane import dependencies, states
 from controlplane.ids import AttemptRef
 from controlplane.states import JobState, TaskState
-from controlplane.store import parents
+from controlplane.store import inputs, parents
 from controlplane.store import queries as q
 from controlplane.store.db import Database
 from controlplane.store.rows import JobRow, TaskRow
@@ -170,11 +170,13 @@ class Writer:
                     continue
                 found = parents.of(self.db, c, child_id)
                 verdict = dependencies.verdict(found)
-                if verdict == TaskState.QUEUED:
+                missing = inputs.resolve_artifacts(self.db, c, child_id) if verdict == TaskState.QUEUED else None
+                if verdict == TaskState.QUEUED and missing is None:
                     self.transition_alone(c, child, TaskState.QUEUED, kind="released",
                                           detail={"after": sorted(found)}, now=now)
-                elif verdict == TaskState.FAILED:
-                    error = dependencies.dependency_failed(found)
+                elif verdict == TaskState.FAILED or missing is not None:
+                    error = dependencies.missing_artifact(*missing) if missing is not None \
+                        else dependencies.dependency_failed(found)
                     todo.append(self.transition_alone(c, child, TaskState.FAILED, kind="dependency_failed",
                                            detail={"parent": error["parent"], "parent_state": error["parent_state"]},
                                            values={"error_json": json.dumps(error)}, now=now))

@@ -47,6 +47,8 @@ class NoGrant(OSError):
 
 
 class GrantedStore(ObjectStore):
+    granted = True  # reads and writes only through signed URLs (no stat, no list)
+
     def __init__(self, url: str, ref: AttemptRef, ask: Ask, *, pool: int = POOL, timeout_s: float = 60):
         self.url = url
         self.prefix = attempt_prefix(ref)
@@ -67,7 +69,9 @@ class GrantedStore(ObjectStore):
         return bool(got)
 
     def _fetch(self, names: list[str], *, ahead: bool = False) -> dict[str, dict[str, Any]]:
-        answer = self._ask(names, ahead=ahead) or {}
+        return self._fetch_answer(self._ask(names, ahead=ahead) or {})
+
+    def _fetch_answer(self, answer: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         now = time.monotonic()
         out = {}
         for name, grant in answer.items():
@@ -133,7 +137,9 @@ class GrantedStore(ObjectStore):
             return self._grants.pop(name, None) is not None
 
     def open(self, key: str) -> BinaryIO:
-        name = self._name(key)
+        return self._get(self._name(key), key)
+
+    def _get(self, name: str, key: str) -> BinaryIO:
         _, grant = self._grant(name)
         try:
             stream: BinaryIO = urllib.request.urlopen(
@@ -143,6 +149,21 @@ class GrantedStore(ObjectStore):
             if e.code == 404:
                 raise FileNotFoundError(key) from None
             raise OSError(f"download of {name} refused ({e.code})") from None
+
+    def input_files(self) -> BinaryIO | None:
+        """The attempt's `input_files.json`, or None when the control plane says the task has no
+        file inputs (it grants no such name then); NoGrant if it could not be asked."""
+        answer = self._ask(["input_files.json"], ahead=False)
+        if answer is None:
+            raise NoGrant("no grant for input_files.json: the control plane could not be asked")
+        if "input_files.json" not in answer:
+            return None
+        self._fetch_answer(answer)
+        return self._get("input_files.json", "input_files.json")
+
+    def open_input(self, field: str) -> BinaryIO:
+        """The file the task's input `field` refers to, through a GET the control plane signs."""
+        return self._get(f"inputs/{field}", field)
 
     def stat(self, key: str) -> ObjectInfo | None:
         raise NotImplementedError("a job's granted store only reads and writes")

@@ -34,7 +34,7 @@ from controlplane.objectstore.base import (
     safe_artifact_name,
 )
 from controlplane.objectstore.claim import take_claim
-from controlplane_runner import events, proc, reporter
+from controlplane_runner import events, materialize, proc, reporter
 from controlplane_runner.claim import CLAIM_LOST, CLAIM_REFUSED, CLAIM_UNAVAILABLE
 from controlplane_runner.granted import GrantedStore, NoGrant
 from controlplane_runner.reporter import Reporter
@@ -81,6 +81,7 @@ class Runner:
         self.grace_s = float(env.get("CONTROLPLANE_KILL_GRACE_S", "10"))
         self.claim_wait_s = float(env.get("CONTROLPLANE_CLAIM_WAIT_S", "60"))
         store_url = env.get("CONTROLPLANE_STORE_URL")
+        self.store_url = store_url
         self.store: ObjectStore | None = None
         self.stop_requested = threading.Event()
         self.signalled = False  # a stop signal arrived (`stop_signalled`)
@@ -184,6 +185,7 @@ class Runner:
         started = time.time()
         try:
             inputs = self._fetch_inputs()
+            self._materialize(inputs, workdir)
         except Exception as e:  # noqa: BLE001 - reported as the job's failure, never swallowed
             return self._finish(started, exit_code=None, signal_name=None, error=f"cannot read inputs: {e}",
                                 result=None, artifacts=[])
@@ -270,6 +272,19 @@ class Runner:
         if not isinstance(data, dict):
             raise ValueError("inputs are not a JSON object")
         return data
+
+    def _materialize(self, inputs: dict[str, Any], workdir: Path) -> None:
+        """The files the inputs refer to, made local (`controlplane_runner.materialize`): read
+        through the runner's own store access, or through grants the control plane signs."""
+        if self.store is None:
+            return
+        files = materialize.manifest(self.store, self.ref)
+        if files:
+            granted = self.store if isinstance(self.store, GrantedStore) else None
+            open_ = (lambda field, _f: granted.open_input(field)) if granted is not None \
+                else materialize.opener(self.store, self.store_url)
+            n = materialize.materialize(files, inputs, workdir, open_)
+            print(f"# {len(files)} input file(s) materialized ({n} bytes)", flush=True)
 
     def _relay_lines(self, pipe: IO[bytes], stream: str, echo: IO[str]) -> None:
         for raw in iter(pipe.readline, b""):

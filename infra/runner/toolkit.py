@@ -51,6 +51,15 @@ def inputs() -> dict[str, Any]:
     return values
 
 
+def input_path(field: str) -> Path:
+    """The local file an input marked `"x-controlplane-file": true` refers to: the runner has
+    fetched and checked it before the tool started, and the input's value is its path."""
+    value = inputs().get(field)
+    if not isinstance(value, str):
+        raise KeyError(f"no file input '{field}'")
+    return Path(value)
+
+
 def progress(percent: float | None = None, *, step: int | None = None, step_total: int | None = None,
              phase: str | None = None, message: str | None = None, eta_s: float | None = None) -> None:
     """Report progress. percent is derived from step/step_total when not given."""

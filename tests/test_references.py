@@ -1,0 +1,213 @@
+"""Inputs by reference, as an agent uses them through a real MCP client on the local provider: an
+upload (`create_upload`, PUT, `complete_upload`) handed to a tool whose schema marks a file field,
+the tool reading a local file its runner fetched and checked; a chain of tasks each reading the
+previous one's artifact by `artifact://`; what admission refuses (another caller's object
+answers NOT_FOUND exactly as a missing one); retention keeping an expired upload that a task
+which can still run refers to; and the same chain on AWS Batch on moto, the store on moto's S3."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastmcp import Client
+
+from controlplane.app import ControlPlane
+from controlplane.mcp.server import build_server
+from controlplane.references import file_fields
+from controlplane.settings import Settings
+from tests import aws
+from tests.aws import moto  # noqa: F401  (fixture)
+from tests.cloud import moto_server  # noqa: F401  (fixture)
+from tests.conftest import FAST, Agent, catalog_text, serving
+from tests.test_uploads import aput
+
+pytestmark = pytest.mark.anyio
+MIB = 1024 * 1024
+
+DIGEST = '''
+[tools.digest]
+description = "A test tool: the size and sha256 of a file input, and a copy of it as an artifact."
+provider = "local"
+resource_class = "cpu_small"
+command = ["{python}", "-m", "controlplane_tools.digest"]
+estimate_s = 1
+max_input_file_mb = 1
+retry = { max_attempts = 1 }
+
+[tools.digest.input_schema]
+type = "object"
+required = ["data"]
+properties.data = { type = "string", "x-controlplane-file" = true }
+properties.suffix = { type = "string" }
+'''
+
+
+@pytest.fixture
+def settings(home: Path) -> Settings:
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "catalog.toml").write_text(catalog_text() + DIGEST)
+    return Settings(home=home, **FAST, auth_tokens="tok-a=alice,tok-b=bob")
+
+
+@asynccontextmanager
+async def running(settings: Settings) -> AsyncIterator[tuple[ControlPlane, Any, Agent]]:
+    cp = ControlPlane(settings)
+    async with serving(cp) as server, Client(server.url, auth="tok-a") as client:
+        yield cp, server, Agent(client)
+
+
+async def upload(agent: Agent, name: str, body: bytes, complete: bool = True) -> str:
+    """An upload made as a client makes it; its reference."""
+    up = await agent.call("create_upload", name=name, size_bytes=len(body), sha256=hashlib.sha256(body).hexdigest())
+    assert (await aput(up["plan"]["url"], content=body)).status_code == 201
+    if complete:
+        await agent.call("complete_upload", upload_id=up["upload_id"])
+    return str(up["reference"])
+
+
+async def result(agent: Agent, task_id: str) -> dict[str, Any]:
+    st = await agent.wait(task_id)
+    assert st["state"] == "succeeded", (st.get("error"), [ln["message"] for ln in (await agent.call("tail_task_logs", task_id=task_id))["lines"]])
+    return (await agent.call("get_task_result", task_id=task_id))["result"]  # type: ignore[no-any-return]
+
+
+def test_a_file_field_is_a_marked_string_property(settings: Settings) -> None:
+    from controlplane.catalog import Catalog
+
+    tool = Catalog.load(settings.home / "catalog.toml").tool("digest")
+    assert tool is not None and file_fields(tool.input_schema) == ["data"]
+
+
+async def test_an_upload_then_a_chain_of_artifacts_reach_the_tools_as_local_files(settings: Settings) -> None:
+    body = hashlib.sha256(b"refs").digest() * 4096  # 128 KiB
+    async with running(settings) as (_cp, _server, agent):
+        ref = await upload(agent, "input.bin", body)
+        first = await agent.submit("digest", inputs={"data": ref, "suffix": "+1"})
+        got = await result(agent, first)
+        assert got == {"size_bytes": len(body), "sha256": hashlib.sha256(body).hexdigest(), "path_is_local": True}
+        # A chain: each task reads the previous one's artifact.
+        second = await agent.submit("digest", inputs={"data": f"artifact://{first}/out.bin", "suffix": "+2"})
+        third_body = body + b"+1+2"
+        got2 = await result(agent, second)
+        assert got2["size_bytes"] == len(body) + 2 and got2["sha256"] == hashlib.sha256(body + b"+1").hexdigest()
+        third = await agent.submit("digest", inputs={"data": f"artifact://{second}/out.bin"})
+        got3 = await result(agent, third)
+        assert got3["sha256"] == hashlib.sha256(third_body).hexdigest()
+
+
+async def test_references_admission_refuses(settings: Settings) -> None:
+    async with running(settings) as (_cp, server, alice):
+        ref = await upload(alice, "a.bin", b"alice's bytes")
+        pending = await upload(alice, "p.bin", b"not yet complete", complete=False)
+        big = await upload(alice, "big.bin", b"x" * (MIB + 1))
+        done = await alice.submit("exercise", inputs={"artifact_names": ["out.txt"]})
+        assert (await alice.wait(done))["state"] == "succeeded"
+        async with Client(server.url, auth="tok-b") as c:
+            bob = Agent(c)
+            theirs = await bob.error("submit_task", tool_name="digest", inputs={"data": ref})
+            missing = await bob.error("submit_task", tool_name="digest", inputs={"data": "upload://upl_" + "0" * 24})
+            assert theirs == missing and theirs["code"] == "NOT_FOUND", theirs
+            art = await bob.error("submit_task", tool_name="digest", inputs={"data": f"artifact://{done}/out.txt"})
+            no_art = await bob.error("submit_task", tool_name="digest",
+                                     inputs={"data": "artifact://tsk_00000000000000000000/out.txt"})
+            assert art == no_art and art["code"] == "NOT_FOUND", art
+        assert (await alice.error("submit_task", tool_name="digest", inputs={"data": pending}))["code"] == "NOT_FOUND"
+        assert (await alice.error("submit_task", tool_name="digest",
+                                  inputs={"data": f"artifact://{done}/absent.txt"}))["code"] == "NOT_FOUND"
+        mine = await alice.submit("digest", inputs={"data": f"artifact://{done}/out.txt"})
+        assert (await alice.wait(mine))["state"] == "succeeded"
+        too_big = await alice.error("submit_task", tool_name="digest", inputs={"data": big})
+        assert too_big["code"] == "INVALID_REQUEST" and "inputs.data" in too_big["message"], too_big
+        for bad in ("/etc/passwd", "https://example.com/x.bin", "s3://bucket/key"):
+            err = await alice.error("submit_task", tool_name="digest", inputs={"data": bad})
+            assert err["code"] == "INVALID_REQUEST" and "inputs.data" in err["message"], err
+
+
+async def test_an_operator_allowed_url_prefix_is_a_reference(settings: Settings, tmp_path: Path) -> None:
+    allowed = settings.model_copy(update={"input_url_prefixes": "https://data.example.org/public/"})
+    async with running(allowed) as (_cp, _server, alice):
+        ok = await alice.call("submit_task", tool_name="digest",
+                              inputs={"data": "https://data.example.org/public/x.bin"})
+        assert ok["task_id"]
+        err = await alice.error("submit_task", tool_name="digest", inputs={"data": "https://data.example.org/private/x"})
+        assert err["code"] == "INVALID_REQUEST"
+        await alice.call("cancel_task", task_id=ok["task_id"])
+
+
+async def test_an_expired_upload_stays_while_a_task_that_can_run_refers_to_it(settings: Settings) -> None:
+    body = b"kept for the child"
+    async with running(settings) as (cp, _server, agent):
+        ref = await upload(agent, "k.bin", body)
+        upload_id = ref.removeprefix("upload://")
+        parent = await agent.submit("exercise", inputs={"sleep_s": 2})
+        child = await agent.submit("digest", inputs={"data": ref}, after=[parent])
+        assert (await agent.call("get_task_status", task_id=child))["state"] == "waiting"
+        later = time.time() + settings.upload_ttl_s + 1
+        assert cp.reconciler.retention.sweep(later).uploads_expired == 0
+        assert cp.store.uploads.get(upload_id) is not None
+        assert (await result(agent, child))["sha256"] == hashlib.sha256(body).hexdigest()
+        assert cp.reconciler.retention.sweep(later).uploads_expired == 1, "gone once no task can run"
+        assert cp.store.uploads.get(upload_id) is None
+
+
+async def test_an_artifact_of_a_running_parent_is_resolved_when_the_child_is_released(settings: Settings) -> None:
+    async with running(settings) as (_cp, _server, agent):
+        parent = await agent.submit("exercise", inputs={"sleep_s": 1.5, "artifact_names": ["out.txt"]})
+        child = await agent.submit("digest", inputs={"data": f"artifact://{parent}/out.txt"}, after=[parent])
+        orphan = await agent.submit("digest", inputs={"data": f"artifact://{parent}/never.txt"}, after=[parent])
+        assert (await agent.call("get_task_status", task_id=child))["state"] == "waiting"
+        assert (await result(agent, child))["path_is_local"] is True
+        st = await agent.wait(orphan)
+        assert st["state"] == "failed" and st["error"]["code"] == "DEPENDENCY_FAILED", st
+        assert "never.txt" in st["error"]["message"] and st["error"]["parent"] == parent
+        # Not named in `after`, an artifact that does not exist yet is not found at once.
+        other = await agent.submit("exercise", inputs={"sleep_s": 5})
+        err = await agent.error("submit_task", tool_name="digest", inputs={"data": f"artifact://{other}/out.txt"})
+        assert err["code"] == "NOT_FOUND"
+        await agent.call("cancel_task", task_id=other)
+
+
+# ---- on a cloud fake: AWS Batch on moto, the store on moto's S3 ----------------------------------
+@pytest.mark.parametrize("access", ["identity", "grants"])
+async def test_an_upload_and_an_artifact_reach_a_batch_job_through_s3(moto: str, home: Path, access: str) -> None:  # noqa: F811
+    """With the job's own identity, or with no credential at all (`grants`): then the control
+    plane signs a GET for each file input (`inputs/<field>`)."""
+    import secrets
+
+    from tests.test_job_grants import CLOUD_VARS
+
+    name = f"cp-{secrets.token_hex(5)}"
+    aws.client("s3", moto).create_bucket(Bucket=name)
+    aws.batch_catalog(home)
+    on_batch = DIGEST.replace('provider = "local"\nresource_class = "cpu_small"',
+                              'provider = "aws_batch"\nresource_class = "batch"')
+    (home / "catalog.toml").write_text((home / "catalog.toml").read_text() + on_batch)
+    cp = ControlPlane(Settings(home=home, object_store_url=f"s3://{name}/runs", job_store_access=access, **FAST))
+    body = hashlib.sha256(b"on s3").digest() * 1000
+
+    def job_env(env: dict[str, str]) -> dict[str, str]:
+        return {k: v for k, v in env.items() if access == "identity" or not k.startswith(CLOUD_VARS)}
+
+    with aws.BatchExecutor(moto, job_env=job_env) as executor:
+        async with Client(build_server(cp)) as client:
+            agent = Agent(client)
+            up = await agent.call("create_upload", name="in.bin", size_bytes=len(body),
+                                  sha256=hashlib.sha256(body).hexdigest())
+            assert up["plan"]["form"] == "single"
+            async with httpx.AsyncClient() as h:
+                r = await h.put(up["plan"]["url"], content=body, headers=up["plan"].get("headers") or {})
+                assert r.status_code in (200, 201), r.text
+            await agent.call("complete_upload", upload_id=up["upload_id"])
+            first = await agent.submit("digest", inputs={"data": up["reference"], "suffix": "!"})
+            second = await agent.submit("digest", inputs={"data": f"artifact://{first}/out.bin"}, after=[first])
+            assert (await result(agent, first))["sha256"] == hashlib.sha256(body).hexdigest()
+            assert (await result(agent, second))["sha256"] == hashlib.sha256(body + b"!").hexdigest()
+            env = executor.envs[f"cp-{second.removeprefix('tsk_')}-a1"]
+            assert (env.get("CONTROLPLANE_STORE_ACCESS") == "grants") == (access == "grants")
