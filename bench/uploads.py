@@ -16,8 +16,9 @@ is uploaded twice in the same run:
 It prints MiB/s for each and the ratio (the client's time over put's: 1.0 is as fast as the
 store's own client, lower is slower). `put` pays a fixed cost whatever the size (starting Python,
 two MCP calls, hashing and reading back are not fixed but are not the copy either), so the table
-also gives the time of a 1 KiB put and the rate of what the size adds (`(put - put of 1 KiB)`),
-with its ratio. Then the CLI's peak RSS (VmHWM read at its exit) for the
+also gives the time of a 1 KiB put (best of two) and the rate of what the size adds (`put - put
+of 1 KiB`), with its ratio: at small sizes that difference is within the noise of a loaded
+machine, read it at `--size-mb 1024`. Then the CLI's peak RSS (VmHWM read at its exit) for the
 file and for a 1 KiB file, whose difference is what the size of the file costs in memory. The
 default size takes well under a minute all told on 2 cores; `--size-mb 1024` gives the real
 figure. The last line of stdout is one JSON object with every figure.
@@ -96,10 +97,10 @@ def main() -> int:
     from tests.conftest import ServerProcess, fast_env
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--size-mb", type=int, default=128)
-    ap.add_argument("--quick", action="store_true", help="64 MiB whatever --size-mb says")
+    ap.add_argument("--size-mb", type=int, default=64)
+    ap.add_argument("--quick", action="store_true", help="16 MiB whatever --size-mb says")
     args = ap.parse_args()
-    size = (64 if args.quick else args.size_mb) * MIB
+    size = (16 if args.quick else args.size_mb) * MIB
     console = Console(stderr=True)
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's server logs every request
     results: dict[str, dict[str, float]] = {}
@@ -128,7 +129,7 @@ def main() -> int:
                 copy()
                 client_s = time.perf_counter() - t0
                 put_s, fig = put(server.url, source)
-                small_s, small_fig = put(server.url, small)
+                small_s, small_fig = min((put(server.url, small) for _ in range(2)), key=lambda r: r[0])  # best of two
             finally:
                 server.stop()
             results[name] = {"client_s": client_s, "put_s": put_s, "client_mib_s": size / MIB / client_s,
@@ -139,14 +140,14 @@ def main() -> int:
                              "rss_growth_mib": fig.peak_rss_mib - small_fig.peak_rss_mib}
 
     table = Table(title=f"one {size / MIB:.0f} MiB file into each store: controlplane put against the store's client")
-    for col in ("store", "client MiB/s", "put MiB/s", "ratio", "put of 1 KiB", "added MiB/s", "ratio ",
-                "put peak RSS", "1 KiB peak RSS"):
+    for col in ("store", "client MiB/s", "put MiB/s", "ratio", "put 1 KiB", "added MiB/s", "ratio ",
+                "peak RSS", "1 KiB: peak"):
         table.add_column(col, justify="left" if col == "store" else "right")
     for name, r in results.items():
         table.add_row(name, f"{r['client_mib_s']:.0f}", f"{r['put_mib_s']:.0f}", f"{r['ratio']:.2f}x",
                       f"{r['small_put_s']:.2f} s", f"{r['marginal_mib_s']:.0f}",
                       f"{r['marginal_ratio']:.2f}x", f"{r['peak_rss_mib']:.1f} MiB", f"{r['small_peak_rss_mib']:.1f} MiB")
-    Console().print(table)
+    Console(width=max(Console().width, 120)).print(table)
     print(json.dumps({"benchmark": "uploads", "size_bytes": size, "results": results, "time": time.time()}))
     return 0
 
