@@ -1,0 +1,167 @@
+"""A big upload through each store (the local store's route, S3 on moto's server, the GCS
+emulator, azurite), as a user makes it: `controlplane put` killed part way, then run again. The
+second run must resume, not restart: the server's plan says what the store holds, and the bytes
+the command reads from the file to send are the rest and no more. The command's memory does not
+grow with the file: its peak RSS is that of a 1 KiB upload's within a few MiB.
+
+Size: `CONTROLPLANE_TEST_BIG_UPLOAD_MB`, 1024 by default, which CI uses: the four took two
+minutes together on a 2-core machine shared with other work (the figures are in
+docs/design/uploads.md). A smaller size keeps 16 parts (of at least 5 MiB). Each store
+runs on SQLite alone (a fresh home under tmp_path, not the `home` fixture): the database holds one
+row here, and tests/test_uploads.py runs the same protocol on both engines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+import anyio.to_thread
+import pytest
+
+from controlplane.settings import Settings
+from tests.cloud import (  # noqa: F401  (fixtures)
+    AWS_ENV,
+    CloudTarget,
+    azure_target,
+    azurite_server,
+    gcs_server,
+    gcs_target,
+    moto_server,
+    s3_target,
+)
+from tests.conftest import FAST, catalog_text
+from tests.measured import MeasuredCli, run_cli
+from tests.test_uploads import MIB, REF, make_file, running
+
+pytestmark = pytest.mark.anyio
+BIG_MB = int(os.environ.get("CONTROLPLANE_TEST_BIG_UPLOAD_MB", "1024"))
+SLACK = 4 * MIB  # what else the command reads besides the file (modules imported on one path only)
+
+
+@pytest.fixture(params=["local", "s3", "gcs", "azure"])
+def store(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> CloudTarget:
+    """Each store in turn, as the default object store; a cloud's SDK pointed at its emulator."""
+    if request.param == "local":
+        return CloudTarget("local", (tmp_path / "objects").as_uri())
+    if request.param == "s3":
+        target = s3_target(request.getfixturevalue("moto_server"))
+    elif request.param == "gcs":
+        target = gcs_target(request.getfixturevalue("gcs_server"), tmp_path)
+    else:
+        target = azure_target(request.getfixturevalue("azurite_server"))
+    for k, v in {**AWS_ENV, **target.env}.items():
+        monkeypatch.setenv(k, v)
+    return target
+
+
+def already_there(plan: dict[str, object], size: int) -> int:
+    """The bytes a resumed plan says the store holds."""
+    if "received_bytes" in plan:
+        return int(plan["received_bytes"])  # type: ignore[call-overload]
+    part = int(plan["part_size"])  # type: ignore[call-overload]
+    return sum(min(part, size - (n - 1) * part) for n in plan["parts_done"])  # type: ignore[attr-defined]
+
+
+def kill_part_way(cli: MeasuredCli, read_before: int, size: int) -> None:
+    """Kill the command once it has hashed the file and read 40% of it again to send it."""
+    deadline = time.monotonic() + 900
+    while cli.read_bytes_so_far() < read_before + size + size * 2 // 5:
+        assert cli.proc.poll() is None, f"put ended before it could be interrupted: {cli.proc.communicate()}"
+        assert time.monotonic() < deadline, "put did not get 40% of the way in 15 minutes"
+        time.sleep(0.02)
+    cli.kill()
+
+
+async def test_a_big_upload_killed_part_way_resumes_in_constant_memory(store: CloudTarget, tmp_path: Path) -> None:
+    size = BIG_MB * MIB + 3  # an odd size: the last part is short
+    part = max(5, BIG_MB // 16) * MIB
+    big, small = tmp_path / "big.bin", tmp_path / "small.bin"
+    big_sha = make_file(big, size, b"big")
+    make_file(small, 1024, b"small")
+    settings = Settings(home=tmp_path / "home", **FAST, auth_tokens="tok-a=alice", upload_single_max_bytes=part,
+                        object_store_url=store.url)
+    async with running(settings) as (cp, server, agent):
+        args = ["--url", server.url, "--token", "tok-a"]
+        baseline = await anyio.to_thread.run_sync(lambda: run_cli(["put", str(small), *args]))
+        assert baseline.returncode == 0 and REF.search(baseline.stdout), baseline.stderr
+
+        first = MeasuredCli(["put", str(big), *args])
+        await anyio.to_thread.run_sync(lambda: kill_part_way(first, baseline.read_bytes, size))
+        pending = await agent.call("create_upload", name="big.bin", size_bytes=size, sha256=big_sha)
+        assert pending["resumed"] and pending["state"] == "pending"
+        held = already_there(pending["plan"], size)
+        assert held >= part, f"the store holds {held} bytes of {size} after 40% was sent"
+
+        second = await anyio.to_thread.run_sync(lambda: run_cli(["put", str(big), *args]))
+        assert second.returncode == 0, second.stderr
+        m = REF.search(second.stdout)
+        assert m and m.group(1) == pending["upload_id"], second.stdout
+        assert "resuming " + pending["upload_id"] in second.stderr, second.stderr
+        sent = second.read_bytes - baseline.read_bytes - size  # less its hashing pass
+        assert size - held - SLACK <= sent <= size - held + SLACK, (sent, size, held)
+        grown = second.peak_rss_mib - baseline.peak_rss_mib
+        assert grown < 5, f"peak RSS {second.peak_rss_mib:.1f} MiB for {BIG_MB} MiB, {baseline.peak_rss_mib:.1f} for 1 KiB"
+
+        print(f"{store.name}: {BIG_MB} MiB, {held} bytes kept, resumed run sent {sent}, peak RSS "
+              f"{second.peak_rss_mib:.1f} MiB against {baseline.peak_rss_mib:.1f} MiB for 1 KiB")
+        done = await agent.call("complete_upload", upload_id=pending["upload_id"])
+        assert done["state"] == "complete" and done["sha256"] == big_sha and done["size_bytes"] == size
+        assert re.fullmatch(r"upload://upl_\w+", done["reference"])
+        cp.object_stores.default.delete_prefix(f"uploads/{done['upload_id']}/")  # the emulators hold it in memory
+    big.unlink()
+
+
+# ---- the runner materializing a big input ----------------------------------------------------------
+def runner_peak_after_materializing(jobs: Path, seen: set[Path]) -> float:
+    """The peak RSS (MiB) of the next job's runner, read from /proc once its console says the
+    inputs are materialized, until it exits (the last reading: VmHWM only grows)."""
+    deadline = time.monotonic() + 300
+    while not (new := [p for p in jobs.glob("*/runner.pid") if p.parent not in seen]):
+        assert time.monotonic() < deadline, "no runner started"
+        time.sleep(0.01)
+    job = new[0].parent
+    seen.add(job)
+    pid = json.loads(new[0].read_text())["pid"]
+    peak = 0.0
+    while time.monotonic() < deadline:
+        console = job / "console.log"
+        materialized = console.exists() and "input file(s) materialized" in console.read_text(errors="replace")
+        try:
+            hwm = [ln for ln in Path(f"/proc/{pid}/status").read_text().splitlines() if ln.startswith("VmHWM:")]
+        except OSError:
+            hwm = []
+        if not hwm:
+            break  # gone, or a zombie: the last reading stands
+        if materialized:
+            peak = int(hwm[0].split()[1]) / 1024
+        time.sleep(0.02)
+    assert peak, "the runner exited before it was seen after materializing its input"
+    return peak
+
+
+async def test_the_runner_materializes_a_big_input_in_constant_memory(tmp_path: Path) -> None:
+    from tests.test_references import DIGEST, result
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "catalog.toml").write_text(catalog_text() + DIGEST.replace("max_input_file_mb = 1", "max_input_file_mb = 512"))
+    settings = Settings(home=home, **FAST, auth_tokens="tok-a=alice")
+    sizes = {"small": 1024, "big": 256 * MIB}
+    async with running(settings) as (_cp, server, agent):
+        peaks: dict[str, float] = {}
+        seen: set[Path] = set()
+        for name, size in sizes.items():
+            path = tmp_path / f"{name}.bin"
+            sha = make_file(path, size, name.encode())
+            put = await anyio.to_thread.run_sync(run_cli, ["put", str(path), "--url", server.url, "--token", "tok-a"])
+            m = REF.search(put.stdout)
+            assert put.returncode == 0 and m, put.stderr
+            task_id = await agent.submit("digest", inputs={"data": f"upload://{m.group(1)}"})
+            peaks[name] = await anyio.to_thread.run_sync(lambda: runner_peak_after_materializing(home / "jobs", seen))
+            assert await result(agent, task_id) == {"size_bytes": size, "sha256": sha, "path_is_local": True}
+        print(f"runner peak RSS: {peaks['big']:.1f} MiB with a 256 MiB input, {peaks['small']:.1f} MiB with 1 KiB")
+        assert peaks["big"] - peaks["small"] < 5, peaks
