@@ -82,6 +82,7 @@ class Runner:
         self.claim_wait_s = float(env.get("CONTROLPLANE_CLAIM_WAIT_S", "60"))
         store_url = env.get("CONTROLPLANE_STORE_URL")
         self.store_url = store_url
+        self.file_inputs = env.get(materialize.INPUT_FILES_ENV) == "1"  # the launch says the task has some
         self.store: ObjectStore | None = None
         self.stop_requested = threading.Event()
         self.signalled = False  # a stop signal arrived (`stop_signalled`)
@@ -276,7 +277,7 @@ class Runner:
     def _materialize(self, inputs: dict[str, Any], workdir: Path) -> None:
         """The files the inputs refer to, made local (`controlplane_runner.materialize`): read
         through the runner's own store access, or through grants the control plane signs."""
-        if self.store is None:
+        if self.store is None or not self.file_inputs:
             return
         files = materialize.manifest(self.store, self.ref)
         if files:
