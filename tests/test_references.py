@@ -130,6 +130,24 @@ async def test_references_admission_refuses(settings: Settings) -> None:
             assert err["code"] == "INVALID_REQUEST" and "inputs.data" in err["message"], err
 
 
+async def test_an_input_that_cannot_be_read_ends_the_task_with_a_fixed_documented_error(settings: Settings) -> None:
+    """The runner refuses bytes other than admission recorded: the client sees INPUTS_UNREADABLE
+    and a fixed message; what the runner met is in the task's log only."""
+    async with running(settings) as (cp, _server, agent):
+        ref = await upload(agent, "t.bin", b"the bytes admission saw")
+        row = cp.store.uploads.get(ref.removeprefix("upload://"))
+        assert row is not None  # changed in the store once complete (admission reads the row, not the bytes)
+        cp.object_stores.get(row.store_url).put_bytes(row.storage_key, b"tampered after completion", overwrite=True)
+        tid = await agent.submit("digest", inputs={"data": ref})
+        st = await agent.wait(tid)
+        assert st["state"] == "failed", st
+        assert st["error"] == {"code": "INPUTS_UNREADABLE", "message": "the task's inputs could not be read before "
+                               "the tool started (the task's log says why)"}, st["error"]
+        assert (await agent.call("get_task_result", task_id=tid))["error"] == st["error"]
+        lines = [ln["message"] for ln in await agent.all_logs(tid)]
+        assert any(ln.startswith("cannot read inputs: InputMismatch: input data:") for ln in lines), lines
+
+
 async def test_an_operator_allowed_url_prefix_is_a_reference(settings: Settings, tmp_path: Path) -> None:
     allowed = settings.model_copy(update={"input_url_prefixes": "https://data.example.org/public/"})
     async with running(allowed) as (_cp, _server, alice):

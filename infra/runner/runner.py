@@ -188,7 +188,10 @@ class Runner:
             inputs = self._fetch_inputs()
             self._materialize(inputs, workdir)
         except Exception as e:  # noqa: BLE001 - reported as the job's failure, never swallowed
-            return self._finish(started, exit_code=None, signal_name=None, error=f"cannot read inputs: {e}",
+            why = f"{events.INPUTS_UNREADABLE}: {type(e).__name__}: {e}"  # the task's log only
+            print(why, file=sys.stderr, flush=True)
+            self.reporter.emit(events.log(why, stream=events.STDERR, level=events.ERROR))
+            return self._finish(started, exit_code=None, signal_name=None, error=events.INPUTS_UNREADABLE,
                                 result=None, artifacts=[])
         inputs_file.write_text(json.dumps(inputs))
         if self.stopping:  # stopped before the tool started: do not start it
