@@ -175,6 +175,28 @@ async def test_an_expired_upload_stays_while_a_task_that_can_run_refers_to_it(se
         assert cp.store.uploads.get(upload_id) is None
 
 
+async def test_an_expired_task_stays_while_a_task_that_can_run_refers_to_its_artifact(settings: Settings) -> None:
+    """Retention's sweep past the source task's ttl leaves it (and the artifact's object) while
+    a waiting child refers to the artifact; the child then reads it, and the next sweep expires
+    the source."""
+    async with running(settings) as (cp, _server, agent):
+        source = await agent.submit("exercise", inputs={"artifact_names": ["out.txt"]}, ttl_s=60)
+        assert (await agent.wait(source))["state"] == "succeeded"
+        blocker = await agent.submit("exercise", inputs={"sleep_s": 2})
+        child = await agent.submit("digest", inputs={"data": f"artifact://{source}/out.txt"}, after=[blocker])
+        assert (await agent.call("get_task_status", task_id=child))["state"] == "waiting"
+        art = next(a for a in cp.store.artifacts.of(source) if a.name == "out.txt")
+        objects = cp.object_stores.get(art.store_url)
+        later = time.time() + 61
+        swept = cp.reconciler.retention.sweep(later)
+        assert (await agent.call("get_task_status", task_id=source))["state"] == "succeeded", swept
+        assert objects.stat(art.storage_key) is not None
+        assert (await result(agent, child))["size_bytes"] == art.size_bytes
+        cp.reconciler.retention.sweep(later)
+        assert (await agent.call("get_task_status", task_id=source))["state"] == "expired", "gone once no task can run"
+        assert objects.stat(art.storage_key) is None
+
+
 async def test_an_artifact_of_a_running_parent_is_resolved_when_the_child_is_released(settings: Settings) -> None:
     async with running(settings) as (_cp, _server, agent):
         parent = await agent.submit("exercise", inputs={"sleep_s": 1.5, "artifact_names": ["out.txt"]})
