@@ -148,6 +148,29 @@ async def test_an_input_that_cannot_be_read_ends_the_task_with_a_fixed_documente
         assert any(ln.startswith("cannot read inputs: InputMismatch: input data:") for ln in lines), lines
 
 
+async def test_input_files_must_fit_the_scratch_disk(home: Path) -> None:
+    """The files a submit refers to live on its job's scratch disk: more than the task's
+    `resources.scratch_mb`, or than its resource class allows, is refused with the sizes."""
+    home.mkdir(parents=True, exist_ok=True)
+    big_tool = DIGEST.replace("[tools.digest", "[tools.digest_big").replace("max_input_file_mb = 1", "max_input_file_mb = 8")
+    (home / "catalog.toml").write_text(catalog_text() + big_tool + "\n[resource_classes.tiny_disk]\nmax_concurrency = 1\n"
+                                       "max_queue_length = 10\ncpu = 1\nmemory_mb = 512\nscratch_mb = 2\n")
+    async with running(Settings(home=home, **FAST, auth_tokens="tok-a=alice")) as (_cp, _server, agent):
+        ref = await upload(agent, "big.bin", b"x" * (3 * MIB + 1))
+        asked = await agent.error("submit_task", tool_name="digest_big", inputs={"data": ref},
+                                  resources={"scratch_mb": 2})
+        assert asked["code"] == "INVALID_REQUEST", asked
+        assert asked["message"] == (f"the input files take {3 * MIB + 1} bytes (4 MiB: inputs.data {3 * MIB + 1} "
+                                    "bytes), more than resources.scratch_mb=2"), asked
+        assert "at least 4" in asked["hint"]
+        capped = await agent.error("submit_task", tool_name="digest_big", inputs={"data": ref},
+                                   resources={"resource_class": "tiny_disk"})
+        assert capped["code"] == "INVALID_REQUEST" and "resource class 'tiny_disk'" in capped["message"], capped
+        # Nothing asked and no cap: admitted (the job's disk is the provider's default).
+        ok = await agent.submit("digest_big", inputs={"data": ref})
+        assert (await result(agent, ok))["size_bytes"] == 3 * MIB + 1
+
+
 async def test_an_operator_allowed_url_prefix_is_a_reference(settings: Settings, tmp_path: Path) -> None:
     allowed = settings.model_copy(update={"input_url_prefixes": "https://data.example.org/public/"})
     async with running(allowed) as (_cp, _server, alice):
