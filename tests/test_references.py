@@ -2,8 +2,10 @@
 upload (`create_upload`, PUT, `complete_upload`) handed to a tool whose schema marks a file field,
 the tool reading a local file its runner fetched and checked; a chain of tasks each reading the
 previous one's artifact by `artifact://`; what admission refuses (another caller's object
-answers NOT_FOUND exactly as a missing one); retention keeping an expired upload that a task
-which can still run refers to; and the same chain on AWS Batch on moto, the store on moto's S3."""
+answers NOT_FOUND exactly as a missing one, files that cannot fit the scratch disk); an input
+that cannot be read (INPUTS_UNREADABLE, its reason in the log only); retention keeping an expired
+upload, or a task's artifact, that a task which can still run refers to; and a chain of three
+with the store on the GCS emulator and on azurite, and on AWS Batch on moto with moto's S3."""
 
 from __future__ import annotations
 
@@ -20,11 +22,12 @@ from fastmcp import Client
 
 from controlplane.app import ControlPlane
 from controlplane.mcp.server import build_server
+from controlplane.objectstore.base import open_store
 from controlplane.references import file_fields
 from controlplane.settings import Settings
 from tests import aws
 from tests.aws import moto  # noqa: F401  (fixture)
-from tests.cloud import moto_server  # noqa: F401  (fixture)
+from tests.cloud import CloudTarget, azurite_server, cloud, gcs_server, moto_server  # noqa: F401  (fixtures)
 from tests.conftest import FAST, Agent, catalog_text, serving
 from tests.test_uploads import aput
 
@@ -237,6 +240,35 @@ async def test_an_artifact_of_a_running_parent_is_resolved_when_the_child_is_rel
         await agent.call("cancel_task", task_id=other)
 
 
+# ---- the store on the GCS emulator and on azurite (the job on the local provider) -----------------
+@pytest.mark.parametrize("cloud", ["gcs", "azure"], indirect=True)
+async def test_an_upload_and_an_artifact_are_read_through_gcs_and_azure(home: Path, cloud: CloudTarget) -> None:
+    """The object store is the point: an upload sent by its plan, then a chain of three tasks each
+    reading the previous one's artifact, every file fetched by the runner from that store."""
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "catalog.toml").write_text(catalog_text() + DIGEST)
+    body = hashlib.sha256(cloud.name.encode()).digest() * 2048  # 64 KiB
+    async with running(Settings(home=home, **FAST, auth_tokens="tok-a=alice", object_store_url=cloud.url)) \
+            as (cp, _server, agent):
+        up = await agent.call("create_upload", name="in.bin", size_bytes=len(body),
+                              sha256=hashlib.sha256(body).hexdigest())
+        assert up["plan"]["form"] == "single"
+        r = await aput(up["plan"]["url"], content=body, headers=up["plan"].get("headers") or {})
+        assert r.status_code in (200, 201), r.text
+        await agent.call("complete_upload", upload_id=up["upload_id"])
+        row = cp.store.uploads.get(up["upload_id"])
+        assert row is not None and open_store(cloud.url).stat(row.storage_key) is not None  # in that store
+        first = await agent.submit("digest", inputs={"data": up["reference"], "suffix": "1"})
+        second = await agent.submit("digest", inputs={"data": f"artifact://{first}/out.bin", "suffix": "2"},
+                                    after=[first])
+        third = await agent.submit("digest", inputs={"data": f"artifact://{second}/out.bin"}, after=[second])
+        assert (await result(agent, first))["sha256"] == hashlib.sha256(body).hexdigest()
+        assert (await result(agent, second))["sha256"] == hashlib.sha256(body + b"1").hexdigest()
+        assert (await result(agent, third))["sha256"] == hashlib.sha256(body + b"12").hexdigest()
+        art = next(a for a in cp.store.artifacts.of(second) if a.name == "out.bin")
+        assert open_store(cloud.url).stat(art.storage_key) is not None
+
+
 # ---- on a cloud fake: AWS Batch on moto, the store on moto's S3 ----------------------------------
 @pytest.mark.parametrize("access", ["identity", "grants"])
 async def test_an_upload_and_an_artifact_reach_a_batch_job_through_s3(moto: str, home: Path, access: str) -> None:  # noqa: F811
@@ -269,8 +301,13 @@ async def test_an_upload_and_an_artifact_reach_a_batch_job_through_s3(moto: str,
                 assert r.status_code in (200, 201), r.text
             await agent.call("complete_upload", upload_id=up["upload_id"])
             first = await agent.submit("digest", inputs={"data": up["reference"], "suffix": "!"})
-            second = await agent.submit("digest", inputs={"data": f"artifact://{first}/out.bin"}, after=[first])
+            second = await agent.submit("digest", inputs={"data": f"artifact://{first}/out.bin", "suffix": "?"},
+                                        after=[first])
+            third = await agent.submit("digest", inputs={"data": f"artifact://{second}/out.bin"}, after=[second])
             assert (await result(agent, first))["sha256"] == hashlib.sha256(body).hexdigest()
             assert (await result(agent, second))["sha256"] == hashlib.sha256(body + b"!").hexdigest()
-            env = executor.envs[f"cp-{second.removeprefix('tsk_')}-a1"]
-            assert (env.get("CONTROLPLANE_STORE_ACCESS") == "grants") == (access == "grants")
+            assert (await result(agent, third))["sha256"] == hashlib.sha256(body + b"!?").hexdigest()
+            for tid in (first, second, third):
+                env = executor.envs[f"cp-{tid.removeprefix('tsk_')}-a1"]
+                assert (env.get("CONTROLPLANE_STORE_ACCESS") == "grants") == (access == "grants")
+                assert env.get("CONTROLPLANE_INPUT_FILES") == "1"  # it has file inputs: the runner reads them
