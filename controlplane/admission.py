@@ -23,7 +23,7 @@ from controlplane.identity import team_for_new_task
 from controlplane.launch import check_scratch
 from controlplane.limits import Limits
 from controlplane.prices import Pricing
-from controlplane.references import Resolver
+from controlplane.references import Resolver, check_fits
 from controlplane.settings import Settings
 from controlplane.store import NewTask
 from controlplane.store.tasks import Guards
@@ -70,6 +70,7 @@ class Admission:
                                     ("gpu", res.gpu, rc.gpu)):
             if asked is not None and asked > limit:
                 raise invalid(f"resources.{field}={asked} exceeds resource class '{rc_name}' limit of {limit}")
+        check_fits(refs, res.scratch_mb, rc.scratch_mb, rc_name)  # the files live on the scratch disk
         check_scratch(self.providers, self.catalog, tool.name, rc_name, res.scratch_mb)
         max_runtime = res.max_runtime_s or tool.default_runtime_s
         if max_runtime > tool.max_runtime_s:

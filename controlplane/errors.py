@@ -43,6 +43,9 @@ class TaskErrorCode(StrEnum):
     WORKER_LOST = "WORKER_LOST"  # the job vanished or stopped heartbeating, retries exhausted
     LAUNCH_FAILED = "LAUNCH_FAILED"  # the provider refused to start the job
     DEPENDENCY_FAILED = "DEPENDENCY_FAILED"  # a parent (`after`) failed, timed out, expired or was cancelled
+    # The runner could not read the task's inputs or input files before the tool started (a file
+    # gone, or not the bytes admission recorded): the reason is in the task's log, not the error.
+    INPUTS_UNREADABLE = "INPUTS_UNREADABLE"
     INTERNAL = "INTERNAL"
 
 

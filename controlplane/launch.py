@@ -17,6 +17,7 @@ recognises them:
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -29,6 +30,7 @@ from controlplane.ids import AttemptRef
 from controlplane.settings import Settings
 from controlplane.store.rows import JobRow, TaskRow
 from controlplane_providers.base import LaunchSpec, Provider, ProviderOptions, Shape, TransientProviderError
+from controlplane_runner.materialize import INPUT_FILES_ENV
 
 
 def runner_secret(key: bytes, ref: AttemptRef) -> str:
@@ -71,6 +73,12 @@ def build_launch_spec(task: TaskRow, job: JobRow, catalog: Catalog, settings: Se
         max_runtime_s=int(task.max_runtime_s), resource_class=rc.name,
         options=admitted.placements[job.placement].options,
     )
+
+
+def with_file_inputs(spec: LaunchSpec) -> LaunchSpec:
+    """`spec` for a task whose inputs refer to files: the runner reads `input_files.json` (an
+    object-store GET, or a grant) only when its job says `CONTROLPLANE_INPUT_FILES=1`."""
+    return dataclasses.replace(spec, env={**spec.env, INPUT_FILES_ENV: "1"})
 
 
 def asked_shape(res: dict[str, Any], rc: ResourceClass) -> dict[str, Any]:

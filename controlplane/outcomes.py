@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from controlplane.errors import TaskErrorCode, task_error
 from controlplane.states import TaskState
+from controlplane_runner.events import INPUTS_UNREADABLE
 
 if TYPE_CHECKING:
     from controlplane.catalog import RetryPolicy
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
 # Which budget each retryable failure draws on.
 BUDGET = {"tool_failed": "failure", "worker_lost": "recovery", "launch_failed": "recovery"}
 MAX_BACKOFF_S = 600.0
+INPUTS_UNREADABLE_MESSAGE = ("the task's inputs could not be read before the tool started "
+                             "(the task's log says why)")
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,9 @@ def decide(task: TaskRow, outcome: dict[str, Any], policy: RetryPolicy) -> Decis
         return _retry_or(task, "worker_lost", policy, Decision(TaskState.FAILED, error=lost))
 
     code = outcome.get("exit_code")
+    if outcome.get("error") == INPUTS_UNREADABLE and code is None:  # why is in the task's log, not here
+        err = task_error(TaskErrorCode.INPUTS_UNREADABLE, INPUTS_UNREADABLE_MESSAGE)
+        return _retry_or(task, "tool_failed", policy, Decision(TaskState.FAILED, error=err))
     if outcome.get("error") and code is None:
         message = f"the job failed before the tool ran: {outcome['error']}"
     elif outcome.get("signal"):

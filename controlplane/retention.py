@@ -12,7 +12,8 @@ submit waits behind it). So each cycle:
   tombstones in one short transaction (a log longer than
   LOG_ROWS_PER_TX lines is deleted in slices of that size first, each its own transaction);
 * walks each terminal state's due tasks from a cursor kept between cycles, so the next cycle
-  resumes where this one stopped; a task whose deletion failed (or whose job still runs) is
+  resumes where this one stopped; a task whose deletion failed (or whose job still runs, or
+  whose artifact a task that can still run refers to: `held_artifacts`) is
   left behind the cursor and tried again on the next pass (the next cycle, unless a backlog
   spans several), never skipped;
 * deletes expired uploads, `retention_batch` at a time: each one's object (and what its store
@@ -137,7 +138,10 @@ class Retention:
 
     def _let_go(self, t: Expiring, out: Swept) -> bool:
         """Delete what the task keeps outside its rows: its objects, what its provider keeps of its
-        jobs, and (in slices) a long log. False: not now (retried on the next pass)."""
+        jobs, and (in slices) a long log. False: not now (retried on the next pass), also while
+        a task that can still run refers to one of its artifacts (`held_artifacts`)."""
+        if self.held_artifacts(t.task_id):
+            return False
         try:
             self.object_stores.get(t.store_url).delete_prefix(task_prefix(t.task_id))
             if not self._release(t.task_id):
@@ -199,6 +203,12 @@ class Retention:
         """Whether an expired upload must stay: a task that can still run (not in a final state)
         refers to it (`task_inputs`), so it stays until that task ends."""
         return inputs.held(self.store.db, f"upload://{upload_id}")
+
+    def held_artifacts(self, task_id: str) -> bool:
+        """Whether a finished task must stay past its ttl: a task that can still run (not in a
+        final state) refers to one of its artifacts (`task_inputs`), so the task, its artifacts
+        and their objects stay until that task ends."""
+        return inputs.artifacts_held(self.store.db, task_id)
 
     # ---- purging --------------------------------------------------------------------------------
     def _purge(self, now: float, deadline: float, out: Swept) -> bool:

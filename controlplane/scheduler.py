@@ -31,6 +31,7 @@ import anyio.to_thread
 from controlplane import blocking
 from controlplane.attempts import Attempts
 from controlplane.catalog import Catalog
+from controlplane.launch import with_file_inputs
 from controlplane.objectstore.base import input_files_key, inputs_key
 from controlplane.objectstore.registry import ObjectStores
 from controlplane.ops import logs, metrics, traces
@@ -201,7 +202,8 @@ class Scheduler:
                                                cancelled_error(task.cancel_reason))
             return
         if handle is None:
-            await anyio.to_thread.run_sync(self._write_inputs, task)
+            if await anyio.to_thread.run_sync(self._write_inputs, task):
+                spec = with_file_inputs(spec)
             with traces.launching(task, provider.name, job.job_name):
                 handle = await anyio.to_thread.run_sync(self._launch_if_leading, provider, spec)
         await anyio.to_thread.run_sync(self.store.jobs.record_launch, jid, handle.encode(), self.fence())
@@ -221,9 +223,9 @@ class Scheduler:
         metrics.LAUNCH.labels(provider.name).observe(time.perf_counter() - started)
         return handle
 
-    def _write_inputs(self, task: TaskRow) -> None:
+    def _write_inputs(self, task: TaskRow) -> bool:
         """The attempt's inputs and, when they refer to files, where each file is (what the runner
-        materializes before the tool starts)."""
+        materializes before the tool starts). True: they refer to files."""
         objects = self.object_stores.get(task.store_url)
         objects.put_bytes(inputs_key(task.ref), task.inputs_json.encode(), content_type="application/json",
                           overwrite=True)
@@ -234,3 +236,4 @@ class Scheduler:
         if files:
             objects.put_bytes(input_files_key(task.ref), json.dumps(files).encode(),
                               content_type="application/json", overwrite=True)
+        return bool(files)

@@ -9,6 +9,7 @@ end the task. The grants route refuses other attempts, other tasks and names out
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 import urllib.error
 import urllib.request
@@ -46,6 +47,7 @@ class CallbackSwitch:
 
     def __init__(self) -> None:
         self.target = ""
+        self.posts: list[tuple[str, bytes]] = []  # (path, body) of every call the job made, in order
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -54,6 +56,7 @@ class CallbackSwitch:
 
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("content-length") or 0))
+                outer.posts.append((self.path, body))
                 req = urllib.request.Request(outer.target.rstrip("/") + self.path.removeprefix("/runner/v1"),
                                              data=body, method="POST",
                                              headers={k: v for k, v in self.headers.items() if k.lower() != "host"})
@@ -136,6 +139,17 @@ async def test_a_job_without_credentials_delivers_inputs_events_result_and_artif
     store = grants.cp.object_stores.default
     assert store.stat(result_key(AttemptRef(tid, 1))) is not None  # written by a signed PUT
     assert list(store.list(events_prefix(AttemptRef(tid, 1)))) == []  # the callback took every event
+
+
+async def test_a_job_without_file_inputs_asks_for_no_input_files_grant(grants: Grants) -> None:
+    """The launch tells the runner whether the task has file inputs; without any, it neither
+    asks for `input_files.json` nor reads it."""
+    tid = await grants.agent.submit(inputs={"result": {"ok": 1}})
+    assert (await grants.agent.wait(tid, timeout=60))["state"] == "succeeded"
+    assert "CONTROLPLANE_INPUT_FILES" not in grants.executor.envs[job_name(tid)]
+    asked = [json.loads(body)["names"] for path, body in grants.switch.posts if path.endswith("/grants")]
+    assert asked, "the job asks for grants"
+    assert not [n for names in asked for n in names if n == "input_files.json" or n.startswith("inputs/")], asked
 
 
 async def test_with_the_callback_down_spilled_events_and_the_result_still_end_the_task(grants: Grants) -> None:

@@ -2,8 +2,10 @@
 upload (`create_upload`, PUT, `complete_upload`) handed to a tool whose schema marks a file field,
 the tool reading a local file its runner fetched and checked; a chain of tasks each reading the
 previous one's artifact by `artifact://`; what admission refuses (another caller's object
-answers NOT_FOUND exactly as a missing one); retention keeping an expired upload that a task
-which can still run refers to; and the same chain on AWS Batch on moto, the store on moto's S3."""
+answers NOT_FOUND exactly as a missing one, files that cannot fit the scratch disk); an input
+that cannot be read (INPUTS_UNREADABLE, its reason in the log only); retention keeping an expired
+upload, or a task's artifact, that a task which can still run refers to; and a chain of three
+with the store on the GCS emulator and on azurite, and on AWS Batch on moto with moto's S3."""
 
 from __future__ import annotations
 
@@ -20,11 +22,12 @@ from fastmcp import Client
 
 from controlplane.app import ControlPlane
 from controlplane.mcp.server import build_server
+from controlplane.objectstore.base import open_store
 from controlplane.references import file_fields
 from controlplane.settings import Settings
 from tests import aws
 from tests.aws import moto  # noqa: F401  (fixture)
-from tests.cloud import moto_server  # noqa: F401  (fixture)
+from tests.cloud import CloudTarget, azurite_server, cloud, gcs_server, moto_server  # noqa: F401  (fixtures)
 from tests.conftest import FAST, Agent, catalog_text, serving
 from tests.test_uploads import aput
 
@@ -130,6 +133,47 @@ async def test_references_admission_refuses(settings: Settings) -> None:
             assert err["code"] == "INVALID_REQUEST" and "inputs.data" in err["message"], err
 
 
+async def test_an_input_that_cannot_be_read_ends_the_task_with_a_fixed_documented_error(settings: Settings) -> None:
+    """The runner refuses bytes other than admission recorded: the client sees INPUTS_UNREADABLE
+    and a fixed message; what the runner met is in the task's log only."""
+    async with running(settings) as (cp, _server, agent):
+        ref = await upload(agent, "t.bin", b"the bytes admission saw")
+        row = cp.store.uploads.get(ref.removeprefix("upload://"))
+        assert row is not None  # changed in the store once complete (admission reads the row, not the bytes)
+        cp.object_stores.get(row.store_url).put_bytes(row.storage_key, b"tampered after completion", overwrite=True)
+        tid = await agent.submit("digest", inputs={"data": ref})
+        st = await agent.wait(tid)
+        assert st["state"] == "failed", st
+        assert st["error"] == {"code": "INPUTS_UNREADABLE", "message": "the task's inputs could not be read before "
+                               "the tool started (the task's log says why)"}, st["error"]
+        assert (await agent.call("get_task_result", task_id=tid))["error"] == st["error"]
+        lines = [ln["message"] for ln in await agent.all_logs(tid)]
+        assert any(ln.startswith("cannot read inputs: InputMismatch: input data:") for ln in lines), lines
+
+
+async def test_input_files_must_fit_the_scratch_disk(home: Path) -> None:
+    """The files a submit refers to live on its job's scratch disk: more than the task's
+    `resources.scratch_mb`, or than its resource class allows, is refused with the sizes."""
+    home.mkdir(parents=True, exist_ok=True)
+    big_tool = DIGEST.replace("[tools.digest", "[tools.digest_big").replace("max_input_file_mb = 1", "max_input_file_mb = 8")
+    (home / "catalog.toml").write_text(catalog_text() + big_tool + "\n[resource_classes.tiny_disk]\nmax_concurrency = 1\n"
+                                       "max_queue_length = 10\ncpu = 1\nmemory_mb = 512\nscratch_mb = 2\n")
+    async with running(Settings(home=home, **FAST, auth_tokens="tok-a=alice")) as (_cp, _server, agent):
+        ref = await upload(agent, "big.bin", b"x" * (3 * MIB + 1))
+        asked = await agent.error("submit_task", tool_name="digest_big", inputs={"data": ref},
+                                  resources={"scratch_mb": 2})
+        assert asked["code"] == "INVALID_REQUEST", asked
+        assert asked["message"] == (f"the input files take {3 * MIB + 1} bytes (4 MiB: inputs.data {3 * MIB + 1} "
+                                    "bytes), more than resources.scratch_mb=2"), asked
+        assert "at least 4" in asked["hint"]
+        capped = await agent.error("submit_task", tool_name="digest_big", inputs={"data": ref},
+                                   resources={"resource_class": "tiny_disk"})
+        assert capped["code"] == "INVALID_REQUEST" and "resource class 'tiny_disk'" in capped["message"], capped
+        # Nothing asked and no cap: admitted (the job's disk is the provider's default).
+        ok = await agent.submit("digest_big", inputs={"data": ref})
+        assert (await result(agent, ok))["size_bytes"] == 3 * MIB + 1
+
+
 async def test_an_operator_allowed_url_prefix_is_a_reference(settings: Settings, tmp_path: Path) -> None:
     allowed = settings.model_copy(update={"input_url_prefixes": "https://data.example.org/public/"})
     async with running(allowed) as (_cp, _server, alice):
@@ -157,6 +201,28 @@ async def test_an_expired_upload_stays_while_a_task_that_can_run_refers_to_it(se
         assert cp.store.uploads.get(upload_id) is None
 
 
+async def test_an_expired_task_stays_while_a_task_that_can_run_refers_to_its_artifact(settings: Settings) -> None:
+    """Retention's sweep past the source task's ttl leaves it (and the artifact's object) while
+    a waiting child refers to the artifact; the child then reads it, and the next sweep expires
+    the source."""
+    async with running(settings) as (cp, _server, agent):
+        source = await agent.submit("exercise", inputs={"artifact_names": ["out.txt"]}, ttl_s=60)
+        assert (await agent.wait(source))["state"] == "succeeded"
+        blocker = await agent.submit("exercise", inputs={"sleep_s": 2})
+        child = await agent.submit("digest", inputs={"data": f"artifact://{source}/out.txt"}, after=[blocker])
+        assert (await agent.call("get_task_status", task_id=child))["state"] == "waiting"
+        art = next(a for a in cp.store.artifacts.of(source) if a.name == "out.txt")
+        objects = cp.object_stores.get(art.store_url)
+        later = time.time() + 61
+        swept = cp.reconciler.retention.sweep(later)
+        assert (await agent.call("get_task_status", task_id=source))["state"] == "succeeded", swept
+        assert objects.stat(art.storage_key) is not None
+        assert (await result(agent, child))["size_bytes"] == art.size_bytes
+        cp.reconciler.retention.sweep(later)
+        assert (await agent.call("get_task_status", task_id=source))["state"] == "expired", "gone once no task can run"
+        assert objects.stat(art.storage_key) is None
+
+
 async def test_an_artifact_of_a_running_parent_is_resolved_when_the_child_is_released(settings: Settings) -> None:
     async with running(settings) as (_cp, _server, agent):
         parent = await agent.submit("exercise", inputs={"sleep_s": 1.5, "artifact_names": ["out.txt"]})
@@ -172,6 +238,35 @@ async def test_an_artifact_of_a_running_parent_is_resolved_when_the_child_is_rel
         err = await agent.error("submit_task", tool_name="digest", inputs={"data": f"artifact://{other}/out.txt"})
         assert err["code"] == "NOT_FOUND"
         await agent.call("cancel_task", task_id=other)
+
+
+# ---- the store on the GCS emulator and on azurite (the job on the local provider) -----------------
+@pytest.mark.parametrize("cloud", ["gcs", "azure"], indirect=True)
+async def test_an_upload_and_an_artifact_are_read_through_gcs_and_azure(home: Path, cloud: CloudTarget) -> None:
+    """The object store is the point: an upload sent by its plan, then a chain of three tasks each
+    reading the previous one's artifact, every file fetched by the runner from that store."""
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "catalog.toml").write_text(catalog_text() + DIGEST)
+    body = hashlib.sha256(cloud.name.encode()).digest() * 2048  # 64 KiB
+    async with running(Settings(home=home, **FAST, auth_tokens="tok-a=alice", object_store_url=cloud.url)) \
+            as (cp, _server, agent):
+        up = await agent.call("create_upload", name="in.bin", size_bytes=len(body),
+                              sha256=hashlib.sha256(body).hexdigest())
+        assert up["plan"]["form"] == "single"
+        r = await aput(up["plan"]["url"], content=body, headers=up["plan"].get("headers") or {})
+        assert r.status_code in (200, 201), r.text
+        await agent.call("complete_upload", upload_id=up["upload_id"])
+        row = cp.store.uploads.get(up["upload_id"])
+        assert row is not None and open_store(cloud.url).stat(row.storage_key) is not None  # in that store
+        first = await agent.submit("digest", inputs={"data": up["reference"], "suffix": "1"})
+        second = await agent.submit("digest", inputs={"data": f"artifact://{first}/out.bin", "suffix": "2"},
+                                    after=[first])
+        third = await agent.submit("digest", inputs={"data": f"artifact://{second}/out.bin"}, after=[second])
+        assert (await result(agent, first))["sha256"] == hashlib.sha256(body).hexdigest()
+        assert (await result(agent, second))["sha256"] == hashlib.sha256(body + b"1").hexdigest()
+        assert (await result(agent, third))["sha256"] == hashlib.sha256(body + b"12").hexdigest()
+        art = next(a for a in cp.store.artifacts.of(second) if a.name == "out.bin")
+        assert open_store(cloud.url).stat(art.storage_key) is not None
 
 
 # ---- on a cloud fake: AWS Batch on moto, the store on moto's S3 ----------------------------------
@@ -206,8 +301,13 @@ async def test_an_upload_and_an_artifact_reach_a_batch_job_through_s3(moto: str,
                 assert r.status_code in (200, 201), r.text
             await agent.call("complete_upload", upload_id=up["upload_id"])
             first = await agent.submit("digest", inputs={"data": up["reference"], "suffix": "!"})
-            second = await agent.submit("digest", inputs={"data": f"artifact://{first}/out.bin"}, after=[first])
+            second = await agent.submit("digest", inputs={"data": f"artifact://{first}/out.bin", "suffix": "?"},
+                                        after=[first])
+            third = await agent.submit("digest", inputs={"data": f"artifact://{second}/out.bin"}, after=[second])
             assert (await result(agent, first))["sha256"] == hashlib.sha256(body).hexdigest()
             assert (await result(agent, second))["sha256"] == hashlib.sha256(body + b"!").hexdigest()
-            env = executor.envs[f"cp-{second.removeprefix('tsk_')}-a1"]
-            assert (env.get("CONTROLPLANE_STORE_ACCESS") == "grants") == (access == "grants")
+            assert (await result(agent, third))["sha256"] == hashlib.sha256(body + b"!?").hexdigest()
+            for tid in (first, second, third):
+                env = executor.envs[f"cp-{tid.removeprefix('tsk_')}-a1"]
+                assert (env.get("CONTROLPLANE_STORE_ACCESS") == "grants") == (access == "grants")
+                assert env.get("CONTROLPLANE_INPUT_FILES") == "1"  # it has file inputs: the runner reads them

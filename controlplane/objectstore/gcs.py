@@ -298,14 +298,18 @@ class GcsObjectStore(ObjectStore):
         }
         return self._sign(key, kwargs)
 
-    def signed_put(self, key: str, *, expires_in: int) -> SignedRequest:
+    def signed_put(self, key: str, *, expires_in: int, content_type: str | None = None) -> SignedRequest:
         """A V4 signed PUT (the XML API's single-request upload). The signature covers
-        `x-goog-if-generation-match: 0`, so the upload must send it, and GCS refuses a second one."""
+        `x-goog-if-generation-match: 0`, so the upload must send it, and GCS refuses a second one;
+        with `content_type`, it covers `Content-Type` too: the object gets that type, no other."""
         check_key(key)
         headers = {"x-goog-if-generation-match": "0"}
-        url = self._sign(key, {"version": "v4", "method": "PUT", "headers": dict(headers),  # the library adds Host to it
-                               "expiration": datetime.timedelta(seconds=min(int(expires_in), self.max_url_ttl_s))})
-        return SignedRequest("PUT", url, headers)
+        kwargs: dict[str, Any] = {"version": "v4", "method": "PUT", "headers": dict(headers),  # the library adds Host
+                                  "expiration": datetime.timedelta(seconds=min(int(expires_in), self.max_url_ttl_s))}
+        if content_type:
+            kwargs["content_type"] = content_type
+            headers["Content-Type"] = content_type
+        return SignedRequest("PUT", self._sign(key, kwargs), headers)
 
     # ---- uploads a caller sends (`controlplane.service.uploads`) ------------------------------
     def upload_plan(self, key: str, *, size_bytes: int, content_type: str, expires_in: int,
@@ -314,7 +318,7 @@ class GcsObjectStore(ObjectStore):
         opens (its URI is the session, and the credential: GCS keeps it a week), taking
         `Content-Range` chunks of a multiple of 256 KiB, with what GCS holds of it already."""
         if size_bytes <= single_max:
-            put = self.signed_put(key, expires_in=expires_in)
+            put = self.signed_put(key, expires_in=expires_in, content_type=content_type)
             return {"form": "single", **put.as_dict()}, None
         if session is None:
             session = str(self._blob(key).create_resumable_upload_session(

@@ -101,3 +101,8 @@ def first_missing(db: Database, c: Any, rows: Sequence[InputRow]) -> tuple[str, 
 def held(db: Database, ref: str) -> bool:
     """Whether a task that can still run refers to `ref`."""
     return bool(db.fetch(q.REF_HELD, {"ref": ref}))
+
+
+def artifacts_held(db: Database, task_id: str) -> bool:
+    """Whether a task that can still run refers to an artifact of `task_id`."""
+    return bool(db.fetch(q.ARTIFACT_HELD, {"task_id": task_id}))

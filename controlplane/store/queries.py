@@ -13,7 +13,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import and_, bindparam, case, delete, exists, func, insert, or_, select, text, tuple_, update
+from sqlalchemy import (
+    and_,
+    bindparam,
+    case,
+    delete,
+    exists,
+    func,
+    insert,
+    literal,
+    or_,
+    select,
+    text,
+    tuple_,
+    update,
+)
 
 from controlplane import states
 from controlplane.states import JobState, TaskState
@@ -240,6 +254,12 @@ DELETE_TASK_INPUTS = delete(TI).where(TI.c.task_id == _bp("task_id"))
 # Whether a task that can still run (not yet in a final state) refers to `ref` (ix_task_inputs_ref).
 REF_HELD = (select(TI.c.task_id).select_from(TI.join(T, T.c.task_id == TI.c.task_id))
             .where(TI.c.ref == _bp("ref"), or_(*(T.c.state == s for s in IN_FLIGHT_STATES))).limit(1))
+# Whether a task that can still run refers to an artifact of the task `task_id` (by the exact
+# reference `artifact://<task>/<name>`: one lookup of ix_task_inputs_ref per artifact).
+ARTIFACT_HELD = (select(TI.c.task_id)
+                 .select_from(ART.join(TI, TI.c.ref == literal("artifact://") + ART.c.task_id + "/" + ART.c.name)
+                              .join(T, T.c.task_id == TI.c.task_id))
+                 .where(ART.c.task_id == _bp("task_id"), or_(*(T.c.state == s for s in IN_FLIGHT_STATES))).limit(1))
 RESOLVE_TASK_INPUT = update(TI).where(TI.c.task_id == _bp("_task_id"), TI.c.field == _bp("_field")).values(
     store_url=_bp("_store_url"), storage_key=_bp("_storage_key"), size_bytes=_bp("_size"), sha256=_bp("_sha256"))
 

@@ -41,7 +41,8 @@ finished  the attempt's outcome; always the last event of an attempt
                                127 when the tool could not be started; null when it never ran
     signal       str | null    the name of the signal that killed the tool ("SIGKILL")
     error        str | null    what went wrong outside the tool's exit code: inputs that could
-                               not be read, a stop before the start, a result file that is not
+                               not be read (exactly INPUTS_UNREADABLE: why is in a log line
+                               before it), a stop before the start, a result file that is not
                                a JSON object; with exit_code null: the tool never ran
     stop_reason  str | null    why the runner stopped the tool (STOP_REASONS): "cancel" (the
                                callback answered cancel: true), "stale" (the callback answered
@@ -108,6 +109,10 @@ STOP_CANCEL = "cancel"
 STOP_STALE = "stale"
 STOP_SIGNAL = "signal"
 STOP_REASONS = frozenset({STOP_CANCEL, STOP_STALE, STOP_SIGNAL})
+
+# The error of an attempt whose inputs or input files could not be read before the tool started;
+# the reason (the exception) goes only into a log line, never into the outcome the client sees.
+INPUTS_UNREADABLE = "cannot read inputs"
 
 STDOUT = "stdout"
 STDERR = "stderr"

@@ -14,6 +14,9 @@ from typing import IO, Any
 
 from controlplane.objectstore.base import CHUNK, ObjectStore, input_files_key, open_store
 
+# The job's env says whether the task has file inputs ("1"), set by the launch only then: without
+# it the runner does not look for `input_files.json` (no GET of it, no grant asked for it).
+INPUT_FILES_ENV = "CONTROLPLANE_INPUT_FILES"
 Open = Callable[[str, dict[str, Any]], IO[bytes]]  # (field, where its file is) -> a readable stream
 
 

@@ -82,6 +82,7 @@ class Runner:
         self.claim_wait_s = float(env.get("CONTROLPLANE_CLAIM_WAIT_S", "60"))
         store_url = env.get("CONTROLPLANE_STORE_URL")
         self.store_url = store_url
+        self.file_inputs = env.get(materialize.INPUT_FILES_ENV) == "1"  # the launch says the task has some
         self.store: ObjectStore | None = None
         self.stop_requested = threading.Event()
         self.signalled = False  # a stop signal arrived (`stop_signalled`)
@@ -187,7 +188,10 @@ class Runner:
             inputs = self._fetch_inputs()
             self._materialize(inputs, workdir)
         except Exception as e:  # noqa: BLE001 - reported as the job's failure, never swallowed
-            return self._finish(started, exit_code=None, signal_name=None, error=f"cannot read inputs: {e}",
+            why = f"{events.INPUTS_UNREADABLE}: {type(e).__name__}: {e}"  # the task's log only
+            print(why, file=sys.stderr, flush=True)
+            self.reporter.emit(events.log(why, stream=events.STDERR, level=events.ERROR))
+            return self._finish(started, exit_code=None, signal_name=None, error=events.INPUTS_UNREADABLE,
                                 result=None, artifacts=[])
         inputs_file.write_text(json.dumps(inputs))
         if self.stopping:  # stopped before the tool started: do not start it
@@ -276,7 +280,7 @@ class Runner:
     def _materialize(self, inputs: dict[str, Any], workdir: Path) -> None:
         """The files the inputs refer to, made local (`controlplane_runner.materialize`): read
         through the runner's own store access, or through grants the control plane signs."""
-        if self.store is None:
+        if self.store is None or not self.file_inputs:
             return
         files = materialize.manifest(self.store, self.ref)
         if files:
