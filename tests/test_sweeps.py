@@ -190,6 +190,12 @@ async def test_fail_fast_cancels_the_shards_not_yet_ended(home: Path) -> None:
             assert s["sweep_id"] in r["error"]["message"] and "failure policy" in r["error"]["message"]
         assert all(r.started_at is None for r in shards(cp, s["sweep_id"])[2:])  # never ran
 
+        # Two shards failing at once (both slots): the first end stops the sweep, the other counts.
+        both = await sweep(agent, {"list": [{"exit_code": 5}] * 6}, fail_fast=1)
+        st = await finished(agent, both["sweep_id"])
+        assert 1 <= st["counts"].get("failed", 0) <= 2 and sum(st["counts"].values()) == 6
+        assert st["counts"]["failed"] + st["counts"].get("cancelled", 0) == 6 and st["stopped_at"]
+
         # Without fail_fast every shard runs, the failures counted.
         runs = await sweep(agent, {"list": [{"exit_code": 1}, {}, {"exit_code": 2}]})
         st = await finished(agent, runs["sweep_id"])

@@ -106,19 +106,19 @@ class SweepStore:
             if task.after:
                 detail["after"] = list(task.after)
             events.append(event_row(row["task_id"], "submitted", None, row["state"], 1, detail, now))
-        self.db.run_many(c, sq.INSERT_SHARD, rows)
+        self.db.insert_many(c, sq.INSERT_SHARD, rows)
         keys = self.db.rows(c, sq.SHARD_KEYS, {"sweep_id": sweep_id})
         tags = list(dict.fromkeys(new.tags))
-        self.db.run_many(c, q.INSERT_TAGS, [{"task_pk": k["pk"], "tag": t, "owner": new.owner, "submitted_at": now}
+        self.db.insert_many(c, q.INSERT_TAGS, [{"task_pk": k["pk"], "tag": t, "owner": new.owner, "submitted_at": now}
                                             for k in keys for t in tags])
-        self.db.run_many(c, q.INSERT_PARENT, [{"child_id": k["task_id"], "parent_id": p}
+        self.db.insert_many(c, q.INSERT_PARENT, [{"child_id": k["task_id"], "parent_id": p}
                                               for k in keys for p in first.after])
         for k, task, row in zip(keys, shards, rows, strict=True):
             if task.refs:
                 inputs.add(c, k["task_id"], task.refs)
                 if row["state"] == S.QUEUED.value:
                     inputs.resolve_artifacts(self.db, c, k["task_id"])
-        self.w.events(c, events)
+        self.db.insert_many(c, q.INSERT_EVENT, events)
         return SweptIn(SweepRow.from_row({**values, "pk": pk}), True)
 
     def _shard_row(self, c: Connection, task: NewTask, sweep_id: str, shard: int, state: TaskState,
