@@ -200,6 +200,10 @@ async def test_fail_fast_cancels_the_shards_not_yet_ended(home: Path) -> None:
         runs = await sweep(agent, {"list": [{"exit_code": 1}, {}, {"exit_code": 2}]})
         st = await finished(agent, runs["sweep_id"])
         assert st["counts"] == {"failed": 2, "succeeded": 1} and st["stop_reason"] is None
+        # A sweep that has ended is not stopped by a cancel: nothing is left to stop.
+        late = await agent.call("cancel_sweep", sweep_id=runs["sweep_id"])
+        assert late["acknowledged"] is False
+        assert (await agent.call("get_sweep_status", sweep_id=runs["sweep_id"]))["stopped_at"] is None
 
 
 async def test_cancel_sweep_ends_queued_and_running_shards(home: Path) -> None:

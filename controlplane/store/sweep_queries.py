@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import bindparam, func, insert, or_, select, update
+from sqlalchemy import bindparam, exists, func, insert, or_, select, update
 
 from controlplane import states
 from controlplane.states import TaskState
@@ -30,7 +30,11 @@ GET_OWNED_SWEEP = select(SW).where(SW.c.sweep_id == _bp("sweep_id"), SW.c.owner 
 GET_IDEMPOTENT_SWEEP = select(SW).where(SW.c.owner == _bp("owner"), SW.c.tool_name == _bp("tool_name"),
                                         SW.c.idempotency_key == _bp("key"))
 INSERT_SWEEP = insert(SW).returning(SW.c.pk)
-STOP_SWEEP = (update(SW).where(SW.c.sweep_id == _bp("_sid"), SW.c.stopped_at.is_(None))
+# A stop is recorded only on a sweep that has a shard left to stop (one that has ended is done,
+# not stopped).
+STOP_SWEEP = (update(SW).where(SW.c.sweep_id == _bp("_sid"), SW.c.stopped_at.is_(None),
+                               exists().where(T.c.sweep_id == SW.c.sweep_id,
+                                              or_(*(T.c.state == s for s in STOPPABLE))))
               .values(stopped_at=_bp("_at"), stop_reason=_bp("_why")))
 
 # The shards, written in one executemany (no RETURNING), then their keys read back in shard order.
