@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from jsonschema.exceptions import ValidationError as SchemaValidationError
@@ -16,13 +17,14 @@ from jsonschema.exceptions import ValidationError as SchemaValidationError
 from controlplane import api
 from controlplane.budgets import Budgets
 from controlplane.catalog import Catalog
+from controlplane.catalog_models import ResourceClass, ToolSpec
 from controlplane.errors import ControlPlaneError, ErrorCode, invalid, not_found, too_large
 from controlplane.estimates import Estimator
 from controlplane.guards import QueueLength
 from controlplane.identity import team_for_new_task
 from controlplane.launch import check_scratch
 from controlplane.limits import Limits
-from controlplane.prices import Pricing
+from controlplane.prices import Priced, Pricing
 from controlplane.references import Resolver, check_fits
 from controlplane.settings import Settings
 from controlplane.store import NewTask
@@ -48,18 +50,32 @@ class Admission:
     def check(self, caller: str, req: api.SubmitTask) -> tuple[NewTask, Guards]:
         """The task a submit asks for, checked against the catalog and the limits, and the guards
         its write must pass, in the order they run: everything but the write."""
-        tool = self.catalog.tool(req.tool_name)
+        inputs_json = self.checked_inputs(self.tool(req.tool_name).name, req.inputs)  # (checked first, as ever)
+        new = self.task(self.base(caller, req), req.inputs, inputs_json)
+        return new, self.guards(caller, new)
+
+    def tool(self, name: str) -> ToolSpec:
+        """The catalog's tool of that name (INVALID_REQUEST when there is none)."""
+        tool = self.catalog.tool(name)
         if tool is None:
-            raise ControlPlaneError(ErrorCode.INVALID_REQUEST, f"unknown tool '{req.tool_name}'",
+            raise ControlPlaneError(ErrorCode.INVALID_REQUEST, f"unknown tool '{name}'",
                                     hint="list the available tools with tools/list")
-        inputs_json = json.dumps(req.inputs, separators=(",", ":"), sort_keys=True)
+        return tool
+
+    def checked_inputs(self, tool_name: str, inputs: dict[str, Any]) -> str:
+        """The inputs as stored (compact JSON), once within the server's size limit and the tool's
+        schema."""
+        inputs_json = json.dumps(inputs, separators=(",", ":"), sort_keys=True)
         if len(inputs_json.encode()) > self.settings.max_input_bytes:
             raise too_large(f"inputs are {len(inputs_json.encode())} bytes; the limit is {self.settings.max_input_bytes}")
-        self.validate_inputs(req.tool_name, req.inputs)
-        after = self.parents(caller, req.after)
-        refs = self.resolver.resolve(caller, tool.input_schema, req.inputs, tool.max_input_file_mb, after) \
-            if self.resolver is not None else ()
+        self.validate_inputs(tool_name, inputs)
+        return inputs_json
 
+    def base(self, caller: str, req: api.SubmitTask | api.SubmitSweep) -> Base:
+        """What a submit's tasks share, checked: the tool, the tasks they wait for, the queue, the
+        resources and limits of the catalog, the time to keep them."""
+        tool = self.tool(req.tool_name)
+        after = self.parents(caller, req.after)
         res = req.resources or api.Resources()
         rc_name = res.resource_class or tool.resource_class
         rc = self.catalog.resource_classes.get(rc_name)
@@ -78,23 +94,41 @@ class Admission:
         ttl = req.ttl_s or tool.ttl_s or self.settings.default_ttl_s
         if ttl > self.settings.max_ttl_s:
             raise invalid(f"ttl_s={ttl} exceeds the server's max of {self.settings.max_ttl_s}")
-        input_size = tool.input_size(req.inputs)
-        estimate = self.estimator.estimate(tool, input_size)
         resources = {k: v for k, v in res.model_dump().items() if v is not None and k != "resource_class"}
-        # Its cost at the estimated runtime (from the tool's history), where its provider runs it.
-        estimate_cost = self.pricing.estimate(self.pricing.of(tool.name, tool.provider, rc_name, resources), estimate)
-        new = NewTask(
-            owner=str(caller), tool_name=tool.name, inputs_json=inputs_json, input_size=input_size,
-            provider=tool.provider, resource_class=rc_name, priority=req.priority, ttl_s=ttl,
-            idempotency_key=req.idempotency_key, tags=list(req.tags), resources_json=json.dumps(resources),
-            max_runtime_s=max_runtime, max_attempts=tool.retry.max_attempts, estimate_s=estimate,
+        # Its cost per second where its provider runs it (the estimate's price).
+        rate = self.pricing.of(tool.name, tool.provider, rc_name, resources)
+        return Base(caller=str(caller), tool=tool, rc=rc, after=after, resources=resources, ttl=ttl,
+                    max_runtime=max_runtime, rate=rate, priority=req.priority, tags=list(req.tags),
+                    idempotency_key=req.idempotency_key)
+
+    def task(self, base: Base, inputs: dict[str, Any], inputs_json: str | None = None) -> NewTask:
+        """The task of `base` with these inputs, checked against the tool's schema and the
+        server's size limit (unless `inputs_json` says they were), its references resolved, its
+        runtime and cost estimated."""
+        tool = base.tool
+        if inputs_json is None:
+            inputs_json = self.checked_inputs(tool.name, inputs)
+        refs = self.resolver.resolve(base.caller, tool.input_schema, inputs, tool.max_input_file_mb, base.after) \
+            if self.resolver is not None else ()
+        input_size = tool.input_size(inputs)
+        estimate = self.estimator.estimate(tool, input_size)
+        return NewTask(
+            owner=base.caller, tool_name=tool.name, inputs_json=inputs_json, input_size=input_size,
+            provider=tool.provider, resource_class=base.rc.name, priority=base.priority, ttl_s=base.ttl,
+            idempotency_key=base.idempotency_key, tags=base.tags, resources_json=json.dumps(base.resources),
+            max_runtime_s=base.max_runtime, max_attempts=tool.retry.max_attempts, estimate_s=estimate,
             max_recoveries=tool.retry.max_recoveries,
-            store_url=tool.object_store or rc.object_store or "",
-            team=team_for_new_task(caller), estimate_cost=estimate_cost, after=after, refs=refs,
+            store_url=tool.object_store or base.rc.object_store or "",
+            team=team_for_new_task(base.caller), estimate_cost=self.pricing.estimate(base.rate, estimate),
+            after=base.after, refs=refs,
         )
+
+    def guards(self, caller: str, new: NewTask) -> Guards:
+        """The guards a submit's write must pass, in the order they run (`controlplane.guards`)."""
+        rc = self.catalog.resource_classes[new.resource_class]
         limits = self.limits.for_submit(caller)
-        budgets = self.budgets.for_submit(str(caller), req.tags, time.time())
-        return new, (*((limits,) if limits is not None else ()), *budgets, QueueLength(rc.max_queue_length))
+        budgets = self.budgets.for_submit(str(caller), new.tags, time.time())
+        return (*((limits,) if limits is not None else ()), *budgets, QueueLength(rc.max_queue_length))
 
     def parents(self, caller: str, after: list[str]) -> tuple[str, ...]:
         """The tasks a submit waits for, distinct and sorted: at most `max_parents`
@@ -110,12 +144,37 @@ class Admission:
         return found
 
     def validate_inputs(self, tool_name: str, inputs: dict[str, Any]) -> None:
-        """INVALID_REQUEST naming the first offending field (`inputs.<field>`) unless the inputs fit the
-        tool's schema."""
+        """INVALID_REQUEST naming the first offending field (`inputs.<field>`) unless the inputs fit
+        the tool's schema."""
+        found = self.input_error(tool_name, inputs)
+        if found is not None:
+            field, message = found
+            raise invalid(f"{field}: {message}", hint=f"see the input schema of tool '{tool_name}'")
+
+    def input_error(self, tool_name: str, inputs: dict[str, Any]) -> tuple[str, str] | None:
+        """(the first offending field, `inputs.<field>`, and what is wrong with it), or None when
+        the inputs fit the tool's schema."""
         errors = self.catalog.validator(tool_name).errors(inputs)
-        if errors:
-            e: SchemaValidationError = errors[0]
-            where = ".".join(str(p) for p in e.path)
-            field = f"inputs.{where}" if where else "inputs"
-            more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-            raise invalid(f"{field}: {e.message}{more}", hint=f"see the input schema of tool '{tool_name}'")
+        if not errors:
+            return None
+        e: SchemaValidationError = errors[0]
+        where = ".".join(str(p) for p in e.path)
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        return (f"inputs.{where}" if where else "inputs"), f"{e.message}{more}"
+
+
+@dataclass(frozen=True)
+class Base:
+    """What the tasks of one submit share (one task's, or a sweep's shards'), checked."""
+
+    caller: str
+    tool: ToolSpec
+    rc: ResourceClass
+    after: tuple[str, ...]
+    resources: dict[str, Any]
+    ttl: int
+    max_runtime: int
+    rate: Priced  # its shape and its provider's rate, for the estimate's cost
+    priority: int
+    tags: list[str]
+    idempotency_key: str | None

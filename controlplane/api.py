@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from controlplane.states import TaskState
@@ -142,6 +142,9 @@ class ListTasks(_Input):
     parent: Annotated[str | None, StoredText] = Field(default=None, min_length=4, max_length=64,
                                                       description="Only the tasks submitted with this task in their "
                                                                   "`after` (its children)")
+    sweep: Annotated[str | None, StoredText] = Field(default=None, min_length=4, max_length=64,
+                                                     description="Only the shards of this sweep (submit_sweep's "
+                                                                 "sweep_id)")
 
 
 class CancelTask(_Input):
@@ -195,6 +198,68 @@ class CreateUpload(_Input):
 class CompleteUpload(_Input):
     upload_id: str = Field(min_length=5, max_length=40, pattern=r"^upl_[0-9a-z]+$",
                            description="The upload id create_upload returned")
+
+
+SweepId = Annotated[str, Field(min_length=4, max_length=64, description="The sweep id returned by submit_sweep")]
+
+
+class Vary(_Input):
+    """How a sweep's shards differ: exactly one of `list` and `grid`."""
+
+    overrides: list[dict[str, Any]] | None = Field(
+        default=None, alias="list", min_length=1,
+        description="One shard per item, in this order: each an object of inputs that replace the base's")
+    grid: dict[str, Annotated[list[Any], Field(min_length=1)]] | None = Field(
+        default=None, min_length=1,
+        description="One shard per combination of these inputs' values: the product of the lists in the "
+                    "order of the keys as given (the first key varies slowest)")
+
+    @model_validator(mode="after")
+    def _one_form(self) -> Vary:
+        if (self.overrides is None) == (self.grid is None):
+            raise ValueError("give exactly one of list and grid")
+        return self
+
+    def as_json(self) -> dict[str, Any]:
+        """The JSON form as the caller gave it (`{"list": [...]}` or `{"grid": {...}}`)."""
+        return {"list": self.overrides} if self.overrides is not None else {"grid": self.grid}
+
+
+class SubmitSweep(_Input):
+    tool_name: str = Field(min_length=1, max_length=128, description="A tool of the catalog")
+    base_inputs: dict[str, Any] = Field(default_factory=dict, description="The inputs every shard shares")
+    vary: Vary = Field(description='How the shards differ: {"list": [override, ...]} (one shard per override) '
+                       'or {"grid": {"name": [values], ...}} (one shard per combination, first key slowest). A '
+                       "shard's inputs are base_inputs with its override applied (shallow)")
+    resources: Resources | None = Field(default=None, description="Resource requests and limits of every shard")
+    ttl_s: int | None = Field(default=None, ge=60, description="Keep each shard this long after it finishes")
+    idempotency_key: Annotated[str | None, StoredText] = Field(
+        default=None, min_length=1, max_length=200, description="A repeated submit with the same key (per caller and "
+        "tool) returns the existing sweep instead of creating another")
+    priority: int = Field(default=0, ge=-100, le=100, description="Every shard's priority")
+    tags: list[Tag] = Field(default_factory=list, max_length=32, description="Every shard's tags")
+    after: list[TaskId] = Field(default_factory=list, max_length=MAX_PARENTS_ACCEPTED,
+                                description="Tasks every shard waits for (as submit_task's after)")
+    max_parallel: int | None = Field(default=None, ge=1, description="At most this many shards hold a slot at "
+                                     "once (default: as many as the queue gives)")
+    fail_fast: int | None = Field(default=None, ge=1, description="Cancel the shards not yet ended once this "
+                                  "many have failed (after their own retries); default: run them all")
+
+
+class GetSweepStatus(_Input):
+    sweep_id: SweepId
+
+
+class CancelSweep(_Input):
+    sweep_id: SweepId
+    reason: Annotated[str, StoredText] = Field(default="user-request", min_length=1, max_length=500)
+
+
+class GetSweepResult(_Input):
+    sweep_id: SweepId
+    cursor: str | None = Field(default=None, max_length=64, description="next_cursor of the previous page")
+    limit: int = Field(default=50, ge=1, le=200, description="Shards per page")
+    url_ttl_s: int | None = Field(default=None, ge=60, description="Lifetime of the artifact download links")
 
 
 # ---- JSON values ------------------------------------------------------------------------------------

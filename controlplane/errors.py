@@ -34,6 +34,9 @@ class ErrorCode(StrEnum):
     UPLOAD_MISMATCH = "UPLOAD_MISMATCH"
     # complete_upload came before every byte was sent: nothing is lost, send the rest.
     UPLOAD_INCOMPLETE = "UPLOAD_INCOMPLETE"
+    # submit_sweep asked for more shards than CONTROLPLANE_SWEEP_MAX_SHARDS: nothing was written;
+    # the error carries `shards` and `max`.
+    SWEEP_TOO_LARGE = "SWEEP_TOO_LARGE"
 
 
 class TaskErrorCode(StrEnum):

@@ -7,6 +7,8 @@ computation that scales like N^2 is a straight line there); otherwise it is the 
 While the history is short the catalog's figure still weighs in: the fit counts for n / (n + 5)
 of the answer after n runs. Fits are cached per tool and refreshed every `refresh_s` seconds.
 
+A sweep's estimate is its shards' spread over the slots it may hold at once (`sweep_runtime`).
+
 While a task runs, its ETA is the tool's own `eta_s` when it reports one, else an extrapolation
 of its progress percentage, else what is left of the estimate.
 """
@@ -110,3 +112,11 @@ class Estimator:
         if task.estimate_s:
             return round(max(0.0, task.estimate_s - elapsed), 1)
         return None
+
+
+def sweep_runtime(estimates: list[float], slots: int) -> float:
+    """The runtime of a whole sweep from its shards' estimates with `slots` of them at once: the
+    work spread over the slots, and never less than its longest shard."""
+    if not estimates:
+        return 0.0
+    return round(max(max(estimates), sum(estimates) / max(1, slots)), 3)

@@ -39,9 +39,10 @@ class LimitReached(Refused):
 
 @dataclass(frozen=True)
 class QueueLength:
-    """At most `limit` tasks waiting in the task's queue (its resource class). Lock: the queue's,
-    which the scheduler's claims take too. A task that will wait for its parents is in no queue
-    and passes (released, it joins its queue even when full: it was admitted already)."""
+    """At most `limit` tasks waiting in the task's queue (its resource class), counting every task
+    of the submit (a sweep's shards). Lock: the queue's, which the scheduler's claims take too. A
+    task that will wait for its parents is in no queue and passes (released, it joins its queue
+    even when full: it was admitted already)."""
 
     limit: int
 
@@ -52,14 +53,15 @@ class QueueLength:
         if new.after and dependencies.verdict(counts.parents(new.after)) != TaskState.QUEUED:
             return
         waiting = sum(counts.waiting(new.resource_class).values())
-        if waiting >= self.limit:
+        if waiting + new.count > self.limit:
             raise QueueFull(new.resource_class, waiting)
 
 
 @dataclass(frozen=True)
 class CallerLimits:
     """A caller's submits per sliding minute and day, and tasks in flight (None: no limit of that
-    kind; 0 refuses every submit). Lock: one per caller."""
+    kind; 0 refuses every submit), a submit of several tasks (a sweep) counting each. Lock: one
+    per caller."""
 
     per_minute: int | None = None
     per_day: int | None = None
@@ -74,19 +76,19 @@ class CallerLimits:
                                     ("submits_per_day", 86400.0, self.per_day)):
             if limit is None:
                 continue
-            if limit <= 0:
+            if limit < new.count:  # (0 refuses every submit): never room for them all
                 raise LimitReached(name, limit, None)
-            # While the limit-th newest submit is in the window the window is full; one more may
-            # go once it leaves.
-            nth = counts.nth_newest_submit(new.owner, now - window, limit)
+            # While the (limit - count + 1)-th newest submit is in the window there is no room for
+            # `count` more; they may go once it leaves.
+            nth = counts.nth_newest_submit(new.owner, now - window, limit - new.count + 1)
             if nth is not None:
                 raise LimitReached(name, limit, max(0.0, nth + window - now))
         limit = self.in_flight
         if limit is not None:
-            if limit <= 0:
+            if limit < new.count:
                 raise LimitReached("tasks_in_flight", limit, None)
             rows = counts.in_flight(new.owner, limit)
-            if len(rows) >= limit:
+            if len(rows) + new.count > limit:
                 # When one of them may be done: the soonest expected end, from its estimate.
                 ends = [(started or now) + (estimate or 10.0) - now for started, estimate in rows]
                 raise LimitReached("tasks_in_flight", limit, min(300.0, max(1.0, min(ends))))
@@ -95,8 +97,8 @@ class CallerLimits:
 @dataclass(frozen=True)
 class BudgetCheck:
     """At most `amount` spent in [since, until) by `scope` ("owner" or "tag") `subject`, counting
-    what its tasks not yet ended are expected to cost and this task's estimate. Lock: one per
-    budget."""
+    what its tasks not yet ended are expected to cost and this submit's estimate (a sweep's: all
+    its shards'). Lock: one per budget."""
 
     scope: str
     subject: str

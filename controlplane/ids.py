@@ -41,6 +41,11 @@ def new_task_id(now_ms: int | None = None) -> str:
     return "tsk_" + _clock(ms) + _random_token(10)
 
 
+def new_sweep_id(now_ms: int | None = None) -> str:
+    """`swp_` + a task id's clock and randomness: a sweep's id sorts as its submit time does."""
+    return "swp_" + new_task_id(now_ms).removeprefix("tsk_")
+
+
 def new_artifact_id() -> str:
     return "art_" + _random_token()
 

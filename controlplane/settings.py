@@ -172,6 +172,8 @@ class Settings(BaseSettings):
     max_input_bytes: int = 256 * 1024
     # How many tasks a submit may wait for (`after`; docs/design/dependencies.md).
     max_parents: int = Field(default=64, ge=1, le=1000)
+    # How many shards one submit_sweep may make (docs/design/sweeps.md); above it SWEEP_TOO_LARGE.
+    sweep_max_shards: int = Field(default=10_000, ge=1)
     # Prefixes of object-store or https URLs a task's file input may name (comma-separated; empty:
     # none, only upload:// and artifact:// references: docs/design/references.md).
     input_url_prefixes: str = ""

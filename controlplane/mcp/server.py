@@ -131,7 +131,7 @@ def build_server(cp: ControlPlane, *, with_auth: bool = True) -> FastMCP:
         canonical_tool("list_tasks", "Your tasks, newest first, filtered by state, tool, tags and submission "
                        "time, with cursor pagination (an administrator's: anyone's, or everyone's).", api.ListTasks,
                        answers.TaskList, svc.list, default_owner=owner, read_only=True, inline=True,
-                       schema_version=6),  # 2: `owner`; 3: no NUL; 4: `everyone`; 5: outputSchema; 6: `parent`, waiting
+                       schema_version=7),  # 2: `owner`; 3: no NUL; 4: `everyone`; 5: outputSchema; 6: `parent`, waiting; 7: `sweep`
         canonical_tool("cancel_task", "Cancel a task: a queued or waiting task is cancelled at once; a running "
                        "one is stopped (its cloud job or process tree included). cascade=true also cancels the "
                        "tasks waiting for it. Idempotent.", api.CancelTask,
@@ -154,6 +154,26 @@ def build_server(cp: ControlPlane, *, with_auth: bool = True) -> FastMCP:
                        "and sha256 and answers the upload's reference (upload://...).", api.CompleteUpload,
                        uploads.CompletedUpload, svc.complete_upload, default_owner=owner, read_only=False),
         wait_tool(cp, owner),
+        canonical_tool("submit_sweep", "Run one catalog tool over many inputs as one sweep: every shard is a task "
+                       "whose inputs are base_inputs with its override applied (shallow). vary is "
+                       '{"list": [override, ...]} (one shard per item, in order) or {"grid": {"name": [values], '
+                       "...}} (one shard per combination, the first key varying slowest). Every shard is checked "
+                       "like a submit and admitted together or not at all (an invalid shard refuses the sweep, "
+                       "naming the shard and the field). max_parallel caps the shards running at once; fail_fast "
+                       "cancels the rest after that many failed. Answers at once with the sweep id, its shard "
+                       "count and the estimate of the whole.", api.SubmitSweep, answers.SweepAnswer,
+                       svc.submit_sweep, default_owner=owner, read_only=False),
+        canonical_tool("get_sweep_status", "A sweep as one: its shards counted by state, progress (shards ended "
+                       "plus the running ones' percent), ETA, usage and cost so far, and the first failures.",
+                       api.GetSweepStatus, answers.SweepStatus, svc.sweep_status, default_owner=owner,
+                       read_only=True, inline=True),
+        canonical_tool("cancel_sweep", "Cancel every shard of a sweep that has not ended (queued ones at once, "
+                       "running ones stopped) and stop the sweep. Idempotent.", api.CancelSweep,
+                       answers.SweepCancelAnswer, svc.cancel_sweep, default_owner=owner, read_only=False),
+        canonical_tool("get_sweep_result", "A sweep's shards in shard order, page by page: each with its override, "
+                       "state, result, error and artifacts with signed download links. Pass next_cursor back "
+                       "to continue.", api.GetSweepResult, answers.SweepResult, svc.sweep_result,
+                       default_owner=owner, read_only=True),
     ]
     # Before every 2026-07-28 tools/call with arguments, the SDK checks the request's Mcp-Param-*
     # headers against the tool's input schema, which it finds by running a whole tools/list

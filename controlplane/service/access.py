@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from controlplane.errors import ControlPlaneError, ErrorCode, invalid, not_found
 from controlplane.identity import Caller, is_admin, may_cancel, may_read
 from controlplane.store import Store
-from controlplane.store.rows import TaskRow, TaskSummary
+from controlplane.store.rows import SweepRow, TaskRow, TaskSummary
 
 
 class AdminReads:
@@ -102,6 +102,22 @@ class Access:
             return None
         if not may_cancel(caller, found.owner):
             raise ControlPlaneError(ErrorCode.FORBIDDEN, "this task is a teammate's: you may read it, not cancel it",
+                                    hint="ask its owner, or an operator with tasks:admin")
+        return found
+
+    def sweep(self, caller: str, sweep_id: str) -> SweepRow:
+        """The sweep if the caller may read it (as it may its shards: `may_read`), else NOT_FOUND,
+        as for an unknown one."""
+        found = self.store.sweeps.get(sweep_id)
+        if found is None or not may_read(caller, found.owner, found.team):
+            raise not_found("sweep")
+        return found
+
+    def sweep_to_cancel(self, caller: str, sweep_id: str) -> SweepRow:
+        """`sweep`, when the caller may also cancel it; FORBIDDEN for a teammate's."""
+        found = self.sweep(caller, sweep_id)
+        if not may_cancel(caller, found.owner):
+            raise ControlPlaneError(ErrorCode.FORBIDDEN, "this sweep is a teammate's: you may read it, not cancel it",
                                     hint="ask its owner, or an operator with tasks:admin")
         return found
 

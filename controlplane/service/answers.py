@@ -261,3 +261,76 @@ class TimelineEntry(Answer):
     from_state: str | None = Field(alias="from")
     to_state: str | None = Field(alias="to")
     detail: Any
+
+
+# ---- sweeps ---------------------------------------------------------------------------------------
+class SweepAnswer(Answer):
+    """submit_sweep's answer: the sweep, its shards and what the whole should take and cost."""
+
+    sweep_id: str
+    tool_name: str
+    shards: int
+    queue: str
+    submitted_at: str | None
+    max_parallel: int | None
+    fail_fast: int | None
+    estimated_runtime_seconds: Number | None
+    estimated_cost: Money
+    poll_after_ms: int
+    message: str
+    deduplicated: bool | None = None  # only when the idempotency key found an earlier sweep
+
+
+class SweepFailure(Answer):
+    shard: int
+    task_id: str
+    state: TaskState
+    error: TaskError | None
+
+
+class SweepStatus(Answer):
+    """get_sweep_status: the shards' states counted, the whole's progress and ETA, what they used
+    and cost so far, and the first failures."""
+
+    sweep_id: str
+    tool_name: str
+    shards: int
+    counts: dict[str, int] = Field(description="Shards per state (states with none left out)")
+    ended: int
+    done: bool = Field(description="Every shard has ended")
+    percent: Number = Field(description="Shards ended, plus the running shards' own percent, over all shards")
+    eta_s: Number | None
+    submitted_at: str | None
+    stopped_at: str | None
+    stop_reason: str | None
+    max_parallel: int | None
+    fail_fast: int | None
+    usage: UsageFigures
+    estimated_cost: CostSoFar
+    failures: list[SweepFailure] = Field(description="The first shards that failed or timed out (at most 5)")
+    poll_after_ms: int | None
+
+
+class SweepCancelAnswer(Answer):
+    sweep_id: str
+    acknowledged: bool
+    cancelled: int = Field(description="Shards this call cancelled or asked to stop")
+    message: str | None = None  # only when there was nothing left to cancel
+
+
+class ShardResult(Answer):
+    shard: int
+    task_id: str
+    override: dict[str, Any] = Field(description="The inputs this shard changed from the sweep's base_inputs")
+    state: TaskState
+    result: Any
+    error: TaskError | None
+    artifacts: list[Artifact]
+    completed_at: str | None
+
+
+class SweepResult(Answer):
+    sweep_id: str
+    shards: int
+    results: list[ShardResult]
+    next_cursor: str | None

@@ -23,6 +23,7 @@ from controlplane.service.listing import Listing
 from controlplane.service.logs import Logs
 from controlplane.service.reads import Overview, Reads
 from controlplane.service.submit import Submits
+from controlplane.service.sweeps import Sweeps
 from controlplane.service.uploads import Uploads
 from controlplane.service.usage import Costs
 from controlplane.settings import Settings, csv
@@ -65,6 +66,8 @@ class TaskService:
         self.listing = Listing(store, self.access)
         self.cancels = Cancels(store, self.access, wake)
         self.uploads = Uploads(settings, store, object_stores)
+        self.sweeps = Sweeps(settings, store, catalog, self.admission, self.submits, self.reads, self.access,
+                             self.pricing, estimator, wake)
 
     @property
     def same_host(self) -> bool:
@@ -130,6 +133,18 @@ class TaskService:
 
     def cancel(self, caller: str, req: api.CancelTask) -> dict[str, Any]:
         return self.cancels.cancel(caller, req).dump()
+
+    def submit_sweep(self, caller: str, req: api.SubmitSweep) -> dict[str, Any]:
+        return self.sweeps.submit(caller, req).dump()
+
+    def sweep_status(self, caller: str, req: api.GetSweepStatus) -> dict[str, Any]:
+        return self.sweeps.status(caller, req).dump()
+
+    def cancel_sweep(self, caller: str, req: api.CancelSweep) -> dict[str, Any]:
+        return self.sweeps.cancel(caller, req).dump()
+
+    def sweep_result(self, caller: str, req: api.GetSweepResult) -> dict[str, Any]:
+        return self.sweeps.result(caller, req).dump()
 
     def create_upload(self, caller: str, req: api.CreateUpload) -> dict[str, Any]:
         return self.uploads.create(caller, req).dump()

@@ -28,6 +28,8 @@ class Listing:
         after = decode_cursor(req.cursor) if req.cursor else None
         if req.parent is not None:
             self.access.readable(caller, req.parent)  # another's task answers NOT_FOUND, as an unknown one
+        if req.sweep is not None:
+            self.access.sweep(caller, req.sweep)  # likewise another's sweep
         if req.everyone:
             return self._everyone(caller, req, after)
         scope = self.access.list_scope(caller, req.owner)
@@ -36,7 +38,8 @@ class Listing:
         rows = self.store.tasks.list(
             scope.owner, teams=scope.teams, states_=[s.value for s in req.states] if req.states else None,
             tool_name=req.tool_name, tags_any=req.tags_any, submitted_after=epoch(req.submitted_after),
-            submitted_before=epoch(req.submitted_before), after=after, limit=req.limit + 1, parent=req.parent)
+            submitted_before=epoch(req.submitted_before), after=after, limit=req.limit + 1, parent=req.parent,
+            sweep=req.sweep)
         more = len(rows) > req.limit
         rows = rows[: req.limit]
         if scope.audited:
@@ -53,7 +56,7 @@ class Listing:
             states_=[s.value for s in req.states] if req.states else None, tool_name=req.tool_name,
             tags_any=req.tags_any, submitted_after=epoch(req.submitted_after),
             submitted_before=epoch(req.submitted_before), after_pk=after[1] if after else None,
-            limit=req.limit + 1, parent=req.parent)
+            limit=req.limit + 1, parent=req.parent, sweep=req.sweep)
         more = len(found) > req.limit
         found = found[: req.limit]
         self.access.audit.listed(caller, found)

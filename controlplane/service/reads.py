@@ -111,10 +111,13 @@ class Reads:
         return any((p := self.providers.get(n)) is not None and p.supports(Capability.LOG_LINK) for n in names)
 
     def result(self, caller: str, req: api.GetTaskResult) -> TaskResult:
-        task = self.access.readable(caller, req.task_id)
+        return self.result_of(self.access.readable(caller, req.task_id), req.url_ttl_s)
+
+    def result_of(self, task: TaskRow, url_ttl_s: int | None = None) -> TaskResult:
+        """A task's result (no access check: for a task the caller may read)."""
         state = task.state
         done = state in TERMINAL
-        ttl = min(req.url_ttl_s or self.settings.artifact_url_ttl_s, self.settings.max_artifact_url_ttl_s)
+        ttl = min(url_ttl_s or self.settings.artifact_url_ttl_s, self.settings.max_artifact_url_ttl_s)
         artifacts = []
         if done:
             now = time.time()

@@ -16,6 +16,8 @@ network.
     store.callers    limits per caller, open streams                   (callers.py)
     store.usage      usage per attempt, its sums and reports, budgets  (usage.py)
     store.uploads    files callers bring                               (uploads.py)
+    store.sweeps     sweeps: their shards written at once, aggregates,  (sweeps.py)
+                     pages and stops
 
 Statements live in `queries.py`, rows come back as the frozen types of `rows.py`.
 """
@@ -33,6 +35,7 @@ from controlplane.store.jobs import JobStore
 from controlplane.store.leases import Fence, LeaseStore
 from controlplane.store.logs import LogStore
 from controlplane.store.retention import RetentionStore
+from controlplane.store.sweeps import SweepStore
 from controlplane.store.tasks import NewTask, Submitted, TaskStore
 from controlplane.store.uploads import UploadStore
 from controlplane.store.usage import UsageStore
@@ -55,6 +58,8 @@ class Store:
         self.callers = CallerStore(self.writer)
         self.usage = UsageStore(self.writer)
         self.uploads = UploadStore(self.writer)
+        self.sweeps = SweepStore(self.writer)
+        self.writer.on_shard_end = self.sweeps.shard_ended
 
     @contextmanager
     def fenced(self, fence: Fence | None) -> Iterator[None]:

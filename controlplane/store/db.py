@@ -59,6 +59,7 @@ class Database:
         self.rows = self.statements.rows
         self.count = self.statements.count
         self.run_many = self.statements.run_many
+        self.insert_many = self.statements.insert_many
         self.command = self.statements.command
         self._compiled_for = self.statements.compiled_for
 

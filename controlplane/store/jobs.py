@@ -12,6 +12,7 @@ import json
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
+from sqlalchemy import or_
 from sqlalchemy.engine import Connection
 
 from controlplane import ids, states
@@ -19,6 +20,7 @@ from controlplane.states import FINAL, JobState, TaskState
 from controlplane.store import queries as q
 from controlplane.store.leases import Fence, LeaseStore
 from controlplane.store.rows import JobRow, TaskRow, WatchedJob
+from controlplane.store.sweep_slots import MAX_PASSES, SweepSlots
 from controlplane.store.writer import Writer
 
 # The scheduler's choice of placement for a task, (provider, index in its tool's placements),
@@ -68,27 +70,62 @@ class JobStore:
                 free = min(free, limit)
             if free <= 0:
                 return []
-            claimed = []
-            for r in self.db.rows(c, self.next_queued, {"rc": resource_class, "now": now, "lim": free}):
-                task = TaskRow.from_row(r)
-                provider, placement = task.provider, 0
-                if place is not None:
-                    provider, placement = place(task, lambda t=task: [  # type: ignore[misc]
-                        JobRow.from_row(j) for j in self.db.rows(c, q.JOBS_OF_TASK, {"task_id": t.task_id})])
-                job = JobRow(job_id=ids.new_job_id(), task_id=task.task_id, attempt=task.attempt,
-                             provider=provider, resource_class=resource_class,
-                             job_name=task.ref.job_name, state=J.LAUNCHING,
-                             created_at=now, event_seq=0, placement=placement)
-                self.db.run(c, q.INSERT_JOB, {"job_id": job.job_id, "task_id": job.task_id,
-                                              "attempt": job.attempt, "provider": job.provider,
-                                              "resource_class": resource_class, "job_name": job.job_name,
-                                              "state": job.state.value, "created_at": now, "event_seq": 0,
-                                              "placement": placement})
-                task = self.w.transition(c, task, S.SCHEDULED, kind="scheduled",
-                                         detail={"job_id": job.job_id, "job_name": job.job_name},
-                                         values={"scheduled_at": now, "job_id": job.job_id}, now=now)
-                claimed.append((task, job))
-            return claimed
+            return self._claim(c, resource_class, free, now, place)
+
+    def _claim(self, c: Connection, resource_class: str, free: int, now: float,
+               place: Place | None) -> list[tuple[TaskRow, JobRow]]:
+        """Up to `free` queued tasks of the class claimed in order, but no sweep's shard past its
+        sweep's `max_parallel` (those stay queued and hold no slot: the tasks behind them are
+        claimed instead), and a stopped sweep's shard cancelled rather than claimed (one a stop
+        skipped because another transaction held it)."""
+        sweeps = SweepSlots.read(self.db, c, resource_class)
+        claimed: list[tuple[TaskRow, JobRow]] = []
+        for _ in range(MAX_PASSES):  # a pass skips the shards of sweeps at their limit, the next leaves them out
+            params = {"rc": resource_class, "now": now, "lim": free}
+            full = sweeps.full()
+            if full:  # (an IN list: through SQLAlchemy)
+                stmt = self.db.for_update(q.NEXT_QUEUED.where(or_(q.T.c.sweep_id.is_(None),
+                                                                  q.T.c.sweep_id.not_in(full))), skip_locked=True)
+                rows = [TaskRow.from_row(dict(r)) for r in c.execute(stmt, params).mappings()]
+            else:
+                rows = [TaskRow.from_row(r) for r in self.db.rows(c, self.next_queued, params)]
+            sweeps.learn(self.db, c, {t.sweep_id for t in rows if t.sweep_id is not None})
+            skipped = False
+            for task in rows:
+                verdict = sweeps.take(task.sweep_id)
+                if verdict == "skip":
+                    skipped = True
+                    continue
+                if verdict == "stopped" and task.sweep_id is not None:
+                    self.w.transition(c, task, S.CANCELLED, kind="cancelled", detail={"sweep": task.sweep_id},
+                                      values=sweeps.cancel_values(task.sweep_id), now=now)
+                    continue
+                claimed.append(self._claim_one(c, task, resource_class, now, place))
+                free -= 1
+            if not skipped or free <= 0 or not rows:
+                return claimed
+        return claimed
+
+    def _claim_one(self, c: Connection, task: TaskRow, resource_class: str, now: float,
+                   place: Place | None) -> tuple[TaskRow, JobRow]:
+        """The task's launch intent (a job row in `launching`) and its move to `scheduled`."""
+        provider, placement = task.provider, 0
+        if place is not None:
+            provider, placement = place(task, lambda t=task: [  # type: ignore[misc]
+                JobRow.from_row(j) for j in self.db.rows(c, q.JOBS_OF_TASK, {"task_id": t.task_id})])
+        job = JobRow(job_id=ids.new_job_id(), task_id=task.task_id, attempt=task.attempt,
+                     provider=provider, resource_class=resource_class,
+                     job_name=task.ref.job_name, state=J.LAUNCHING,
+                     created_at=now, event_seq=0, placement=placement)
+        self.db.run(c, q.INSERT_JOB, {"job_id": job.job_id, "task_id": job.task_id,
+                                      "attempt": job.attempt, "provider": job.provider,
+                                      "resource_class": resource_class, "job_name": job.job_name,
+                                      "state": job.state.value, "created_at": now, "event_seq": 0,
+                                      "placement": placement})
+        task = self.w.transition(c, task, S.SCHEDULED, kind="scheduled",
+                                 detail={"job_id": job.job_id, "job_name": job.job_name},
+                                 values={"scheduled_at": now, "job_id": job.job_id}, now=now)
+        return task, job
 
     def has_work(self, resource_class: str, capacity: int) -> Literal["full", "idle", "ready"]:
         """"full" (no free slot in the class), "idle" (no queued task ready for one) or "ready":

@@ -1,5 +1,5 @@
 """The tables (sqlmodel): tasks, task_tags, task_events, task_logs, artifacts, jobs, leases, queue_depth,
-caller_limits, caller_streams, attempt_usage, budgets, task_parents, task_inputs.
+caller_limits, caller_streams, attempt_usage, budgets, task_parents, task_inputs, sweeps.
 
 Times are UNIX epoch seconds (float) so that every engine stores and compares them alike.
 JSON columns are text holding JSON. The schema itself is owned by the alembic migrations in
@@ -14,6 +14,8 @@ from sqlmodel import Field, SQLModel
 # The tasks in ix_tasks_state_expires: the ended ones. The queries that read it (`queries.
 # DUE_FOR_EXPIRY`, `DUE_FOR_PURGE`) compare expires_at, which both engines take as implying it.
 EXPIRES_WHERE = "expires_at IS NOT NULL"
+# The tasks in the sweep indexes: a sweep's shards (a query naming a sweep implies it).
+IN_SWEEP = "sweep_id IS NOT NULL"
 
 
 class Task(SQLModel, table=True):
@@ -32,6 +34,11 @@ class Task(SQLModel, table=True):
               postgresql_where=text(EXPIRES_WHERE)),
         # Runtime estimates: a tool's recent successful runs.
         Index("ix_tasks_tool_state", "tool_name", "state", "pk"),
+        # A sweep's shards in shard order (its result's pages), and by state (its status's counts).
+        Index("ix_tasks_sweep_shard", "sweep_id", "shard", unique=True, sqlite_where=text(IN_SWEEP),
+              postgresql_where=text(IN_SWEEP)),
+        Index("ix_tasks_sweep_state", "sweep_id", "state", sqlite_where=text(IN_SWEEP),
+              postgresql_where=text(IN_SWEEP)),
     )
 
     pk: int | None = Field(default=None, primary_key=True)  # submission order (FIFO, cursors)
@@ -84,6 +91,9 @@ class Task(SQLModel, table=True):
     # What the submit estimated the task would cost (`controlplane.prices`; None: unpriced), which
     # budgets count while the task has not ended.
     estimate_cost: float | None = None
+    # The sweep the task is a shard of, and its 0-based index there (None: a task of its own).
+    sweep_id: str | None = Field(default=None, sa_column=Column(String(40)))
+    shard: int | None = None
 
 
 class TaskTag(SQLModel, table=True):
@@ -354,6 +364,39 @@ class TaskInput(SQLModel, table=True):
     storage_key: str = Field(sa_column=Column(Text, nullable=False))  # the key, or the URL itself
     size_bytes: int | None = Field(default=None, sa_column=Column(BigInteger))  # None: unknown until read
     sha256: str | None = Field(default=None, sa_column=Column(String(64)))
+
+
+class Sweep(SQLModel, table=True):
+    """One submit of many tasks of one tool (its shards, each a task with `sweep_id`): the base
+    inputs and how they vary (the JSON `vary` as given, from which each shard's override is
+    derived), its limits and failure policy, and when and why it was stopped (cancel_sweep, or
+    its `fail_fast` tripped)."""
+
+    __tablename__ = "sweeps"
+    __table_args__ = (
+        UniqueConstraint("owner", "tool_name", "idempotency_key", name="uq_sweeps_idempotency"),
+        Index("ix_sweeps_owner", "owner", "created_at", "pk"),
+    )
+
+    pk: int | None = Field(default=None, primary_key=True)
+    sweep_id: str = Field(sa_column=Column(String(40), nullable=False, unique=True))
+    owner: str = Field(sa_column=Column(String(200), nullable=False))
+    team: str | None = Field(default=None, sa_column=Column(String(200)))
+    tool_name: str = Field(sa_column=Column(String(128), nullable=False))
+    resource_class: str = Field(sa_column=Column(String(64), nullable=False))
+    base_inputs_json: str = Field(sa_column=Column(Text, nullable=False))
+    vary_json: str = Field(sa_column=Column(Text, nullable=False))
+    shards: int
+    max_parallel: int | None = None  # shards holding a slot at once (None: as many as the queue gives)
+    fail_fast: int | None = None  # stop after this many failed shards (None: run them all)
+    priority: int
+    tags_json: str = Field(sa_column=Column(Text, nullable=False))
+    idempotency_key: str | None = Field(default=None, sa_column=Column(String(200)))
+    estimate_s: float | None = None  # the whole sweep's, at submit
+    estimate_cost: float | None = None
+    created_at: float
+    stopped_at: float | None = None
+    stop_reason: str | None = Field(default=None, sa_column=Column(String(500)))
 
 
 def table_of(model: type[SQLModel]) -> Table:

@@ -271,7 +271,8 @@ LIST_FIELDS = ("pk", "task_id", "tool_name", "state", "priority", "resource_clas
 
 def list_page(owner: str, *, teams: Sequence[str] | None = None, states_: Sequence[str] | None, tool_name: str | None,
               tags_any: Sequence[str] | None, submitted_after: float | None, submitted_before: float | None,
-              after: tuple[float, int] | None, limit: int, parent: str | None = None) -> list[Any]:
+              after: tuple[float, int] | None, limit: int, parent: str | None = None,
+              sweep: str | None = None) -> list[Any]:
     """The statements of one page of list_tasks, newest first, each walking one index in order
     and stopping after `limit` rows: a filter with several values (tags, states) runs one walk
     per value, and the caller merges them, so that nothing sorts everything that matches."""
@@ -302,6 +303,8 @@ def list_page(owner: str, *, teams: Sequence[str] | None = None, states_: Sequen
             q = q.where(T.c.team.in_(list(teams)))
         if parent is not None:
             q = q.where(children_of(parent))
+        if sweep is not None:
+            q = q.where(T.c.sweep_id == sweep)
         if submitted_after is not None:
             q = q.where(ts >= submitted_after)
         if submitted_before is not None:
@@ -314,7 +317,7 @@ def list_page(owner: str, *, teams: Sequence[str] | None = None, states_: Sequen
 
 def everyone_page(*, states_: Sequence[str] | None, tool_name: str | None, tags_any: Sequence[str] | None,
                   submitted_after: float | None, submitted_before: float | None, after_pk: int | None,
-                  limit: int, parent: str | None = None) -> Any:
+                  limit: int, parent: str | None = None, sweep: str | None = None) -> Any:
     """One page of every owner's tasks (an administrator's list), newest first by submission
     order (`pk`), each row with its owner: a walk of the primary key, backwards, that stops after
     `limit` rows. Every filter is checked on the way, so an index of its own (one more write per
@@ -334,6 +337,8 @@ def everyone_page(*, states_: Sequence[str] | None, tool_name: str | None, tags_
         q = q.where(T.c.pk < after_pk)
     if parent is not None:
         q = q.where(children_of(parent))
+    if sweep is not None:
+        q = q.where(T.c.sweep_id == sweep)
     return q.order_by(T.c.pk.desc()).limit(limit)
 
 

@@ -144,6 +144,8 @@ class TaskRow(_TaskJson, _Row):
     max_recoveries: int = 0
     team: str | None = None  # the team whose members may read it
     estimate_cost: float | None = None  # what the submit estimated it would cost (None: unpriced)
+    sweep_id: str | None = None  # the sweep it is a shard of (None: a task of its own)
+    shard: int | None = None  # its 0-based index in the sweep
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "state", _TASK_STATES[self.state])
@@ -363,3 +365,32 @@ class UploadRow(_Row):
     created_at: float
     expires_at: float
     completed_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class SweepRow(_Row):
+    """A sweep: one submit of `shards` tasks of one tool (`store.sweeps`)."""
+
+    pk: int
+    sweep_id: str
+    owner: str
+    tool_name: str
+    resource_class: str
+    base_inputs_json: str
+    vary_json: str
+    shards: int
+    priority: int
+    tags_json: str
+    created_at: float
+    team: str | None = None
+    max_parallel: int | None = None
+    fail_fast: int | None = None
+    idempotency_key: str | None = None
+    estimate_s: float | None = None
+    estimate_cost: float | None = None
+    stopped_at: float | None = None
+    stop_reason: str | None = None
+
+    @property
+    def tags(self) -> list[str]:
+        return cast("list[str]", json.loads(self.tags_json or "[]"))

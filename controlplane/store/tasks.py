@@ -58,6 +58,9 @@ class NewTask:
     estimate_cost: float | None = None  # what it should cost (`controlplane.prices`; None: unpriced)
     after: tuple[str, ...] = ()  # the tasks it waits for (ids the caller may read), sorted, distinct
     refs: tuple[InputRow, ...] = ()  # the files its inputs refer to, resolved (`controlplane.references`)
+    # How many tasks the guards count this submit as: 1, or a sweep's shards (written at once,
+    # `store.sweeps`), whose `estimate_cost` is then theirs summed.
+    count: int = 1
 
 
 @dataclass(frozen=True)
@@ -222,16 +225,16 @@ class TaskStore:
              tool_name: str | None = None,
              tags_any: Sequence[str] | None = None, submitted_after: float | None = None,
              submitted_before: float | None = None, after: tuple[float, int] | None = None,
-             limit: int = 50, parent: str | None = None) -> builtins.list[TaskSummary]:
+             limit: int = 50, parent: str | None = None, sweep: str | None = None) -> builtins.list[TaskSummary]:
         """Newest first by submission time; `after` = (submitted_at, pk) of the last row of the
         previous page (keyset pagination: a page costs the same wherever it starts). `teams`:
         only the tasks shared with one of these teams; `parent`: only the tasks waiting (or that
-        waited) for it."""
+        waited) for it; `sweep`: only that sweep's shards."""
         rows: dict[int, TaskSummary] = {}
         with self.db.read() as c:
             for stmt in q.list_page(owner, teams=teams, states_=states_, tool_name=tool_name, tags_any=tags_any,
                                     submitted_after=submitted_after, submitted_before=submitted_before,
-                                    after=after, limit=limit, parent=parent):
+                                    after=after, limit=limit, parent=parent, sweep=sweep):
                 result = c.execute(stmt)
                 for r in TaskSummary.many(builtins.list(result.keys()), result.all()):
                     rows.setdefault(r.pk, r)
@@ -240,13 +243,14 @@ class TaskStore:
     def list_everyone(self, *, states_: Sequence[str] | None = None, tool_name: str | None = None,
                       tags_any: Sequence[str] | None = None, submitted_after: float | None = None,
                       submitted_before: float | None = None, after_pk: int | None = None,
-                      limit: int = 50, parent: str | None = None) -> builtins.list[tuple[TaskSummary, str]]:
+                      limit: int = 50, parent: str | None = None,
+                      sweep: str | None = None) -> builtins.list[tuple[TaskSummary, str]]:
         """Every owner's tasks, newest first by submission order (`pk`; `after_pk`: the last row of
         the previous page), each with its owner: an administrator's list."""
         with self.db.read() as c:
             result = c.execute(q.everyone_page(states_=states_, tool_name=tool_name, tags_any=tags_any,
                                                submitted_after=submitted_after, submitted_before=submitted_before,
-                                               after_pk=after_pk, limit=limit, parent=parent))
+                                               after_pk=after_pk, limit=limit, parent=parent, sweep=sweep))
             rows = result.all()
         n = len(q.LIST_FIELDS)
         return [(TaskSummary(*r[:n]), r[n]) for r in rows]

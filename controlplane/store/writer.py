@@ -51,6 +51,8 @@ class Writer:
         self.lock_stmt = db.for_update(q.GET_TASK)
         # Called with a task id after each committed change to the task (state or progress).
         self.on_change: Callable[[str], None] | None = None
+        # Called in the transaction that ends a sweep's shard (`SweepStore.shard_ended`).
+        self.on_shard_end: Callable[[Connection, TaskRow, float], None] | None = None
         self._local = threading.local()
 
     @contextmanager
@@ -144,10 +146,13 @@ class Writer:
                    detail: dict[str, Any] | None = None, values: dict[str, Any] | None = None,
                    now: float) -> TaskRow:
         """The only code that changes tasks.state. A task that ends settles the tasks waiting for
-        it in the same transaction (`settle`)."""
+        it in the same transaction (`settle`), and a sweep's shard that ends tells its sweep
+        (`on_shard_end`: its failure policy)."""
         moved = self.transition_alone(c, task, to, kind=kind, detail=detail, values=values, now=now)
         if to in states.TERMINAL:
             self.settle(c, moved, now)
+            if moved.sweep_id is not None and self.on_shard_end is not None:
+                self.on_shard_end(c, moved, now)
         return moved
 
     def settle(self, c: Connection, ended: TaskRow, now: float) -> None:
