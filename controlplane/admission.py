@@ -51,8 +51,15 @@ class Admission:
         """The task a submit asks for, checked against the catalog and the limits, and the guards
         its write must pass, in the order they run: everything but the write."""
         inputs_json = self.checked_inputs(self.tool(req.tool_name).name, req.inputs)  # (checked first, as ever)
-        new = self.task(self.base(caller, req), req.inputs, inputs_json)
+        base = self.base(caller, req)
+        new = self.task(base, req.inputs, inputs_json)
+        self.check_disk(base)
         return new, self.guards(caller, new)
+
+    def check_disk(self, base: Base) -> None:
+        """INVALID_REQUEST unless every placement of the tool guarantees the scratch disk the
+        submit asks for (checked once per submit, after its tasks' own inputs: may block)."""
+        check_scratch(self.providers, self.catalog, base.tool.name, base.rc.name, base.resources.get("scratch_mb"))
 
     def tool(self, name: str) -> ToolSpec:
         """The catalog's tool of that name (INVALID_REQUEST when there is none)."""
@@ -86,8 +93,6 @@ class Admission:
                                     ("gpu", res.gpu, rc.gpu)):
             if asked is not None and asked > limit:
                 raise invalid(f"resources.{field}={asked} exceeds resource class '{rc_name}' limit of {limit}")
-        check_fits(refs, res.scratch_mb, rc.scratch_mb, rc_name)  # the files live on the scratch disk
-        check_scratch(self.providers, self.catalog, tool.name, rc_name, res.scratch_mb)
         max_runtime = res.max_runtime_s or tool.default_runtime_s
         if max_runtime > tool.max_runtime_s:
             raise invalid(f"resources.max_runtime_s={max_runtime} exceeds the tool's max of {tool.max_runtime_s}")
@@ -110,6 +115,7 @@ class Admission:
             inputs_json = self.checked_inputs(tool.name, inputs)
         refs = self.resolver.resolve(base.caller, tool.input_schema, inputs, tool.max_input_file_mb, base.after) \
             if self.resolver is not None else ()
+        check_fits(refs, base.resources.get("scratch_mb"), base.rc.scratch_mb, base.rc.name)  # on the scratch disk
         input_size = tool.input_size(inputs)
         estimate = self.estimator.estimate(tool, input_size)
         return NewTask(

@@ -73,6 +73,7 @@ class Sweeps:
         base = self.admission.base(caller, req)
         tasks = [self._shard(base, shard, sweeps.inputs_of(req.base_inputs, change))
                  for shard, change in enumerate(sweeps.overrides(vary))]
+        self.admission.check_disk(base)
         guards = self.admission.guards(caller, tasks[0])
         slots = min(req.max_parallel or base.rc.max_concurrency, base.rc.max_concurrency)
         costs = [t.estimate_cost for t in tasks]
