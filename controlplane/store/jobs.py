@@ -21,9 +21,10 @@ from controlplane.store.leases import Fence, LeaseStore
 from controlplane.store.rows import JobRow, TaskRow, WatchedJob
 from controlplane.store.writer import Writer
 
-# The scheduler's choice of placement for a task, (provider, index in its tool's placements),
-# given its earlier attempts' jobs (read only if asked for).
-Place = Callable[[TaskRow, Callable[[], list[JobRow]]], tuple[str, int]]
+# The scheduler's choice of placement for a task, (provider, index in its tool's placements) or
+# None (it stays queued), given its earlier attempts' jobs and how many jobs of a tool are not
+# ended at one of its placements (each read only if asked for).
+Place = Callable[[TaskRow, Callable[[], list[JobRow]], Callable[[str, int], int]], tuple[str, int] | None]
 
 S = TaskState
 J = JobState
@@ -47,11 +48,13 @@ class JobStore:
 
     # ---- launching ----------------------------------------------------------------------------
     def claim_for_launch(self, resource_class: str, capacity: int, limit: int | None = None,
-                         fence: Fence | None = None, place: Place | None = None) -> list[tuple[TaskRow, JobRow]]:
+                         fence: Fence | None = None, place: Place | None = None,
+                         lookahead: int = 0) -> list[tuple[TaskRow, JobRow]]:
         """Move the next queued tasks of a class into free slots: each gets a job row in state
         `launching` (the launch intent, recorded before any provider call) on the placement
         `place` chooses (without it: the task's provider, its first placement) and becomes
-        `scheduled`, in one transaction.
+        `scheduled`, in one transaction. A task `place` leaves (None) stays queued; up to
+        `lookahead` tasks further down the queue are read for the slots it leaves free.
 
         Where writers are not serialised (PostgreSQL) the claim holds the queue's lock, as a
         submit's admission does, so that slots are counted by one claim at a time and it cannot
@@ -68,13 +71,22 @@ class JobStore:
                 free = min(free, limit)
             if free <= 0:
                 return []
-            claimed = []
-            for r in self.db.rows(c, self.next_queued, {"rc": resource_class, "now": now, "lim": free}):
+            claimed: list[tuple[TaskRow, JobRow]] = []
+
+            def busy(tool: str, placement: int) -> int:
+                return int(c.execute(q.BUSY_AT_PLACEMENT, {"tool": tool, "placement": placement}).scalar_one())
+
+            for r in self.db.rows(c, self.next_queued, {"rc": resource_class, "now": now, "lim": free + lookahead}):
+                if len(claimed) >= free:
+                    break
                 task = TaskRow.from_row(r)
                 provider, placement = task.provider, 0
                 if place is not None:
-                    provider, placement = place(task, lambda t=task: [  # type: ignore[misc]
-                        JobRow.from_row(j) for j in self.db.rows(c, q.JOBS_OF_TASK, {"task_id": t.task_id})])
+                    chosen = place(task, lambda t=task: [  # type: ignore[misc]
+                        JobRow.from_row(j) for j in self.db.rows(c, q.JOBS_OF_TASK, {"task_id": t.task_id})], busy)
+                    if chosen is None:
+                        continue
+                    provider, placement = chosen
                 job = JobRow(job_id=ids.new_job_id(), task_id=task.task_id, attempt=task.attempt,
                              provider=provider, resource_class=resource_class,
                              job_name=task.ref.job_name, state=J.LAUNCHING,
