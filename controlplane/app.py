@@ -105,7 +105,7 @@ class ControlPlane:
         self.scheduler = Scheduler(self.store, self.catalog, self.providers, self.object_stores, self.attempts,
                                    self.build_spec, fence=lambda: self.fence,
                                    launch_margin_s=self.settings.leader_lease_s / 3, breakers=self.breakers,
-                                   pricing=self.pricing)
+                                   pricing=self.pricing, wake=lambda: self.wake(reconciler=False))
         self.reconciler = Reconciler(self.store, self.providers, self.object_stores, self.attempts, self.settings,
                                      fence=lambda: self.fence, stop_margin_s=self.settings.leader_lease_s / 3,
                                      build_spec=self.build_spec)

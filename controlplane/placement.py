@@ -77,6 +77,8 @@ class Placer:
         self.pricing = pricing
         self._sites: dict[int, tuple[tuple[Placed, ...], tuple[str, ...]]] = {}
         self._skipping: tuple[object, frozenset[str]] = (None, frozenset())  # (tools, classes): may_skip's
+        # (placements, class, resources) -> (placements, their costs): tasks of one shape share them
+        self._priced: dict[tuple[int, str, str], tuple[tuple[Placed, ...], list[float | None]]] = {}
 
     def placements(self, task: TaskRow) -> tuple[Placed, ...]:
         """The task's tool's placements as it was admitted (empty when this process never knew it)."""
@@ -85,7 +87,11 @@ class Placer:
     def site(self, provider: str, options: Any) -> str:
         """The breaker key of a placement: its provider and the region its jobs run in."""
         p = self.providers.get(provider)
-        return site(provider, p.price_region(options) if p is not None else None)
+        try:
+            region = p.price_region(options) if p is not None else None
+        except Exception:  # noqa: BLE001 - options it cannot place: the provider's site alone
+            region = None
+        return site(provider, region)
 
     def sites(self, placements: tuple[Placed, ...]) -> tuple[str, ...]:
         """Each placement's breaker key (kept per placements tuple: a catalog's are made once)."""
@@ -120,8 +126,10 @@ class Placer:
         if len(placements) == 1:
             return None if full(0) else (placements[0].provider, 0)
         keys = self.sites(placements)
-        policy = self._policy(task)
+        policy = self._policy(task, placements)
         costs = self._costs(task, placements) if policy == "cheapest" else ()
+        if task.attempt <= 1:  # a first attempt has no earlier jobs: not read
+            previous = tuple
         i = choose(placements, previous, policy=policy, costs=costs,
                    blocked=lambda j: not self.breakers.admits(keys[j]), full=full)
         if i is None:
@@ -129,20 +137,34 @@ class Placer:
         self.breakers.chose(keys[i])
         return placements[i].provider, i
 
-    def _policy(self, task: TaskRow) -> PlacementPolicy:
-        try:
-            d = self.catalog.admitted(task.tool_name, task.resource_class, task.submitted_at)
-        except LookupError:
-            return "ordered"
-        return d.tool.placement_policy or d.resource_class.placement_policy
+    def _policy(self, task: TaskRow, placements: tuple[Placed, ...]) -> PlacementPolicy:
+        """The tool's policy, else its class's: the current ones while the task's placements are
+        the current tool's (two lookups), else as the task was admitted."""
+        tool = self.catalog.tools.get(task.tool_name)
+        rc = self.catalog.resource_classes.get(task.resource_class)
+        if tool is None or rc is None or self.catalog.placements(task.tool_name) is not placements:
+            try:
+                d = self.catalog.admitted(task.tool_name, task.resource_class, task.submitted_at)
+            except LookupError:
+                return "ordered"
+            tool, rc = d.tool, d.resource_class
+        return tool.placement_policy or rc.placement_policy
 
     def _costs(self, task: TaskRow, placements: tuple[Placed, ...]) -> list[float | None]:
         """Each placement's estimated cost of the task: its shape for the tool's estimate, at the
         placement's rate in the price table (None: no price known)."""
         if self.pricing is None:
             return [None] * len(placements)
+        key = (id(placements), task.resource_class, task.resources_json or "{}")
+        kept = self._priced.get(key)
+        if kept is not None and kept[0] is placements:
+            return kept[1]
         tool = self.catalog.tool(task.tool_name)
         runtime = tool.estimate_s if tool is not None and tool.estimate_s > 0 else 1.0
         resources = json.loads(task.resources_json or "{}")
-        return [self.pricing.estimate(self.pricing.at(p.provider, task.resource_class, resources, p.options), runtime)
-                for p in placements]
+        costs = [self.pricing.estimate(self.pricing.at(p.provider, task.resource_class, resources, p.options), runtime)
+                 for p in placements]
+        if len(self._priced) >= 4096:  # many shapes: start again rather than grow
+            self._priced.clear()
+        self._priced[key] = (placements, costs)
+        return costs

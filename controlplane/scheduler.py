@@ -63,12 +63,14 @@ class Scheduler:
     def __init__(self, store: Store, catalog: Catalog, providers: dict[str, Provider[Any]], object_stores: ObjectStores,
                  attempts: Attempts, build_spec: Callable[[TaskRow, JobRow], LaunchSpec],
                  fence: Callable[[], Fence | None] = lambda: None, launch_margin_s: float = 0.0,
-                 breakers: Breakers | None = None, pricing: Pricing | None = None):
+                 breakers: Breakers | None = None, pricing: Pricing | None = None,
+                 wake: Callable[[], None] = lambda: None):
         self.store = store
         self.fence = fence  # the leader's lease fence now (None: unfenced, a single process)
         self.launch_margin_s = launch_margin_s  # lease to spare before a provider call
         self.catalog = catalog
         self.breakers = breakers or Breakers()
+        self.wake = wake  # the next tick soon: a task moved elsewhere is queued again at once
         self.placer = Placer(catalog, self.breakers, providers, pricing)
         self.attempts = attempts
         self.providers = providers
@@ -141,6 +143,7 @@ class Scheduler:
                 log.warning("launch of %s refused for capacity on %s, next attempt elsewhere: %s", job.job_name,
                             job.provider, e, extra=logs.of_job(job, "moved"))
                 self._forget(jid)
+                self.wake()
             else:  # the tool's only placement: wait for room there, as for any transient error
                 self._back_off(job, e)
         except Exception as e:  # noqa: BLE001 - transient or unknown: retry with backoff, find first

@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import event
 
 from controlplane import api
 from controlplane.app import ControlPlane
@@ -281,3 +282,30 @@ async def test_the_breakers_are_on_metrics_and_the_dashboards_health_view(fake: 
         assert samples[(SITE, "open")] == 1 and samples[(SITE, "closed")] == 0 and samples[("local", "closed")] == 1
         page = (await http.get(f"{root}/dashboard")).text
         assert f'<tr data-breaker="{SITE}"><td>{SITE}</td><td>open</td></tr>' in page
+
+
+@pytest.mark.sqlite_only("counts the statements SQLite runs (its trace callback)")
+def test_the_choice_costs_a_claim_no_statement_unless_a_placement_has_max_running(home: Path) -> None:
+    """Statements of one claim of one task: one placement as before (with or without the placer),
+    five placements the same for a first attempt, and one count more per placement with a
+    `max_running` the choice comes to."""
+
+    def claim_statements(placements: str, placer: bool = True) -> list[str]:
+        cp = control_plane(home / str(len(list(home.iterdir())) if home.exists() else 0), catalog_with(placements))
+        submit(cp)
+        seen: list[str] = []
+        cp.db.engines.dispose()
+        for engine in {cp.db.engines.engine, cp.db.engines.read_engine}:
+            event.listen(engine, "connect", lambda conn, _r: conn.set_trace_callback(seen.append))
+        claimed = cp.store.jobs.claim_for_launch("failover", 10, place=cp.scheduler.placer if placer else None)
+        assert len(claimed) == 1
+        cp.db.dispose()
+        return [" ".join(sql.split()[:3]) for sql in seen]  # the statement's kind (its values differ)
+
+    local = '{ provider = "local" }'
+    before = claim_statements(local, placer=False)
+    assert claim_statements(local) == before
+    assert len(claim_statements(", ".join([local] * 5))) == len(before)
+    capped = claim_statements('{ provider = "local", max_running = 1 }, ' + local)
+    assert len(capped) == len(before) + 1 and sum("count(" in s.lower() for s in capped) == \
+        sum("count(" in s.lower() for s in before) + 1

@@ -73,8 +73,13 @@ class JobStore:
                 return []
             claimed: list[tuple[TaskRow, JobRow]] = []
 
+            counted: dict[tuple[str, int], int] = {}  # each counted once a claim, then kept up to date
+
             def busy(tool: str, placement: int) -> int:
-                return int(c.execute(q.BUSY_AT_PLACEMENT, {"tool": tool, "placement": placement}).scalar_one())
+                if (tool, placement) not in counted:
+                    counted[tool, placement] = int(c.execute(q.BUSY_AT_PLACEMENT,
+                                                             {"tool": tool, "placement": placement}).scalar_one())
+                return counted[tool, placement]
 
             for r in self.db.rows(c, self.next_queued, {"rc": resource_class, "now": now, "lim": free + lookahead}):
                 if len(claimed) >= free:
@@ -87,6 +92,8 @@ class JobStore:
                     if chosen is None:
                         continue
                     provider, placement = chosen
+                    if (task.tool_name, placement) in counted:
+                        counted[task.tool_name, placement] += 1
                 job = JobRow(job_id=ids.new_job_id(), task_id=task.task_id, attempt=task.attempt,
                              provider=provider, resource_class=resource_class,
                              job_name=task.ref.job_name, state=J.LAUNCHING,
