@@ -34,6 +34,7 @@ import anyio
 import anyio.to_thread
 
 from controlplane.attempts import Attempts
+from controlplane.breakers import Breakers
 from controlplane.catalog import Catalog, CatalogError, ensure_catalog
 from controlplane.catalog_open import open_for, prepare
 from controlplane.catalog_watch import CatalogStatus, CatalogWatch
@@ -98,12 +99,17 @@ class ControlPlane:
         self.attempts = Attempts(self.store, self.catalog, self.object_stores, self.settings, self.pricing)
         self.service = TaskService(self.settings, self.store, self.catalog, self.object_stores, self.estimator, self.providers,
                                    wake=self.wake, pricing=self.pricing)
+        st = self.settings
+        self.breakers = Breakers(st.placement_breaker_failures, st.placement_breaker_window_s,
+                                 st.placement_breaker_cooldown_s, st.placement_breaker_max_cooldown_s)
         self.scheduler = Scheduler(self.store, self.catalog, self.providers, self.object_stores, self.attempts,
                                    self.build_spec, fence=lambda: self.fence,
-                                   launch_margin_s=self.settings.leader_lease_s / 3)
+                                   launch_margin_s=self.settings.leader_lease_s / 3, breakers=self.breakers,
+                                   pricing=self.pricing, wake=lambda: self.wake(reconciler=False))
         self.reconciler = Reconciler(self.store, self.providers, self.object_stores, self.attempts, self.settings,
                                      fence=lambda: self.fence, stop_margin_s=self.settings.leader_lease_s / 3,
                                      build_spec=self.build_spec)
+        self.reconciler.health.on_error = self.breakers.provider_failed  # a failed poll counts at its sites
         self.service.limits.refresh()  # operators' limits per caller; read again by the loop below
         self.service.budgets.refresh()  # and their budgets, likewise
         self.hub = ProgressHub(self.store.tasks.get)  # pushes task changes to connected clients

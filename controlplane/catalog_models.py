@@ -4,7 +4,7 @@ submit's inputs against its schema (`InputValidator`). `controlplane.catalog` lo
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import jsonschema_rs
 from jsonschema import Draft202012Validator
@@ -29,6 +29,9 @@ RESERVED_NAMES = frozenset(
     }
 )
 RETRYABLE = frozenset({"worker_lost", "launch_failed", "tool_failed"})
+# How an attempt's placement is picked among the healthy ones with room (`controlplane.placement`):
+# the catalog's order, or the lowest estimated cost at the price table.
+PlacementPolicy = Literal["ordered", "cheapest"]
 
 
 STORE_SCHEMES = ("file", "s3", "gs", "az")
@@ -85,6 +88,8 @@ class ResourceClass(_Strict):
     object_store: str | None = None
     # Provider-specific settings (job queue, job definition, ...), read only by providers.
     provider_options: dict[str, Any] = Field(default_factory=dict)
+    # How its tools' attempts pick among their placements (a tool may say otherwise).
+    placement_policy: PlacementPolicy = "ordered"
 
     @field_validator("object_store")
     @classmethod
@@ -93,11 +98,23 @@ class ResourceClass(_Strict):
 
 
 class Placement(_Strict):
-    """One place a tool's jobs may run: a provider and its options (merged over the resource
-    class's, then checked by that provider's Options model at load)."""
+    """One place a tool's jobs may run: a provider and its options (`options`, or
+    `provider_options` as a tool writes them: one of the two; merged over the resource class's,
+    then checked by that provider's Options model at load), and at most how many of the tool's
+    jobs may run there at once (`max_running`; none: only the resource class's slots)."""
 
     provider: str = Field(min_length=1, max_length=64)
     provider_options: dict[str, Any] = Field(default_factory=dict)
+    max_running: int | None = Field(default=None, ge=1, le=100_000)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _options(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "options" in data:
+            if "provider_options" in data:
+                raise ValueError("give options or provider_options, not both")
+            data = {k: v for k, v in data.items() if k != "options"} | {"provider_options": data["options"]}
+        return data
 
 
 class ToolSpec(_Strict):
@@ -124,6 +141,8 @@ class ToolSpec(_Strict):
     provider_options: dict[str, Any] = Field(default_factory=dict)
     # Where its jobs may run, as declared (empty: `provider` with `provider_options`, a list of one).
     placements: tuple[Placement, ...] = ()
+    # How an attempt picks among them (none: its resource class's policy).
+    placement_policy: PlacementPolicy | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -140,8 +159,9 @@ class ToolSpec(_Strict):
         first = listed[0] if isinstance(listed, list | tuple) else None
         if isinstance(first, dict) and isinstance(first.get("provider"), str):
             data = {**data, "provider": first["provider"]}
-            if isinstance(first.get("provider_options"), dict):
-                data["provider_options"] = first["provider_options"]
+            options = first.get("options", first.get("provider_options"))
+            if isinstance(options, dict):
+                data["provider_options"] = options
         return data
 
     @field_validator("object_store")

@@ -25,10 +25,12 @@ class CatalogError(ValueError):
 
 @dataclass(frozen=True)
 class Placed:
-    """A placement as a job runs there: its provider and its options, validated."""
+    """A placement as a job runs there: its provider and its options, validated, and the most
+    jobs of its tool it may run at once (None: no limit of its own)."""
 
     provider: str
     options: ProviderOptions
+    max_running: int | None = None
 
 
 def all_placements(tools: dict[str, ToolSpec], classes: dict[str, ResourceClass],
@@ -42,7 +44,7 @@ def all_placements(tools: dict[str, ToolSpec], classes: dict[str, ResourceClass]
         for i, p in enumerate(tool.each_placement()):
             where = f"tools.{name}.placements.{i}" if tool.placements else f"tools.{name}"
             try:
-                each.append(Placed(p.provider, _options(tool, p, rc, source, where)))
+                each.append(Placed(p.provider, _options(tool, p, rc, source, where), p.max_running))
             except CatalogError as e:
                 problems += e.problems
         if len(each) == len(tool.each_placement()):

@@ -224,6 +224,11 @@ class Pricing:
         options = here.options if here is not None and here.provider == job.provider else None
         return self._priced(job.provider, task.resource_class, json.loads(task.resources_json or "{}"), options)
 
+    def at(self, provider_name: str, resource_class: str, resources_json: dict[str, Any],
+           options: ProviderOptions | None) -> Priced:
+        """A task's shape and the rate of the placement (provider and options) it would run on."""
+        return self._priced(provider_name, resource_class, resources_json, options)
+
     def _priced(self, provider_name: str, resource_class: str, resources_json: dict[str, Any],
                 options: ProviderOptions | None) -> Priced:
         rc = self.catalog.resource_classes.get(resource_class)

@@ -10,7 +10,8 @@ Each claim chooses the placement its attempt runs on (`controlplane.placement`),
 the launch goes there. A placement that refuses a launch for capacity (`CapacityProviderError`)
 is retried with backoff like any transient error when it is the tool's only one; when the tool
 has others, the attempt ends and the task is queued again for the next attempt to run elsewhere
-(`Attempts.end_elsewhere`), spending no retry budget.
+(`Attempts.end_elsewhere`), spending no retry budget. Every launch's outcome feeds the breaker of
+its placement's site (`controlplane.breakers`), which the choice reads.
 
 Across replicas, the leader's claims, its last look before each provider call and its record of
 each launch are fenced by its lease epoch (`store.leases`, which says why claims alone are not
@@ -30,6 +31,7 @@ import anyio.to_thread
 
 from controlplane import blocking
 from controlplane.attempts import Attempts
+from controlplane.breakers import Breakers
 from controlplane.catalog import Catalog
 from controlplane.launch import with_file_inputs
 from controlplane.objectstore.base import input_files_key, inputs_key
@@ -37,6 +39,7 @@ from controlplane.objectstore.registry import ObjectStores
 from controlplane.ops import logs, metrics, traces
 from controlplane.outcomes import cancelled_error
 from controlplane.placement import NO_CAPACITY, Placer
+from controlplane.prices import Pricing
 from controlplane.states import JobState, TaskState
 from controlplane.store import Store, inputs
 from controlplane.store.leases import Fence, Fenced
@@ -51,17 +54,24 @@ class JobNotFoundYet(Exception):
 log = logging.getLogger("controlplane.scheduler")
 
 LAUNCH_CONCURRENCY = 8
+# Queued tasks read past a class's free slots when a task may be left queued by its placements
+# (all full or open): those behind it of other tools still get the slots.
+CLAIM_LOOKAHEAD = 32
 
 
 class Scheduler:
     def __init__(self, store: Store, catalog: Catalog, providers: dict[str, Provider[Any]], object_stores: ObjectStores,
                  attempts: Attempts, build_spec: Callable[[TaskRow, JobRow], LaunchSpec],
-                 fence: Callable[[], Fence | None] = lambda: None, launch_margin_s: float = 0.0):
+                 fence: Callable[[], Fence | None] = lambda: None, launch_margin_s: float = 0.0,
+                 breakers: Breakers | None = None, pricing: Pricing | None = None,
+                 wake: Callable[[], None] = lambda: None):
         self.store = store
         self.fence = fence  # the leader's lease fence now (None: unfenced, a single process)
         self.launch_margin_s = launch_margin_s  # lease to spare before a provider call
         self.catalog = catalog
-        self.placer = Placer(catalog)
+        self.breakers = breakers or Breakers()
+        self.wake = wake  # the next tick soon: a task moved elsewhere is queued again at once
+        self.placer = Placer(catalog, self.breakers, providers, pricing)
         self.attempts = attempts
         self.providers = providers
         self.object_stores = object_stores
@@ -89,8 +99,9 @@ class Scheduler:
             if work != "ready":
                 continue  # slots full or nothing ready: no write transaction
             try:
-                claimed = await anyio.to_thread.run_sync(self.store.jobs.claim_for_launch, rc.name,
-                                                         rc.max_concurrency, None, self.fence(), self.placer)
+                claimed = await anyio.to_thread.run_sync(
+                    self.store.jobs.claim_for_launch, rc.name, rc.max_concurrency, None, self.fence(), self.placer,
+                    CLAIM_LOOKAHEAD if self.placer.may_skip(rc.name) else 0)
             except Fenced as e:
                 log.warning("claims left to the new leader: %s", e, extra={"action": "fenced"})
                 return 0
@@ -132,6 +143,7 @@ class Scheduler:
                 log.warning("launch of %s refused for capacity on %s, next attempt elsewhere: %s", job.job_name,
                             job.provider, e, extra=logs.of_job(job, "moved"))
                 self._forget(jid)
+                self.wake()
             else:  # the tool's only placement: wait for room there, as for any transient error
                 self._back_off(job, e)
         except Exception as e:  # noqa: BLE001 - transient or unknown: retry with backoff, find first
@@ -219,7 +231,15 @@ class Scheduler:
         if fence is not None and not self.store.leases.holds(fence, self.launch_margin_s):
             raise Fenced(f"lease epoch {fence.epoch} no longer held with {self.launch_margin_s}s to spare")
         started = time.perf_counter()
-        handle: Handle = metrics.provider_call(provider.name, "launch", provider.launch, spec)
+        site = self.placer.site(provider.name, spec.options)
+        try:
+            handle: Handle = metrics.provider_call(provider.name, "launch", provider.launch, spec)
+        except PermanentProviderError:
+            raise  # the request's fault, not the site's
+        except Exception:
+            self.breakers.failed(site)  # refused for capacity, or the provider's API failing
+            raise
+        self.breakers.succeeded(site)
         metrics.LAUNCH.labels(provider.name).observe(time.perf_counter() - started)
         return handle
 

@@ -149,6 +149,13 @@ class Settings(BaseSettings):
 
     # Loops.
     scheduler_interval_s: float = 0.5
+    # A placement's site (provider and region) is skipped for `cooldown_s` after `failures`
+    # failures (capacity refusals, failed launches, failed polls) within `window_s`, then probed
+    # by one attempt; a failed probe doubles the cool-down, up to `max_cooldown_s`.
+    placement_breaker_failures: int = Field(default=3, ge=1)
+    placement_breaker_window_s: float = Field(default=300.0, gt=0)
+    placement_breaker_cooldown_s: float = Field(default=60.0, ge=0)
+    placement_breaker_max_cooldown_s: float = Field(default=1800.0, ge=0)
     reconcile_interval_s: float = 2.0
     leader_lease_s: float = 15.0
     # Runner heartbeats and lost-job detection.

@@ -79,7 +79,7 @@ def routes(cp: ControlPlane, auth: AuthProvider | None) -> list[Route]:
     svc = cp.service
     secure = (cp.public_url or "").startswith("https://")
     sessions = Sessions(cp.secret_key, settings.dashboard_session_s)
-    own_metrics = metrics.registry_for(svc.overview)
+    own_metrics = metrics.registry_for(svc.overview, cp.breakers.states)
     local = Session(settings.default_owner, (), False, True, True, float("inf"), "local")  # no auth: the default owner
 
     def reachable(request: Request, open_: bool) -> bool:
@@ -182,11 +182,12 @@ def routes(cp: ControlPlane, auth: AuthProvider | None) -> list[Route]:
                     owners=session.admin or bool(session.teams))
 
     def provider_health() -> dict[str, Any]:
-        """What the reconciler saw of each provider's polls (the leader's memory) and what passed
-        each cloud API's limiter in this process."""
+        """What the reconciler saw of each provider's polls and each placement site's breaker (the
+        leader's memory), and what passed each cloud API's limiter in this process."""
         seen = cp.reconciler.health.snapshot()
         return {"leader": cp.is_leader,
                 "providers": [(name, seen.get(name)) for name in sorted(cp.providers)],
+                "breakers": sorted(cp.breakers.states().items()),
                 "limiters": [(n.split(":")[:3], lim) for n, lim in ratelimit.limiters()]}
 
     async def task(request: Request, session: Session) -> Response:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 
@@ -32,6 +33,8 @@ class ProviderHealth:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._seen: dict[str, Seen] = {}
+        # Told of each failed poll, by provider name: the placements' breakers (`controlplane.breakers`).
+        self.on_error: Callable[[str], None] = lambda _provider: None
 
     def polled(self, provider: str, jobs: int, error: BaseException | None = None) -> None:
         now = time.time()
@@ -43,6 +46,8 @@ class ProviderHealth:
             else:
                 s = replace(s, poll_errors=s.poll_errors + 1, last_error_at=now, last_error=type(error).__name__)
             self._seen[provider] = s
+        if error is not None:
+            self.on_error(provider)
 
     def snapshot(self) -> dict[str, Seen]:
         with self._lock:

@@ -237,12 +237,31 @@ class LimiterCollector(Collector):
         yield from (requests, waits, waited, limited, errors)
 
 
-def registry_for(overview: Callable[[], StoreFigures]) -> CollectorRegistry:
-    """The scrape-time collectors of one control plane, whose figures `overview` reads (beside
-    the process-wide `REGISTRY`)."""
+class BreakerCollector(Collector):
+    """Each placement site's breaker (`controlplane.breakers`) as the leader holds it: one series
+    per state, 1 for the state it is in."""
+
+    def __init__(self, read: Callable[[], Mapping[str, str]]):
+        self.read = read
+
+    def collect(self) -> Iterator[Any]:
+        g = GaugeMetricFamily("controlplane_placement_breaker", "A placement site's breaker: 1 for its state "
+                              "(closed, half_open: one probe goes, open: skipped)", labels=["site", "state"])
+        for site, now in self.read().items():
+            for state in ("closed", "half_open", "open"):
+                g.add_metric([site, state], 1.0 if state == now else 0.0)
+        yield g
+
+
+def registry_for(overview: Callable[[], StoreFigures],
+                 breakers: Callable[[], Mapping[str, str]] | None = None) -> CollectorRegistry:
+    """The scrape-time collectors of one control plane, whose figures `overview` (and its
+    placement breakers' `breakers`) read (beside the process-wide `REGISTRY`)."""
     reg = CollectorRegistry(auto_describe=False)
     reg.register(StoreCollector(overview))
     reg.register(LimiterCollector())
+    if breakers is not None:
+        reg.register(BreakerCollector(breakers))
     return reg
 
 

@@ -23,9 +23,10 @@ from controlplane.store.rows import JobRow, TaskRow, WatchedJob
 from controlplane.store.sweep_slots import MAX_PASSES, SweepSlots
 from controlplane.store.writer import Writer
 
-# The scheduler's choice of placement for a task, (provider, index in its tool's placements),
-# given its earlier attempts' jobs (read only if asked for).
-Place = Callable[[TaskRow, Callable[[], list[JobRow]]], tuple[str, int]]
+# The scheduler's choice of placement for a task, (provider, index in its tool's placements) or
+# None (it stays queued), given its earlier attempts' jobs and how many jobs of a tool are not
+# ended at one of its placements (each read only if asked for).
+Place = Callable[[TaskRow, Callable[[], list[JobRow]], Callable[[str, int], int]], tuple[str, int] | None]
 
 S = TaskState
 J = JobState
@@ -49,11 +50,13 @@ class JobStore:
 
     # ---- launching ----------------------------------------------------------------------------
     def claim_for_launch(self, resource_class: str, capacity: int, limit: int | None = None,
-                         fence: Fence | None = None, place: Place | None = None) -> list[tuple[TaskRow, JobRow]]:
+                         fence: Fence | None = None, place: Place | None = None,
+                         lookahead: int = 0) -> list[tuple[TaskRow, JobRow]]:
         """Move the next queued tasks of a class into free slots: each gets a job row in state
         `launching` (the launch intent, recorded before any provider call) on the placement
         `place` chooses (without it: the task's provider, its first placement) and becomes
-        `scheduled`, in one transaction.
+        `scheduled`, in one transaction. A task `place` leaves (None) stays queued; up to
+        `lookahead` tasks further down the queue are read for the slots it leaves free.
 
         Where writers are not serialised (PostgreSQL) the claim holds the queue's lock, as a
         submit's admission does, so that slots are counted by one claim at a time and it cannot
@@ -70,18 +73,27 @@ class JobStore:
                 free = min(free, limit)
             if free <= 0:
                 return []
-            return self._claim(c, resource_class, free, now, place)
+            return self._claim(c, resource_class, free, now, place, lookahead)
 
     def _claim(self, c: Connection, resource_class: str, free: int, now: float,
-               place: Place | None) -> list[tuple[TaskRow, JobRow]]:
+               place: Place | None, lookahead: int) -> list[tuple[TaskRow, JobRow]]:
         """Up to `free` queued tasks of the class claimed in order, but no sweep's shard past its
         sweep's `max_parallel` (those stay queued and hold no slot: the tasks behind them are
-        claimed instead), and a stopped sweep's shard cancelled rather than claimed (one a stop
-        skipped because another transaction held it)."""
+        claimed instead), no task `place` leaves (it stays queued; up to `lookahead` more are read
+        for the slots it leaves), and a stopped sweep's shard cancelled rather than claimed (one a
+        stop skipped because another transaction held it)."""
         sweeps = SweepSlots.read(self.db, c, resource_class)
         claimed: list[tuple[TaskRow, JobRow]] = []
+        counted: dict[tuple[str, int], int] = {}  # jobs not ended per (tool, placement): counted once, then kept
+
+        def busy(tool: str, placement: int) -> int:
+            if (tool, placement) not in counted:
+                counted[tool, placement] = int(c.execute(q.BUSY_AT_PLACEMENT,
+                                                         {"tool": tool, "placement": placement}).scalar_one())
+            return counted[tool, placement]
+
         for _ in range(MAX_PASSES):  # a pass skips the shards of sweeps at their limit, the next leaves them out
-            params = {"rc": resource_class, "now": now, "lim": free}
+            params = {"rc": resource_class, "now": now, "lim": free + lookahead}
             full = sweeps.full()
             if full:  # (an IN list: through SQLAlchemy)
                 stmt = self.db.for_update(q.NEXT_QUEUED.where(or_(q.T.c.sweep_id.is_(None),
@@ -92,6 +104,8 @@ class JobStore:
             sweeps.learn(self.db, c, {t.sweep_id for t in rows if t.sweep_id is not None})
             skipped = False
             for task in rows:
+                if free <= 0:
+                    break
                 verdict = sweeps.take(task.sweep_id)
                 if verdict == "skip":
                     skipped = True
@@ -100,19 +114,29 @@ class JobStore:
                     self.w.transition(c, task, S.CANCELLED, kind="cancelled", detail={"sweep": task.sweep_id},
                                       values=sweeps.cancel_values(task.sweep_id), now=now)
                     continue
-                claimed.append(self._claim_one(c, task, resource_class, now, place))
+                got = self._claim_one(c, task, resource_class, now, place, busy, counted)
+                if got is None:
+                    continue
+                claimed.append(got)
                 free -= 1
             if not skipped or free <= 0 or not rows:
                 return claimed
         return claimed
 
-    def _claim_one(self, c: Connection, task: TaskRow, resource_class: str, now: float,
-                   place: Place | None) -> tuple[TaskRow, JobRow]:
-        """The task's launch intent (a job row in `launching`) and its move to `scheduled`."""
+    def _claim_one(self, c: Connection, task: TaskRow, resource_class: str, now: float, place: Place | None,
+                   busy: Callable[[str, int], int],
+                   counted: dict[tuple[str, int], int]) -> tuple[TaskRow, JobRow] | None:
+        """The task's launch intent (a job row in `launching`) on the placement `place` chooses and
+        its move to `scheduled`; None when `place` leaves it queued."""
         provider, placement = task.provider, 0
         if place is not None:
-            provider, placement = place(task, lambda t=task: [  # type: ignore[misc]
-                JobRow.from_row(j) for j in self.db.rows(c, q.JOBS_OF_TASK, {"task_id": t.task_id})])
+            chosen = place(task, lambda t=task: [  # type: ignore[misc]
+                JobRow.from_row(j) for j in self.db.rows(c, q.JOBS_OF_TASK, {"task_id": t.task_id})], busy)
+            if chosen is None:
+                return None
+            provider, placement = chosen
+            if (task.tool_name, placement) in counted:
+                counted[task.tool_name, placement] += 1
         job = JobRow(job_id=ids.new_job_id(), task_id=task.task_id, attempt=task.attempt,
                      provider=provider, resource_class=resource_class,
                      job_name=task.ref.job_name, state=J.LAUNCHING,

@@ -172,6 +172,11 @@ JOBS_OF_TASK = select(JOBS).where(JOBS.c.task_id == _bp("task_id")).order_by(JOB
 GET_JOB_BY_ID = select(JOBS).where(JOBS.c.job_id == _bp("job_id"))
 INSERT_JOB = insert(JOBS)
 UPDATE_JOB = update(JOBS).where(JOBS.c.job_id == _bp("_jid"))
+# A tool's jobs not ended (launching, active, draining, abandoned) at one of its placements.
+BUSY_AT_PLACEMENT = (select(func.count().label("busy")).select_from(JOBS.join(T, T.c.task_id == JOBS.c.task_id))
+                     .where(T.c.tool_name == _bp("tool"), JOBS.c.placement == _bp("placement"),
+                            or_(*(JOBS.c.state == s.value for s in JobState if s not in (JobState.DONE,
+                                                                                         JobState.DROPPED)))))
 LAUNCH_INTENTS = (select(JOBS, T.c.state.label("task_state"))
                   .join(T, and_(T.c.task_id == JOBS.c.task_id, T.c.attempt == JOBS.c.attempt))
                   .where(JOBS.c.state == JobState.LAUNCHING.value))
