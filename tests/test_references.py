@@ -240,6 +240,34 @@ async def test_an_artifact_of_a_running_parent_is_resolved_when_the_child_is_rel
         await agent.call("cancel_task", task_id=other)
 
 
+async def test_an_artifact_of_a_parent_that_no_longer_fits_the_scratch_disk_ends_the_child(home: Path) -> None:
+    """Admitted before the parent wrote it (no size yet), the artifact is measured when the child
+    is released: past its class's cap (or the task's resources.scratch_mb, where its provider
+    takes one: the same check), the child ends DEPENDENCY_FAILED naming the parent, the artifact
+    and the sizes; with room, it runs."""
+    home.mkdir(parents=True, exist_ok=True)
+    big_tool = DIGEST.replace("[tools.digest", "[tools.digest_big").replace("max_input_file_mb = 1", "max_input_file_mb = 8")
+    (home / "catalog.toml").write_text(catalog_text() + big_tool + "\n[resource_classes.tiny_disk]\nmax_concurrency = 1\n"
+                                       "max_queue_length = 10\ncpu = 1\nmemory_mb = 512\nscratch_mb = 2\n")
+    size = 3 * MIB + 1
+    async with running(Settings(home=home, **FAST, auth_tokens="tok-a=alice")) as (_cp, _server, agent):
+        parent = await agent.submit("exercise", inputs={"sleep_s": 1.5, "artifact_bytes": size})
+        ref = {"data": f"artifact://{parent}/data.bin"}
+        capped = await agent.submit("digest_big", inputs=ref, after=[parent], resources={"resource_class": "tiny_disk"})
+        roomy = await agent.submit("digest_big", inputs=ref, after=[parent])  # its class has no cap
+        assert (await agent.call("get_task_status", task_id=capped))["state"] == "waiting"  # admitted: no size yet
+        assert (await result(agent, roomy))["size_bytes"] == size
+        st = await agent.wait(capped)
+        assert st["state"] == "failed", st
+        room = "the 2 MiB of scratch disk resource class 'tiny_disk' allows"
+        assert st["error"] == {
+            "code": "DEPENDENCY_FAILED", "parent": parent, "parent_state": "succeeded", "artifact": "data.bin",
+            "message": f"parent task {parent} succeeded with the artifact data.bin of {size} bytes, and the input "
+                       f"files take {size} bytes (4 MiB: inputs.data {size} bytes), more than {room}: this task "
+                       "will not run",
+            "hint": "ask for resources.scratch_mb of at least 4 plus what the tool writes, or pass smaller files"}
+
+
 # ---- the store on the GCS emulator and on azurite (the job on the local provider) -----------------
 @pytest.mark.parametrize("cloud", ["gcs", "azure"], indirect=True)
 async def test_an_upload_and_an_artifact_are_read_through_gcs_and_azure(home: Path, cloud: CloudTarget) -> None:
