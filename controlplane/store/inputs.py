@@ -80,14 +80,13 @@ class Resolution:
     late: tuple[str, ...]
 
 
-def resolve_artifacts(db: Database, c: Any, task_id: str) -> Resolution:
-    """The task's unresolved references (artifacts of parents that had not ended when it was
-    submitted) resolved from the artifacts now registered, in the caller's transaction; it stops
-    at the first missing one."""
-    rows, late = [], []
-    for row in of_in(db, c, task_id):
+def lookup(db: Database, c: Any, rows: Sequence[InputRow]) -> Resolution:
+    """`rows` with each unresolved one looked up among the artifacts registered now, in the
+    caller's transaction, writing nothing; it stops at the first missing one."""
+    out, late = [], []
+    for row in rows:
         if row.resolved:
-            rows.append(row)
+            out.append(row)
             continue
         parts = artifact_parts(row.ref)
         assert parts is not None
@@ -95,23 +94,22 @@ def resolve_artifacts(db: Database, c: Any, task_id: str) -> Resolution:
         if not found:
             return Resolution(parts, (), ())
         art = max(found, key=lambda r: r["attempt"])
-        now = InputRow(field=row.field, kind=row.kind, ref=row.ref, store_url=art["store_url"],
-                       storage_key=art["storage_key"], size_bytes=art["size_bytes"], sha256=art["sha256"],
-                       task_id=task_id)
-        resolve(db, c, task_id, now)
-        rows.append(now)
+        out.append(InputRow(field=row.field, kind=row.kind, ref=row.ref, store_url=art["store_url"],
+                            storage_key=art["storage_key"], size_bytes=art["size_bytes"], sha256=art["sha256"],
+                            task_id=row.task_id))
         late.append(row.field)
-    return Resolution(None, tuple(rows), tuple(late))
+    return Resolution(None, tuple(out), tuple(late))
 
 
-def first_missing(db: Database, c: Any, rows: Sequence[InputRow]) -> tuple[str, str] | None:
-    """(parent, name) of the first unresolved reference among `rows` whose artifact is not
-    registered yet, or None (a submit whose parents all ended while it was admitted)."""
-    for row in rows:
-        parts = artifact_parts(row.ref) if not row.resolved else None
-        if parts and not any(r["name"] == parts[1] for r in db.rows(c, q.ARTIFACTS, {"task_id": parts[0]})):
-            return parts
-    return None
+def resolve_artifacts(db: Database, c: Any, task_id: str) -> Resolution:
+    """The task's unresolved references (artifacts of parents that had not ended when it was
+    submitted) resolved from the artifacts now registered (`lookup`), and recorded, in the
+    caller's transaction."""
+    found = lookup(db, c, of_in(db, c, task_id))
+    for row in found.rows:
+        if row.field in found.late:
+            resolve(db, c, task_id, row)
+    return found
 
 
 def held(db: Database, ref: str) -> bool:

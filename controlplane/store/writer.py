@@ -186,17 +186,22 @@ class Writer:
                                            values={"error_json": json.dumps(error)}, now=now))
 
     def unfit_inputs(self, c: Connection, child: TaskRow) -> dict[str, Any] | None:
-        """A released task's artifacts of parents resolved (in `c`); the DEPENDENCY_FAILED error
-        if one is missing, or if with their sizes now known the files no longer fit its scratch
-        disk (`scratch.overflow`, as admission checked the rest), else None."""
-        found = inputs.resolve_artifacts(self.db, c, child.task_id)
+        """A released task's artifacts of parents resolved and recorded (in `c`), and the
+        DEPENDENCY_FAILED error that keeps it from running (`inputs_error`), or None."""
+        return self.inputs_error(inputs.resolve_artifacts(self.db, c, child.task_id), child.resources_json,
+                                 child.resource_class)
+
+    def inputs_error(self, found: inputs.Resolution, resources_json: str, resource_class: str) -> dict[str, Any] | None:
+        """DEPENDENCY_FAILED when an artifact its inputs refer to is missing, or when with the sizes
+        of those resolved late the files no longer fit the task's scratch disk (`scratch.overflow`,
+        as admission checked the rest); else None."""
         if found.missing is not None:
             return dependencies.missing_artifact(*found.missing)
         if not found.late:
             return None
-        asked = json.loads(child.resources_json or "{}").get("scratch_mb")
+        asked = json.loads(resources_json or "{}").get("scratch_mb")
         too_big = overflow({r.field: r.size_bytes for r in found.rows if r.size_bytes}, asked,
-                           self.class_scratch_mb(child.resource_class), child.resource_class)
+                           self.class_scratch_mb(resource_class), resource_class)
         if too_big is None:
             return None
         biggest = max((r for r in found.rows if r.field in found.late), key=lambda r: r.size_bytes or 0)
