@@ -62,12 +62,15 @@ class Caller:
             kind = r.headers.get("content-type", "")
             if r.status_code != 200:
                 raise NotModern(f"HTTP {r.status_code}")
-            if kind.startswith("application/json"):
-                message = json.loads(r.read())
-            elif kind.startswith("text/event-stream"):
-                message = next((m for m in _messages(r.iter_lines()) if m.get("id") == rid), {})
-            else:
-                raise NotModern(f"an answer of type {kind!r}")
+            try:
+                if kind.startswith("application/json"):
+                    message = json.loads(r.read())
+                elif kind.startswith("text/event-stream"):
+                    message = next((m for m in _messages(r.iter_lines()) if m.get("id") == rid), {})
+                else:
+                    raise NotModern(f"an answer of type {kind!r}")
+            except ValueError as e:  # not JSON: not an MCP answer
+                raise NotModern(f"an answer that is not JSON ({e})") from None
         result = message.get("result") if isinstance(message, dict) else None
         if not isinstance(result, dict):  # a JSON-RPC error (e.g. an unsupported version), or nothing
             raise NotModern(json.dumps(message.get("error") if isinstance(message, dict) else message)[:200])
