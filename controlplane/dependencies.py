@@ -62,6 +62,14 @@ def missing_artifact(parent: str, name: str) -> dict[str, Any]:
                       "this task will not run", parent=parent, parent_state=str(S.SUCCEEDED), artifact=name)
 
 
+def inputs_too_big(parent: str, name: str, size: int, message: str, hint: str) -> dict[str, Any]:
+    """The error of a task released with file inputs that do not fit its scratch disk once an
+    artifact of `parent` (`size` bytes) is counted: `message` and `hint` say the sizes and room."""
+    return task_error(TaskErrorCode.DEPENDENCY_FAILED,
+                      f"parent task {parent} succeeded with the artifact {name} of {size} bytes, and {message}: "
+                      "this task will not run", hint=hint, parent=parent, parent_state=str(S.SUCCEEDED), artifact=name)
+
+
 def cascade_cancelled(ancestor: str, reason: str) -> dict[str, Any]:
     """The error of a waiting task cancelled with its ancestor (`cancel_task(cascade=true)`)."""
     return cancelled_error(f"task {ancestor}, which it waited for, was cancelled ({reason})")

@@ -13,12 +13,12 @@ from typing import Any
 
 from controlplane.errors import invalid, not_found
 from controlplane.identity import may_read
+from controlplane.scratch import overflow
 from controlplane.states import FINAL
 from controlplane.store import Store
 from controlplane.store.inputs import ARTIFACT, InputRow
 
 FILE_MARK = "x-controlplane-file"
-MIB = 1024 * 1024
 UPLOAD = re.compile(r"^upload://(upl_[0-9a-f]{1,64})$")
 URL = re.compile(r"^(s3|gs|az|azure|https)://[^/]+/.+$")
 
@@ -100,19 +100,9 @@ class Resolver:
 def check_fits(rows: tuple[InputRow, ...], scratch_mb: int | None, class_scratch_mb: int | None,
                class_name: str) -> None:
     """INVALID_REQUEST naming the sizes unless the files whose size admission knows (uploads,
-    artifacts already written) fit the job's scratch disk: within the task's
-    `resources.scratch_mb` when it asks for some, else within its resource class's `scratch_mb`
-    when the class caps it. URLs and artifacts of unfinished parents are not counted."""
-    sizes = {r.field: r.size_bytes for r in rows if r.size_bytes}
-    total = sum(sizes.values())
-    if not total:
-        return
-    need = -(-total // MIB)
-    room, what = (scratch_mb, f"resources.scratch_mb={scratch_mb}") if scratch_mb else \
-        (class_scratch_mb, f"the {class_scratch_mb} MiB of scratch disk resource class '{class_name}' allows")
-    if room is None or need <= room:
-        return
-    each = ", ".join(f"inputs.{f} {n} bytes" for f, n in sorted(sizes.items()))
-    raise invalid(f"the input files take {total} bytes ({need} MiB: {each}), more than {what}",
-                  hint=f"ask for resources.scratch_mb of at least {need} plus what the tool writes, "
-                       "or pass smaller files")
+    artifacts already written) fit the job's scratch disk (`scratch.overflow`). URLs and artifacts of
+    unfinished parents are not counted."""
+    too_big = overflow({r.field: r.size_bytes for r in rows if r.size_bytes}, scratch_mb, class_scratch_mb,
+                       class_name)
+    if too_big is not None:
+        raise invalid(too_big[0], hint=too_big[1])

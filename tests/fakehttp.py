@@ -153,6 +153,8 @@ class FakeCloud:
         self.processes: dict[str, subprocess.Popen[bytes]] = {}  # execution name -> process
         self._executions: dict[str, Any] = {}  # the fake's own key -> execution (forgotten ones removed)
         self._active: set[str] = set()  # keys of the executions with a process to play, not ended yet
+        # Prefixes of this host's variables a job's process does not inherit (e.g. its cloud credentials).
+        self.hidden_env: tuple[str, ...] = ()
 
     def _serve(self, name: str, tls: ssl.SSLContext | None = None) -> None:
         """Start serving `_respond` on `url` and playing executions: the end of a fake's __init__."""
@@ -298,17 +300,20 @@ def self_signed_tls(directory: Path) -> tuple[ssl.SSLContext, Path]:
 
 # ---- local processes that play cloud jobs ----------------------------------------------------------
 
-def start_process(cmd: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+def start_process(cmd: list[str], env: dict[str, str], hidden: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
     """Start a job's container command here: `python` is this interpreter (also for the tool the
     runner starts: its directory leads PATH, as the image's python has the package installed), the
-    working directory and PYTHONPATH are the repository root, `env` goes over os.environ, stdout and
-    stderr are merged into one pipe, and the process leads its own process group (so that killpg
-    reaches its children)."""
+    working directory the repository root and PYTHONPATH that root before this process's own,
+    `env` goes over os.environ less the variables whose names start with one of `hidden` (a job
+    without this host's credentials), stdout and stderr are merged into one pipe, and the process
+    leads its own process group (so that killpg reaches its children)."""
     cmd = list(cmd)
     if cmd and cmd[0] == "python":
         cmd[0] = sys.executable
     path = os.pathsep.join((os.path.dirname(sys.executable), os.environ.get("PATH", "")))
-    return subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(ROOT), "PATH": path, **env}, cwd=ROOT,
+    pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    inherited = {k: v for k, v in os.environ.items() if not (hidden and k.startswith(hidden))}
+    return subprocess.Popen(cmd, env={**inherited, "PYTHONPATH": pythonpath, "PATH": path, **env}, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             start_new_session=True)
 

@@ -989,7 +989,7 @@ class FakeCloudRun(FakeCloud):
             e.start_time = time.time()
         e.started_mono, e.transition_time = time.monotonic(), time.time()
         try:
-            proc = start_process(cmd, env)
+            proc = start_process(cmd, env, self.hidden_env)
         except OSError as exc:
             e.exit_code = 127
             self._complete(e, "failed", f"Task {e.short}-task0 failed to start: {exc}", reason=0)

@@ -10,6 +10,7 @@ with the store on the GCS emulator and on azurite, and on AWS Batch on moto with
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -25,6 +26,9 @@ from controlplane.mcp.server import build_server
 from controlplane.objectstore.base import open_store
 from controlplane.references import file_fields
 from controlplane.settings import Settings
+from controlplane.states import TaskState
+from controlplane.store import NewTask
+from controlplane.store.inputs import InputRow
 from tests import aws
 from tests.aws import moto  # noqa: F401  (fixture)
 from tests.cloud import CloudTarget, azurite_server, cloud, gcs_server, moto_server  # noqa: F401  (fixtures)
@@ -238,6 +242,43 @@ async def test_an_artifact_of_a_running_parent_is_resolved_when_the_child_is_rel
         err = await agent.error("submit_task", tool_name="digest", inputs={"data": f"artifact://{other}/out.txt"})
         assert err["code"] == "NOT_FOUND"
         await agent.call("cancel_task", task_id=other)
+
+
+async def test_an_artifact_of_a_parent_that_no_longer_fits_the_scratch_disk_ends_the_child(home: Path) -> None:
+    """Admitted before the parent wrote it (no size yet), the artifact is measured when the child
+    is released: past its class's cap (or the task's resources.scratch_mb, where its provider
+    takes one: the same check), the child ends DEPENDENCY_FAILED naming the parent, the artifact
+    and the sizes; with room, it runs."""
+    home.mkdir(parents=True, exist_ok=True)
+    big_tool = DIGEST.replace("[tools.digest", "[tools.digest_big").replace("max_input_file_mb = 1", "max_input_file_mb = 8")
+    (home / "catalog.toml").write_text(catalog_text() + big_tool + "\n[resource_classes.tiny_disk]\nmax_concurrency = 1\n"
+                                       "max_queue_length = 10\ncpu = 1\nmemory_mb = 512\nscratch_mb = 2\n")
+    size = 3 * MIB + 1
+    async with running(Settings(home=home, **FAST, auth_tokens="tok-a=alice")) as (cp, _server, agent):
+        parent = await agent.submit("exercise", inputs={"sleep_s": 1.5, "artifact_bytes": size})
+        ref = {"data": f"artifact://{parent}/data.bin"}
+        capped = await agent.submit("digest_big", inputs=ref, after=[parent], resources={"resource_class": "tiny_disk"})
+        roomy = await agent.submit("digest_big", inputs=ref, after=[parent])  # its class has no cap
+        assert (await agent.call("get_task_status", task_id=capped))["state"] == "waiting"  # admitted: no size yet
+        assert (await result(agent, roomy))["size_bytes"] == size
+        st = await agent.wait(capped)
+        assert st["state"] == "failed", st
+        room = "the 2 MiB of scratch disk resource class 'tiny_disk' allows"
+        assert st["error"] == {
+            "code": "DEPENDENCY_FAILED", "parent": parent, "parent_state": "succeeded", "artifact": "data.bin",
+            "message": f"parent task {parent} succeeded with the artifact data.bin of {size} bytes, and the input "
+                       f"files take {size} bytes (4 MiB: inputs.data {size} bytes), more than {room}: this task "
+                       "will not run",
+            "hint": "ask for resources.scratch_mb of at least 4 plus what the tool writes, or pass smaller files"}
+        # Admitted while its parent ran, written once it had ended (a submit racing the parent's
+        # end): its own transaction resolves the artifact and checks it the same way.
+        raced = cp.store.tasks.submit(NewTask(
+            owner="alice", tool_name="digest_big", inputs_json=json.dumps(ref), input_size=None, provider="local",
+            resource_class="tiny_disk", priority=0, ttl_s=3600, idempotency_key=None, tags=[], resources_json="{}",
+            max_runtime_s=60, max_attempts=1, estimate_s=1.0, after=(parent,),
+            refs=(InputRow(field="data", kind="artifact", ref=ref["data"], store_url="", storage_key="",
+                           size_bytes=None, sha256=None),))).task
+        assert raced.state == TaskState.FAILED and json.loads(raced.error_json or "{}") == st["error"]
 
 
 # ---- the store on the GCS emulator and on azurite (the job on the local provider) -----------------

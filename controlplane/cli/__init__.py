@@ -18,7 +18,6 @@ and the command groups, one module each.
 
 from __future__ import annotations
 
-import asyncio
 from enum import StrEnum
 from typing import Annotated
 
@@ -59,6 +58,8 @@ def serve(
     home: HomeOpt = None,
 ) -> None:
     """Run the MCP server (stdio, or Streamable HTTP at /mcp)."""
+    import asyncio
+
     from controlplane.app import ControlPlane
     from controlplane.catalog import CatalogError
     from controlplane.mcp.auth import TokenFileError

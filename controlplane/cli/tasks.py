@@ -3,7 +3,6 @@ running server, through its MCP tools."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Annotated, Any, NoReturn
 
@@ -22,15 +21,17 @@ DEFAULT_URL = "http://127.0.0.1:8000/mcp"
 
 
 def _call(url: str, token: str | None, tool: str, args: dict[str, Any]) -> dict[str, Any]:
-    from fastmcp import Client
-
-    async def go() -> tuple[bool, dict[str, Any]]:
-        async with Client(url, auth=token) as c:
-            r = await c.call_tool(tool, args, raise_on_error=False)
-            return r.is_error, (r.structured_content or json.loads(r.content[0].text))
+    """A tool's answer; on a tool error, its code and message on stderr and exit 1. The call goes
+    over the stateless wire (`wire`, no MCP library imported), or through fastmcp's client to a
+    server that does not speak it."""
+    from controlplane.cli import wire
 
     try:
-        is_error, data = asyncio.run(go())
+        is_error, data = wire.caller(url, token).call(tool, args)
+    except wire.Refused as e:
+        _refused(url, token, e.status)
+    except wire.NotModern:
+        is_error, data = _call_by_session(url, token, tool, args)
     except Exception as e:  # noqa: BLE001 - connection problems are the user's to see, briefly
         _not_served(url, token, e)
     if is_error:
@@ -39,21 +40,44 @@ def _call(url: str, token: str | None, tool: str, args: dict[str, Any]) -> dict[
     return data
 
 
+def _call_by_session(url: str, token: str | None, tool: str, args: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
+    """(is_error, answer) of a call through fastmcp's client, in a session of its own."""
+    import asyncio
+
+    from fastmcp import Client
+
+    async def go() -> tuple[bool, dict[str, Any]]:
+        async with Client(url, auth=token) as c:
+            r = await c.call_tool(tool, args, raise_on_error=False)
+            return r.is_error, (r.structured_content or json.loads(r.content[0].text))
+
+    try:
+        return asyncio.run(go())
+    except Exception as e:  # noqa: BLE001 - connection problems are the user's to see, briefly
+        _not_served(url, token, e)
+
+
 def _not_served(url: str, token: str | None, e: Exception) -> NoReturn:
-    """Say why a call failed and exit: the server refused the token (401: exit 4, with how to pass
-    one; 403: exit 4) or could not be reached (exit 3). The MCP client's error does not say which,
-    so the server is asked once more, plainly."""
+    """Say why a call failed and exit: the server refused the token (`_refused`) or could not be
+    reached (exit 3). A client's error does not always say which, so the server is asked once
+    more, plainly."""
     status = _refusal(url, token)
+    if status is not None:
+        _refused(url, token, status)
+    err.print(f"[red]cannot reach {escape(url)}:[/] {type(e).__name__}: {escape(str(e))}")
+    raise typer.Exit(3)
+
+
+def _refused(url: str, token: str | None, status: int) -> NoReturn:
+    """Exit 4 saying that the server refused the token (401, with how to pass one) or that it
+    lacks a scope the call needs (403)."""
     if status == 401:
         why = "the token was refused" if token else "this server needs a bearer token"
         err.print(f"[red]refused by {escape(url)}: 401 Unauthorized[/] ({why}): pass one with --token TOKEN "
                   "or the CONTROLPLANE_TOKEN environment variable")
         raise typer.Exit(4)
-    if status == 403:
-        err.print(f"[red]refused by {escape(url)}: 403 Forbidden[/] (the token lacks a scope this call needs)")
-        raise typer.Exit(4)
-    err.print(f"[red]cannot reach {escape(url)}:[/] {type(e).__name__}: {escape(str(e))}")
-    raise typer.Exit(3)
+    err.print(f"[red]refused by {escape(url)}: 403 Forbidden[/] (the token lacks a scope this call needs)")
+    raise typer.Exit(4)
 
 
 def _refusal(url: str, token: str | None) -> int | None:
@@ -138,6 +162,8 @@ def tasks_watch(url: UrlOpt = DEFAULT_URL, token: TokenOpt = None,
                 until_done: Annotated[bool, typer.Option("--until-done", help="Stop once every task shown has "
                                                          "ended")] = False) -> None:
     """A live table of your newest tasks with progress bars (Ctrl-C to stop)."""
+    import asyncio
+
     from controlplane.watch import watch
 
     args: dict[str, Any] = {"limit": limit}

@@ -69,33 +69,47 @@ def resolve(db: Database, c: Any, task_id: str, row: InputRow) -> None:
                                      "_sha256": row.sha256})
 
 
-def resolve_artifacts(db: Database, c: Any, task_id: str) -> tuple[str, str] | None:
-    """The task's unresolved references (artifacts of parents that had not ended when it was
-    submitted) resolved from the artifacts now registered, in the caller's transaction: None
-    when all were found, else the (parent, name) of the first missing one."""
-    for row in of_in(db, c, task_id):
+@dataclass(frozen=True, slots=True)
+class Resolution:
+    """A task's references once its unresolved ones were looked up: `missing` the (parent, name)
+    of the first artifact not registered (None: all found), `rows` every reference as now
+    recorded, `late` the fields resolved just now."""
+
+    missing: tuple[str, str] | None
+    rows: tuple[InputRow, ...]
+    late: tuple[str, ...]
+
+
+def lookup(db: Database, c: Any, rows: Sequence[InputRow]) -> Resolution:
+    """`rows` with each unresolved one looked up among the artifacts registered now, in the
+    caller's transaction, writing nothing; it stops at the first missing one."""
+    out, late = [], []
+    for row in rows:
         if row.resolved:
+            out.append(row)
             continue
         parts = artifact_parts(row.ref)
         assert parts is not None
         found = [r for r in db.rows(c, q.ARTIFACTS, {"task_id": parts[0]}) if r["name"] == parts[1]]
         if not found:
-            return parts
+            return Resolution(parts, (), ())
         art = max(found, key=lambda r: r["attempt"])
-        resolve(db, c, task_id, InputRow(field=row.field, kind=row.kind, ref=row.ref, store_url=art["store_url"],
-                                         storage_key=art["storage_key"], size_bytes=art["size_bytes"],
-                                         sha256=art["sha256"]))
-    return None
+        out.append(InputRow(field=row.field, kind=row.kind, ref=row.ref, store_url=art["store_url"],
+                            storage_key=art["storage_key"], size_bytes=art["size_bytes"], sha256=art["sha256"],
+                            task_id=row.task_id))
+        late.append(row.field)
+    return Resolution(None, tuple(out), tuple(late))
 
 
-def first_missing(db: Database, c: Any, rows: Sequence[InputRow]) -> tuple[str, str] | None:
-    """(parent, name) of the first unresolved reference among `rows` whose artifact is not
-    registered yet, or None (a submit whose parents all ended while it was admitted)."""
-    for row in rows:
-        parts = artifact_parts(row.ref) if not row.resolved else None
-        if parts and not any(r["name"] == parts[1] for r in db.rows(c, q.ARTIFACTS, {"task_id": parts[0]})):
-            return parts
-    return None
+def resolve_artifacts(db: Database, c: Any, task_id: str) -> Resolution:
+    """The task's unresolved references (artifacts of parents that had not ended when it was
+    submitted) resolved from the artifacts now registered (`lookup`), and recorded, in the
+    caller's transaction."""
+    found = lookup(db, c, of_in(db, c, task_id))
+    for row in found.rows:
+        if row.field in found.late:
+            resolve(db, c, task_id, row)
+    return found
 
 
 def held(db: Database, ref: str) -> bool:

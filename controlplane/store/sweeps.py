@@ -125,10 +125,13 @@ class SweepStore:
                    found: dict[str, TaskState | None], now: float) -> dict[str, Any]:
         """A shard's tasks row, as `TaskStore._submit` writes a task (every row with the same keys:
         one executemany)."""
-        missing = inputs.first_missing(self.db, c, task.refs) if state == S.QUEUED and task.refs else None
+        # Its parents ended while it was admitted: an artifact it refers to must be there now, and
+        # fit its scratch disk with the rest, as at a release.
+        late = self.w.inputs_error(inputs.lookup(self.db, c, task.refs), task.resources_json, task.resource_class) \
+            if state == S.QUEUED and any(not r.resolved for r in task.refs) else None
         error: dict[str, Any] | None = None
-        if missing is not None:
-            state, error = S.FAILED, dependencies.missing_artifact(*missing)
+        if late is not None:
+            state, error = S.FAILED, late
         elif state == S.FAILED:
             error = dependencies.dependency_failed(found)
         ended = state == S.FAILED

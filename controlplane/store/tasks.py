@@ -163,9 +163,11 @@ class TaskStore:
         now = counts.now
         found = counts.parents(new.after)
         state = dependencies.verdict(found) if new.after else S.QUEUED
-        # Its parents ended while it was admitted: an artifact it refers to must be there now.
-        missing = inputs.first_missing(self.db, c, new.refs) if state == S.QUEUED and new.refs else None
-        if missing is not None:
+        # Its parents ended while it was admitted: an artifact it refers to must be there now, and
+        # fit its scratch disk with the rest, as at a release.
+        late = self.w.inputs_error(inputs.lookup(self.db, c, new.refs), new.resources_json, new.resource_class) \
+            if state == S.QUEUED and any(not r.resolved for r in new.refs) else None
+        if late is not None:
             state = S.FAILED
         ahead = sum(n for prio, n in counts.waiting(new.resource_class).items() if prio >= new.priority)
         recoveries = new.max_recoveries if new.max_recoveries is not None else new.max_attempts - 1
@@ -183,7 +185,7 @@ class TaskStore:
         if new.after:
             detail["after"] = list(new.after)
         if state == S.FAILED:  # a parent had already ended badly: admitted, and ended at once
-            error = dependencies.missing_artifact(*missing) if missing else dependencies.dependency_failed(found)
+            error = late or dependencies.dependency_failed(found)
             values.update(error_json=json.dumps(error), completed_at=now, expires_at=now + new.ttl_s)
             detail.update(error=error)
         pk = self.db.rows(c, q.INSERT_TASK, values)[0]["pk"]

@@ -23,6 +23,7 @@ from sqlalchemy.engine import Connection
 
 from controlplane import dependencies, states
 from controlplane.ids import AttemptRef
+from controlplane.scratch import overflow
 from controlplane.states import JobState, TaskState
 from controlplane.store import inputs, parents
 from controlplane.store import queries as q
@@ -53,6 +54,9 @@ class Writer:
         self.on_change: Callable[[str], None] | None = None
         # Called in the transaction that ends a sweep's shard (`SweepStore.shard_ended`).
         self.on_shard_end: Callable[[Connection, TaskRow, float], None] | None = None
+        # The scratch_mb cap of a resource class by name (the catalog's; None: no cap), for the
+        # files of a task released with artifacts that had no size when it was admitted.
+        self.class_scratch_mb: Callable[[str], int | None] = lambda _name: None
         self._local = threading.local()
 
     @contextmanager
@@ -175,16 +179,39 @@ class Writer:
                     continue
                 found = parents.of(self.db, c, child_id)
                 verdict = dependencies.verdict(found)
-                missing = inputs.resolve_artifacts(self.db, c, child_id) if verdict == TaskState.QUEUED else None
-                if verdict == TaskState.QUEUED and missing is None:
+                error = dependencies.dependency_failed(found) if verdict == TaskState.FAILED else None
+                if verdict == TaskState.QUEUED:
+                    error = self.unfit_inputs(c, child)
+                if verdict == TaskState.QUEUED and error is None:
                     self.transition_alone(c, child, TaskState.QUEUED, kind="released",
                                           detail={"after": sorted(found)}, now=now)
-                elif verdict == TaskState.FAILED or missing is not None:
-                    error = dependencies.missing_artifact(*missing) if missing is not None \
-                        else dependencies.dependency_failed(found)
+                elif error is not None:
                     todo.append(self.transition_alone(c, child, TaskState.FAILED, kind="dependency_failed",
                                            detail={"parent": error["parent"], "parent_state": error["parent_state"]},
                                            values={"error_json": json.dumps(error)}, now=now))
+
+    def unfit_inputs(self, c: Connection, child: TaskRow) -> dict[str, Any] | None:
+        """A released task's artifacts of parents resolved and recorded (in `c`), and the
+        DEPENDENCY_FAILED error that keeps it from running (`inputs_error`), or None."""
+        return self.inputs_error(inputs.resolve_artifacts(self.db, c, child.task_id), child.resources_json,
+                                 child.resource_class)
+
+    def inputs_error(self, found: inputs.Resolution, resources_json: str, resource_class: str) -> dict[str, Any] | None:
+        """DEPENDENCY_FAILED when an artifact its inputs refer to is missing, or when with the sizes
+        of those resolved late the files no longer fit the task's scratch disk (`scratch.overflow`,
+        as admission checked the rest); else None."""
+        if found.missing is not None:
+            return dependencies.missing_artifact(*found.missing)
+        if not found.late:
+            return None
+        asked = json.loads(resources_json or "{}").get("scratch_mb")
+        too_big = overflow({r.field: r.size_bytes for r in found.rows if r.size_bytes}, asked,
+                           self.class_scratch_mb(resource_class), resource_class)
+        if too_big is None:
+            return None
+        biggest = max((r for r in found.rows if r.field in found.late), key=lambda r: r.size_bytes or 0)
+        parent, name = inputs.artifact_parts(biggest.ref) or ("", "")
+        return dependencies.inputs_too_big(parent, name, biggest.size_bytes or 0, *too_big)
 
     def transition_alone(self, c: Connection, task: TaskRow, to: TaskState, *, kind: str | None = None,
                          detail: dict[str, Any] | None = None, values: dict[str, Any] | None = None,
