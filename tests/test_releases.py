@@ -20,18 +20,12 @@ from controlplane import api
 from controlplane.app import ControlPlane
 from controlplane.settings import Settings
 from controlplane.states import TaskState
-from controlplane.store import NewTask
 from tests.conftest import FAST
+from tests.test_dependencies import new_task
 
 S = TaskState
 CHILDREN = 10_000
 BATCH = 500
-
-
-def new_task(after: tuple[str, ...] = ()) -> NewTask:
-    return NewTask(owner="alice", tool_name="exercise", inputs_json="{}", input_size=None, provider="local",
-                   resource_class="cpu_small", priority=0, ttl_s=3600, idempotency_key=None, tags=[],
-                   resources_json="{}", max_runtime_s=60, max_attempts=1, estimate_s=1.0, after=after)
 
 
 def control_plane(home: Path) -> ControlPlane:
