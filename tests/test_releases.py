@@ -1,7 +1,8 @@
 """Releasing many waiting children in bounded batches, on SQLite and PostgreSQL: a parent's end
 settles one batch of its 10,000 waiting children in its own commit and the reconciler the rest,
 across a restart half way; a failed parent's DEPENDENCY_FAILED fan-out and a cascading cancel
-go the same way; and on PostgreSQL two replicas settling at once end each child exactly once.
+go the same way; a real server's reconciler loop runs the children beyond its first batch; and
+on PostgreSQL two replicas settling at once end each child exactly once.
 The longest single transaction is printed (run with -s), not asserted."""
 
 from __future__ import annotations
@@ -20,12 +21,18 @@ from controlplane import api
 from controlplane.app import ControlPlane
 from controlplane.settings import Settings
 from controlplane.states import TaskState
-from tests.conftest import FAST
-from tests.test_dependencies import new_task
+from tests.callers import alice, token_server  # noqa: F401
+from tests.conftest import FAST, Agent, ServerProcess
+from tests.test_dependencies import new_task, submit, timeline
 
 S = TaskState
 CHILDREN = 10_000
 BATCH = 500
+
+
+@pytest.fixture
+def server(server_process: ServerProcess, home: Path) -> ServerProcess:
+    return token_server(server_process, home, release_batch=2)
 
 
 def control_plane(home: Path) -> ControlPlane:
@@ -109,6 +116,20 @@ def test_ten_thousand_children_are_released_and_a_restart_half_way_finishes(engi
     assert cp.store.tasks.queue_depths() == {"cpu_small": CHILDREN}
     print(f"\n[{engine}] {CHILDREN} children, batch {BATCH}: the parent's end {end_s * 1000:.0f} ms, "
           f"the longest transaction {longest.s * 1000:.0f} ms")
+
+
+@pytest.mark.anyio
+async def test_a_server_runs_every_child_beyond_the_first_batch(alice: Agent, home: Path) -> None:
+    """`controlplane serve` with batches of 2: the children its reconciler releases run too, and a
+    failed parent's children beyond the batch end DEPENDENCY_FAILED, through the MCP tools."""
+    ok = await submit(alice, sleep_s=0.5)
+    bad = await submit(alice, sleep_s=0.5, exit_code=3)
+    kids = [await submit(alice, [parent["task_id"]]) for parent in (ok, bad) for _ in range(7)]
+    assert {k["state"] for k in kids} == {"waiting"}
+    ends = [await alice.wait(k["task_id"], timeout=90) for k in kids]
+    assert [e["state"] for e in ends] == ["succeeded"] * 7 + ["failed"] * 7
+    assert {e["error"]["code"] for e in ends[7:]} == {"DEPENDENCY_FAILED"}
+    assert ("released", "waiting", "queued") in timeline(home, kids[6]["task_id"])
 
 
 def test_a_failed_parents_fan_out_ends_every_descendant_once(engine: str, home: Path) -> None:

@@ -127,6 +127,8 @@ class Releases:
         """One batch of what is left, oldest first, in a transaction of its own: up to `batch`
         release rows, locked; one another transaction holds is passed over (PostgreSQL: SKIP
         LOCKED). Returns the children settled, or None when no release was left to take."""
+        if not self.db.fetch(q.NEXT_RELEASE, {"lim": 1}):  # a read, not a write transaction, when none is left
+            return None
         now = self.w.clock()
         with self.w.tx() as c:
             rows = self.db.rows(c, self._next, {"lim": self.batch})
