@@ -11,6 +11,7 @@ import json
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +117,19 @@ def test_ten_thousand_children_are_released_and_a_restart_half_way_finishes(engi
     assert cp.store.tasks.queue_depths() == {"cpu_small": CHILDREN}
     print(f"\n[{engine}] {CHILDREN} children, batch {BATCH}: the parent's end {end_s * 1000:.0f} ms, "
           f"the longest transaction {longest.s * 1000:.0f} ms")
+
+
+def test_a_transaction_takes_the_queues_it_releases_into_at_once(engine: str, home: Path) -> None:
+    """What two parents' ends left, children of two queues: each follow-up takes its queues'
+    locks in one call, as a submit does, so the second queue's children wait for the next one."""
+    cp = control_plane(home)
+    small, standard = running_parent(cp), running_parent(cp)
+    for parent, queue in ((small, "cpu_small"), (standard, "cpu_standard")):
+        cp.store.tasks.submit_many([(replace(new_task((parent,)), resource_class=queue), ()) for _ in range(BATCH + 200)])
+    for parent in (small, standard):
+        cp.store.tasks.transition(parent, S.SUCCEEDED)
+    assert [cp.store.tasks.settle_left() for _ in range(3)] == [200, 200, None]
+    assert cp.store.tasks.queue_depths() == {"cpu_small": BATCH + 200, "cpu_standard": BATCH + 200}
 
 
 @pytest.mark.anyio

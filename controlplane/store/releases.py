@@ -34,11 +34,12 @@ class Pending:
     parent_id: str
     after: str = ""
     cascade: tuple[str, dict[str, Any]] | None = None
+    may_queue: bool = True  # False: the parent did not succeed, so none of these can join a queue
 
     @classmethod
     def from_row(cls, r: Any) -> Pending:
         cascade = (r["ancestor"], json.loads(r["cascade_json"])) if r["cascade_json"] else None
-        return cls(r["parent_id"], r["after_id"], cascade)
+        return cls(r["parent_id"], r["after_id"], cascade, may_queue=cascade is None)
 
     def row(self, now: float) -> dict[str, Any]:
         ancestor, error = self.cascade if self.cascade else (None, None)
@@ -54,15 +55,16 @@ class Releases:
         self._of = self.db.for_update(q.RELEASE_OF)
         self._next = self.db.for_update(q.NEXT_RELEASE, skip_locked=True)
 
-    def settle(self, c: Connection, parent: str, now: float, cascade: tuple[str, dict[str, Any]] | None = None) -> int:
+    def settle(self, c: Connection, parent: str, now: float, cascade: tuple[str, dict[str, Any]] | None = None,
+               may_queue: bool = True) -> int:
         """Settle up to `batch` waiting children of `parent` (from where an earlier transaction
         stopped, if its release row says so), then theirs: each queued once all its parents
         succeeded, ended DEPENDENCY_FAILED once one did not, or with `cascade` (or a cascade
-        recorded for `parent`) cancelled with its error. What is left is recorded for
-        `follow_up`. Returns the children settled."""
+        recorded for `parent`) cancelled with its error (`may_queue` False: `parent` did not
+        succeed). What is left is recorded for `follow_up`. Returns the children settled."""
         rows = self.db.rows(c, self._of, {"parent_id": parent})
-        return self._settle(c, [Pending.from_row(r) for r in rows] or [Pending(parent, "", cascade)],
-                            {r["parent_id"] for r in rows}, now)
+        first = Pending(parent, "", cascade, may_queue and cascade is None)
+        return self._settle(c, [Pending.from_row(r) for r in rows] or [first], {r["parent_id"] for r in rows}, now)
 
     def _settle(self, c: Connection, todo: list[Pending], recorded: set[str], now: float) -> int:
         """The worklist `todo` (last first; `recorded`: those with a release row, locked), until
@@ -70,20 +72,29 @@ class Releases:
         long). What is left is recorded: a release row updated in place (a transaction waiting
         for its lock reads it then), deleted once done, new ones inserted. Lock order: the
         parent's row (held by the caller), its release rows, the queues children are released
-        into, each child's row by id; a child's other parents are read, not locked."""
+        into (as a submit takes them: all in one call, so an item that would need another
+        queue waits for the next transaction), each child's row by id; a child's other
+        parents are read, not locked."""
         room, settled, done, continued = self.batch, 0, [], {}
+        queues: set[str] | None = None  # the queue locks this transaction holds
         while todo and room > 0:
             item = todo.pop()
             children = parents.waiting_children(self.db, c, item.parent_id, item.after, room + 1)
+            if item.may_queue and children:  # they may join queues, as a submit does: its lock
+                wanted = {queue for _, queue in children[:room]}
+                if queues is None:
+                    self.db.lock(c, *wanted)
+                    queues = wanted
+                elif not wanted <= queues:
+                    todo.append(item)
+                    break
             more, children = len(children) > room, children[:room]
             room -= len(children)
-            if item.cascade is None and children:  # they may join queues, as a submit does: its lock
-                self.db.lock(c, *{queue for _, queue in children})
             for child_id, _ in children:
                 ended = self._one(c, child_id, item, now)
                 settled += ended is not None
                 if ended is not None and ended.state != S.QUEUED:
-                    todo.append(Pending(child_id, "", item.cascade))
+                    todo.append(Pending(child_id, "", item.cascade, may_queue=False))
             if more:
                 todo.append(Pending(item.parent_id, children[-1][0], item.cascade))
                 continued[item.parent_id] = children[-1][0]

@@ -150,7 +150,7 @@ class Writer:
         recorded for the reconciler)."""
         moved = self.transition_alone(c, task, to, kind=kind, detail=detail, values=values, now=now)
         if to in states.TERMINAL:
-            self.releases.settle(c, moved.task_id, now)
+            self.releases.settle(c, moved.task_id, now, may_queue=to == TaskState.SUCCEEDED)
         return moved
 
     def transition_alone(self, c: Connection, task: TaskRow, to: TaskState, *, kind: str | None = None,
