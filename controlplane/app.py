@@ -76,7 +76,7 @@ class ControlPlane:
             self.db.upgrade()
         elif migrate:
             self.db.require_current()
-        self.store = Store(self.db)
+        self.store = Store(self.db, release_batch=self.settings.release_batch)
         # A catalog file is watched (and taken again when it changes) unless the catalog is given
         # inline or by the caller: those change only with a restart.
         self.catalog = catalog or (
@@ -378,8 +378,10 @@ class ControlPlane:
             try:
                 if self.leads():
                     stats = await self.reconciler.cycle()
-                    if (stats.finished or stats.lost or stats.expired) and self._sched_wake is not None:
+                    if (stats.finished or stats.lost or stats.expired or stats.released) and self._sched_wake is not None:
                         self._sched_wake.set()
+                    if stats.releases_left:  # children still to settle: the next cycle at once
+                        self._set_wake(scheduler=False)
                 else:
                     await anyio.to_thread.run_sync(self.attempts.flush_beats)
             except Fenced as e:  # no longer the leader: the cycle wrote nothing more

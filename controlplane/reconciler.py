@@ -19,7 +19,10 @@ One cycle:
    outlive its runner);
 5. stops the extra executions of an attempt whose claim was refused to one of them
    (`controlplane.reconciling.extras`);
-6. expires finished tasks past their ttl and purges the tombstones and the audit after their
+6. settles the waiting children a parent's end (or cascading cancel) left to settle, when it had
+   more than one transaction settles (`store.releases`): a batch per transaction, for at most
+   `release_cycle_s` of the cycle;
+7. expires finished tasks past their ttl and purges the tombstones and the audit after their
    retention periods (`controlplane.retention`: in bounded batches, within a budget per cycle;
    a failed deletion is retried on the next pass, never skipped).
 
@@ -174,8 +177,17 @@ class Reconciler:
         # A polled provider's watched jobs were all decoded: those it no longer has are forgotten.
         self._unreadable = {w: p for w, p in said.items() if p not in polled} | self._unreadable_now
         self.extras.end_cycle()
+        self._release(stats)
         self._expire(now, stats)
         return stats
+
+    def _release(self, stats: CycleStats) -> None:
+        deadline = time.monotonic() + self.settings.release_cycle_s
+        while (settled := self.store.tasks.settle_left()) is not None:
+            stats.released += settled
+            if time.monotonic() >= deadline:
+                stats.releases_left = True
+                return
 
     # ---- stopping -----------------------------------------------------------------------------
     def _stops(self, jobs: list[WatchedJob], now: float, stats: CycleStats) -> None:

@@ -181,6 +181,11 @@ class Settings(BaseSettings):
     max_parents: int = Field(default=64, ge=1, le=1000)
     # How many shards one submit_sweep may make (docs/design/sweeps.md); above it SWEEP_TOO_LARGE.
     sweep_max_shards: int = Field(default=10_000, ge=1)
+    # Waiting children one transaction settles at most when their parent ends (or is cancelled
+    # with cascade); the reconciler settles the rest, a batch per transaction, spending at most
+    # release_cycle_s of a cycle on them (docs/design/dependencies.md).
+    release_batch: int = Field(default=500, ge=1)
+    release_cycle_s: float = Field(default=1.0, ge=0)
     # Prefixes of object-store or https URLs a task's file input may name (comma-separated; empty:
     # none, only upload:// and artifact:// references: docs/design/references.md).
     input_url_prefixes: str = ""

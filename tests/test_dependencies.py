@@ -9,7 +9,6 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -20,31 +19,18 @@ from controlplane.app import ControlPlane
 from controlplane.settings import Settings
 from controlplane.states import TaskState
 from controlplane.store import NewTask
+from tests.callers import alice, bob, token_server  # noqa: F401
 from tests.conftest import FAST, Agent, ServerProcess, ToolCallError, fast_env, write_catalog
 
 pytestmark = pytest.mark.anyio
 
-TOKENS = "tok-alice=alice,tok-bob=bob"
 MAX_PARENTS = 3
 TERMINAL = {"succeeded", "failed", "cancelled", "timed_out"}
 
 
 @pytest.fixture
 def server(server_process: ServerProcess, home: Path) -> ServerProcess:
-    server_process.env = fast_env(home, auth_tokens=TOKENS, max_parents=MAX_PARENTS)
-    return server_process.start()
-
-
-@pytest.fixture
-async def alice(server: ServerProcess) -> AsyncIterator[Agent]:
-    async with Client(server.url, auth="tok-alice") as c:
-        yield Agent(c)
-
-
-@pytest.fixture
-async def bob(server: ServerProcess) -> AsyncIterator[Agent]:
-    async with Client(server.url, auth="tok-bob") as c:
-        yield Agent(c)
+    return token_server(server_process, home, max_parents=MAX_PARENTS)
 
 
 async def submit(agent: Agent, after: list[str] | None = None, **inputs: Any) -> dict[str, Any]:

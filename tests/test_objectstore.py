@@ -87,6 +87,29 @@ def test_streaming_put_computes_sha256_and_size(store: LocalObjectStore) -> None
     assert (empty.size_bytes, empty.sha256) == (0, hashlib.sha256(b"").hexdigest())
 
 
+def test_signed_links_are_pinned(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A download and an upload link, byte for byte as released, and each checked by its verify:
+    links already handed out must keep working across a change of how they are made."""
+    monkeypatch.setattr(time, "time", lambda: 1_800_000_000.5)
+    signer = LinkSigner(b"pinned-key", "0123456789abcdef", "http://127.0.0.1:8000/")
+    get = signer.url("tasks/tsk_1/a b+c.bin", expires_in=600, filename="a b.bin")
+    assert get == ("http://127.0.0.1:8000/objects/0123456789abcdef/tasks/tsk_1/a%20b%2Bc.bin?expires=1800000600"
+                   "&filename=a+b.bin&signature=9b0045273eb8543136e3a0d968f86c1fe9c09a5c6d5c336e466b19496e5bec5f")
+    put = signer.put_url("uploads/upl_1/x y.csv", expires_in=900, size=12345)
+    assert put == ("http://127.0.0.1:8000/uploads/0123456789abcdef/uploads/upl_1/x%20y.csv?expires=1800000900"
+                   "&size=12345&signature=75b24f32506ce27291f404845138a68f8da40a570f01ded7b914ac67743eeb64")
+    get_sig, put_sig = (parse_qs(urlsplit(u).query)["signature"][0] for u in (get, put))
+    assert signer.verify("tasks/tsk_1/a b+c.bin", "1800000600", "a b.bin", get_sig)
+    assert not signer.verify("tasks/tsk_1/a b+c.bin", "1800000600", "a.bin", get_sig)
+    assert not signer.verify("tasks/tsk_1/a b+c.bin", "1800000600", "a b.bin", put_sig)
+    assert signer.verify_put("uploads/upl_1/x y.csv", "1800000900", "12345", put_sig) == 12345
+    assert signer.verify_put("uploads/upl_1/x y.csv", "1800000900", "12346", put_sig) is None
+    assert signer.verify_put("uploads/upl_1/x y.csv", "1800000900", "12345", get_sig) is None
+    monkeypatch.setattr(time, "time", lambda: 1_800_000_901.0)
+    assert signer.verify_put("uploads/upl_1/x y.csv", "1800000900", "12345", put_sig) is None
+    assert not signer.verify("tasks/tsk_1/a b+c.bin", "1800000600", "a b.bin", get_sig)
+
+
 @pytest.mark.parametrize("key", UNSAFE_KEYS, ids=repr)
 def test_unsafe_keys_are_refused_everywhere(store: LocalObjectStore, key: str, tmp_path: Path) -> None:
     store.signer = LinkSigner(b"k", "sid", "http://127.0.0.1:1")

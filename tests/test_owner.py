@@ -8,38 +8,24 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
 import pytest
 from fastmcp import Client
 
+from tests.callers import ALICE, TOKENS, alice, bob, token_server  # noqa: F401
 from tests.cloud import stop
 from tests.conftest import ROOT, Agent, ServerProcess, fast_env
 
 pytestmark = pytest.mark.anyio
 
-TOKENS = "tok-alice=alice,tok-bob=bob"
 UNKNOWN_ID = "tsk_" + "a" * 26
 
 
 @pytest.fixture
 def server(server_process: ServerProcess, home: Path) -> ServerProcess:
-    server_process.env = fast_env(home, auth_tokens=TOKENS)
-    return server_process.start()
-
-
-@pytest.fixture
-async def alice(server: ServerProcess) -> AsyncIterator[Agent]:
-    async with Client(server.url, auth="tok-alice") as c:
-        yield Agent(c)
-
-
-@pytest.fixture
-async def bob(server: ServerProcess) -> AsyncIterator[Agent]:
-    async with Client(server.url, auth="tok-bob") as c:
-        yield Agent(c)
+    return token_server(server_process, home)
 
 
 async def raw_error(agent: Agent, tool: str, **args) -> str:
@@ -122,7 +108,7 @@ async def test_requests_without_a_valid_token_get_401(server: ServerProcess) -> 
                                 headers={**MCP_HEADERS, "authorization": "Bearer tok-mallory"})
         assert wrong.status_code == 401
         right = await http.post(server.url, json=INITIALIZE,
-                                headers={**MCP_HEADERS, "authorization": "Bearer tok-alice"})
+                                headers={**MCP_HEADERS, "authorization": f"Bearer {ALICE}"})
         assert right.status_code == 200
     with pytest.raises(Exception):  # noqa: B017 - whatever the client raises, it gets no session
         async with Client(server.url) as c:

@@ -20,10 +20,10 @@ from typing import Any
 import anyio.to_thread
 import httpx
 import pytest
-from fastmcp import Client
 
 from controlplane.app import ControlPlane
 from controlplane.settings import Settings
+from tests.callers import ALICE, BOB, TOKENS, caller
 from tests.cloud import CloudTarget, azurite_server, cloud, gcs_server, moto_server, s3_target  # noqa: F401
 from tests.conftest import FAST, ROOT, Agent, serving
 
@@ -81,15 +81,28 @@ async def aput(url: str, **kw: Any) -> httpx.Response:
 
 
 @asynccontextmanager
-async def running(settings: Settings, token: str = "tok-a") -> AsyncIterator[tuple[ControlPlane, Any, Agent]]:
+async def running(settings: Settings, token: str = ALICE) -> AsyncIterator[tuple[ControlPlane, Any, Agent]]:
     cp = ControlPlane(settings)
-    async with serving(cp) as server, Client(server.url, auth=token) as client:
-        yield cp, server, Agent(client)
+    async with serving(cp) as server, caller(server.url, token) as agent:
+        yield cp, server, agent
+
+
+async def created(agent: Agent, name: str, body: bytes, sha256: str | None = None) -> dict[str, Any]:
+    """create_upload's answer for `body` as `name` (or for bytes whose sha256 is `sha256`)."""
+    return await agent.call("create_upload", name=name, size_bytes=len(body),
+                            sha256=sha256 or hashlib.sha256(body).hexdigest())
+
+
+async def uploaded(agent: Agent, name: str, body: bytes, sha256: str | None = None) -> dict[str, Any]:
+    """`created`, and `body` sent through its one signed PUT (201)."""
+    up = await created(agent, name, body, sha256)
+    assert (await aput(up["plan"]["url"], content=body)).status_code == 201
+    return up
 
 
 @pytest.fixture
 def local(home: Path) -> Settings:
-    return Settings(home=home, **FAST, auth_tokens="tok-a=alice,tok-b=bob", upload_single_max_bytes=5 * MIB)
+    return Settings(home=home, **FAST, auth_tokens=TOKENS, upload_single_max_bytes=5 * MIB)
 
 
 def object_path(cp: ControlPlane, upload_id: str, name: str) -> Path:
@@ -101,7 +114,7 @@ async def test_put_sends_a_small_and_a_chunked_file_through_the_local_route(loca
     small_sha, big_sha = make_file(small, 1000), make_file(big, 12 * MIB + 3)
     async with running(local) as (cp, server, agent):
         for path, sha, form in ((small, small_sha, "single"), (big, big_sha, "content_range")):
-            upload_id = reference(await put(server.url, path, token="tok-a"))
+            upload_id = reference(await put(server.url, path, token=ALICE))
             stored = object_path(cp, upload_id, path.name)
             assert stored.is_file() and sha_of(stored) == sha
             done = await agent.call("complete_upload", upload_id=upload_id)  # again: the same answer
@@ -133,7 +146,7 @@ async def test_an_interrupted_upload_resumes_where_it_stopped(local: Settings, t
                                                               "Content-Length": str(5 * MIB)})
         early = await agent.error("complete_upload", upload_id=first["upload_id"])
         assert early["code"] == "UPLOAD_INCOMPLETE"
-        done = await put(server.url, path, token="tok-a")
+        done = await put(server.url, path, token=ALICE)
         assert reference(done) == first["upload_id"]
         m = re.search(r"resuming upl_\w+: (\d+) bytes already there", done.stderr)
         assert m and int(m.group(1)) >= 5 * MIB, done.stderr
@@ -143,9 +156,7 @@ async def test_an_interrupted_upload_resumes_where_it_stopped(local: Settings, t
 async def test_bytes_other_than_promised_are_refused_and_deleted(local: Settings, tmp_path: Path) -> None:
     async with running(local) as (cp, _server, agent):
         promised = hashlib.sha256(b"a" * 100).hexdigest()
-        up = await agent.call("create_upload", name="x.txt", size_bytes=100, sha256=promised)
-        r = await aput(up["plan"]["url"], content=b"b" * 100)
-        assert r.status_code == 201
+        up = await uploaded(agent, "x.txt", b"b" * 100, sha256=promised)
         assert object_path(cp, up["upload_id"], "x.txt").is_file()
         err = await agent.error("complete_upload", upload_id=up["upload_id"])
         assert err["code"] == "UPLOAD_MISMATCH" and err["expected"] == promised, err
@@ -158,9 +169,9 @@ async def test_bytes_other_than_promised_are_refused_and_deleted(local: Settings
 async def test_a_tampered_or_expired_link_is_refused(local: Settings) -> None:
     async with running(local) as (cp, _server, agent):
         body = b"hello"
-        up = await agent.call("create_upload", name="h.txt", size_bytes=5, sha256=hashlib.sha256(body).hexdigest())
+        up = await created(agent, "h.txt", body)
         url = up["plan"]["url"]
-        other = await agent.call("create_upload", name="o.txt", size_bytes=5, sha256=hashlib.sha256(b"other").hexdigest())
+        other = await created(agent, "o.txt", b"other")
         tampered = [url.replace("size=5", "size=6"), re.sub(r"signature=(\w)", lambda m: "signature=" + ("1" if m.group(1) == "0" else "0"), url),
                     url.replace(up["upload_id"], other["upload_id"]), re.sub(r"expires=(\d+)", lambda m: f"expires={int(m.group(1)) + 60}", url)]
         signer = cp.object_stores.default.signer  # type: ignore[attr-defined]
@@ -176,24 +187,19 @@ async def test_a_tampered_or_expired_link_is_refused(local: Settings) -> None:
 async def test_another_callers_upload_is_not_found_as_a_missing_one(local: Settings) -> None:
     async with running(local) as (_cp, server, alice):
         body = b"alice's"
-        up = await alice.call("create_upload", name="a.txt", size_bytes=len(body), sha256=hashlib.sha256(body).hexdigest())
-        assert (await aput(up["plan"]["url"], content=body)).status_code == 201
-        async with Client(server.url, auth="tok-b") as c:
-            bob = Agent(c)
+        up = await uploaded(alice, "a.txt", body)
+        async with caller(server.url, BOB) as bob:
             theirs = await bob.error("complete_upload", upload_id=up["upload_id"])
             missing = await bob.error("complete_upload", upload_id="upl_" + "0" * 24)
             assert theirs == missing and theirs["code"] == "NOT_FOUND"
-            again = await bob.call("create_upload", name="a.txt", size_bytes=len(body),
-                                   sha256=hashlib.sha256(body).hexdigest())
+            again = await created(bob, "a.txt", body)
             assert again["upload_id"] != up["upload_id"] and not again["resumed"]
         assert (await alice.call("complete_upload", upload_id=up["upload_id"]))["state"] == "complete"
 
 
 async def test_expired_uploads_go_with_their_objects(local: Settings) -> None:
     async with running(local) as (cp, _server, agent):
-        body = b"short-lived"
-        up = await agent.call("create_upload", name="s.txt", size_bytes=len(body), sha256=hashlib.sha256(body).hexdigest())
-        assert (await aput(up["plan"]["url"], content=body)).status_code == 201
+        up = await uploaded(agent, "s.txt", b"short-lived")
         await agent.call("complete_upload", upload_id=up["upload_id"])
         half = await agent.call("create_upload", name="p.bin", size_bytes=6 * MIB, sha256="0" * 64)
         assert (await aput(half["plan"]["url"], content=b"x" * MIB,
@@ -209,7 +215,7 @@ async def test_expired_uploads_go_with_their_objects(local: Settings) -> None:
 
 # ---- the cloud stores (moto's S3, the GCS emulator, azurite) -------------------------------------
 def cloud_settings(home: Path, target: CloudTarget) -> Settings:
-    return Settings(home=home, **FAST, auth_tokens="tok-a=alice,tok-b=bob", upload_single_max_bytes=5 * MIB,
+    return Settings(home=home, **FAST, auth_tokens=TOKENS, upload_single_max_bytes=5 * MIB,
                     object_store_url=target.url)
 
 
@@ -232,7 +238,7 @@ async def test_put_to_a_cloud_store_in_one_request_and_resumed_in_its_native_for
     big_sha = make_file(big, 12 * MIB + 5)
     async with running(cloud_settings(home, cloud)) as (cp, server, agent):
         objects = cp.object_stores.default
-        upload_id = reference(await put(server.url, small, token="tok-a"))
+        upload_id = reference(await put(server.url, small, token=ALICE))
         assert objects.get_bytes(f"uploads/{upload_id}/small.csv") == small.read_bytes()
 
         first = await agent.call("create_upload", name="big.bin", size_bytes=big.stat().st_size, sha256=big_sha)
@@ -254,7 +260,7 @@ async def test_put_to_a_cloud_store_in_one_request_and_resumed_in_its_native_for
             assert r.status_code in (200, 201), r.text
             said = "1 parts already there"
         assert (await agent.error("complete_upload", upload_id=first["upload_id"]))["code"] == "UPLOAD_INCOMPLETE"
-        done = await put(server.url, big, token="tok-a")
+        done = await put(server.url, big, token=ALICE)
         assert reference(done) == first["upload_id"]
         assert "resuming" in done.stderr and said in done.stderr, done.stderr
         with objects.open(f"uploads/{first['upload_id']}/big.bin") as f:
@@ -306,7 +312,7 @@ async def test_s3_parts_that_are_not_the_file_are_refused_and_deleted(on_s3: Set
 
 
 # ---- controlplane get -------------------------------------------------------------------------------
-async def get(server_url: str, ref: str, out: Path, token: str = "tok-a") -> subprocess.CompletedProcess[str]:
+async def get(server_url: str, ref: str, out: Path, token: str = ALICE) -> subprocess.CompletedProcess[str]:
     return await anyio.to_thread.run_sync(lambda: subprocess.run(
         [sys.executable, "-m", "controlplane.cli", "get", ref, "-o", str(out), "--url", server_url, "--token", token],
         env={**user_env(), "COLUMNS": "200"}, cwd=ROOT, capture_output=True, text=True, timeout=300))
@@ -339,5 +345,5 @@ async def test_get_downloads_an_artifact_checked_and_resumes_a_partial_one(local
         assert (await get(server.url, ref, spoiled)).returncode == 0 and sha_of(spoiled) == want
 
         assert (await get(server.url, f"artifact://{task_id}/missing.bin", tmp_path / "m")).returncode == 1
-        theirs = await get(server.url, ref, tmp_path / "bob.bin", token="tok-b")
+        theirs = await get(server.url, ref, tmp_path / "bob.bin", token=BOB)
         assert theirs.returncode == 1 and "NOT_FOUND" in theirs.stderr

@@ -41,36 +41,41 @@ class LinkSigner:
         self.store_id = store_id
         self.base_url = base_url
 
-    def signature(self, key: str, expires: int, filename: str) -> str:
-        msg = f"GET\n{self.store_id}\n{key}\n{expires}\n{filename}".encode()
+    def _sign(self, method: str, key: str, expires: int, detail: str | int) -> str:
+        """The HMAC of a link: its method, the store, the key, the expiry and the one more thing
+        the link fixes (a download's filename, an upload's size)."""
+        msg = f"{method}\n{self.store_id}\n{key}\n{expires}\n{detail}".encode()
         return hmac.new(self._key, msg, hashlib.sha256).hexdigest()
 
-    def url(self, key: str, *, expires_in: int, filename: str) -> str:
+    def _url(self, route: str, method: str, key: str, expires_in: int, name: str, detail: str | int) -> str:
         if not self.base_url:
             raise RuntimeError("the control plane's public URL is not known yet")
         expires = int(time.time()) + int(expires_in)
-        query = urlencode({"expires": expires, "filename": filename, "signature": self.signature(key, expires, filename)})
-        return f"{self.base_url.rstrip('/')}/objects/{self.store_id}/{quote(key)}?{query}"
+        query = urlencode({"expires": expires, name: detail, "signature": self._sign(method, key, expires, detail)})
+        return f"{self.base_url.rstrip('/')}/{route}/{self.store_id}/{quote(key)}?{query}"
+
+    def _genuine(self, method: str, key: str, expires: int, detail: str | int, signature: str,
+                 now: float | None = None) -> bool:
+        good = hmac.compare_digest(self._sign(method, key, expires, detail), signature or "")
+        return good and expires >= (now if now is not None else time.time())
+
+    # A download's link: GET of `key` (`/objects/<store id>/<key>`), saved as `filename`.
+    def signature(self, key: str, expires: int, filename: str) -> str:
+        return self._sign("GET", key, expires, filename)
+
+    def url(self, key: str, *, expires_in: int, filename: str) -> str:
+        return self._url("objects", "GET", key, expires_in, "filename", filename)
 
     def verify(self, key: str, expires: str, filename: str, signature: str, now: float | None = None) -> bool:
         try:
             exp = int(expires)
         except (TypeError, ValueError):
             return False
-        good = hmac.compare_digest(self.signature(key, exp, filename), signature or "")
-        return good and exp >= (now if now is not None else time.time())
+        return self._genuine("GET", key, exp, filename, signature, now)
 
     # An upload's link: PUT of exactly `size` bytes to `key` (`/uploads/<store id>/<key>`).
-    def put_signature(self, key: str, expires: int, size: int) -> str:
-        msg = f"PUT\n{self.store_id}\n{key}\n{expires}\n{size}".encode()
-        return hmac.new(self._key, msg, hashlib.sha256).hexdigest()
-
     def put_url(self, key: str, *, expires_in: int, size: int) -> str:
-        if not self.base_url:
-            raise RuntimeError("the control plane's public URL is not known yet")
-        expires = int(time.time()) + int(expires_in)
-        query = urlencode({"expires": expires, "size": size, "signature": self.put_signature(key, expires, size)})
-        return f"{self.base_url.rstrip('/')}/uploads/{self.store_id}/{quote(key)}?{query}"
+        return self._url("uploads", "PUT", key, expires_in, "size", size)
 
     def verify_put(self, key: str, expires: str, size: str, signature: str) -> int | None:
         """The size the link allows if it is genuine and unexpired, else None."""
@@ -78,8 +83,7 @@ class LinkSigner:
             exp, n = int(expires), int(size)
         except (TypeError, ValueError):
             return None
-        good = hmac.compare_digest(self.put_signature(key, exp, n), signature or "")
-        return n if good and exp >= time.time() else None
+        return n if self._genuine("PUT", key, exp, n, signature) else None
 
 
 def store_id(url: str) -> str:

@@ -25,6 +25,8 @@ class CycleStats:
     extra_stopped: int = 0  # extra executions of attempts stopped
     expired: int = 0
     purged: int = 0
+    released: int = 0  # waiting children settled that their parents' ends left (`store.releases`)
+    releases_left: bool = False  # ... and some still left when the cycle's time for them ran out
     retention: Swept | None = None  # the retention sweep's batches, timings and what it left
 
 

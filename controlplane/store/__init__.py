@@ -7,6 +7,7 @@ network.
     store.tasks      submit, reads, pages, cancel requests, stops     (tasks.py)
                      what a submit's guards may count                 (counts.py)
                      the tasks a task waits for (`after`)              (parents.py)
+                     their release, a batch a transaction             (releases.py)
     store.jobs       launch intents, handles, watched jobs, secrets   (jobs.py)
     store.attempts   an attempt's logs, progress, start and end        (attempts.py)
     store.logs       log lines and the audit of events                 (logs.py)
@@ -45,9 +46,9 @@ __all__ = ["AttemptTx", "NewTask", "StaleAttempt", "Store", "Submitted"]
 
 
 class Store:
-    def __init__(self, db: Database, clock: Callable[[], float] = _now):
+    def __init__(self, db: Database, clock: Callable[[], float] = _now, release_batch: int = 500):
         self.db = db
-        self.writer = Writer(db, clock)
+        self.writer = Writer(db, clock, release_batch)
         self.tasks = TaskStore(self.writer)
         self.jobs = JobStore(self.writer)
         self.attempts = AttemptStore(self.writer)

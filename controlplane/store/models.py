@@ -348,6 +348,20 @@ class TaskParent(SQLModel, table=True):
     parent_id: str = Field(sa_column=Column(String(40), primary_key=True))
 
 
+class TaskRelease(SQLModel, table=True):
+    """Children of a task still to settle after its end (or its cascading cancel), when there
+    were more than one transaction settles: those waiting with ids above `after_id`. The
+    reconciler continues from here in bounded batches (docs/design/dependencies.md)."""
+
+    __tablename__ = "task_releases"
+
+    parent_id: str = Field(sa_column=Column(String(40), primary_key=True))
+    after_id: str = Field(sa_column=Column(String(40), nullable=False))  # "": from the first child
+    ancestor: str | None = Field(default=None, sa_column=Column(String(40)))  # a cascade: the task cancelled
+    cascade_json: str | None = Field(default=None, sa_column=Column(Text))  # ... and its descendants' error
+    created_at: float
+
+
 class TaskInput(SQLModel, table=True):
     """A file a task's inputs refer to (`controlplane.references`), as admission resolved it: the
     runner reads it from here, and retention keeps what a task that can still run refers to."""

@@ -47,6 +47,7 @@ from controlplane.store.models import (
     TaskInput,
     TaskLog,
     TaskParent,
+    TaskRelease,
     TaskTag,
     Upload,
     table_of,
@@ -67,6 +68,7 @@ BUDGETS = table_of(Budget)
 UPLOADS = table_of(Upload)
 TP = table_of(TaskParent)
 TI = table_of(TaskInput)
+TR = table_of(TaskRelease)
 
 S = TaskState
 _bp = bindparam
@@ -240,11 +242,19 @@ RENEW_STREAM = update(STREAMS).where(STREAMS.c.stream_id == _bp("_sid")).values(
 INSERT_PARENT = insert(TP)
 # A parent's state, read under FOR SHARE by a submit that names it (`Counts.lock_parents`).
 PARENT_STATE = select(T.c.task_id, T.c.state).where(T.c.task_id == _bp("task_id"))
-# A parent's waiting children (ix_task_parents_parent), in id order: the order their rows are locked.
+# A parent's waiting children after a child id (ix_task_parents_parent), in id order: the order
+# their rows are locked; at most `lim`.
 WAITING_CHILDREN = (select(T.c.task_id, T.c.resource_class)
                     .select_from(TP.join(T, T.c.task_id == TP.c.child_id))
-                    .where(TP.c.parent_id == _bp("parent_id"), T.c.state == S.WAITING.value)
-                    .order_by(T.c.task_id))
+                    .where(TP.c.parent_id == _bp("parent_id"), TP.c.child_id > _bp("after"),
+                           T.c.state == S.WAITING.value)
+                    .order_by(TP.c.child_id).limit(_bp("lim")))
+# Children still to settle (`store.releases`): one parent's, and the oldest parents'.
+RELEASE_OF = select(TR).where(TR.c.parent_id == _bp("parent_id"))
+NEXT_RELEASE = select(TR).order_by(TR.c.created_at, TR.c.parent_id).limit(_bp("lim"))
+INSERT_RELEASE = insert(TR)
+UPDATE_RELEASE = update(TR).where(TR.c.parent_id == _bp("_parent"))
+DELETE_RELEASE = delete(TR).where(TR.c.parent_id == _bp("parent_id"))
 # A task's parents and their states (None: purged).
 PARENTS_OF = (select(TP.c.parent_id, T.c.state)
               .select_from(TP.outerjoin(T, T.c.task_id == TP.c.parent_id))

@@ -338,12 +338,13 @@ class TaskStore:
                 return None, False
             detail: dict[str, Any] = {"reason": reason} if admin is None else {"reason": reason, "by": admin}
             vals: dict[str, Any] = {"cancel_requested": True, "cancel_reason": reason}
-            if cascade is not None and task.state not in states.FINAL:
-                self._cancel_descendants(c, task, cascade, now)
+            cascading = cascade is not None and task.state not in states.FINAL
+            if cascading:  # its waiting descendants: a batch now, the rest recorded for the reconciler
+                self.w.releases.settle(c, task.task_id, now, cascade=(task.task_id, cascade or {}))
             if task.state in (S.QUEUED, S.WAITING):
                 vals["error_json"] = json.dumps(error)
-                return self.w.transition(c, task, S.CANCELLED, kind="cancelled", detail=detail,
-                                         values=vals, now=now), True
+                move = self.w.transition_alone if cascading else self.w.transition
+                return move(c, task, S.CANCELLED, kind="cancelled", detail=detail, values=vals, now=now), True
             if task.state in (S.SCHEDULED, S.RUNNING):
                 vals["stop_reason"] = "cancel"
                 return self.w.transition(c, task, S.CANCEL_REQUESTED, kind="cancel_requested",
@@ -353,19 +354,10 @@ class TaskStore:
                              detail, now)
             return task, task.state in (S.CANCEL_REQUESTED, S.CANCELLING)
 
-    def _cancel_descendants(self, c: Any, task: TaskRow, error: dict[str, Any], now: float) -> None:
-        """Every task waiting for `task`, directly or through others (all of them wait too),
-        cancelled with `error`, in the transaction that cancels it."""
-        todo = [task.task_id]
-        while todo:
-            for child_id, _ in parents.waiting_children(self.db, c, todo.pop()):
-                child = self.w.lock_task(c, child_id)
-                if child is None or child.state != S.WAITING:
-                    continue
-                self.w.transition_alone(c, child, S.CANCELLED, kind="cancelled", detail={"ancestor": task.task_id},
-                                  values={"cancel_requested": True, "cancel_reason": error["message"][:500],
-                                          "error_json": json.dumps(error)}, now=now)
-                todo.append(child_id)
+    def settle_left(self) -> int | None:
+        """One batch of the waiting children that a parent's end left to settle, in a transaction
+        of its own (`Releases.follow_up`): how many were settled, None when none are left."""
+        return self.w.releases.follow_up()
 
     def parents_of(self, task_id: str) -> dict[str, TaskState | None]:
         """The task's parents (`after`) and their states (None: purged)."""

@@ -5,9 +5,10 @@ after it commits, tells `on_change` (the progress hub) of every task it changed 
 other processes hear of them through `Database.notify_changed`); `transition` checks the move
 against the state machine (`controlplane.states`), bumps the row's version and writes its
 task_event in the same transaction, and when the task ends, releases or ends the tasks waiting
-for it (`controlplane.dependencies` decides), transitively, in that transaction too; `move_job` does the same for a job. `guarded(check)` runs
-`check(conn)` first in every write transaction its thread opens meanwhile: the leader's lease
-fence over a whole reconciler cycle (`Store.fenced`).
+for it, transitively, a batch of them in that transaction too (`store.releases`; the reconciler
+settles the rest); `move_job` does the same for a job. `guarded(check)` runs `check(conn)` first
+in every write transaction its thread opens meanwhile: the leader's lease fence over a whole
+reconciler cycle (`Store.fenced`).
 """
 
 from __future__ import annotations
@@ -21,13 +22,13 @@ from typing import Any, TypeVar
 
 from sqlalchemy.engine import Connection
 
-from controlplane import dependencies, states
+from controlplane import states
 from controlplane.ids import AttemptRef
 from controlplane.scratch import overflow
 from controlplane.states import JobState, TaskState
-from controlplane.store import inputs, parents
 from controlplane.store import queries as q
 from controlplane.store.db import Database
+from controlplane.store.releases import Releases
 from controlplane.store.rows import JobRow, TaskRow
 
 T = TypeVar("T")
@@ -46,9 +47,10 @@ def event_row(task_id: str, kind: str, frm: str | None, to: str | None, attempt:
 
 
 class Writer:
-    def __init__(self, db: Database, clock: Callable[[], float] = _now):
+    def __init__(self, db: Database, clock: Callable[[], float] = _now, release_batch: int = 500):
         self.db = db
         self.clock = clock
+        self.releases = Releases(self, release_batch)  # a task's end settles its waiting children
         self.lock_stmt = db.for_update(q.GET_TASK)
         # Called with a task id after each committed change to the task (state or progress).
         self.on_change: Callable[[str], None] | None = None
@@ -150,45 +152,15 @@ class Writer:
                    detail: dict[str, Any] | None = None, values: dict[str, Any] | None = None,
                    now: float) -> TaskRow:
         """The only code that changes tasks.state. A task that ends settles the tasks waiting for
-        it in the same transaction (`settle`), and a sweep's shard that ends tells its sweep
+        it in the same transaction, at most a batch of them (`Releases.settle`; the rest are
+        recorded for the reconciler), and a sweep's shard that ends tells its sweep
         (`on_shard_end`: its failure policy)."""
         moved = self.transition_alone(c, task, to, kind=kind, detail=detail, values=values, now=now)
         if to in states.TERMINAL:
-            self.settle(c, moved, now)
+            self.releases.settle(c, moved.task_id, now, may_queue=to == TaskState.SUCCEEDED)
             if moved.sweep_id is not None and self.on_shard_end is not None:
                 self.on_shard_end(c, moved, now)
         return moved
-
-    def settle(self, c: Connection, ended: TaskRow, now: float) -> None:
-        """The waiting children of a task that just ended: each queued once all its parents
-        succeeded, or ended `failed` (DEPENDENCY_FAILED) once one did not, and then its own
-        children likewise (a worklist, not recursion: a chain may be long). Lock order, the same
-        in every transaction: the parent's row (already held), the queues it releases into, each
-        child's row by id; a child's other parents are read, not locked."""
-        todo = [ended]
-        while todo:
-            parent = todo.pop()
-            children = parents.waiting_children(self.db, c, parent.task_id)
-            if not children:
-                continue
-            if parent.state == TaskState.SUCCEEDED:  # they may join queues, as a submit does: its lock
-                self.db.lock(c, *{queue for _, queue in children})
-            for child_id, _ in children:
-                child = self.lock_task(c, child_id)
-                if child is None or child.state != TaskState.WAITING:
-                    continue
-                found = parents.of(self.db, c, child_id)
-                verdict = dependencies.verdict(found)
-                error = dependencies.dependency_failed(found) if verdict == TaskState.FAILED else None
-                if verdict == TaskState.QUEUED:
-                    error = self.unfit_inputs(c, child)
-                if verdict == TaskState.QUEUED and error is None:
-                    self.transition_alone(c, child, TaskState.QUEUED, kind="released",
-                                          detail={"after": sorted(found)}, now=now)
-                elif error is not None:
-                    todo.append(self.transition_alone(c, child, TaskState.FAILED, kind="dependency_failed",
-                                           detail={"parent": error["parent"], "parent_state": error["parent_state"]},
-                                           values={"error_json": json.dumps(error)}, now=now))
 
     def unfit_inputs(self, c: Connection, child: TaskRow) -> dict[str, Any] | None:
         """A released task's artifacts of parents resolved and recorded (in `c`), and the
@@ -216,8 +188,7 @@ class Writer:
     def transition_alone(self, c: Connection, task: TaskRow, to: TaskState, *, kind: str | None = None,
                          detail: dict[str, Any] | None = None, values: dict[str, Any] | None = None,
                          now: float) -> TaskRow:
-        """`transition` without settling the task's children: for `settle` itself, and for a
-        cascading cancel, which ends every waiting descendant on its own."""
+        """`transition` without settling the task's children: for `Releases.settle` itself."""
         states.check(task.task_id, task.state, to)
         vals = dict(values or {})
         vals.update(state=to.value, updated_at=now, version=task.version + 1)
