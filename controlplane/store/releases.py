@@ -15,7 +15,7 @@ from sqlalchemy.engine import Connection
 
 from controlplane import dependencies
 from controlplane.states import TaskState
-from controlplane.store import inputs, parents
+from controlplane.store import parents
 from controlplane.store import queries as q
 from controlplane.store.rows import TaskRow
 

@@ -22,10 +22,11 @@ from typing import Any, TypeVar
 
 from sqlalchemy.engine import Connection
 
-from controlplane import states
+from controlplane import dependencies, states
 from controlplane.ids import AttemptRef
 from controlplane.scratch import overflow
 from controlplane.states import JobState, TaskState
+from controlplane.store import inputs
 from controlplane.store import queries as q
 from controlplane.store.db import Database
 from controlplane.store.releases import Releases
