@@ -8,8 +8,10 @@ that the reconciler continues from, a batch a transaction, until none is left
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from sqlalchemy.engine import Connection
 
@@ -17,10 +19,26 @@ from controlplane import dependencies
 from controlplane.states import TaskState
 from controlplane.store import parents
 from controlplane.store import queries as q
+from controlplane.store.db import Database
 from controlplane.store.rows import TaskRow
 
-if TYPE_CHECKING:
-    from controlplane.store.writer import Writer
+
+class Writes(Protocol):
+    """What releases need of the store's writer (`controlplane.store.writer.Writer`, which holds
+    them: a Protocol, so that this module does not import the module that imports it)."""
+
+    db: Database
+    clock: Callable[[], float]
+
+    def tx(self) -> AbstractContextManager[Connection]: ...
+
+    def lock_task(self, c: Connection, task_id: str) -> TaskRow | None: ...
+
+    def unfit_inputs(self, c: Connection, child: TaskRow) -> dict[str, Any] | None: ...
+
+    def transition_alone(self, c: Connection, task: TaskRow, to: TaskState, *, kind: str | None = None,
+                         detail: dict[str, Any] | None = None, values: dict[str, Any] | None = None,
+                         now: float) -> TaskRow: ...
 
 S = TaskState
 
@@ -48,7 +66,7 @@ class Pending:
 
 
 class Releases:
-    def __init__(self, writer: Writer, batch: int = 500):
+    def __init__(self, writer: Writes, batch: int = 500):
         self.w = writer
         self.db = writer.db
         self.batch = batch  # children one transaction settles at most
