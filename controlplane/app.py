@@ -40,7 +40,8 @@ from controlplane.catalog_watch import CatalogStatus, CatalogWatch
 from controlplane.estimates import Estimator
 from controlplane.http.listener import Listener
 from controlplane.http.routes import RouteDeps, routes
-from controlplane.launch import build_launch_spec
+from controlplane.launch import build_launch_spec, mover_nonce
+from controlplane.objectstore.claim import nonce_digest
 from controlplane.objectstore.registry import ObjectStores
 from controlplane.ops import metrics, traces
 from controlplane.prices import PriceError, PriceTable, Pricing
@@ -103,7 +104,8 @@ class ControlPlane:
                                    launch_margin_s=self.settings.leader_lease_s / 3)
         self.reconciler = Reconciler(self.store, self.providers, self.object_stores, self.attempts, self.settings,
                                      fence=lambda: self.fence, stop_margin_s=self.settings.leader_lease_s / 3,
-                                     build_spec=self.build_spec)
+                                     build_spec=self.build_spec,
+                                     mover=lambda ref: nonce_digest(mover_nonce(self.secret_key, ref)))
         self.service.limits.refresh()  # operators' limits per caller; read again by the loop below
         self.service.budgets.refresh()  # and their budgets, likewise
         self.hub = ProgressHub(self.store.tasks.get)  # pushes task changes to connected clients
