@@ -12,6 +12,7 @@ emulator, which both reach."""
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,8 +33,9 @@ from controlplane.placement import NO_CAPACITY
 from controlplane.settings import Settings
 from controlplane_providers import ratelimit
 from controlplane_providers.cloud_run import CloudRunProvider
-from tests import gcp
-from tests.cloud import CloudTarget, gcs_server, gcs_target  # noqa: F401  (fixture)
+from tests import aws, gcp
+from tests.aws import moto  # noqa: F401  (fixture)
+from tests.cloud import CloudTarget, gcs_server, gcs_target, moto_server  # noqa: F401  (fixture)
 from tests.conftest import FAST, Agent
 
 pytestmark = pytest.mark.anyio
@@ -247,3 +249,28 @@ async def test_with_one_placement_a_waiting_job_keeps_waiting(fake: gcp.FakeClou
         assert ex["state"] == "pending" and not ex["cancel_requested"]
         await agent.call("cancel_task", task_id=tid)
         assert (await agent.wait(tid))["state"] == "cancelled"
+
+
+# ---- AWS Batch: a job stuck RUNNABLE past stuck_after_s is a refusal for room ---------------------
+async def test_a_batch_job_stuck_runnable_moves_when_there_is_another_placement(moto: str, home: Path) -> None:  # noqa: F811
+    name = f"cp-{secrets.token_hex(5)}"
+    aws.client("s3", moto).create_bucket(Bucket=name)
+    catalog(home, f'{{ provider = "aws_batch", provider_options = {{ job_queue = "{aws.QUEUE}", '
+                  f'job_definition = "{aws.JOB_DEFINITION}", stuck_after_s = 1 }} }}, {{ provider = "local" }}')
+    cp = ControlPlane(Settings(home=home, object_store_url=f"s3://{name}/runs", **FAST))
+    before = moves_counted("aws_batch", "stuck")
+    with aws.BatchExecutor(moto, start_jobs=False):  # no compute: jobs stay RUNNABLE
+        async with Client(build_server(cp)) as client:
+            agent = Agent(client)
+            tid = await agent.submit(inputs={"log_lines": 1})
+            done = await agent.wait(tid, timeout=90)
+    assert done["state"] == "succeeded" and done["attempt"] == 2 and done["provider"] == "local"
+    [move] = done["moves"]
+    assert move["provider"] == "aws_batch" and "RUNNABLE" in move["reason"] and "compute capacity" in move["reason"]
+    [job] = aws.client("batch", moto).list_jobs(jobQueue=aws.QUEUE, filters=[
+        {"name": "JOB_NAME", "values": [first_job(cp, tid).job_name]}])["jobSummaryList"]
+    assert job["status"] == "FAILED" and job["statusReason"] == "controlplane: moving to another placement"
+    assert not job.get("startedAt")  # it never ran (moto says 0)
+    task = cp.store.tasks.get(tid)
+    assert task is not None and task.failures == 0 and task.recoveries == 0
+    assert moves_counted("aws_batch", "stuck") == before + 1
