@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx
 import pytest
 from fastmcp import Client
 from sqlalchemy import text
@@ -36,7 +37,7 @@ from controlplane_providers.cloud_run import CloudRunProvider
 from tests import aws, gcp
 from tests.aws import moto  # noqa: F401  (fixture)
 from tests.cloud import CloudTarget, gcs_server, gcs_target, moto_server  # noqa: F401  (fixture)
-from tests.conftest import FAST, Agent
+from tests.conftest import FAST, Agent, serving
 
 pytestmark = pytest.mark.anyio
 pytest.importorskip("google.cloud.run_v2")
@@ -102,15 +103,24 @@ def launched(cp: ControlPlane, tid: str) -> bool:
 async def test_a_job_waiting_past_its_patience_is_stopped_then_moves_and_runs_once(
         fake: gcp.FakeCloudRun, gcs: CloudTarget, home: Path) -> None:
     catalog(home, TWO)
-    cp = ControlPlane(Settings(home=home, object_store_url=gcs.url, **FAST))
+    cp = ControlPlane(Settings(home=home, object_store_url=gcs.url, auth_tokens="tok-a=alice", **FAST))
     before = moves_counted()
-    async with Client(build_server(cp)) as client:
+    async with serving(cp) as server, Client(server.url, auth="tok-a") as client, httpx.AsyncClient() as http:
         agent = Agent(client)
         tid = await agent.submit(inputs={"log_lines": 2})
         await until(lambda: launched(cp, tid))
         st = await agent.call("get_task_status", task_id=tid)
         assert (st["state"], st["provider"], st["placement"], st["moves"]) == ("scheduled", "cloud_run", 0, [])
         done = await agent.wait(tid, timeout=90)
+        # what an operator sees: /metrics counts the move, the dashboard's task page lists it
+        root = server.url.removesuffix("/mcp")
+        exposed = (await http.get(f"{root}/metrics")).text
+        assert ('controlplane_moves_total{placement="0",provider="cloud_run",reason="patience",tool="exercise"} '
+                f"{before + 1}") in exposed
+        assert (await http.post(f"{root}/dashboard/login", data={"token": "tok-a"})).status_code == 303
+        page = (await http.get(f"{root}/dashboard/tasks/{tid}")).text
+        assert 'id="moves"' in page and "cloud_run (placement 0)" in page and "past the placement&#39;s patience" in page
+        assert "local (placement 1)" in page  # where it runs now
     assert done["state"] == "succeeded" and done["attempt"] == 2
     assert (done["provider"], done["placement"]) == ("local", 1)
     [move] = done["moves"]
