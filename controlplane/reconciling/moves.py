@@ -67,9 +67,13 @@ class Moves:
         self._placements: dict[str, tuple[Placed, ...]] = {}  # waiting jobs' tools' placements, by job id
         self._seen: dict[str, tuple[Placed, ...]] = {}  # ... of the jobs seen this cycle
         self._claimed: set[str] = set()  # jobs whose attempt's claim this process holds
+        self._several = True  # whether the catalog has a tool with several placements (per cycle)
 
     def begin_cycle(self) -> None:
         self._seen = {}
+        # No tool with several placements: no waiting job is even looked at (no task is read).
+        catalog = self.attempts.catalog
+        self._several = any(len(catalog.placements(name)) > 1 for name in catalog.tools)
 
     def end_cycle(self) -> None:
         self._placements = self._seen
@@ -80,6 +84,8 @@ class Moves:
         its tool has another placement and either its provider gave up on the job, or reports it
         stuck and stuck means no room (AWS Batch), or it has waited past its placement's
         patience. None: it keeps waiting (a tool's only placement always does)."""
+        if not self._several:
+            return None
         placements = self._placements_of(j)
         if len(placements) < 2:
             return None
