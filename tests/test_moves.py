@@ -284,3 +284,33 @@ async def test_a_batch_job_stuck_runnable_moves_when_there_is_another_placement(
     task = cp.store.tasks.get(tid)
     assert task is not None and task.failures == 0 and task.recoveries == 0
     assert moves_counted("aws_batch", "stuck") == before + 1
+
+
+# ---- Container Apps: an execution that stays Processing past its patience ----------------------------
+async def test_a_container_apps_execution_waiting_past_its_patience_moves(home: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests import azure
+    from tests.test_container_apps import settings_env
+
+    with azure.FakeAzure(start_jobs=False) as fake:  # no capacity: executions stay Processing
+        fake.create_job(azure.RESOURCE_GROUP, azure.JOB, command=azure.RUNNER, image="cp-runner:1")
+        for k, v in settings_env(fake).items():
+            monkeypatch.setenv(f"CONTROLPLANE_CONTAINER_APPS_{k}", v)
+        ratelimit._registry.clear()
+        # (the fake runs executions on this machine, where the control plane's local store is)
+        catalog(home, f'{{ provider = "container_apps", provider_options = {{ resource_group = "{azure.RESOURCE_GROUP}", '
+                      f'job = "{azure.JOB}" }}, patience_s = {PATIENCE_S}, reachable_stores = ["file://"] }}, '
+                      '{ provider = "local" }')
+        cp = ControlPlane(Settings(home=home, **FAST))
+        async with Client(build_server(cp)) as client:
+            agent = Agent(client)
+            tid = await agent.submit(inputs={"log_lines": 1})
+            done = await agent.wait(tid, timeout=90)
+        executions = fake.executions()
+    assert done["state"] == "succeeded" and done["attempt"] == 2 and done["provider"] == "local"
+    [move] = done["moves"]
+    assert move["provider"] == "container_apps" and "patience" in move["reason"]
+    [ex] = executions
+    assert not fake.runs and ex["stop_requested"] and ex["status"] == "Stopped"  # stopped before it ever started
+    task = cp.store.tasks.get(tid)
+    assert task is not None and task.failures == 0 and task.recoveries == 0
