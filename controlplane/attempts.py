@@ -214,10 +214,14 @@ class Attempts:
         with self.store.attempts.open(ref) as a:
             if not a.current or a.task is None or a.job is None:
                 return False
-            a.refused(status, reason)
-            self._end(a, decide_elsewhere(a.task, reason, self.policy(a.task.tool_name), refusals=refusals,
-                                          placements=placements), ran=False, job_state=job_state)
-            metrics.moved(a.task.tool_name, a.job.placement, a.job.provider, why)
+            d = decide_elsewhere(a.task, reason, self.policy(a.task.tool_name), refusals=refusals,
+                                 placements=placements)
+            moved = d.retry == "elsewhere"  # (else a task cancelled meanwhile: it ends, and did not move)
+            if moved:
+                a.refused(status, reason)
+            self._end(a, d, ran=False, job_state=job_state)
+            if moved:
+                metrics.moved(a.task.tool_name, a.job.placement, a.job.provider, why)
             return True
 
     def mark_running(self, ref: AttemptRef, started_at: float | None) -> None:

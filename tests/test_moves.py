@@ -7,7 +7,8 @@ metrics, cost rows, the dashboard's task page).
 
 The waiting placement is Cloud Run on its wire-level fake (`tests/gcp.py`, executions kept pending:
 no capacity), the next one the real local provider; results and artifacts are in GCS on its
-emulator, which both reach."""
+emulator, which both reach. AWS Batch on moto (a job stuck RUNNABLE past `stuck_after_s`) and
+Container Apps on its fake (an execution left Processing) move the same way."""
 
 from __future__ import annotations
 
@@ -314,3 +315,23 @@ async def test_a_container_apps_execution_waiting_past_its_patience_moves(home: 
     assert not fake.runs and ex["stop_requested"] and ex["status"] == "Stopped"  # stopped before it ever started
     task = cp.store.tasks.get(tid)
     assert task is not None and task.failures == 0 and task.recoveries == 0
+
+
+async def test_a_task_cancelled_during_its_move_is_cancelled_and_runs_nowhere(
+        fake: gcp.FakeCloudRun, gcs: CloudTarget, home: Path) -> None:
+    catalog(home, TWO)
+    cp = ControlPlane(Settings(home=home, object_store_url=gcs.url, **FAST))
+    fake.ignore_cancel = True  # the move's stop does not land at once
+    before = moves_counted()
+    async with Client(build_server(cp)) as client:
+        agent = Agent(client)
+        tid = await agent.submit(inputs={"log_lines": 1})
+        await until(lambda: (j := first_job(cp, tid)) is not None and j.stop_sent_at is not None)
+        assert (await agent.call("get_task_status", task_id=tid))["waiting_reason"].startswith("the job waited")
+        await agent.call("cancel_task", task_id=tid)
+        fake.ignore_cancel = False
+        done = await agent.wait(tid, timeout=60)
+    assert done["state"] == "cancelled" and done["attempt"] == 1 and done["moves"] == []
+    assert [j.attempt for j in cp.store.jobs.of_task(tid)] == [1]  # no attempt elsewhere
+    assert fake.executions()[0]["state"] == "cancelled" and not fake.runs
+    assert moves_counted() == before  # a cancel, not a move
