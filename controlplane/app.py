@@ -41,7 +41,8 @@ from controlplane.catalog_watch import CatalogStatus, CatalogWatch
 from controlplane.estimates import Estimator
 from controlplane.http.listener import Listener
 from controlplane.http.routes import RouteDeps, routes
-from controlplane.launch import build_launch_spec
+from controlplane.launch import build_launch_spec, mover_nonce
+from controlplane.objectstore.claim import nonce_digest
 from controlplane.objectstore.registry import ObjectStores
 from controlplane.ops import metrics, traces
 from controlplane.prices import PriceError, PriceTable, Pricing
@@ -108,7 +109,8 @@ class ControlPlane:
                                    pricing=self.pricing, wake=lambda: self.wake(reconciler=False))
         self.reconciler = Reconciler(self.store, self.providers, self.object_stores, self.attempts, self.settings,
                                      fence=lambda: self.fence, stop_margin_s=self.settings.leader_lease_s / 3,
-                                     build_spec=self.build_spec)
+                                     build_spec=self.build_spec,
+                                     mover=lambda ref: nonce_digest(mover_nonce(self.secret_key, ref)))
         self.reconciler.health.on_error = self.breakers.provider_failed  # a failed poll counts at its sites
         self.service.limits.refresh()  # operators' limits per caller; read again by the loop below
         self.service.budgets.refresh()  # and their budgets, likewise

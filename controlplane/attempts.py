@@ -205,14 +205,24 @@ class Attempts:
                           ran=False, job_state=job_state)
 
     def end_elsewhere(self, ref: AttemptRef, status: str, reason: str, *, refusals: int,
-                      placements: int) -> None:
+                      placements: int, why: str, job_state: JobState = JobState.DONE) -> bool:
         """The job's placement had no room for it (nothing started): the provider's word is kept
-        on the job and the task is queued again to run elsewhere (`outcomes.decide_elsewhere`)."""
+        on the job and the task is queued again to run elsewhere (`outcomes.decide_elsewhere`).
+        `why` says how the room was found missing ("refused": the launch; "patience": the job
+        waited past its placement's patience; "stuck": its provider gave up on it), counted per
+        tool and placement. False when the attempt had already ended (nothing done)."""
         with self.store.attempts.open(ref) as a:
-            if a.current and a.task is not None:
+            if not a.current or a.task is None or a.job is None:
+                return False
+            d = decide_elsewhere(a.task, reason, self.policy(a.task.tool_name), refusals=refusals,
+                                 placements=placements)
+            moved = d.retry == "elsewhere"  # (else a task cancelled meanwhile: it ends, and did not move)
+            if moved:
                 a.refused(status, reason)
-                self._end(a, decide_elsewhere(a.task, reason, self.policy(a.task.tool_name), refusals=refusals,
-                                              placements=placements), ran=False)
+            self._end(a, d, ran=False, job_state=job_state)
+            if moved:
+                metrics.moved(a.task.tool_name, a.job.placement, a.job.provider, why)
+            return True
 
     def mark_running(self, ref: AttemptRef, started_at: float | None) -> None:
         """The provider says the job runs although the runner has not reported yet."""

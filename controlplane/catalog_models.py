@@ -106,6 +106,19 @@ class Placement(_Strict):
     provider: str = Field(min_length=1, max_length=64)
     provider_options: dict[str, Any] = Field(default_factory=dict)
     max_running: int | None = Field(default=None, ge=1, le=100_000)
+    # How long a launched job may wait to start here before it is stopped and its attempt moves to
+    # the next placement (None: as long as the provider lets it; a tool's only placement waits).
+    patience_s: float | None = Field(default=None, gt=0)
+    # Object stores (URLs or their prefixes) this placement's jobs reach by their own identity,
+    # beyond their own cloud's (`controlplane.reachable`).
+    reachable_stores: tuple[str, ...] = ()
+
+    @field_validator("reachable_stores")
+    @classmethod
+    def _store_urls(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for url in v:
+            _check_store_url(url)
+        return v
 
     @model_validator(mode="before")
     @classmethod

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from controlplane import reachable
 from controlplane.catalog import Catalog, CatalogError, file_format, parse_data, server_problems
 from controlplane.objectstore.registry import ObjectStores
 from controlplane.settings import Settings
@@ -16,7 +17,8 @@ def open_for(catalog: Catalog, settings: Settings, object_stores: ObjectStores,
              providers: dict[str, Provider[Any]]) -> dict[str, Provider[Any]]:
     """Check `catalog` against the server's settings, open the object stores it names and
     create the providers it names that are not in `providers` yet (returned). CatalogError otherwise."""
-    problems = server_problems(catalog, max_ttl_s=settings.max_ttl_s)
+    problems = server_problems(catalog, max_ttl_s=settings.max_ttl_s) + reachable.problems(
+        catalog, job_store_access=settings.job_store_access, default_store=settings.resolved_object_store_url)
     if problems:
         raise CatalogError(*problems)
     for url in catalog.store_urls():  # open every store the catalog names, failing early

@@ -31,6 +31,8 @@ class Placed:
     provider: str
     options: ProviderOptions
     max_running: int | None = None
+    patience_s: float | None = None  # how long a job may wait to start here (None: as its provider lets it)
+    reachable_stores: tuple[str, ...] = ()  # stores its jobs reach beyond their own cloud's
 
 
 def all_placements(tools: dict[str, ToolSpec], classes: dict[str, ResourceClass],
@@ -44,7 +46,8 @@ def all_placements(tools: dict[str, ToolSpec], classes: dict[str, ResourceClass]
         for i, p in enumerate(tool.each_placement()):
             where = f"tools.{name}.placements.{i}" if tool.placements else f"tools.{name}"
             try:
-                each.append(Placed(p.provider, _options(tool, p, rc, source, where), p.max_running))
+                each.append(Placed(p.provider, _options(tool, p, rc, source, where), p.max_running, p.patience_s,
+                                   p.reachable_stores))
             except CatalogError as e:
                 problems += e.problems
         if len(each) == len(tool.each_placement()):

@@ -41,6 +41,11 @@ def bootstrap_token(key: bytes, ref: AttemptRef) -> str:
     return hmac.new(key, ref.message("bootstrap"), hashlib.sha256).hexdigest()
 
 
+def mover_nonce(key: bytes, ref: AttemptRef) -> str:
+    """The nonce of the control plane's own claim on an attempt it moves (no runner can make it)."""
+    return hmac.new(key, ref.message("move"), hashlib.sha256).hexdigest()
+
+
 def build_launch_spec(task: TaskRow, job: JobRow, catalog: Catalog, settings: Settings, *,
                       secret_key: bytes, callback_url: str | None, store_url: str, python: str) -> LaunchSpec:
     """The job of `task`'s attempt at the placement `job` runs on. `python` is what `{python}` in

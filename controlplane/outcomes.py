@@ -17,6 +17,7 @@ the task is queued again to run elsewhere (`decide_elsewhere`), spending no budg
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +27,7 @@ from controlplane_runner.events import INPUTS_UNREADABLE
 
 if TYPE_CHECKING:
     from controlplane.catalog import RetryPolicy
-    from controlplane.store.rows import TaskRow
+    from controlplane.store.rows import JobRow, TaskRow
 
 # Which budget each retryable failure draws on.
 BUDGET = {"tool_failed": "failure", "worker_lost": "recovery", "launch_failed": "recovery"}
@@ -148,6 +149,17 @@ def decide_elsewhere(task: TaskRow, message: str, policy: RetryPolicy, *, refusa
     rounds = refusals // max(1, placements)
     wait = backoff_delay(max(policy.backoff_s, 1.0), rounds) if rounds else 0.0
     return Decision(TaskState.QUEUED, note=f"retry elsewhere: {message}", backoff_s=wait, retry="elsewhere")
+
+
+def refusals_in_a_row(earlier: Sequence[JobRow], status: str) -> int:
+    """The refusal now and those just before it: the task's earlier attempts' jobs (oldest first)
+    whose provider status is `status` (their placement had no room), counted back from the last."""
+    n = 1
+    for j in reversed(earlier):
+        if j.provider_status != status:
+            break
+        n += 1
+    return n
 
 
 def decide_provider_failure(task: TaskRow, reason: str | None, exit_code: int | None,

@@ -18,7 +18,8 @@ One cycle:
    if it still runs `kill_grace_s` plus a poll interval after that report (a container can
    outlive its runner);
 5. stops the extra executions of an attempt whose claim was refused to one of them
-   (`controlplane.reconciling.extras`);
+   (`controlplane.reconciling.extras`), and moves to the tool's next placement an attempt whose
+   job waits to start past its placement's patience (`controlplane.reconciling.moves`);
 6. settles the waiting children a parent's end (or cascading cancel) left to settle, when it had
    more than one transaction settles (`store.releases`): a batch per transaction, for at most
    `release_cycle_s` of the cycle;
@@ -41,6 +42,7 @@ decisions: they are written unfenced, by every replica, before the fenced part o
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from collections.abc import Callable
 from typing import Any
@@ -49,11 +51,14 @@ import anyio
 import anyio.to_thread
 
 from controlplane.attempts import Attempts
+from controlplane.ids import AttemptRef
+from controlplane.objectstore.claim import nonce_digest
 from controlplane.objectstore.registry import ObjectStores
 from controlplane.ops import logs, metrics
 from controlplane.ops.health import ProviderHealth
 from controlplane.reconciling.cycle import ALIVE, CycleStats, call
 from controlplane.reconciling.extras import ExtraExecutions
+from controlplane.reconciling.moves import Moves, moving
 from controlplane.retention import Retention
 from controlplane.settings import Settings
 from controlplane.states import JobState, TaskState
@@ -66,6 +71,12 @@ log = logging.getLogger("controlplane.reconciler")
 S = TaskState
 STOP_RESEND_S = 5.0
 ABANDONED_RESEND_S = 60.0  # an abandoned job is still asked to stop, less often
+
+
+def _random_mover() -> Callable[[AttemptRef], str]:
+    """A claim digest per attempt that no runner can make (a process without the server's key)."""
+    key = secrets.token_hex(32)
+    return lambda ref: nonce_digest(f"{key}:{ref.task_id}:{ref.number}")
 
 
 def _by_provider(jobs: list[WatchedJob], due: set[str]) -> dict[str, list[WatchedJob]]:
@@ -92,7 +103,8 @@ class Reconciler:
 
     def __init__(self, store: Store, providers: dict[str, Provider[Any]], object_stores: ObjectStores, attempts: Attempts,
                  settings: Settings, fence: Callable[[], Fence | None] = lambda: None, stop_margin_s: float = 0.0,
-                 build_spec: Callable[[TaskRow, JobRow], LaunchSpec] | None = None):
+                 build_spec: Callable[[TaskRow, JobRow], LaunchSpec] | None = None,
+                 mover: Callable[[AttemptRef], str] | None = None):
         self.store = store
         self.fence = fence  # the leader's lease fence now (None: unfenced, a single process)
         self.stop_margin_s = stop_margin_s  # lease to spare before a stop is sent
@@ -111,6 +123,10 @@ class Reconciler:
         self.extras = ExtraExecutions(store, providers, settings, build_spec, self._handle, lambda: self._fence,
                                       stop_margin_s)
         self._status_room = self.status_budget  # statuses this cycle may still record
+        # Attempts whose job waits past its placement's patience, moved (mover: the digest of the
+        # control plane's own claim on an attempt; None, a process without a key: a random one).
+        self.moves = Moves(store, providers, object_stores, attempts, settings, lambda: self._fence,
+                           mover or _random_mover(), self._send_stop, self._sent_at)
         self.retention = Retention(store, object_stores, providers, settings)
         self.health = ProviderHealth()  # what the polls looked like, for the operator (ops/health.py)
 
@@ -141,6 +157,7 @@ class Reconciler:
                if force_poll or now - self._last_poll.get(name, 0) >= p.poll_interval_s}
         said, self._unreadable_now = self._unreadable, {}
         self.extras.begin_cycle()
+        self.moves.begin_cycle()
         queued: dict[tuple[str, Any], tuple[list[WatchedJob], list[Handle]]] = {}  # by (provider, poll key)
         changed: list[tuple[str, str, str | None]] = []  # provider statuses to record
         self._status_room = self.status_budget
@@ -178,6 +195,7 @@ class Reconciler:
         self._unreadable = {w: p for w, p in said.items() if p not in polled} | self._unreadable_now
         self.extras.end_cycle()
         self._release(stats)
+        self.moves.end_cycle()
         self._expire(now, stats)
         return stats
 
@@ -263,11 +281,19 @@ class Reconciler:
         for j, st in zip(jobs, statuses, strict=False):
             if st is None:
                 continue
+            alive = st.phase in ALIVE
+            if not j.draining and moving(j) is not None:  # its provider status is the move's until it ends
+                self.moves.step(j, alive, now, stats)
+                continue
+            if st.phase == JobPhase.PENDING and j.state == S.SCHEDULED and not j.draining:
+                due = self.moves.due(j, st, now)
+                if due is not None:
+                    self.moves.begin(j, *due, now, stats)
+                    continue
             reason = st.waiting_reason or st.reason
             if (st.raw_status != j.provider_status or reason != j.provider_reason) and self._status_room > 0:
                 self._status_room -= 1
                 changed.append((j.job_id, st.raw_status or st.phase.value, reason))
-            alive = st.phase in ALIVE
             if j.draining:
                 self._drain(j, alive, now, stats)
             elif not alive:

@@ -37,7 +37,7 @@ from controlplane.launch import with_file_inputs
 from controlplane.objectstore.base import input_files_key, inputs_key
 from controlplane.objectstore.registry import ObjectStores
 from controlplane.ops import logs, metrics, traces
-from controlplane.outcomes import cancelled_error
+from controlplane.outcomes import cancelled_error, refusals_in_a_row
 from controlplane.placement import NO_CAPACITY, Placer
 from controlplane.prices import Pricing
 from controlplane.states import JobState, TaskState
@@ -169,13 +169,8 @@ class Scheduler:
         if len(placements) < 2:
             return False
         earlier = [j for j in self.store.jobs.of_task(job.task_id) if j.attempt < job.attempt]
-        refusals = 1  # this one, and those in a row before it
-        for j in reversed(earlier):
-            if j.provider_status != NO_CAPACITY:
-                break
-            refusals += 1
-        self.attempts.end_elsewhere(job.ref, NO_CAPACITY, reason, refusals=refusals,
-                                    placements=len(placements))
+        self.attempts.end_elsewhere(job.ref, NO_CAPACITY, reason, refusals=refusals_in_a_row(earlier, NO_CAPACITY),
+                                    placements=len(placements), why="refused")
         return True
 
     def _forget(self, jid: str) -> None:

@@ -146,6 +146,8 @@ class BatchHandle(Handle):
 
 class AwsBatchProvider(Provider[BatchHandle]):
     name = "aws_batch"
+    own_stores = ("s3://",)  # by the identity its jobs run as
+    stuck_is_no_room = True  # RUNNABLE past stuck_after_s: the queue's compute has no room
     Settings = AwsBatchSettings
     Options = AwsBatchOptions
     handle_type = BatchHandle

@@ -84,6 +84,12 @@ class Provider(ABC, Generic[H]):
     poll_interval_s: float = 5.0
     # What "{python}" in a tool command becomes in this runner's jobs.
     python: str = "python"
+    # The object stores (URL schemes, "s3://") its jobs reach by their own identity; None: any the
+    # control plane can open (its jobs run beside it).
+    own_stores: ClassVar[tuple[str, ...] | None] = None
+    # True: a job it reports stuck waiting (past its `stuck_after_s`) was refused for room, and
+    # moves to the tool's next placement when there is one.
+    stuck_is_no_room: ClassVar[bool] = False
 
     @classmethod
     def configured(cls, home: Path | str, *, kill_grace_s: float = 5.0, **settings: Any) -> Provider[Any]:

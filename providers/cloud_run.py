@@ -126,6 +126,7 @@ class CloudRunHandle(Handle):
 
 class CloudRunProvider(Provider[CloudRunHandle]):
     name = "cloud_run"
+    own_stores = ("gs://",)  # by the identity its jobs run as
     Settings = CloudRunSettings
     Options = CloudRunOptions
     handle_type = CloudRunHandle

@@ -131,6 +131,7 @@ class ContainerAppsHandle(Handle):
 
 class ContainerAppsProvider(Provider[ContainerAppsHandle]):
     name = "container_apps"
+    own_stores = ("az://",)  # by the identity its jobs run as
     Settings = ContainerAppsSettings
     Options = ContainerAppsOptions
     handle_type = ContainerAppsHandle

@@ -563,6 +563,10 @@ class FakeCloudRun(FakeCloud):
         # Called in a RunJob's own thread, outside the fake's lock: "received" before the execution is
         # made, "created" after (before the answer). A hook that waits holds that call alone.
         self.launch_hook: Callable[[str], None] | None = None
+        # Called with (method, path) after a request's answer is made and before it is sent, outside
+        # the lock: what the caller reads is what was true before the hook ran (a poll that saw an
+        # execution pending, and the execution started meanwhile).
+        self.answer_hook: Callable[[str, str], None] | None = None
         self.logging = FakeCloudLogging(self._lock)
         self._names = random.Random()
         self._jobs: dict[str, _Job] = {}
@@ -670,11 +674,21 @@ class FakeCloudRun(FakeCloud):
 
     # -- HTTP dispatch -------------------------------------------------------------------------------
 
+    def start(self, execution: str) -> None:
+        """A pending execution (full or short name) starts now, whether or not `start_jobs`."""
+        with self._lock:
+            e = self._find(execution)
+            if e.state == "pending":
+                self._start(e)
+
     def _respond(self, r: Request) -> Answer:
         if self._stop.is_set():
             status, payload = _error(ApiError(503, "UNAVAILABLE", "The fake is shutting down."))
         else:
             status, payload = self.handle(r.method, r.path, r.query, r.body)
+            hook = self.answer_hook
+            if hook is not None:
+                hook(r.method, r.path)
         return status, payload, {}
 
     def handle(self, method: str, path: str, query: dict[str, list[str]], body: bytes) -> tuple[int, dict[str, Any]]:

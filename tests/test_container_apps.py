@@ -70,13 +70,21 @@ def blob(azurite_server: str, monkeypatch: pytest.MonkeyPatch) -> CloudTarget:  
 
 
 def catalog(home: Path, *, job: str = JOB, retry: str = "{ max_attempts = 1 }", resources: str | None = None,
-            options: str = "") -> None:
-    """The default catalog with `exercise` on Container Apps (the fake's job) in its own class."""
+            options: str = "", local_store: bool = False) -> None:
+    """The default catalog with `exercise` on Container Apps (the fake's job) in its own class.
+    `local_store`: its jobs reach the control plane's local store (the fake runs them on this
+    machine), declared on the placement, as an operator would declare a store it granted them."""
     from tests.cloud import exercise_catalog
 
     exercise_catalog(home, provider="container_apps", resource_class="aca", retry=retry,
                      options=f'resource_group = "{RG}", job = "{job}"{options}',
                      resources=resources or "max_concurrency = 4\nmax_queue_length = 100\ncpu = 0.5\nmemory_mb = 1024")
+    if local_store:
+        path = home / "catalog.toml"
+        old = 'provider = "container_apps"\nresource_class = "aca"'
+        assert old in path.read_text()
+        path.write_text(path.read_text().replace(
+            old, 'placements = [{ provider = "container_apps", reachable_stores = ["file://"] }]\nresource_class = "aca"'))
 
 
 @dataclass

@@ -173,7 +173,7 @@ def _find_or_none(provider: ContainerAppsProvider, spec: Any) -> ContainerAppsHa
 # ---- an execution that runs on after its runner reported -------------------------------------------
 @pytest.fixture
 async def cp(fake: azure.FakeAzure, home: Path) -> AsyncIterator[tuple[ControlPlane, Agent]]:
-    catalog(home)
+    catalog(home, local_store=True)
     plane = ControlPlane(Settings(home=home, stop_confirm_timeout_s=4, **FAST))  # results in the local store
     async with Client(build_server(plane)) as client:
         yield plane, Agent(client)

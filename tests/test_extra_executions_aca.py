@@ -39,7 +39,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[azure.FakeAzure]:
 
 @pytest.fixture
 async def plane(fake: azure.FakeAzure, home: Path) -> AsyncIterator[tuple[ControlPlane, Agent]]:
-    catalog(home)
+    catalog(home, local_store=True)
     cp = ControlPlane(Settings(home=home, **FAST))
     async with Client(build_server(cp)) as client:
         yield cp, Agent(client)

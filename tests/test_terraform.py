@@ -385,8 +385,10 @@ def test_the_catalog_the_server_is_given_loads_on_that_clouds_provider(cloud: st
     """The settings module's server_catalog, written out in Python (a mirror of its HCL, which is
     checked to still be the one mirrored): the server accepts it with each cloud's provider and
     the options naming the jobs, the Container Apps shape check included."""
-    text = parsed(TERRAFORM / "modules" / "settings" / "main.tf")["locals"][0]["server_catalog"]
-    assert "provider = var.provider_name" in text and "merge(rc, {provider_options = {}})" in text
+    local = parsed(TERRAFORM / "modules" / "settings" / "main.tf")["locals"][0]
+    text = local["server_catalog"]
+    assert "provider = var.provider_name" in local["own_placement"] and "merge(rc, {provider_options = {}})" in text
+    assert "jsonencode(merge(spec, local.own_placement[tool]))" in text  # a tool without more_placements
     provider, options = PROVIDER_OPTIONS[cloud]
     assert re.search(rf'provider_name\s+= "{provider}"', (TERRAFORM / "modules" / cloud / "main.tf").read_text())
     data = json.loads(json.dumps(exported["catalog"]))
@@ -397,6 +399,34 @@ def test_the_catalog_the_server_is_given_loads_on_that_clouds_provider(cloud: st
         spec["provider_options"] = options(f"controlplane-{tool.replace('_', '-')}")
     catalog = Catalog.from_data(data, source=f"{cloud} server catalog")
     assert {t.provider for t in catalog.tools.values()} == {provider}
+
+
+def test_a_tool_with_more_placements_is_given_to_the_server_with_each_in_order(exported: dict[str, Any]) -> None:
+    """The settings module's server catalog for a tool with `more_placements` (mirrored, the HCL
+    checked to be the one mirrored): its own cloud's placement first, with the patience, then the
+    others; the server accepts it, and with grants every placement reaches the one store."""
+    from controlplane import reachable
+
+    text = parsed(TERRAFORM / "modules" / "settings" / "main.tf")["locals"][0]["server_catalog"]
+    assert "placements = concat([merge(local.own_placement[tool], local.patience)], var.more_placements[tool])" in text
+    assert 'if !contains(["provider", "provider_options"], k)' in text
+    example = (TERRAFORM / "examples" / "gcp-with-aws-jobs" / "main.tf").read_text()
+    assert 'tool => [{ provider = "aws_batch", provider_options = options }]' in example
+    data = json.loads(json.dumps(exported["catalog"]))
+    for rc in data["resource_classes"].values():
+        rc["provider_options"] = {}
+    for tool, spec in data["tools"].items():
+        spec.pop("provider", None), spec.pop("provider_options", None)
+        job = f"controlplane-{tool.replace('_', '-')}"
+        spec["placements"] = [{"provider": "cloud_run", "provider_options": PROVIDER_OPTIONS["gcp"][1](job),
+                               "patience_s": 600},
+                              {"provider": "aws_batch", "provider_options": PROVIDER_OPTIONS["aws"][1](job)}]
+    catalog = Catalog.from_data(data, source="two-cloud server catalog")
+    for tool in catalog.tools:
+        first, second = catalog.placements(tool)
+        assert (first.provider, first.patience_s, second.provider) == ("cloud_run", 600, "aws_batch")
+    assert reachable.problems(catalog, job_store_access="grants", default_store="gs://b") == []
+    assert reachable.problems(catalog, job_store_access="identity", default_store="gs://b")  # Batch would not reach it
 
 
 # ---- jobs hold no storage permission ---------------------------------------------------------

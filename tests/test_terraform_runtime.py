@@ -148,7 +148,7 @@ def test_aws_grants_and_trusts_no_more_than_it_uses() -> None:
 
 
 @pytest.mark.parametrize("directory", ["modules/aws", "modules/gcp", "modules/azure", "examples/aws",
-                                       "examples/gcp", "examples/azure"])
+                                       "examples/gcp", "examples/azure", "examples/gcp-with-aws-jobs"])
 def test_names_the_clouds_refuse_are_refused_at_plan(directory: str) -> None:
     """RDS identifiers, Key Vault and Container Apps names take no trailing hyphen and no two in
     a row; the `name` validation refuses them before anything is made."""

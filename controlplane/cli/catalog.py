@@ -31,12 +31,15 @@ class CatalogFormat(StrEnum):
 def catalog_validate(catalog: CatalogArg) -> None:
     """Check a catalog as a server would load it (with this environment's CONTROLPLANE_* settings)
     and list every problem, one a line, each naming the tool and the field. Exits 1 if any."""
+    from controlplane import reachable
     from controlplane.catalog import Catalog, CatalogError, server_problems
     from controlplane.settings import Settings
 
     try:
         loaded = Catalog.load(catalog)
-        problems = server_problems(loaded, max_ttl_s=Settings().max_ttl_s)
+        settings = Settings()
+        problems = server_problems(loaded, max_ttl_s=settings.max_ttl_s) + reachable.problems(
+            loaded, job_store_access=settings.job_store_access, default_store=settings.resolved_object_store_url)
     except CatalogError as e:
         loaded, problems = None, list(e.problems)
     for problem in problems:

@@ -124,7 +124,7 @@ def build_server(cp: ControlPlane, *, with_auth: bool = True) -> FastMCP:
                        schema_version=5),  # 2: resources.scratch_mb is applied or refused; 3: no NUL (stated); 4: outputSchema; 5: `after`, state waiting
         canonical_tool("get_task_status", "State, progress (percent, step, phase, message, ETA), timing and "
                        "error of a task.", api.GetTaskStatus, answers.TaskStatus, svc.status, default_owner=owner,
-                       read_only=True, inline=True, schema_version=5),  # 2: outputSchema; 3: job_id (worker_id deprecated); 4: waiting, waiting_for; 5: provider
+                       read_only=True, inline=True, schema_version=6),  # 2: outputSchema; 3: job_id (worker_id deprecated); 4: waiting, waiting_for; 5: provider; 6: placement, moves
         canonical_tool("tail_task_logs", "Log lines of a task, page by page: pass next_cursor back to continue; "
                        "from_end=true starts at the last lines.", api.TailTaskLogs, answers.TailAnswer, svc.tail,
                        default_owner=owner, read_only=True, inline=True, schema_version=3),  # 2: outputSchema; 3: state waiting

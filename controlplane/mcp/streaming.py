@@ -171,7 +171,7 @@ def wait_tool(cp: ControlPlane, default_owner: str) -> WaitTool:
         parameters=inline_schema(api.WaitTask.model_json_schema()), output_schema=output_schema(answers.WaitAnswer),
         cp=cp, default_owner=default_owner,
         annotations=ToolAnnotations(read_only_hint=True, destructive_hint=False, open_world_hint=False),
-        meta={"schemaVersion": 5, "toolingVersion": TOOLING_VERSION},  # 2: outputSchema; 3: status.job_id; 4: waiting; 5: status.provider
+        meta={"schemaVersion": 6, "toolingVersion": TOOLING_VERSION},  # 2: outputSchema; 3: status.job_id; 4: waiting; 5: status.provider; 6: status.placement, moves
     )
 
 

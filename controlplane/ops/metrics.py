@@ -71,11 +71,15 @@ CALLBACK = Histogram("controlplane_runner_callback_seconds", "Runner callback re
 EXTRA_EXECUTIONS = Counter("controlplane_extra_executions", "Extra executions of an attempt: claims refused to them "
                            "(refused) and executions the reconciler stopped (stopped)", ["provider", "action"],
                            registry=REGISTRY)
+MOVES = Counter("controlplane_moves", "Attempts moved off a placement to the tool's next, by why: its launch was "
+                "refused for room (refused), its job waited past the placement's patience (patience), its "
+                "provider gave up on the waiting job (stuck)", ["tool", "placement", "provider", "reason"],
+                registry=REGISTRY)
 MCP_REQUEST = Histogram("controlplane_mcp_request_seconds", "POSTs to the MCP endpoint, to the end of the answer",
                         ["method"], buckets=_FAST, registry=REGISTRY)
 
 NAMES = ("SUBMITS", "COMPLETIONS", "QUEUE_WAIT", "LAUNCH", "PROVIDER_CALLS", "PROVIDER_ERRORS", "RECONCILE",
-         "CALLBACK", "MCP_REQUEST", "EXTRA_EXECUTIONS")
+         "CALLBACK", "MCP_REQUEST", "EXTRA_EXECUTIONS", "MOVES")
 
 
 class _Off:
@@ -122,6 +126,11 @@ def extra_executions(provider: str, action: str, n: int = 1) -> None:
     "stopped" (the reconciler stopped one)."""
     if n:
         EXTRA_EXECUTIONS.labels(provider, action).inc(n)
+
+
+def moved(tool: str, placement: int, provider: str, why: str) -> None:
+    """An attempt of `tool` moved off its placement (index `placement`, on `provider`), for `why`."""
+    MOVES.labels(tool, str(placement), provider, why).inc()
 
 
 def timed_callback(route: str, endpoint: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:

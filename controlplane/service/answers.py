@@ -80,6 +80,14 @@ class Usage(Answer):
     estimated_cost: CostSoFar
 
 
+class Move(Answer):
+    attempt: int  # the attempt that moved off its placement
+    placement: int  # that placement's index in the tool's list
+    provider: str
+    reason: str  # why it found no room there, in its provider's words where it gave them
+    at: str | None  # when
+
+
 class TaskStatus(Answer):
     task_id: str
     state: TaskState
@@ -110,6 +118,8 @@ class TaskStatus(Answer):
     waiting_for: list[str] | None = None  # only while waiting: the parents (`after`) not yet succeeded
     log_link: str | None = None  # only for a provider with a console link
     provider: str | None = None  # once the attempt is placed: the provider its job runs on
+    placement: int | None = None  # ... and its placement's index in the tool's list (several placements only)
+    moves: list[Move] | None = None  # the attempts that moved off a placement for want of room (several only)
 
 
 class LogLine(Answer):

@@ -14,8 +14,9 @@ from controlplane.catalog import Catalog
 from controlplane.estimates import Estimator
 from controlplane.objectstore.local import LocalObjectStore
 from controlplane.objectstore.registry import ObjectStores
+from controlplane.placement import NO_CAPACITY
 from controlplane.service.access import Access
-from controlplane.service.answers import Artifact, TaskResult, TaskStatus, TimelineEntry
+from controlplane.service.answers import Artifact, Move, TaskResult, TaskStatus, TimelineEntry
 from controlplane.service.polling import poll_after_ms
 from controlplane.service.usage import Costs
 from controlplane.settings import Settings
@@ -77,6 +78,10 @@ class Reads:
             job = self.store.jobs.get(task.ref)  # (else its job says nothing the task does not)
         if task.job_id:  # where the attempt runs: its job's placement (a tool's only one: the task's)
             extra["provider"] = job.provider if job is not None else task.provider
+        if several:
+            if job is not None:
+                extra["placement"] = job.placement
+            extra["moves"] = self._moves(task)
         if job is not None:  # the attempt's own placement
             provider = self.providers.get(job.provider)
             if state == TaskState.SCHEDULED and job.provider_reason:
@@ -96,6 +101,13 @@ class Reads:
             estimated_runtime_seconds=task.estimate_s, tags=task.tags, error=task.error,
             poll_after_ms=None if state in TERMINAL or state == TaskState.EXPIRED else self.poll_after_ms(task, job),
             usage=used.usage, estimated_cost=used.estimated_cost, **extra)
+
+    def _moves(self, task: TaskRow) -> list[Move]:
+        """The task's attempts that moved off their placement for want of room, oldest first: their
+        jobs keep the provider's word (`placement.NO_CAPACITY`) and why."""
+        return [Move(attempt=j.attempt, placement=j.placement, provider=j.provider, reason=j.provider_reason or "",
+                     at=iso(j.finished_at)) for j in self.store.jobs.of_task(task.task_id)
+                if j.provider_status == NO_CAPACITY]
 
     def poll_after_ms(self, task: TaskRow, job: JobRow | None = None) -> int:
         """`polling.poll_after_ms` at the placement of the task's attempt (`job`: its job, when read)."""

@@ -120,6 +120,8 @@ class AttemptTx:
             detail["error"] = error.get("code")
         if retry is not None:
             detail["retry"] = retry
+            if retry == "elsewhere":  # the move, in the audit: off which placement, and why
+                detail.update(placement=job.placement, provider=job.provider, reason=job.provider_reason)
             vals.update(_RESET_ON_RETRY, attempt=task.attempt + 1, not_before=not_before)
             counter = _BUDGETS.get(retry)
             if counter is not None:

@@ -271,6 +271,27 @@ class JobStore:
             self.db.run(c, q.MARK_STOP_SENT, {"jid": job_id, "now": now})
         return now
 
+    def begin_move(self, job_id: str, status: str, reason: str, fence: Fence | None = None) -> bool:
+        """Record that the job is to be stopped and its attempt moved elsewhere (`status`, the
+        move's word, and `reason` as its provider status), while its attempt is current and its
+        task has not started it. With a `fence`, only while the lease is held (raises
+        `leases.Fenced`). True once recorded: a restart finds the move in the job's row."""
+        with self.w.tx() as c:
+            job = self._fenced_job(c, job_id, fence)
+            task = self.w.lock_task(c, job.task_id) if job is not None else None
+            if job is None or task is None or job.state != J.ACTIVE or task.attempt != job.attempt or task.state != S.SCHEDULED:
+                return False
+            self.db.run(c, q.UPDATE_JOB, {"_jid": job_id, "provider_status": _storable(status)[:32],
+                                          "provider_reason": _storable(reason)})
+            return True
+
+    def cancel_move(self, job_id: str, fence: Fence | None = None) -> None:
+        """A move given up (the job's runner claimed its attempt first: it runs): the job's
+        provider status is the provider's word again from the next poll on."""
+        with self.w.tx() as c:
+            if self._fenced_job(c, job_id, fence) is not None:
+                self.db.run(c, q.UPDATE_JOB, {"_jid": job_id, "provider_status": None, "provider_reason": None})
+
     def note_refused_claim(self, ref: ids.AttemptRef) -> None:
         """A claim of the attempt was refused to an extra execution: counted on the attempt's job
         (`extra_claims`), for the reconciler to stop that execution and the operator to see it."""

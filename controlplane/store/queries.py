@@ -189,7 +189,8 @@ LAUNCH_INTENTS = (select(JOBS, T.c.state.label("task_state"))
 WATCHED_PAGE = (select(JOBS.c.job_id, JOBS.c.task_id, JOBS.c.attempt, JOBS.c.provider, JOBS.c.event_seq,
                        JOBS.c.handle_json, JOBS.c.seen_at, JOBS.c.stop_requested_at, JOBS.c.stop_sent_at,
                        JOBS.c.provider_status, JOBS.c.provider_reason, JOBS.c.created_at,
-                       JOBS.c.extra_claims, JOBS.c.extra_checked, JOBS.c.state.label("job_state"))
+                       JOBS.c.extra_claims, JOBS.c.extra_checked, JOBS.c.placement, JOBS.c.launched_at,
+                       JOBS.c.state.label("job_state"))
                 .where(likely(text(f"jobs.{WATCHED_JOBS_WHERE}")),
                        tuple_(JOBS.c.created_at, JOBS.c.job_id) > tuple_(_bp("after_ts"), _bp("after_jid")))
                 .order_by(JOBS.c.created_at, JOBS.c.job_id).limit(_bp("lim")))

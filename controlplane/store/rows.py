@@ -241,6 +241,8 @@ class WatchedJob(NamedTuple):
     created_at: float  # the job's (with job_id, the cursor of the reconciler's paged walk)
     extra_claims: int  # claims refused to extra executions of the attempt
     extra_checked: int  # ... that the reconciler has looked into
+    placement: int  # which of its tool's placements it runs on
+    launched_at: float | None
     job_state: JobState
     task_attempt: int | None  # the task's, from here on
     timeout_at: float | None

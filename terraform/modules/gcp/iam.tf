@@ -71,7 +71,8 @@ resource "google_service_account_iam_member" "server_signs_as_itself" {
 }
 
 resource "google_secret_manager_secret_iam_member" "server" {
-  for_each  = { database_url = google_secret_manager_secret.database_url.id, secret_key = google_secret_manager_secret.secret_key.id }
+  for_each = merge(var.secret_environment, { database_url = google_secret_manager_secret.database_url.id,
+  secret_key = google_secret_manager_secret.secret_key.id })
   project   = var.project
   secret_id = each.value
   role      = "roles/secretmanager.secretAccessor"

@@ -16,13 +16,13 @@ locals {
   public_url = var.public_hostname == null ? local.run_url : "https://${var.public_hostname}"
   labels     = merge({ "controlplane-deployment" = var.name }, var.labels)
 
-  server_env = merge(module.settings.environment, {
+  server_env = merge(var.environment, module.settings.environment, {
     CONTROLPLANE_OBJECT_STORE_URL = "gs://${module.jobs.bucket}"
   })
-  secret_env = {
+  secret_env = merge(var.secret_environment, {
     CONTROLPLANE_DATABASE_URL = google_secret_manager_secret.database_url.secret_id
     CONTROLPLANE_SECRET_KEY   = google_secret_manager_secret.secret_key.secret_id
-  }
+  })
 }
 
 # The catalog drives the jobs: one Cloud Run job per tool (modules/gcp-jobs), and the server's
@@ -47,6 +47,8 @@ module "settings" {
   catalog          = var.catalog
   provider_name    = "cloud_run"
   provider_options = module.jobs.provider_options
+  more_placements  = var.more_placements
+  patience_s       = var.patience_s
   oauth            = var.oauth
   public_url       = local.public_url
 }

@@ -97,3 +97,27 @@ variable "labels" {
   type        = map(string)
   default     = {}
 }
+
+variable "more_placements" {
+  description = "Tool -> the placements it may also run on after its Cloud Run job (a list of { provider, provider_options }, e.g. modules/aws-jobs' provider_options on aws_batch): its attempts move there when Cloud Run has no room (examples/gcp-with-aws-jobs)."
+  type        = any
+  default     = {}
+}
+
+variable "patience_s" {
+  description = "How long a Cloud Run job of a tool with more_placements may wait to start before its attempt moves to the next placement; null: as long as Cloud Run lets it."
+  type        = number
+  default     = null
+}
+
+variable "environment" {
+  description = "More environment for the server, e.g. another cloud's provider settings (CONTROLPLANE_AWS_BATCH_REGION); the module's own settings win over these."
+  type        = map(string)
+  default     = {}
+}
+
+variable "secret_environment" {
+  description = "Environment variable -> the Secret Manager secret (id) its value is read from, e.g. another cloud's credentials; the server's account is granted access to each."
+  type        = map(string)
+  default     = {}
+}

@@ -10,16 +10,26 @@ locals {
   job_names = { for tool, job in local.jobs : tool => "${var.name}-${replace(lower(tool), "_", "-")}" }
 
   wait_options = ["stuck_after_s", "on_stuck"] # provider_options that are not about where a job runs
+  # Each tool's placement on the jobs this module's cloud made for it; a tool with more places
+  # to run (`more_placements`, e.g. another cloud's jobs-only module) lists them after it, its
+  # own placement waiting `patience_s` for a job to start before the attempt moves on.
+  own_placement = { for tool, spec in local.exported.catalog.tools : tool => {
+    provider = var.provider_name
+    provider_options = merge(
+      { for k, v in try(spec.provider_options, {}) : k => v if contains(local.wait_options, k) },
+      var.provider_options[tool],
+    )
+  } }
+  patience = { for k, v in { patience_s = var.patience_s } : k => v if v != null }
   server_catalog = merge(local.exported.catalog, {
     resource_classes = { for rc_name, rc in local.exported.catalog.resource_classes :
     rc_name => merge(rc, { provider_options = {} }) }
-    tools = { for tool, spec in local.exported.catalog.tools : tool => merge(spec, {
-      provider = var.provider_name
-      provider_options = merge(
-        { for k, v in try(spec.provider_options, {}) : k => v if contains(local.wait_options, k) },
-        var.provider_options[tool],
-      )
-    }) }
+    # (as JSON both ways: a tool with placements and one without are objects of different types)
+    tools = { for tool, spec in local.exported.catalog.tools : tool => jsondecode(contains(keys(var.more_placements), tool)
+      ? jsonencode(merge({ for k, v in spec : k => v if !contains(["provider", "provider_options"], k) }, {
+        placements = concat([merge(local.own_placement[tool], local.patience)], var.more_placements[tool])
+      }))
+    : jsonencode(merge(spec, local.own_placement[tool]))) }
   })
 
   mcp_url = var.public_url == null ? null : "${var.public_url}/mcp"

@@ -26,6 +26,18 @@ variable "provider_options" {
   type        = map(map(string))
 }
 
+variable "more_placements" {
+  description = "Tool -> the placements it may also run on, after this cloud's (a list of { provider, provider_options }, e.g. another cloud's jobs-only module's provider_options): its attempts move there when this cloud has no room."
+  type        = any
+  default     = {}
+}
+
+variable "patience_s" {
+  description = "How long a job of a tool with more_placements may wait to start on this cloud before its attempt moves to the next placement; null: as long as the provider lets it."
+  type        = number
+  default     = null
+}
+
 variable "oauth" {
   description = "The identity provider clients bring access tokens from; attributes map onto CONTROLPLANE_AUTH_*."
   type = object({
