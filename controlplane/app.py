@@ -117,6 +117,7 @@ class ControlPlane:
         self.hub = ProgressHub(self.store.tasks.get)  # pushes task changes to connected clients
         self.store.on_change = self.hub.on_change
         self.store.writer.class_scratch_mb = self.class_scratch_mb  # a released task's inputs checked
+        self.store.writer.tool_max_input_mb = self.tool_max_input_mb
         self.change_feed: ChangeFeed | None = None  # set while running, on PostgreSQL
         self.public_url: str | None = self.settings.public_url
         self.serves_http_routes = False  # True when the MCP HTTP app carries the runner/download routes
@@ -170,6 +171,11 @@ class ControlPlane:
         """The scratch_mb cap of a resource class in the catalog as it is now (None: no cap)."""
         rc = self.catalog.resource_classes.get(name)
         return rc.scratch_mb if rc is not None else None
+
+    def tool_max_input_mb(self, name: str) -> int | None:
+        """The largest input file (MiB) a tool of the catalog as it is now takes (None: no such tool)."""
+        tool = self.catalog.tools.get(name)
+        return tool.max_input_file_mb if tool is not None else None
 
     def build_spec(self, task: TaskRow, job: JobRow) -> LaunchSpec:
         """The task's job as its tool was when the task was admitted, at its job's placement

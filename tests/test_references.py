@@ -281,6 +281,24 @@ async def test_an_artifact_of_a_parent_that_no_longer_fits_the_scratch_disk_ends
         assert raced.state == TaskState.FAILED and json.loads(raced.error_json or "{}") == st["error"]
 
 
+async def test_an_artifact_of_a_parent_larger_than_the_tool_takes_ends_the_child(home: Path) -> None:
+    """An artifact admitted without a size (its parent still ran) is held to the tool's
+    `max_input_file_mb` when the child is released, as a submit's known files are at admission."""
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "catalog.toml").write_text(catalog_text() + DIGEST)  # digest: max_input_file_mb = 1
+    size = 2 * MIB
+    async with running(Settings(home=home, **FAST, auth_tokens="tok-a=alice")) as (_cp, _server, agent):
+        parent = await agent.submit("exercise", inputs={"sleep_s": 1.0, "artifact_bytes": size})
+        child = await agent.submit("digest", inputs={"data": f"artifact://{parent}/data.bin"}, after=[parent])
+        st = await agent.wait(child)
+        assert st["state"] == "failed", st
+        assert st["error"] == {
+            "code": "DEPENDENCY_FAILED", "parent": parent, "parent_state": "succeeded", "artifact": "data.bin",
+            "message": f"parent task {parent} succeeded with the artifact data.bin of {size} bytes, and inputs.data "
+                       "may be at most 1 MiB (tool 'digest', max_input_file_mb): this task will not run",
+            "hint": "pass a smaller file, or ask the operator for a tool that takes larger ones"}
+
+
 # ---- the store on the GCS emulator and on azurite (the job on the local provider) -----------------
 @pytest.mark.parametrize("cloud", ["gcs", "azure"], indirect=True)
 async def test_an_upload_and_an_artifact_are_read_through_gcs_and_azure(home: Path, cloud: CloudTarget) -> None:

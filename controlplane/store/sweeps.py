@@ -127,7 +127,8 @@ class SweepStore:
         one executemany)."""
         # Its parents ended while it was admitted: an artifact it refers to must be there now, and
         # fit its scratch disk with the rest, as at a release.
-        late = self.w.inputs_error(inputs.lookup(self.db, c, task.refs), task.resources_json, task.resource_class) \
+        late = self.w.inputs_error(inputs.lookup(self.db, c, task.refs), task.tool_name,
+                                   task.resources_json, task.resource_class) \
             if state == S.QUEUED and any(not r.resolved for r in task.refs) else None
         error: dict[str, Any] | None = None
         if late is not None:

@@ -165,7 +165,8 @@ class TaskStore:
         state = dependencies.verdict(found) if new.after else S.QUEUED
         # Its parents ended while it was admitted: an artifact it refers to must be there now, and
         # fit its scratch disk with the rest, as at a release.
-        late = self.w.inputs_error(inputs.lookup(self.db, c, new.refs), new.resources_json, new.resource_class) \
+        late = self.w.inputs_error(inputs.lookup(self.db, c, new.refs), new.tool_name,
+                                   new.resources_json, new.resource_class) \
             if state == S.QUEUED and any(not r.resolved for r in new.refs) else None
         if late is not None:
             state = S.FAILED

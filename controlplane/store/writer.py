@@ -24,7 +24,7 @@ from sqlalchemy.engine import Connection
 
 from controlplane import dependencies, states
 from controlplane.ids import AttemptRef
-from controlplane.scratch import overflow
+from controlplane.scratch import MIB, overflow
 from controlplane.states import JobState, TaskState
 from controlplane.store import inputs
 from controlplane.store import queries as q
@@ -60,6 +60,8 @@ class Writer:
         # The scratch_mb cap of a resource class by name (the catalog's; None: no cap), for the
         # files of a task released with artifacts that had no size when it was admitted.
         self.class_scratch_mb: Callable[[str], int | None] = lambda _name: None
+        # A tool's max_input_file_mb by name (the catalog's; None: unknown tool), for the same files.
+        self.tool_max_input_mb: Callable[[str], int | None] = lambda _name: None
         self._local = threading.local()
 
     @contextmanager
@@ -166,17 +168,27 @@ class Writer:
     def unfit_inputs(self, c: Connection, child: TaskRow) -> dict[str, Any] | None:
         """A released task's artifacts of parents resolved and recorded (in `c`), and the
         DEPENDENCY_FAILED error that keeps it from running (`inputs_error`), or None."""
-        return self.inputs_error(inputs.resolve_artifacts(self.db, c, child.task_id), child.resources_json,
-                                 child.resource_class)
+        return self.inputs_error(inputs.resolve_artifacts(self.db, c, child.task_id), child.tool_name,
+                                 child.resources_json, child.resource_class)
 
-    def inputs_error(self, found: inputs.Resolution, resources_json: str, resource_class: str) -> dict[str, Any] | None:
-        """DEPENDENCY_FAILED when an artifact its inputs refer to is missing, or when with the sizes
-        of those resolved late the files no longer fit the task's scratch disk (`scratch.overflow`,
-        as admission checked the rest); else None."""
+    def inputs_error(self, found: inputs.Resolution, tool_name: str, resources_json: str,
+                     resource_class: str) -> dict[str, Any] | None:
+        """DEPENDENCY_FAILED when an artifact its inputs refer to is missing, or when one resolved
+        late is larger than its tool takes for one file (`max_input_file_mb`), or when with their
+        sizes the files no longer fit the task's scratch disk (`scratch.overflow`), as admission
+        checked the rest; else None."""
         if found.missing is not None:
             return dependencies.missing_artifact(*found.missing)
         if not found.late:
             return None
+        most = self.tool_max_input_mb(tool_name)
+        for r in found.rows:
+            if most is not None and r.field in found.late and (r.size_bytes or 0) > most * MIB:
+                parent, name = inputs.artifact_parts(r.ref) or ("", "")
+                return dependencies.inputs_too_big(
+                    parent, name, r.size_bytes or 0,
+                    f"inputs.{r.field} may be at most {most} MiB (tool '{tool_name}', max_input_file_mb)",
+                    "pass a smaller file, or ask the operator for a tool that takes larger ones")
         asked = json.loads(resources_json or "{}").get("scratch_mb")
         too_big = overflow({r.field: r.size_bytes for r in found.rows if r.size_bytes}, asked,
                            self.class_scratch_mb(resource_class), resource_class)
