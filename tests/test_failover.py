@@ -34,8 +34,9 @@ SITE = f"cloud_run/{CENTRAL}"
 
 
 def cloud_run(region: str, extra: str = "") -> str:
+    """A Cloud Run placement on the fake; its jobs (local processes) reach the tests' file:// store."""
     return (f'{{ provider = "cloud_run", options = {{ project = "{gcp.PROJECT}", region = "{region}", '
-            f'job = "{gcp.JOB}" }}{extra} }}')
+            f'job = "{gcp.JOB}" }}, reachable_stores = ["file://"]{extra} }}')
 
 
 def catalog_with(placements: str, policy: str = "ordered") -> str:
