@@ -74,6 +74,40 @@ async def test_wait_sweep_streams_the_aggregate_then_answers_its_status(home: Pa
     assert any("running" in (m or "") for _, _, m in rec.progress)
 
 
+async def test_the_aggregate_is_read_at_most_4_times_a_second_however_many_shards_change(home: Path) -> None:
+    """Every shard's progress pokes the follower; it reads the sweep's counts (one GROUP BY) at
+    most 4 times a second, and never the shards' rows one by one."""
+    cp = ControlPlane(Settings(home=home, **FAST))
+    reads: list[float] = []
+    counts = cp.store.sweeps.state_counts
+
+    def counted(sweep_id: str) -> Any:
+        reads.append(time.monotonic())
+        return counts(sweep_id)
+
+    cp.store.sweeps.state_counts = counted  # type: ignore[method-assign]
+    changes = 0
+    on_change = cp.store.on_change
+
+    def heard(task_id: str) -> None:
+        nonlocal changes
+        changes += 1
+        assert on_change is not None
+        on_change(task_id)
+
+    cp.store.on_change = heard
+    async with Client(build_server(cp)) as client:
+        agent = Agent(client)
+        s = await agent.call("submit_sweep", tool_name="exercise", base_inputs={"progress_steps": 20, "sleep_s": 1},
+                             vary=VARY, max_parallel=8)
+        started, reads[:] = time.monotonic(), []
+        out = await agent.call("wait_sweep", sweep_id=s["sweep_id"], timeout_s=120)
+        took = time.monotonic() - started
+    assert out["done"] is True
+    assert changes > 4 * took, (changes, took)  # far more shard changes than reads allowed...
+    assert len(reads) <= 4 * took + 3, (len(reads), took)  # ...and the reads stay throttled
+
+
 async def test_a_wait_that_gives_up_says_so_and_leaves_the_sweep_running(home: Path) -> None:
     rec = Recorder()
     async with client_on("memory", home, rec) as client:
