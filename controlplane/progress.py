@@ -170,8 +170,9 @@ class ProgressHub:
                 if task is not None:
                     if len(self._sweep_of) >= KNOWN_SHARDS:
                         self._sweep_of.clear()
-                    self._sweep_of[task_id] = task.sweep_id  # never changes
-                    for sub in [*self._subs.get(task_id, ()), *self._subs.get(task.sweep_id or "", ())]:
+                    sweep = getattr(task, "sweep_id", None)  # (a row; a test's fetch may give less)
+                    self._sweep_of[task_id] = sweep  # never changes
+                    for sub in [*self._subs.get(task_id, ()), *self._subs.get(sweep or "", ())]:
                         sub._offer(task)
                 if task_id not in self._stale:
                     break
