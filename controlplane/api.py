@@ -250,6 +250,12 @@ class GetSweepStatus(_Input):
     sweep_id: SweepId
 
 
+class WaitSweep(_Input):
+    sweep_id: SweepId
+    timeout_s: float = Field(default=60, gt=0, le=3600, description="Give up waiting (not the sweep) after this "
+                             "many seconds")
+
+
 class CancelSweep(_Input):
     sweep_id: SweepId
     reason: Annotated[str, StoredText] = Field(default="user-request", min_length=1, max_length=500)

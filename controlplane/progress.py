@@ -3,7 +3,9 @@
 `ProgressHub` hears from the store after every committed change to a task (its state or its
 progress), made by this process or, on PostgreSQL, by another replica (`store.changes.ChangeFeed`), and hands the task's latest row to whoever subscribed to it. A subscription keeps
 only the newest update (older ones are coalesced away), so a slow watcher never holds up the
-others or the store. What a watcher makes of it (MCP progress notifications, resource updates)
+others or the store. A sweep's followers subscribe to the sweep's id: a change of one of its
+shards pokes them (one point read of the shard, whose sweep is then remembered), and they read the
+sweep's aggregate themselves, throttled (`controlplane.mcp.sweep_wait`). What a watcher makes of it (MCP progress notifications, resource updates)
 lives in `controlplane.mcp`.
 """
 
@@ -23,19 +25,24 @@ log = logging.getLogger("controlplane.progress")
 
 
 
+SWEEP_PREFIX = "swp_"
+KNOWN_SHARDS = 100_000  # how many tasks' sweeps the hub remembers (then it forgets them all)
+
+
 class Subscription:
     def __init__(self, hub: ProgressHub, task_id: str):
         self.hub = hub
-        self.task_id = task_id
+        self.task_id = task_id  # a task's id, or a sweep's (then the updates are its shards')
         self._latest: TaskRow | None = None
         self._event = asyncio.Event()
 
-    def _offer(self, task: TaskRow) -> None:
+    def _offer(self, task: TaskRow | None) -> None:
         self._latest = task
         self._event.set()
 
     async def next(self, timeout: float) -> TaskRow | None:
-        """The newest update since the last call, or None if none came within `timeout`."""
+        """The newest update since the last call (for a sweep: the shard that changed last), or
+        None if none came within `timeout`."""
         try:
             await asyncio.wait_for(self._event.wait(), timeout)
         except TimeoutError:
@@ -74,6 +81,8 @@ class ProgressHub:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._readers: dict[str, asyncio.Task[None]] = {}  # the read in flight, per task
         self._stale: set[str] = set()  # tasks that changed again during their read
+        self._sweep_of: dict[str, str | None] = {}  # task id -> its sweep (None: not a shard)
+        self._sweeps_followed = 0  # how many subscriptions are a sweep's
 
     def attach(self, loop: asyncio.AbstractEventLoop | None) -> None:
         self._loop = loop
@@ -81,6 +90,7 @@ class ProgressHub:
     def subscribe(self, task_id: str) -> Subscription:
         sub = Subscription(self, task_id)
         self._subs[task_id].add(sub)
+        self._sweeps_followed += task_id.startswith(SWEEP_PREFIX)
         return sub
 
     async def watch(self, task_id: str, *, read: Callable[[], Any] | None,
@@ -105,15 +115,17 @@ class ProgressHub:
 
     def _unsubscribe(self, sub: Subscription) -> None:
         subs = self._subs.get(sub.task_id)
-        if subs is not None:
+        if subs is not None and sub in subs:
             subs.discard(sub)
+            self._sweeps_followed -= sub.task_id.startswith(SWEEP_PREFIX)
             if not subs:
                 self._subs.pop(sub.task_id, None)
 
     def on_change(self, task_id: str) -> None:
-        """From any thread, after a commit: deliver the task's new state to its subscribers."""
+        """From any thread, after a commit: deliver the task's new state to its subscribers (and
+        to its sweep's)."""
         loop = self._loop
-        if task_id not in self._subs or loop is None or loop.is_closed():
+        if loop is None or loop.is_closed() or not self._wanted(task_id):
             return
         loop.call_soon_threadsafe(self._changed, task_id)
 
@@ -129,8 +141,21 @@ class ProgressHub:
         for task_id in list(self._subs):
             self._changed(task_id)
 
+    def _wanted(self, task_id: str) -> bool:
+        """Whether anyone follows the task, or may follow its sweep (unknown yet: one read says)."""
+        if task_id in self._subs:
+            return True
+        if not self._sweeps_followed:
+            return False
+        sweep = self._sweep_of.get(task_id, "")
+        return sweep == "" or (sweep is not None and sweep in self._subs)
+
     def _changed(self, task_id: str) -> None:
-        if task_id not in self._subs:
+        if task_id.startswith(SWEEP_PREFIX):  # a refresh: poke the sweep's followers
+            for sub in list(self._subs.get(task_id, ())):
+                sub._offer(None)  # (its followers read the aggregate)
+            return
+        if not self._wanted(task_id):
             return
         if task_id in self._readers:
             self._stale.add(task_id)  # read again once the read in flight is done
@@ -139,11 +164,15 @@ class ProgressHub:
 
     async def _deliver(self, task_id: str) -> None:
         try:
-            while task_id in self._subs:
+            while self._wanted(task_id):
                 self._stale.discard(task_id)
                 task = await blocking.call(self._fetch, task_id)
                 if task is not None:
-                    for sub in list(self._subs.get(task_id, ())):
+                    if len(self._sweep_of) >= KNOWN_SHARDS:
+                        self._sweep_of.clear()
+                    sweep = getattr(task, "sweep_id", None)  # (a row; a test's fetch may give less)
+                    self._sweep_of[task_id] = sweep  # never changes
+                    for sub in [*self._subs.get(task_id, ()), *self._subs.get(sweep or "", ())]:
                         sub._offer(task)
                 if task_id not in self._stale:
                     break

@@ -176,3 +176,35 @@ def test_a_watch_sees_the_task_now_each_change_and_a_fresh_read_after_a_quiet_sp
         return out
 
     assert asyncio.run(go()) == [(0, False), (1, False), (2, True), (None, True)]
+
+
+def test_a_shards_change_pokes_its_sweeps_followers_and_other_tasks_cost_one_read() -> None:
+    """A sweep's follower hears of every change of its shards; a task outside any followed sweep
+    is read once (to learn it is none's) and never again; nothing is read while no sweep is followed."""
+    from types import SimpleNamespace
+
+    reads: list[str] = []
+
+    def fetch(task_id: str) -> Any:
+        reads.append(task_id)
+        return SimpleNamespace(task_id=task_id, sweep_id="swp_a" if task_id.startswith("shard") else None)
+
+    async def main() -> None:
+        hub = ProgressHub(fetch)
+        hub.attach(asyncio.get_running_loop())
+        hub.on_change("shard1")
+        await asyncio.sleep(0.05)
+        assert reads == []  # no follower, no read
+        with hub.subscribe("swp_a") as sub:
+            for task_id in ("lone", "shard1", "shard2"):
+                hub.on_change(task_id)
+                await asyncio.sleep(0.05)
+            seen = await sub.next(timeout=1)
+            assert seen is not None and seen.task_id == "shard2"
+            hub.on_change("lone")
+            hub.on_change("shard1")
+            assert await sub.next(timeout=1) is not None
+            await asyncio.sleep(0.05)
+            assert reads == ["lone", "shard1", "shard2", "shard1"]  # "lone" once: not a shard
+
+    asyncio.run(main())

@@ -28,6 +28,7 @@ from controlplane.mcp.guard import JsonOnly
 from controlplane.mcp.oauth import build_auth
 from controlplane.mcp.streaming import Followers, wait_tool
 from controlplane.mcp.subscriptions import TaskSubscriptions
+from controlplane.mcp.sweep_wait import wait_sweep_tool
 from controlplane.mcp.tasks import ControlPlaneTasks
 from controlplane.mcp.tools import canonical_tool, error
 from controlplane.ops import traces
@@ -167,6 +168,7 @@ def build_server(cp: ControlPlane, *, with_auth: bool = True) -> FastMCP:
                        "plus the running ones' percent), ETA, usage and cost so far, and the first failures.",
                        api.GetSweepStatus, answers.SweepStatus, svc.sweep_status, default_owner=owner,
                        read_only=True, inline=True),
+        wait_sweep_tool(cp, owner),
         canonical_tool("cancel_sweep", "Cancel every shard of a sweep that has not ended (queued ones at once, "
                        "running ones stopped) and stop the sweep. Idempotent.", api.CancelSweep,
                        answers.SweepCancelAnswer, svc.cancel_sweep, default_owner=owner, read_only=False),

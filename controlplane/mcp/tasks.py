@@ -4,7 +4,8 @@ A client that opts into the extension on a `tools/call` of a catalog tool gets t
 back (`resultType: "task"`), once it is committed; it then polls `tasks/get`, which inlines the
 tool's result when the task is done, and may `tasks/cancel` it (our cancellation, which reaches
 the cloud job). `tasks/list` lists the caller's tasks, page by page. The task id is our task id:
-it stays good in a fresh session and after a restart, for this caller only.
+it stays good in a fresh session and after a restart, for this caller only. A call asking for a
+sweep is one task whose id is the sweep's (`controlplane.mcp.sweep_tasks`).
 
 Our eleven states map onto the protocol's five statuses in one table (`STATUS`). A task that ended
 badly (`failed`, `timed_out`) is `failed` with a JSON-RPC error whose `data` is our task error;
@@ -43,6 +44,7 @@ from controlplane.errors import ControlPlaneError
 from controlplane.guards import LimitReached
 from controlplane.limits import limit_exceeded
 from controlplane.mcp.progress import progress_details
+from controlplane.mcp.sweep_tasks import SWEEP_META, SweepTasks, is_sweep_id
 from controlplane.mcp.tools import current_caller, error
 from controlplane.states import TaskState
 from controlplane.store.rows import TaskRow
@@ -93,6 +95,7 @@ class ControlPlaneTasks(ServerExtension):
 
     def __init__(self, cp: ControlPlane):
         self.cp = cp
+        self.sweeps = SweepTasks(cp)  # a sweep as one task (`controlplane.mcp.sweep_tasks`)
 
     def clone(self) -> ControlPlaneTasks:  # bound to one control plane: never deep-copied
         return ControlPlaneTasks(self.cp)
@@ -113,7 +116,13 @@ class ControlPlaneTasks(ServerExtension):
         spec = self.cp.catalog.tool(params.name)
         rc = context.request_context
         modern = rc is not None and rc.protocol_version in MODERN_PROTOCOL_VERSIONS
-        if spec is None or not modern or context.client_extension_settings(TASKS_EXTENSION_ID) is None:
+        as_task = modern and context.client_extension_settings(TASKS_EXTENSION_ID) is not None
+        sweep = (rc.meta or {}).get(SWEEP_META) if rc is not None else None
+        if spec is not None and sweep is not None:  # a sweep of the tool: one task, or submit_sweep's answer
+            caller = current_caller(self.cp.settings.default_owner)
+            return await self.sweeps.submit(caller, spec.name, dict(params.arguments or {}), sweep,  # type: ignore[return-value]
+                                            as_task)
+        if spec is None or not as_task:
             return await call_next()  # the two-stage answer (docs/design/two-stage-answer.md)
         caller = current_caller(self.cp.settings.default_owner)
         started = time.perf_counter()
@@ -176,20 +185,26 @@ class ControlPlaneTasks(ServerExtension):
         return {"code": INTERNAL_ERROR, "message": err.get("message", "the task failed"), "data": err}
 
     # ---- methods --------------------------------------------------------------------------------
-    async def _owned(self, ctx: ServerRequestContext[Any, Any], task_id: str) -> tuple[str, TaskRow]:
+    def _caller(self, ctx: ServerRequestContext[Any, Any]) -> str:
         modern = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
         if modern and read_client_extension_settings(ctx, TASKS_EXTENSION_ID) is None:
             raise MCPError(code=MISSING_REQUIRED_CLIENT_CAPABILITY,
                            message=f"this request targets the tasks extension ({TASKS_EXTENSION_ID}); "
                                    "the client did not declare it",
                            data={"requiredCapabilities": {"extensions": {TASKS_EXTENSION_ID: {}}}})
-        caller = current_caller(self.cp.settings.default_owner)
+        return current_caller(self.cp.settings.default_owner)
+
+    async def _owned(self, ctx: ServerRequestContext[Any, Any], task_id: str) -> tuple[str, TaskRow]:
+        caller = self._caller(ctx)
         task = await blocking.call(self.cp.service.get, caller, task_id)
         if task is None:  # unknown and someone else's answer alike
             raise MCPError(code=INVALID_PARAMS, message=f"task {task_id} not found")
         return caller, task
 
     async def _get(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> dict[str, Any]:
+        if is_sweep_id(params.task_id):
+            legacy = ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS
+            return await self.sweeps.get(self._caller(ctx), params.task_id, legacy)
         caller, task = await self._owned(ctx, params.task_id)
         legacy = ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS
         out = self._task_fields(task, legacy=legacy)
@@ -204,6 +219,8 @@ class ControlPlaneTasks(ServerExtension):
 
     async def _result(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> dict[str, Any]:
         """2025-11-25 `tasks/result`: waits for the task to end, then returns its tool result."""
+        if is_sweep_id(params.task_id):
+            return await self.sweeps.result(self._caller(ctx), params.task_id)
         caller, task = await self._owned(ctx, params.task_id)
         watch = self.cp.hub.watch(task.task_id, read=functools.partial(self.cp.service.get, caller, task.task_id),
                                   quiet_s=15.0)
@@ -222,6 +239,9 @@ class ControlPlaneTasks(ServerExtension):
         raise MCPError(**self._error(task))
 
     async def _cancel(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> dict[str, Any]:
+        if is_sweep_id(params.task_id):
+            legacy = ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS
+            return await self.sweeps.cancel(self._caller(ctx), params.task_id, legacy)
         caller, task = await self._owned(ctx, params.task_id)
         try:
             await anyio.to_thread.run_sync(self.cp.service.cancel, caller,

@@ -223,9 +223,6 @@ class TaskResult(Answer):
     poll_after_ms: int | None = None  # likewise (null once expired)
 
 
-# A catalog tool answers at once with the task it queued; run as a task of the tasks extension,
-# its result (the task's tool result) is the task's, as get_task_result answers it.
-CatalogToolAnswer = DirectAnswer | TaskResult
 
 
 class WaitDone(TaskResult):
@@ -344,3 +341,25 @@ class SweepResult(Answer):
     shards: int
     results: list[ShardResult]
     next_cursor: str | None
+
+
+class SweepWaitAnswer(Answer):
+    """wait_sweep: the sweep's status once every shard ended (done), or as it was when the wait
+    gave up (not done, with a message saying so)."""
+
+    done: bool = Field(description="Every shard has ended")
+    message: str | None = None  # only when the wait gave up first
+    status: SweepStatus
+
+
+class SweepTaskResult(SweepResult):
+    """A catalog call run as a sweep and one task of the tasks extension: its result, the first
+    page of get_sweep_result with the sweep's status."""
+
+    status: SweepStatus
+
+
+# A catalog tool answers at once with the task it queued; run as a task of the tasks extension,
+# its result (the task's tool result) is the task's, as get_task_result answers it. Called with
+# the sweep `_meta`, it answers submit_sweep's answer, or, as a task, the sweep's result.
+CatalogToolAnswer = DirectAnswer | TaskResult | SweepAnswer | SweepTaskResult
