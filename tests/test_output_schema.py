@@ -81,9 +81,11 @@ async def every_tool_answers_to_its_schema(call: Call, tools: list[Any]) -> None
     assert {b["properties"].get("source", {}).get("const") for b in published["tail_task_logs"].output_schema["anyOf"]} \
         == {None, "provider"}  # the two shapes of a log page, said as two
     assert [b["properties"]["done"]["const"] for b in published["wait_task"].output_schema["anyOf"]] == [True, False]
-    # a catalog tool: the task it queued (with a message), or, run as a task, the task's result
-    assert [{"queue", "message"} <= set(b["required"]) for b in published["exercise"].output_schema["anyOf"]] \
-        == [True, False]
+    # a catalog tool: the task it queued (with a message), or, run as a task, the task's result;
+    # called with a sweep: the sweep it queued, or, run as a task, the sweep's first page of results
+    assert [("task_id" in b["required"], {"queue", "message"} <= set(b["required"]))
+            for b in published["exercise"].output_schema["anyOf"]] == [(True, True), (True, False), (False, True),
+                                                                       (False, False)]
     c = Checked(call, tools)
     inputs = {"log_lines": 3, "artifact_bytes": 100, "result": {"x": 1}}
     done = await c.ok("submit_task", tool_name="exercise", inputs=inputs, idempotency_key="k", tags=["a"])
