@@ -102,7 +102,7 @@ class Admission:
         resources = {k: v for k, v in res.model_dump().items() if v is not None and k != "resource_class"}
         # Its cost per second where its provider runs it (the estimate's price).
         rate = self.pricing.of(tool.name, tool.provider, rc_name, resources)
-        return Base(caller=str(caller), tool=tool, rc=rc, after=after, resources=resources, ttl=ttl,
+        return Base(caller=caller, tool=tool, rc=rc, after=after, resources=resources, ttl=ttl,
                     max_runtime=max_runtime, rate=rate, priority=req.priority, tags=list(req.tags),
                     idempotency_key=req.idempotency_key)
 
@@ -119,7 +119,7 @@ class Admission:
         input_size = tool.input_size(inputs)
         estimate = self.estimator.estimate(tool, input_size)
         return NewTask(
-            owner=base.caller, tool_name=tool.name, inputs_json=inputs_json, input_size=input_size,
+            owner=str(base.caller), tool_name=tool.name, inputs_json=inputs_json, input_size=input_size,
             provider=tool.provider, resource_class=base.rc.name, priority=base.priority, ttl_s=base.ttl,
             idempotency_key=base.idempotency_key, tags=base.tags, resources_json=json.dumps(base.resources),
             max_runtime_s=base.max_runtime, max_attempts=tool.retry.max_attempts, estimate_s=estimate,
@@ -173,7 +173,7 @@ class Admission:
 class Base:
     """What the tasks of one submit share (one task's, or a sweep's shards'), checked."""
 
-    caller: str
+    caller: str  # as the request came (an `identity.Caller` keeps its teams: a task's team is its first)
     tool: ToolSpec
     rc: ResourceClass
     after: tuple[str, ...]
