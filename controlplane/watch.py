@@ -3,7 +3,7 @@
 
 `table(tasks)` renders one frame from a `list_tasks` page, `watch()` keeps it up to date. The
 server is asked once per interval, whatever the number of tasks (one page of `list_tasks`), and
-once more per sweep on the page: a sweep's shards are one row (`rows`), its bar the sweep's
+once more per sweep on the page: a sweep's shards are one row (`sweeps.fold`), its bar the sweep's
 progress from `get_sweep_status` and its `shards` column what has ended, runs and failed.
 """
 
@@ -21,6 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from controlplane.states import FINAL, TaskState
+from controlplane.sweeps import fold
 
 STYLE = {"succeeded": "green", "failed": "red", "timed_out": "red", "cancelled": "dim", "expired": "dim",
          "running": "cyan", "queued": "yellow", "scheduled": "yellow", "waiting": "blue"}
@@ -30,41 +31,6 @@ def percent_of(task: dict[str, Any]) -> float:
     if task["state"] == "succeeded":
         return 100.0
     return float(task.get("percent") or 0.0)
-
-
-def sweep_state(st: dict[str, Any]) -> str:
-    """A sweep's state as its row shows it: running or queued until every shard has ended, then
-    succeeded (all did), cancelled (it was stopped) or failed."""
-    counts: dict[str, int] = st.get("counts") or {}
-    if not st["done"]:
-        return "running" if counts.get("running") else "queued"
-    if counts.get("succeeded", 0) == st["shards"]:
-        return "succeeded"
-    return "cancelled" if st.get("stopped_at") else "failed"
-
-
-def shards_text(st: dict[str, Any]) -> str:
-    """shards ended/all, running, failed."""
-    counts: dict[str, int] = st.get("counts") or {}
-    failed = counts.get("failed", 0) + counts.get("timed_out", 0)
-    return f"{st['ended']}/{st['shards']} {counts.get('running', 0)} run {failed} failed"
-
-
-def rows(tasks: list[dict[str, Any]], sweeps: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """The page's rows with each sweep's shards folded into one row (where its first shard was),
-    from the sweep's status in `sweeps`."""
-    out: list[dict[str, Any]] = []
-    seen: set[str] = set()
-    for t in tasks:
-        sid = t.get("sweep")
-        if sid is None or sid not in sweeps:
-            out.append(t)
-        elif sid not in seen:
-            seen.add(sid)
-            st = sweeps[sid]
-            out.append({"task_id": sid, "tool_name": st["tool_name"], "state": sweep_state(st),
-                        "percent": st["percent"], "submitted_at": st["submitted_at"], "shards": shards_text(st)})
-    return out
 
 
 # Every state fits this wide: a state is never cut.
@@ -129,7 +95,7 @@ async def watch(url: str, token: str | None, args: dict[str, Any], console: Cons
                 page = await _call(client, "list_tasks", args)
                 sweeps = {sid: await _call(client, "get_sweep_status", {"sweep_id": sid})
                           for sid in dict.fromkeys(t["sweep"] for t in page["tasks"] if t.get("sweep"))}
-                tasks = rows(page["tasks"], sweeps)
+                tasks = fold(page["tasks"], sweeps)
                 live.update(table(tasks, width=console.width), refresh=True)
                 shown += 1
                 if (until_done and all(t["state"] in FINAL for t in tasks)) or (frames is not None and shown >= frames):
