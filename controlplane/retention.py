@@ -19,8 +19,8 @@ submit waits behind it). So each cycle:
 * deletes expired uploads, `retention_batch` at a time: each one's object (and what its store
   kept of an unfinished one) first, then its row (`held_upload` is where a task that still
   refers to an upload will keep it);
-* purges, every PURGE_EVERY_S (or at once while a backlog is left), tombstones and audit
-  events `retention_batch` rows per transaction;
+* purges, every PURGE_EVERY_S (or at once while a backlog is left), tombstones, then the sweeps
+  none of whose shards is left, then audit events, `retention_batch` rows per transaction;
 * stops starting batches once `retention_cycle_s` is spent (always running at least one of each
   kind, so neither starves the other), and says when work was left (`Swept.more`).
 
@@ -55,6 +55,7 @@ ORDER = sorted(TERMINAL, key=lambda s: s.value)  # the states a pass walks, one 
 class Swept:
     expired: int = 0
     purged: int = 0  # tombstones
+    sweeps_purged: int = 0  # sweeps whose shards were all purged
     events_purged: int = 0
     uploads_expired: int = 0
     batches: int = 0  # write transactions
@@ -212,10 +213,12 @@ class Retention:
 
     # ---- purging --------------------------------------------------------------------------------
     def _purge(self, now: float, deadline: float, out: Swept) -> bool:
-        """Tombstones, then old events, a batch per transaction. True: work was left."""
+        """Tombstones, then sweeps left without shards, then old events, a batch per transaction.
+        True: work was left."""
         size = self.settings.retention_batch
         r = self.store.retention
         for fn, before, field in ((r.purge_tombstones, now - self.settings.purge_after_s, "purged"),
+                                  (r.purge_sweeps, now - self.settings.purge_after_s, "sweeps_purged"),
                                   (r.purge_events, now - self.settings.audit_retention_s, "events_purged")):
             while (n := self._timed(out, fn, before, size)) == size:  # a full batch: maybe more
                 setattr(out, field, getattr(out, field) + n)

@@ -1,5 +1,6 @@
 """Sweeps (`submit_sweep`): what a sweep's `vary` makes of its shards, and when its failure policy
-stops it. Pure decisions; the store applies them (`store.sweeps`), the service answers with them
+stops it, and how a sweep reads as one row of a list of tasks (`fold`: the dashboard's and `tasks
+watch`'s). Pure decisions; the store applies them (`store.sweeps`), the service answers with them
 (`service.sweeps`), docs/design/sweeps.md says why.
 
 `vary` is one of two JSON forms:
@@ -75,3 +76,42 @@ def failed_fast(sweep_id: str, fail_fast: int) -> str:
     shards = "shard" if fail_fast == 1 else "shards"
     return f"stopped by its failure policy (fail_fast: {fail_fast} failed {shards})"
 
+
+def sweep_state(st: dict[str, Any]) -> str:
+    """A sweep's state as its row shows it: running or queued until every shard has ended, then
+    succeeded (all did), cancelled (it was stopped) or failed."""
+    counts: dict[str, int] = st.get("counts") or {}
+    if not st["done"]:
+        return "running" if counts.get("running") else "queued"
+    if counts.get("succeeded", 0) == st["shards"]:
+        return "succeeded"
+    return "cancelled" if st.get("stopped_at") else "failed"
+
+
+def shards_text(st: dict[str, Any]) -> str:
+    """shards ended/all, running, failed."""
+    counts: dict[str, int] = st.get("counts") or {}
+    failed = counts.get("failed", 0) + counts.get("timed_out", 0)
+    return f"{st['ended']}/{st['shards']} {counts.get('running', 0)} run {failed} failed"
+
+
+def fold(tasks: list[dict[str, Any]], sweeps: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """A page of `list_tasks` rows with each sweep's shards folded into one row where its first
+    shard was, made from the sweep's `get_sweep_status` answer in `sweeps` (a shard of a sweep
+    not in it keeps its own row). A sweep's row has `sweep_id`, `shards` (its line), `counts` and
+    `cost` so far."""
+    out: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for t in tasks:
+        sid = t.get("sweep")
+        if sid is None or sid not in sweeps:
+            out.append(t)
+        elif sid not in seen:
+            seen.add(sid)
+            st = sweeps[sid]
+            cost = (st.get("estimated_cost") or {}).get("amount")
+            out.append({"task_id": sid, "sweep_id": sid, "tool_name": st["tool_name"], "state": sweep_state(st),
+                        "percent": st["percent"], "submitted_at": st["submitted_at"], "shards": shards_text(st),
+                        "counts": st.get("counts") or {}, "cost": cost,
+                        "currency": (st.get("estimated_cost") or {}).get("currency")})
+    return out

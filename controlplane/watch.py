@@ -2,7 +2,9 @@
 (rich's Live), refreshed from `list_tasks` over one MCP session.
 
 `table(tasks)` renders one frame from a `list_tasks` page, `watch()` keeps it up to date. The
-server is asked once per interval, whatever the number of tasks (one page of `list_tasks`).
+server is asked once per interval, whatever the number of tasks (one page of `list_tasks`), and
+once more per sweep on the page: a sweep's shards are one row (`sweeps.fold`), its bar the sweep's
+progress from `get_sweep_status` and its `shards` column what has ended, runs and failed.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from controlplane.states import FINAL, TaskState
+from controlplane.sweeps import fold
 
 STYLE = {"succeeded": "green", "failed": "red", "timed_out": "red", "cancelled": "dim", "expired": "dim",
          "running": "cyan", "queued": "yellow", "scheduled": "yellow", "waiting": "blue"}
@@ -44,7 +47,8 @@ def table(tasks: list[dict[str, Any]], *, at: float | None = None, width: int = 
     id_w = max([len("task_id"), *(len(t["task_id"]) for t in tasks)])
     tool_w = max([len("tool"), *(len(t["tool_name"]) for t in tasks)])
     submitted_w = max([len("submitted"), *(len(t["submitted_at"]) for t in tasks)])
-    fixed = id_w + STATE_WIDTH + 5 + 2 * GAP
+    shards_w = max([0, *(len(t["shards"]) for t in tasks if t.get("shards"))])
+    fixed = id_w + STATE_WIDTH + 5 + 2 * GAP + (shards_w + GAP if shards_w else 0)
     tool_w = max(4, min(tool_w, width - fixed - GAP))
     room = width - fixed - GAP - tool_w
     bar_w = min(BAR_WIDTH, room - GAP - (submitted_w + GAP if room >= BAR_WIDTH + submitted_w + 2 * GAP else 0))
@@ -56,6 +60,8 @@ def table(tasks: list[dict[str, Any]], *, at: float | None = None, width: int = 
     if show_bar:
         out.add_column("progress", no_wrap=True, width=bar_w)
     out.add_column("%", no_wrap=True, justify="right", min_width=5)
+    if shards_w:
+        out.add_column("shards", no_wrap=True, min_width=shards_w)
     if show_submitted:
         out.add_column("submitted", no_wrap=True, min_width=submitted_w)
     for t in tasks:
@@ -64,6 +70,8 @@ def table(tasks: list[dict[str, Any]], *, at: float | None = None, width: int = 
         if show_bar:
             cells.append(ProgressBar(total=100, completed=pct, width=bar_w))
         cells.append(f"{pct:5.1f}")
+        if shards_w:
+            cells.append(t.get("shards") or "")
         if show_submitted:
             cells.append(t["submitted_at"])
         out.add_row(*cells)
@@ -75,7 +83,8 @@ def table(tasks: list[dict[str, Any]], *, at: float | None = None, width: int = 
 async def watch(url: str, token: str | None, args: dict[str, Any], console: Console, *, interval: float = 1.0,
                 until_done: bool = False, frames: int | None = None) -> list[dict[str, Any]]:
     """Keep the table up to date until interrupted (or, with `until_done`, until every task shown
-    has ended; `frames`: at most this many refreshes). Returns the last page's tasks."""
+    has ended; `frames`: at most this many refreshes). Returns the last frame's rows (a sweep's
+    shards as one)."""
     from fastmcp import Client
 
     tasks: list[dict[str, Any]] = []
@@ -83,13 +92,20 @@ async def watch(url: str, token: str | None, args: dict[str, Any], console: Cons
     async with Client(url, auth=token) as client:
         with Live(console=console, auto_refresh=False, transient=False) as live:
             while True:
-                res = await client.call_tool("list_tasks", args, raise_on_error=False)
-                page = res.structured_content or json.loads(res.content[0].text)
-                if res.is_error:
-                    raise RuntimeError(f"{page.get('code')}: {page.get('message')}")
-                tasks = page["tasks"]
+                page = await _call(client, "list_tasks", args)
+                sweeps = {sid: await _call(client, "get_sweep_status", {"sweep_id": sid})
+                          for sid in dict.fromkeys(t["sweep"] for t in page["tasks"] if t.get("sweep"))}
+                tasks = fold(page["tasks"], sweeps)
                 live.update(table(tasks, width=console.width), refresh=True)
                 shown += 1
                 if (until_done and all(t["state"] in FINAL for t in tasks)) or (frames is not None and shown >= frames):
                     return tasks
                 await anyio.sleep(interval)
+
+
+async def _call(client: Any, tool: str, args: dict[str, Any]) -> dict[str, Any]:
+    res = await client.call_tool(tool, args, raise_on_error=False)
+    data: dict[str, Any] = res.structured_content or json.loads(res.content[0].text)
+    if res.is_error:
+        raise RuntimeError(f"{data.get('code')}: {data.get('message')}")
+    return data

@@ -91,3 +91,36 @@ async def test_a_browser_follows_a_task_to_its_end_and_cancels_another(http_serv
                 assert shot.stat().st_size > 10_000
             finally:
                 await browser.close()
+
+
+async def test_a_browser_sees_a_sweep_as_one_row_live_and_opens_its_shards(http_server: Any) -> None:
+    from playwright.async_api import async_playwright, expect
+
+    browser_path = chromium()
+    root = http_server.url.removesuffix("/mcp")
+    async with Client(http_server.url) as client:
+        agent = Agent(client)
+        s = await agent.call("submit_sweep", tool_name="exercise", max_parallel=2,
+                             vary={"list": [{"sleep_s": 0.5, "result": {"i": i}} for i in range(8)]})
+        sid = s["sweep_id"]
+        async with async_playwright() as pw:
+            browser = await pw.chromium.launch(executable_path=browser_path, headless=True)
+            try:
+                page = await browser.new_page()
+                await page.goto(f"{root}/dashboard")
+                row = page.locator(f'tr[data-sweep="{sid}"]')
+                await expect(row).to_have_count(1)
+                await expect(page.locator("tr[data-task]")).to_have_count(0)  # no shard has a row
+                # the list refreshes itself: the same row, until all 8 have ended
+                await expect(row.locator(".shards")).to_contain_text("8/8 0 run 0 failed", timeout=60_000)
+                await expect(row.locator(".state")).to_have_text("succeeded")
+                await row.locator(f'a[href="/dashboard/sweeps/{sid}"]').click()
+                await expect(page.locator("#counts")).to_have_text("8 succeeded")
+                await expect(page.locator("tr[data-shard]")).to_have_count(8)
+                shard = page.locator('tr[data-shard="5"] a')
+                task_id = await shard.text_content()
+                await shard.click()
+                await expect(page.locator("#state")).to_have_text("succeeded")
+                assert page.url.endswith(f"/dashboard/tasks/{task_id}")
+            finally:
+                await browser.close()

@@ -196,6 +196,12 @@ async def test_a_missing_scope_gets_403_naming_it_and_creates_nothing(server: An
         (nothing, submit_body("get_task_status", task_id=tid), "tasks:read"),
         (nothing, submit_body("list_tasks"), "tasks:read"),
         (nothing, submit_body("wait_task", task_id=tid, timeout_s=1), "tasks:read"),
+        (reader, submit_body("submit_sweep", tool_name="exercise", base_inputs={}, vary={"list": [{}]}),
+         "tasks:submit"),
+        (reader, submit_body("cancel_sweep", sweep_id="swp_x"), "tasks:cancel"),
+        (nothing, submit_body("get_sweep_status", sweep_id="swp_x"), "tasks:read"),
+        (nothing, submit_body("get_sweep_result", sweep_id="swp_x"), "tasks:read"),
+        (nothing, submit_body("wait_sweep", sweep_id="swp_x", timeout_s=1), "tasks:read"),
         (nothing, modern_request("tasks/get", {"taskId": tid}, meta=tasks_meta), "tasks:read"),
         (nothing, modern_request("resources/read", {"uri": f"task://{tid}"}), "tasks:read"),
         (nothing, modern_request("subscriptions/listen", {"notifications": {"resourceSubscriptions": [f"task://{tid}"]}}),
@@ -218,6 +224,9 @@ async def test_a_missing_scope_gets_403_naming_it_and_creates_nothing(server: An
     assert (await post(server.url, nothing, *modern_request("tools/list"))).status_code == 200
     r = await post(server.url, reader, *submit_body("get_task_status", task_id=tid))
     assert r.status_code == 200 and json.loads(r.text)["result"]["structuredContent"]["state"] != "cancelled"
+    for tool in ("get_sweep_status", "wait_sweep"):  # a reader follows sweeps: the tool answers (NOT_FOUND here)
+        r = await post(server.url, reader, *submit_body(tool, sweep_id="swp_x"))
+        assert r.status_code == 200 and "NOT_FOUND" in r.text, (tool, r.text)
 
     # The 2025-11-25 era: the scope is read from the body.
     legacy = Legacy(httpx.AsyncClient(), server.url, reader)

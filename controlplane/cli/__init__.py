@@ -23,7 +23,7 @@ from typing import Annotated
 
 import typer
 
-from controlplane.cli import budgets, catalog, db, downloads, jobs, limits, tasks, uploads, usage
+from controlplane.cli import budgets, catalog, db, downloads, jobs, limits, sweeps, tasks, uploads, usage
 from controlplane.cli.common import HomeOpt, err, settings_of, setup_logging
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
@@ -103,6 +103,7 @@ app.command("usage")(usage.usage_report)
 app.command("put")(uploads.put)
 app.command("get")(downloads.get)
 app.add_typer(tasks.app, name="tasks")
+app.add_typer(sweeps.app, name="sweeps")
 app.add_typer(db.app, name="db")
 app.add_typer(catalog.app, name="catalog")
 app.add_typer(limits.app, name="limits")

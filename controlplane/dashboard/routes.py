@@ -35,7 +35,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from controlplane import api
+from controlplane import api, sweeps
 from controlplane.dashboard.session import COOKIE, Session, Sessions
 from controlplane.errors import ControlPlaneError, ErrorCode, invalid
 from controlplane.http.loopback import is_loopback
@@ -60,6 +60,7 @@ HEADERS = {
     "Cache-Control": "no-store",
 }
 LOG_LINES = 200  # the log tail a task's page opens with
+SHARDS_PER_PAGE = 50  # a sweep's page
 STREAM_PAGES = 5  # log pages sent per wake-up of a stream (the rest follow at once)
 STATES = [s.value for s in TaskState]
 
@@ -172,7 +173,9 @@ def routes(cp: ControlPlane, auth: AuthProvider | None) -> list[Route]:
                             tool_name=filters["tool"] or None, tags_any=[filters["tag"]] if filters["tag"] else None,
                             owner=filters["owner"] or None, cursor=q.get("cursor") or None, limit=50)
         listed = await call(svc.list, session.caller, req)
-        context = {"tasks": listed["tasks"], "next_cursor": listed["next_cursor"], "filters": filters,
+        statuses = {sid: await call(svc.sweep_status, session.caller, api.GetSweepStatus(sweep_id=sid))
+                    for sid in dict.fromkeys(t["sweep"] for t in listed["tasks"] if t.get("sweep"))}
+        context = {"tasks": sweeps.fold(listed["tasks"], statuses), "next_cursor": listed["next_cursor"], "filters": filters,
                    "session": session, "csrf": sessions.csrf(session)}
         if q.get("rows"):
             return page("rows.html", **context)
@@ -198,6 +201,14 @@ def routes(cp: ControlPlane, auth: AuthProvider | None) -> list[Route]:
         logs = await call(svc.tail, session.caller, api.TailTaskLogs(task_id=task_id, from_end=True, limit=LOG_LINES))
         return page("task.html", task=status, timeline=timeline, result=result, logs=logs, session=session,
                     csrf=sessions.csrf(session), ended=status["state"] in FINAL, cost=cost_text(status))
+
+    async def sweep(request: Request, session: Session) -> Response:
+        sweep_id = request.path_params["sweep_id"]
+        status = await call(svc.sweep_status, session.caller, api.GetSweepStatus(sweep_id=sweep_id))
+        shards = await call(svc.sweep_result, session.caller, api.GetSweepResult(
+            sweep_id=sweep_id, cursor=request.query_params.get("cursor") or None, limit=SHARDS_PER_PAGE))
+        return page("sweep.html", sweep=status, line=sweeps.shards_text(status), state=sweeps.sweep_state(status),
+                    shards=shards["results"], next_cursor=shards["next_cursor"], session=session)
 
     async def stream(request: Request, session: Session) -> Response:
         task_id = request.path_params["task_id"]
@@ -261,6 +272,7 @@ def routes(cp: ControlPlane, auth: AuthProvider | None) -> list[Route]:
             Route("/dashboard/logout", logout, methods=["POST"]),
             Route("/dashboard/static/{name}", static, methods=["GET"]),
             Route("/dashboard/tasks/{task_id}", guarded(task), methods=["GET"]),
+            Route("/dashboard/sweeps/{sweep_id}", guarded(sweep), methods=["GET"]),
             Route("/dashboard/tasks/{task_id}/stream", guarded(stream), methods=["GET"]),
             Route("/dashboard/tasks/{task_id}/cancel", guarded(cancel), methods=["POST"]),
         ]

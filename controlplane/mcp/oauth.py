@@ -66,8 +66,8 @@ MAX_VERIFIED = 10_000  # verified JWTs remembered at once (`OAuthTokens.verify_t
 
 # ---- which scope each operation needs --------------------------------------------------------------
 READ_TOOLS = frozenset({"get_task_status", "tail_task_logs", "list_tasks", "get_task_result", "wait_task",
-                        "usage_report"})
-CANCEL_TOOLS = frozenset({"cancel_task"})
+                        "usage_report", "get_sweep_status", "get_sweep_result", "wait_sweep"})
+CANCEL_TOOLS = frozenset({"cancel_task", "cancel_sweep"})
 # Discovery needs a valid token and no scope: a client learns what there is before asking for more.
 OPEN_METHODS = frozenset({"initialize", "ping", "server/discover", "tools/list", "prompts/list", "resources/list",
                           "resources/templates/list", "logging/setLevel"})

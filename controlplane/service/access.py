@@ -1,4 +1,4 @@
-"""Who may read, list and cancel which task, and the audit of administrators' reads.
+"""Who may read, list and cancel which task or sweep, and the audit of administrators' reads.
 
 A caller is an owner string, or an `identity.Caller` with teams and tasks:admin (the rules
 themselves, `may_read` and `may_cancel`, are `controlplane.identity`'s). Someone else's task a
@@ -34,6 +34,16 @@ class AdminReads:
         if now - self._seen.get(key, -math.inf) < self.every_s:
             return
         self.store.tasks.audit(task.task_id, "admin_read", {"by": str(admin)})  # (WouldBlock: before the write)
+        self._remember([key], now)
+
+    def sweep_read(self, admin: str, sweep: SweepRow) -> None:
+        """An admin's read of another caller's sweep: an `admin_read` entry in the sweep's own
+        audit (task_events under the sweep's id), as rarely as a task's."""
+        now = time.monotonic()
+        key = (str(admin), sweep.sweep_id)
+        if now - self._seen.get(key, -math.inf) < self.every_s:
+            return
+        self.store.sweeps.audit(sweep.sweep_id, "admin_read", {"by": str(admin)})
         self._remember([key], now)
 
     def listed(self, admin: str, rows: list[tuple[TaskSummary, str]]) -> None:
@@ -111,6 +121,8 @@ class Access:
         found = self.store.sweeps.get(sweep_id)
         if found is None or not may_read(caller, found.owner, found.team):
             raise not_found("sweep")
+        if isinstance(caller, Caller) and found.owner != caller and found.team not in caller.teams:
+            self.audit.sweep_read(caller, found)  # an administrator's, as for a task
         return found
 
     def sweep_to_cancel(self, caller: str, sweep_id: str) -> SweepRow:

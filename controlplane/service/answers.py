@@ -178,6 +178,7 @@ class ListedTask(TypedDict):
     tags: list[str]
     percent: Number | None
     owner: NotRequired[str]  # only in a list of everyone's tasks
+    sweep: NotRequired[str]  # only on a sweep's shard: its sweep's id
 
 
 class TaskList(Answer):

@@ -76,6 +76,8 @@ def listed(r: TaskSummary, owner: str | None = None) -> ListedTask:
     }
     if owner is not None:
         row["owner"] = owner
+    if r.sweep_id is not None:
+        row["sweep"] = r.sweep_id
     return row
 
 

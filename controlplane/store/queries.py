@@ -282,7 +282,7 @@ RESOLVE_TASK_INPUT = update(TI).where(TI.c.task_id == _bp("_task_id"), TI.c.fiel
 
 # ==== statements shaped by the call ============================================================
 LIST_FIELDS = ("pk", "task_id", "tool_name", "state", "priority", "resource_class", "attempt", "submitted_at",
-               "updated_at", "tags_json", "started_at", "completed_at", "progress_json")
+               "updated_at", "tags_json", "started_at", "completed_at", "progress_json", "sweep_id")
 
 
 def list_page(owner: str, *, teams: Sequence[str] | None = None, states_: Sequence[str] | None, tool_name: str | None,

@@ -1,6 +1,7 @@
 """Retention: finished tasks expire after their ttl (their logs, artifacts, result and inputs go;
 the row stays as a tombstone that answers "expired"), and tombstones, their finished job rows and
-old audit events are purged after periods of their own (`Settings.purge_after_s`,
+old audit events are purged after periods of their own (a sweep's row once none of its shards
+is left) (`Settings.purge_after_s`,
 `Settings.audit_retention_s`).
 
 Every write here is one bounded batch in its own short transaction: a store with a million
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from controlplane import states
 from controlplane.states import TaskState
 from controlplane.store import queries as q
+from controlplane.store import sweep_queries as sq
 from controlplane.store.writer import Writer
 
 
@@ -39,6 +41,7 @@ class Expiring:
 class Purged:
     tasks: int
     events: int
+    sweeps: int = 0
 
 
 class RetentionStore:
@@ -90,6 +93,15 @@ class RetentionStore:
                 c.execute(q.DELETE_TASK, [{"pk": r["pk"]} for r in due])
         return len(due)
 
+    def purge_sweeps(self, before: float, limit: int) -> int:
+        """Delete up to `limit` sweeps made before `before` none of whose shards is left (each
+        purged as a tombstone), in one transaction. Returns how many."""
+        with self.w.tx() as c:
+            due = self.db.rows(c, sq.DUE_SWEEPS, {"before": before, "lim": limit})
+            if due:
+                c.execute(sq.DELETE_SWEEP, [{"pk": r["pk"]} for r in due])
+        return len(due)
+
     def purge_events(self, before: float, limit: int) -> int:
         """Delete up to `limit` audit events older than `before`, in one transaction."""
         with self.w.tx() as c:
@@ -97,9 +109,11 @@ class RetentionStore:
 
     def purge(self, now: float, *, purge_after_s: float, audit_retention_s: float, limit: int = 500) -> Purged:
         """Everything due for purging (operators, tests), `limit` rows per transaction."""
-        tasks = events = 0
+        tasks = events = swept = 0
         while (n := self.purge_tombstones(now - purge_after_s, limit)) > 0:
             tasks += n
+        while (n := self.purge_sweeps(now - purge_after_s, limit)) > 0:
+            swept += n
         while (n := self.purge_events(now - audit_retention_s, limit)) > 0:
             events += n
-        return Purged(tasks, events)
+        return Purged(tasks, events, swept)

@@ -174,6 +174,7 @@ class TaskSummary(_TaskJson, _Row):
     started_at: float | None = None
     completed_at: float | None = None
     progress_json: str | None = None
+    sweep_id: str | None = None  # the sweep it is a shard of
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "state", _TASK_STATES[self.state])

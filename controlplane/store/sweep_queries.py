@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import bindparam, exists, func, insert, or_, select, update
+from sqlalchemy import bindparam, delete, exists, func, insert, or_, select, update
 
 from controlplane import states
 from controlplane.states import TaskState
@@ -69,6 +69,12 @@ SWEEPS_BUSY = (select(T.c.sweep_id, SW.c.max_parallel, SW.c.stopped_at, SW.c.sto
                .where(T.c.resource_class == _bp("rc"), or_(*(T.c.state == s for s in SLOT_HOLDING)),
                       T.c.sweep_id.is_not(None))
                .group_by(T.c.sweep_id, SW.c.max_parallel, SW.c.stopped_at, SW.c.stop_reason))
+
+# Retention: a sweep goes once none of its shards is on file (each purged as any tombstone), `lim`
+# at a time; only sweeps older than `before`, so none is looked at while its shards are written.
+DUE_SWEEPS = (select(SW.c.pk).where(SW.c.created_at <= _bp("before"), ~exists().where(T.c.sweep_id == SW.c.sweep_id))
+              .limit(_bp("lim")))
+DELETE_SWEEP = delete(SW).where(SW.c.pk == _bp("pk"))
 
 
 def sweep_limits(sweep_ids: Sequence[str]) -> Any:

@@ -192,6 +192,13 @@ class SweepStore:
         return [TaskRow.from_row(r) for r in
                 self.db.fetch(sq.SHARD_PAGE, {"sweep_id": sweep_id, "from_shard": from_shard, "lim": limit})]
 
+    def audit(self, sweep_id: str, kind: str, detail: dict[str, Any]) -> None:
+        """An entry in the sweep's audit (task_events under its id) that changes nothing else (an
+        administrator's read)."""
+        now = self.w.clock()
+        with self.w.tx() as c:
+            self.w.event(c, sweep_id, kind, None, None, 0, detail, now)
+
     # ---- stops --------------------------------------------------------------------------------
     def stop(self, sweep_id: str, reason: str, error: dict[str, Any], batch: int = 500) -> tuple[SweepRow | None, int]:
         """Stop the sweep (its `stopped_at` and `stop_reason`, kept if it had stopped already) and
