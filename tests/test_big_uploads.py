@@ -23,6 +23,7 @@ import anyio.to_thread
 import pytest
 
 from controlplane.settings import Settings
+from tests.callers import ALICE, TOKENS
 from tests.cloud import (  # noqa: F401  (fixtures)
     AWS_ENV,
     CloudTarget,
@@ -82,10 +83,10 @@ async def test_a_big_upload_killed_part_way_resumes_in_constant_memory(store: Cl
     big, small = tmp_path / "big.bin", tmp_path / "small.bin"
     big_sha = make_file(big, size, b"big")
     make_file(small, 1024, b"small")
-    settings = Settings(home=tmp_path / "home", **FAST, auth_tokens="tok-a=alice", upload_single_max_bytes=part,
+    settings = Settings(home=tmp_path / "home", **FAST, auth_tokens=TOKENS, upload_single_max_bytes=part,
                         object_store_url=store.url)
     async with running(settings) as (cp, server, agent):
-        args = ["--url", server.url, "--token", "tok-a"]
+        args = ["--url", server.url, "--token", ALICE]
         baseline = await anyio.to_thread.run_sync(lambda: run_cli(["put", str(small), *args]))
         assert baseline.returncode == 0 and REF.search(baseline.stdout), baseline.stderr
 
@@ -149,7 +150,7 @@ async def test_the_runner_materializes_a_big_input_in_constant_memory(tmp_path: 
     home = tmp_path / "home"
     home.mkdir()
     (home / "catalog.toml").write_text(catalog_text() + DIGEST.replace("max_input_file_mb = 1", "max_input_file_mb = 512"))
-    settings = Settings(home=home, **FAST, auth_tokens="tok-a=alice")
+    settings = Settings(home=home, **FAST, auth_tokens=TOKENS)
     sizes = {"small": 1024, "big": 256 * MIB}
     async with running(settings) as (_cp, server, agent):
         peaks: dict[str, float] = {}
@@ -157,7 +158,7 @@ async def test_the_runner_materializes_a_big_input_in_constant_memory(tmp_path: 
         for name, size in sizes.items():
             path = tmp_path / f"{name}.bin"
             sha = make_file(path, size, name.encode())
-            put = await anyio.to_thread.run_sync(run_cli, ["put", str(path), "--url", server.url, "--token", "tok-a"])
+            put = await anyio.to_thread.run_sync(run_cli, ["put", str(path), "--url", server.url, "--token", ALICE])
             m = REF.search(put.stdout)
             assert put.returncode == 0 and m, put.stderr
             task_id = await agent.submit("digest", inputs={"data": f"upload://{m.group(1)}"})
