@@ -71,6 +71,8 @@ def test_store_contract(cloud: CloudTarget) -> None:
     assert store.stat("a/missing") is None
     with pytest.raises(FileNotFoundError):
         store.get_bytes("a/missing")
+    with pytest.raises(FileNotFoundError):
+        store.open("a/missing")
 
     size = 20 * 1024 * 1024 + 12345  # several parts / blocks / chunks, the last one short
     big = store.put_stream("a/big.bin", Chunks(size))

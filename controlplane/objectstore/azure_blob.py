@@ -46,17 +46,33 @@ UTC = datetime.UTC
 
 
 class _Reader:
-    """A downloader as a plain binary stream (read(n), context manager)."""
+    """A body arriving as an iterator of blocks, as a plain binary stream (read(n), context
+    manager) that holds at most one block beyond what the caller asked for."""
 
-    def __init__(self, downloader: Any):
-        self._d = downloader
+    def __init__(self, blocks: Iterator[bytes]):
+        self._blocks = blocks
+        self._left = b""
 
     def read(self, n: int = -1) -> bytes:
-        data: bytes = self._d.read(n)
-        return data
+        out = [self._left]
+        have = len(self._left)
+        while n < 0 or have < n:
+            block = next(self._blocks, b"")
+            if not block:
+                break
+            out.append(block)
+            have += len(block)
+        data = b"".join(out)
+        if n < 0 or len(data) <= n:
+            self._left = b""
+            return data
+        self._left = data[n:]
+        return data[:n]
 
     def close(self) -> None:
-        pass
+        close = getattr(self._blocks, "close", None)
+        if close is not None:
+            close()
 
     def __enter__(self) -> _Reader:
         return self
@@ -115,10 +131,14 @@ class AzureBlobObjectStore(ObjectStore):
 
     # ---- reads --------------------------------------------------------------------------------
     def open(self, key: str) -> BinaryIO:
+        """One GET whose body is read as the caller reads: the SDK's downloader holds its first
+        32 MiB, then a 4 MiB chunk at a time, and copies of them."""
+        blob = self.container_client.get_blob_client(self._name(key))
         try:
-            return _Reader(self.container_client.download_blob(self._name(key)))  # type: ignore[return-value]
+            blocks = blob._client.blob.download()  # the generated operation: the body streamed
         except ResourceNotFoundError:
             raise FileNotFoundError(key) from None
+        return _Reader(blocks)  # type: ignore[return-value]
 
     def stat(self, key: str) -> ObjectInfo | None:
         try:

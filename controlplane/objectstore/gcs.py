@@ -249,12 +249,21 @@ class GcsObjectStore(ObjectStore):
 
     # ---- reads --------------------------------------------------------------------------------
     def open(self, key: str) -> BinaryIO:
+        """One GET streamed through the client's authorized session, read as the caller reads:
+        the SDK's own reader holds a whole chunk (and copies of it) per request."""
         blob = self._blob(key)
         try:
             blob.reload()
         except gexc.NotFound:
             raise FileNotFoundError(key) from None
-        stream: BinaryIO = blob.open("rb", chunk_size=UPLOAD_CHUNK)
+        url = blob._get_download_url(self.client, if_generation_match=blob.generation)
+        resp = self.client._http.get(url, stream=True, timeout=(60, 300))
+        if resp.status_code == 404:
+            resp.close()
+            raise FileNotFoundError(key)
+        resp.raise_for_status()
+        resp.raw.decode_content = True  # as the SDK serves an object stored gzip-encoded
+        stream: BinaryIO = resp.raw
         return stream
 
     def get_bytes(self, key: str) -> bytes:
