@@ -118,7 +118,7 @@ class Moves:
             return
         log.warning("job %s of task %s attempt %d: %s; moving it to the next placement", j.job_name, j.task_id,
                     j.attempt, reason, extra=logs.of_job(j, "moving", reason=why))
-        self.step(j._replace(provider_status=MOVING + why, provider_reason=reason), True, now, stats)
+        self.step(j.with_provider_status(MOVING + why, reason), True, now, stats)
 
     def step(self, j: WatchedJob, alive: bool, now: float, stats: CycleStats) -> None:
         """A moving job, as its provider said it is now (`alive`): the attempt's claim taken

@@ -283,6 +283,10 @@ class WatchedJob(NamedTuple):
         """The task has moved on (finished, or a later attempt) but this job may still run."""
         return self.job_state in (JobState.DRAINING, JobState.ABANDONED) or self.attempt != self.task_attempt
 
+    def with_provider_status(self, status: str, reason: str | None) -> WatchedJob:
+        """The same job with what its provider (or a move) says of it now."""
+        return self._replace(provider_status=status, provider_reason=reason)
+
 
 @dataclass(frozen=True, slots=True)
 class LogLine(_Row):
