@@ -149,7 +149,8 @@ async def test_a_job_waiting_past_its_patience_is_stopped_then_moves_and_runs_on
 async def test_a_job_that_starts_as_its_patience_runs_out_runs_where_it_is(
         fake: gcp.FakeCloudRun, gcs: CloudTarget, home: Path, caplog: pytest.LogCaptureFixture) -> None:
     """The poll sees the execution pending past its patience, and the execution starts (its runner
-    claims the attempt) before that answer arrives: the move is given up, the job runs. The
+    claims the attempt) before that answer arrives: the move is given up (or, when the runner's
+    report that it started lands first, never begun), the job runs. The
     reconciler's cycles are driven here, so that the race is the one in the cycle that decides."""
     catalog(home, TWO)
     cp = ControlPlane(Settings(home=home, object_store_url=gcs.url, **{**FAST, "reconcile_interval_s": 3600}))
@@ -177,7 +178,11 @@ async def test_a_job_that_starts_as_its_patience_runs_out_runs_where_it_is(
         await anyio.sleep(first_job(cp, tid).launched_at + PATIENCE_S + 0.1 - time.time())
         fake.answer_hook = start_during_the_poll
         await cp.reconciler.cycle(force_poll=True)
-        assert raced and any("started before it could move" in r.getMessage() for r in caplog.records)
+        assert raced
+        # The move begins and finds the runner's claim, or the runner's word that it started reached
+        # the control plane first and no move began (the task no longer `scheduled`): either way it runs.
+        gave_up = any("started before it could move" in r.getMessage() for r in caplog.records)
+        assert gave_up or (await agent.call("get_task_status", task_id=tid))["state"] in ("running", "succeeded")
         done = await agent.wait(tid, timeout=90)
     assert done["state"] == "succeeded" and done["attempt"] == 1
     assert (done["provider"], done["placement"], done["moves"]) == ("cloud_run", 0, [])
