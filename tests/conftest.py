@@ -276,8 +276,10 @@ class ServerProcess:
         )
         deadline = time.monotonic() + timeout
         assert self.proc.stderr is not None
+        said: list[str] = []  # what it printed before it failed: the reason it did not start
         while time.monotonic() < deadline:
             line = self.proc.stderr.readline().decode()
+            said.append(line)
             m = re.search(r"serving MCP at (\S+)", line)
             if m:
                 self.url = m.group(1)
@@ -288,7 +290,8 @@ class ServerProcess:
                 return self
             if not line and self.proc.poll() is not None:
                 break
-        raise RuntimeError(f"server did not start: {self.proc.stderr.read().decode()[-2000:]}")
+        said.append(self.proc.stderr.read().decode() if self.proc.poll() is not None else "")
+        raise RuntimeError(f"server did not start: {''.join(said)[-2000:]}")
 
     def _drain(self) -> None:
         assert self.proc is not None and self.proc.stderr is not None

@@ -131,7 +131,8 @@ def _aws_batch(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
 
     def catalog(home: Path) -> None:
         exercise_catalog(home, provider="aws_batch", resource_class="batch", resources=RESOURCES + "cpu = 2\nmemory_mb = 2048",
-                         options=f'job_queue = "{aws.QUEUE}", job_definition = "{aws.JOB_DEFINITION}"')
+                         options=f'job_queue = "{aws.QUEUE}", job_definition = "{aws.JOB_DEFINITION}"',
+                         reachable_stores=("file://",))
 
     with aws.BatchExecutor(url):
         yield Cloud("aws_batch", {"CONTROLPLANE_AWS_BATCH_POLL_INTERVAL_S": "0.2", "CONTROLPLANE_AWS_BATCH_MAX_TPS": "500"},
@@ -155,7 +156,8 @@ def _cloud_run() -> Iterator[Cloud]:
 
         def catalog(home: Path) -> None:
             exercise_catalog(home, provider="cloud_run", resource_class="cloudrun", resources=RESOURCES + "cpu = 1\nmemory_mb = 512",
-                             options=f'project = "{gcp.PROJECT}", region = "{gcp.REGION}", job = "{gcp.JOB}"')
+                             options=f'project = "{gcp.PROJECT}", region = "{gcp.REGION}", job = "{gcp.JOB}"',
+                             reachable_stores=("file://",))
 
         yield Cloud("cloud_run", env, catalog, executions, lambda gate: setattr(fake, "launch_hook", gate))
 
@@ -177,7 +179,8 @@ def _container_apps() -> Iterator[Cloud]:
 
         def catalog(home: Path) -> None:
             exercise_catalog(home, provider="container_apps", resource_class="aca", resources=RESOURCES + "cpu = 0.5\nmemory_mb = 1024",
-                             options=f'resource_group = "{azure.RESOURCE_GROUP}", job = "{azure.JOB}"')
+                             options=f'resource_group = "{azure.RESOURCE_GROUP}", job = "{azure.JOB}"',
+                             reachable_stores=("file://",))
 
         yield Cloud("container_apps", env, catalog, executions, lambda gate: setattr(fake, "launch_hook", gate))
 
