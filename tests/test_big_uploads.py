@@ -4,9 +4,10 @@ second run must resume, not restart: the server's plan says what the store holds
 the command reads from the file to send are the rest and no more. The command's memory does not
 grow with the file: its peak RSS is that of a 1 KiB upload's within a few MiB.
 
-Size: `CONTROLPLANE_TEST_BIG_UPLOAD_MB`, 1024 by default, which CI uses: the four took two
-minutes together on a 2-core machine shared with other work (the figures are in
-docs/design/uploads.md). A smaller size keeps 16 parts (of at least 5 MiB). Each store
+Size: `CONTROLPLANE_TEST_BIG_UPLOAD_MB`, 256 by default, which CI uses (at 1024, the size the
+figures in docs/design/uploads.md were measured at, the four took two minutes on a 2-core machine
+shared with other work). A smaller size keeps 16 parts (of at least 5 MiB); below about 80 the
+resume's bound on the bytes sent no longer holds on azurite (its parts of 5 MiB against a 4 MiB slack). Each store
 runs on SQLite alone (a fresh home under tmp_path, not the `home` fixture): the database holds one
 row here, and tests/test_uploads.py runs the same protocol on both engines.
 
@@ -42,7 +43,7 @@ from tests.measured import MeasuredCli, run_cli
 from tests.test_uploads import MIB, REF, make_file, running
 
 pytestmark = pytest.mark.anyio
-BIG_MB = int(os.environ.get("CONTROLPLANE_TEST_BIG_UPLOAD_MB", "1024"))
+BIG_MB = int(os.environ.get("CONTROLPLANE_TEST_BIG_UPLOAD_MB", "256"))
 BIG_INPUT_MB = int(os.environ.get("CONTROLPLANE_TEST_BIG_INPUT_MB", "256"))  # the runner's test
 SLACK = 4 * MIB  # what else the command reads besides the file (modules imported on one path only)
 

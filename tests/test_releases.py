@@ -1,13 +1,18 @@
 """Releasing many waiting children in bounded batches, on SQLite and PostgreSQL: a parent's end
-settles one batch of its 10,000 waiting children in its own commit and the reconciler the rest,
+settles one batch of its many waiting children in its own commit and the reconciler the rest,
 across a restart half way; a failed parent's DEPENDENCY_FAILED fan-out and a cascading cancel
 go the same way; a real server's reconciler loop runs the children beyond its first batch; and
 on PostgreSQL two replicas settling at once end each child exactly once.
-The longest single transaction is printed (run with -s), not asserted."""
+The longest single transaction is printed (run with -s), not asserted.
+
+Size: `CONTROLPLANE_TEST_RELEASE_CHILDREN` children (2,000 by default, which CI runs) in batches of
+a twentieth (100): the same shape as the 10,000 in batches of 500 the figures in
+docs/design/dependencies.md were measured with (run them with the variable at 10000)."""
 
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -27,8 +32,8 @@ from tests.conftest import FAST, Agent, ServerProcess
 from tests.test_dependencies import new_task, submit, timeline
 
 S = TaskState
-CHILDREN = 10_000
-BATCH = 500
+CHILDREN = int(os.environ.get("CONTROLPLANE_TEST_RELEASE_CHILDREN", "2000"))
+BATCH = CHILDREN // 20
 
 
 @pytest.fixture
@@ -99,7 +104,7 @@ def finish_after_restart(home: Path, cp: ControlPlane) -> ControlPlane:
     return cp
 
 
-def test_ten_thousand_children_are_released_and_a_restart_half_way_finishes(engine: str, home: Path) -> None:
+def test_thousands_of_children_are_released_and_a_restart_half_way_finishes(engine: str, home: Path) -> None:
     cp = control_plane(home)
     parent = running_parent(cp)
     kids = children_of(cp, (parent,), CHILDREN)
@@ -124,12 +129,13 @@ def test_a_transaction_takes_the_queues_it_releases_into_at_once(engine: str, ho
     locks in one call, as a submit does, so the second queue's children wait for the next one."""
     cp = control_plane(home)
     small, standard = running_parent(cp), running_parent(cp)
+    rest = BATCH // 2  # each parent's children beyond its end's batch
     for parent, queue in ((small, "cpu_small"), (standard, "cpu_standard")):
-        cp.store.tasks.submit_many([(replace(new_task((parent,)), resource_class=queue), ()) for _ in range(BATCH + 200)])
+        cp.store.tasks.submit_many([(replace(new_task((parent,)), resource_class=queue), ()) for _ in range(BATCH + rest)])
     for parent in (small, standard):
         cp.store.tasks.transition(parent, S.SUCCEEDED)
-    assert [cp.store.tasks.settle_left() for _ in range(3)] == [200, 200, None]
-    assert cp.store.tasks.queue_depths() == {"cpu_small": BATCH + 200, "cpu_standard": BATCH + 200}
+    assert [cp.store.tasks.settle_left() for _ in range(3)] == [rest, rest, None]
+    assert cp.store.tasks.queue_depths() == {"cpu_small": BATCH + rest, "cpu_standard": BATCH + rest}
 
 
 @pytest.mark.anyio
@@ -147,7 +153,7 @@ async def test_a_server_runs_every_child_beyond_the_first_batch(alice: Agent, ho
 
 
 def test_a_failed_parents_fan_out_ends_every_descendant_once(engine: str, home: Path) -> None:
-    """10,000 children and grandchildren beyond the first batch: all end DEPENDENCY_FAILED, each
+    """Thousands of children and grandchildren beyond the first batch: all end DEPENDENCY_FAILED, each
     naming the parent it waited for, across a restart."""
     cp = control_plane(home)
     parent = running_parent(cp)
@@ -171,7 +177,7 @@ def test_a_failed_parents_fan_out_ends_every_descendant_once(engine: str, home: 
 
 
 def test_a_cascading_cancel_is_bounded_and_the_parents_end_continues_it(engine: str, home: Path) -> None:
-    """cancel_task(cascade) of a running parent cancels a batch of its 10,000 waiting children
+    """cancel_task(cascade) of a running parent cancels a batch of its thousands of waiting children
     and their children at once; the reconciler and the parent's own end (which comes half way)
     cancel the rest, each with the cancel's error, none DEPENDENCY_FAILED."""
     cp = control_plane(home)
@@ -204,8 +210,8 @@ def test_two_replicas_settling_at_once_end_each_child_exactly_once(engine: str, 
     one, two = control_plane(home), control_plane(home)
     cancelled = running_parent(one)
     ended = [running_parent(one) for _ in range(4)]
-    doomed = children_of(one, (cancelled,), 4000)
-    freed = [k for p in ended for k in children_of(one, (p,), 1500)]
+    doomed = children_of(one, (cancelled,), CHILDREN * 2 // 5)
+    freed = [k for p in ended for k in children_of(one, (p,), CHILDREN * 3 // 20)]
     one.service.cancel("alice", api.CancelTask(task_id=cancelled, reason="stop", cascade=True))
     for p in ended:
         one.store.tasks.transition(p, S.SUCCEEDED)
