@@ -6,6 +6,9 @@ scheduler is ticked by hand, so that moves are counted in ticks, not timed."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -182,7 +185,30 @@ def test_placements_take_options_a_policy_and_max_running_and_errors_name_the_in
     assert problems(catalog_with('{ provider = "local" }', "dearest")) == (
         "c.toml: resource_classes.failover.placement_policy: Input should be 'ordered' or 'cheapest'",)
     assert problems(catalog_with('{ provider = "local" }, ' + cloud_run(CENTRAL).replace(gcp.JOB, "")))[0].startswith(
-        "c.toml: tools.exercise.placements.1.provider_options.job")
+        "c.toml: tools.exercise.placements.1.options.job")  # as the catalog wrote it
+
+
+def test_validate_names_a_bad_option_under_the_key_the_catalog_wrote(tmp_path: Path) -> None:
+    """`controlplane catalog validate` names a placement's bad field under `options` when the
+    catalog wrote `options`, and under `provider_options` when it wrote that."""
+    written = cloud_run(CENTRAL).replace(f'job = "{gcp.JOB}"', 'job = "j", jobb = "k"')
+    path = tmp_path / "catalog.toml"
+    home = tmp_path / "home"
+
+    def validate(text: str) -> subprocess.CompletedProcess[str]:
+        path.write_text(text)
+        return subprocess.run([sys.executable, "-m", "controlplane.cli", "catalog", "validate", str(path)],
+                              capture_output=True, text=True, timeout=60,
+                              env={"COLUMNS": "250", "PATH": os.environ["PATH"], "CONTROLPLANE_HOME": str(home),
+                                   "PYTHONPATH": os.environ.get("PYTHONPATH", "")})
+
+    done = validate(catalog_with('{ provider = "local" }, ' + written))
+    assert done.returncode == 1
+    assert f"error: {path}: tools.exercise.placements.1.options.jobb: unknown field" in done.stderr
+    assert "provider_options" not in done.stderr
+    done = validate(catalog_with('{ provider = "local" }, ' + written.replace("options = {", "provider_options = {")))
+    assert done.returncode == 1
+    assert f"error: {path}: tools.exercise.placements.1.provider_options.jobb: unknown field" in done.stderr
 
 
 # ---- on the wire ----------------------------------------------------------------------------------------
