@@ -53,6 +53,8 @@ class JobNotFoundYet(Exception):
 
 log = logging.getLogger("controlplane.scheduler")
 
+# What a move's reason says of a launch its placement refused for capacity, before the provider's words.
+REFUSED = "the launch was refused for want of capacity or quota"
 LAUNCH_CONCURRENCY = 8
 # Queued tasks read past a class's free slots when a task may be left queued by its placements
 # (all full or open): those behind it of other tools still get the slots.
@@ -148,7 +150,7 @@ class Scheduler:
                                            f"the provider refused to start the job: {e}")
         except CapacityProviderError as e:
             try:
-                moved = await anyio.to_thread.run_sync(self._elsewhere, job, str(e))
+                moved = await anyio.to_thread.run_sync(self._elsewhere, job, f"{REFUSED}: {e}")
             except Exception:  # noqa: BLE001 - the store: the launch is tried again, and refused again
                 moved = False
             if moved:
