@@ -4,13 +4,21 @@ submit's inputs against its schema (`InputValidator`). `controlplane.catalog` lo
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import jsonschema_rs
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from jsonschema.exceptions import ValidationError as SchemaValidationError
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_validator,
+)
 
 from controlplane.objectstore.base import split_store_url
 
@@ -120,14 +128,25 @@ class Placement(_Strict):
             _check_store_url(url)
         return v
 
-    @model_validator(mode="before")
+    # The key its options were written under ("options" or "provider_options"): what errors name.
+    _written: str = PrivateAttr(default="provider_options")
+
+    @model_validator(mode="wrap")
     @classmethod
-    def _options(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "options" in data:
-            if "provider_options" in data:
-                raise ValueError("give options or provider_options, not both")
-            data = {k: v for k, v in data.items() if k != "options"} | {"provider_options": data["options"]}
-        return data
+    def _options(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> Placement:
+        if not (isinstance(data, dict) and "options" in data):
+            return cast(Placement, handler(data))
+        if "provider_options" in data:
+            raise ValueError("give options or provider_options, not both")
+        placed = cast(Placement, handler({k: v for k, v in data.items() if k != "options"}
+                                         | {"provider_options": data["options"]}))
+        placed._written = "options"
+        return placed
+
+    @property
+    def options_key(self) -> str:
+        """The key its options were written under in the catalog (errors name the field by it)."""
+        return self._written
 
 
 class ToolSpec(_Strict):

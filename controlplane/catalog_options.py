@@ -56,8 +56,9 @@ def all_placements(tools: dict[str, ToolSpec], classes: dict[str, ResourceClass]
 
 
 def _options(tool: ToolSpec, p: Placement, rc: ResourceClass, source: str, where: str) -> ProviderOptions:
-    """Validate a placement's provider_options (its resource class's, overridden by its own)
-    against its provider's Options model; errors name the file, the tool and the field, all of them."""
+    """Validate a placement's options (its resource class's provider_options, overridden by its
+    own) against its provider's Options model; errors name the file, the tool and the field (under
+    the key the catalog wrote: `options` or `provider_options`), all of them."""
     try:
         model = registry.options_model(p.provider)
     except registry.ProviderUnavailable as e:
@@ -76,7 +77,7 @@ def _options(tool: ToolSpec, p: Placement, rc: ResourceClass, source: str, where
             top = field_.split(".", 1)[0]
             if top in rc.provider_options and top not in p.provider_options:
                 msg += f" (from resource_classes.{rc.name}.provider_options)"
-            problems.append(f"{source}: {where}.provider_options.{field_}: {msg}")
+            problems.append(f"{source}: {where}.{p.options_key}.{field_}: {msg}")
         raise CatalogError(*problems) from None
 
 

@@ -14,8 +14,10 @@ after pointing each tool's provider and provider_options at the job made for it.
 one validated catalog, so the jobs and the tools the server offers cannot disagree.
 
 `check` compares a catalog with a deployment's `terraform output -json` (its `jobs` output:
-tool -> the job's name, id, image, cpu and memory as the cloud resource has them) and lists
-every difference. This module reads and compares; it never calls a cloud.
+tool -> the job's name, id, image, cpu and memory as the cloud resource has them, and every other
+output named `<cloud>_jobs` of the same shape: a deployment whose tools run on the jobs of
+several clouds has one such map per cloud) and lists every difference. This module reads and
+compares; it never calls a cloud.
 
 `local_paths` finds what a tool's command names on this machine (a path under the user's home,
 the control plane's home, the working directory, the checkout or the temporary directory): a
@@ -101,31 +103,39 @@ def _under(value: str, root: Path) -> bool:
 def check(path: Path, outputs: Any, *, default_image: str | None = None) -> list[str]:
     """Every difference between the catalog at `path` and a deployment's outputs (empty: none).
 
-    `outputs` is `terraform output -json` (every output, each `{"value": ...}`) or
-    `terraform output -json jobs` (that output's value alone)."""
+    `outputs` is `terraform output -json` (every output, each `{"value": ...}`: its `jobs` and
+    each `<cloud>_jobs`, a difference in one of those named by it) or `terraform output -json
+    jobs` (that output's value alone)."""
     wanted = export(path, default_image=default_image)["jobs"]
-    deployed = _jobs_output(outputs)
-    problems = [f"tool '{name}': no job in the deployment (apply the module with this catalog)"
-                for name in sorted(set(wanted) - set(deployed))]
-    problems += [f"job for '{name}' ({_job_name(deployed[name])}): no such tool in the catalog"
-                 for name in sorted(set(deployed) - set(wanted))]
-    for name in sorted(set(wanted) & set(deployed)):
-        job = deployed[name]
-        for field in ("image", "cpu", "memory_mb"):
-            have, want = job.get(field), wanted[name][field]
-            if not _same(have, want):
-                problems.append(f"tool '{name}': {field} is {want!r} in the catalog but {have!r} in job "
-                                f"{_job_name(job)}")
+    problems = []
+    for output, deployed in _jobs_outputs(outputs).items():
+        side = "" if output == "jobs" else f"{output}: "
+        problems += [f"{side}tool '{name}': no job in the deployment (apply the module with this catalog)"
+                     for name in sorted(set(wanted) - set(deployed))]
+        problems += [f"{side}job for '{name}' ({_job_name(deployed[name])}): no such tool in the catalog"
+                     for name in sorted(set(deployed) - set(wanted))]
+        for name in sorted(set(wanted) & set(deployed)):
+            job = deployed[name]
+            for field in ("image", "cpu", "memory_mb"):
+                have, want = job.get(field), wanted[name][field]
+                if not _same(have, want):
+                    problems.append(f"{side}tool '{name}': {field} is {want!r} in the catalog but {have!r} in job "
+                                    f"{_job_name(job)}")
     return problems
 
 
-def _jobs_output(outputs: Any) -> dict[str, dict[str, Any]]:
+def _jobs_outputs(outputs: Any) -> dict[str, dict[str, dict[str, Any]]]:
+    """The outputs' tool -> job maps, by output name (`jobs` first)."""
+    found: dict[str, Any] = {"jobs": outputs}
     if isinstance(outputs, dict) and outputs and all(isinstance(v, dict) and "value" in v for v in outputs.values()):
-        outputs = outputs.get("jobs", {}).get("value")  # every output, each {"value", "type", "sensitive"}
-    if not isinstance(outputs, dict) or not all(isinstance(v, dict) for v in outputs.values()):
-        raise DeploymentError("the outputs have no `jobs` map (tool -> job): give `terraform output -json` of a "
-                              "root module that passes the module's `jobs` output on")
-    return outputs
+        # every output, each {"value", "type", "sensitive"}
+        found = {"jobs": outputs.get("jobs", {}).get("value")}
+        found |= {name: o["value"] for name, o in sorted(outputs.items()) if name.endswith("_jobs")}
+    for value in found.values():
+        if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
+            raise DeploymentError("the outputs have no `jobs` map (tool -> job): give `terraform output -json` of a "
+                                  "root module that passes the module's `jobs` output on")
+    return found
 
 
 def _job_name(job: dict[str, Any]) -> str:

@@ -115,6 +115,16 @@ class Placer:
                  busy: Busy | None = None) -> tuple[str, int] | None:
         """(provider, index in the tool's placements) of the task's next attempt; None: none has
         room or admits it now (`busy` counts a placement's jobs, asked only for a `max_running`)."""
+        return self._choose(task, previous, busy, probe=True)
+
+    def peek(self, task: TaskRow, previous: Callable[[], Sequence[JobRow]],
+             busy: Busy | None = None) -> tuple[str, int] | None:
+        """What the choice would be now, as `__call__`, but chosen by no one: a half-open
+        breaker's probe is not spent on it."""
+        return self._choose(task, previous, busy, probe=False)
+
+    def _choose(self, task: TaskRow, previous: Callable[[], Sequence[JobRow]], busy: Busy | None,
+                probe: bool) -> tuple[str, int] | None:
         placements = self.placements(task)
         if not placements:  # its launch is refused (`ControlPlane.build_spec`)
             return task.provider, 0
@@ -134,7 +144,8 @@ class Placer:
                    blocked=lambda j: not self.breakers.admits(keys[j]), full=full)
         if i is None:
             return None
-        self.breakers.chose(keys[i])
+        if probe:
+            self.breakers.chose(keys[i])
         return placements[i].provider, i
 
     def _policy(self, task: TaskRow, placements: tuple[Placed, ...]) -> PlacementPolicy:

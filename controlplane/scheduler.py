@@ -53,6 +53,8 @@ class JobNotFoundYet(Exception):
 
 log = logging.getLogger("controlplane.scheduler")
 
+# What a move's reason says of a launch its placement refused for capacity, before the provider's words.
+REFUSED = "the launch was refused for want of capacity or quota"
 LAUNCH_CONCURRENCY = 8
 # Queued tasks read past a class's free slots when a task may be left queued by its placements
 # (all full or open): those behind it of other tools still get the slots.
@@ -85,6 +87,9 @@ class Scheduler:
         # not wake the scheduler (`ControlPlane.wake`); what frees a slot wakes it (a runner's
         # last callback, a reconciler cycle that ended attempts), and so does its interval.
         self.full: set[str] = set()
+        # The classes whose last claim, with tasks ready, found them none a placement took (all
+        # full or open): their next ticks read whether one would now before claiming.
+        self._stalled: set[str] = set()
         self.ticks = 0
 
     async def tick(self) -> int:
@@ -98,13 +103,22 @@ class Scheduler:
                 self.full.discard(rc.name)
             if work != "ready":
                 continue  # slots full or nothing ready: no write transaction
+            skips = self.placer.may_skip(rc.name)
+            lookahead = CLAIM_LOOKAHEAD if skips else 0
+            if rc.name in self._stalled and not await blocking.call(
+                    self.store.jobs.could_claim, rc.name, rc.max_concurrency, self.placer.peek, lookahead):
+                continue  # still no placement with room or admitting: no write transaction
             try:
                 claimed = await anyio.to_thread.run_sync(
                     self.store.jobs.claim_for_launch, rc.name, rc.max_concurrency, None, self.fence(), self.placer,
-                    CLAIM_LOOKAHEAD if self.placer.may_skip(rc.name) else 0)
+                    lookahead)
             except Fenced as e:
                 log.warning("claims left to the new leader: %s", e, extra={"action": "fenced"})
                 return 0
+            if claimed or not skips:
+                self._stalled.discard(rc.name)
+            else:
+                self._stalled.add(rc.name)
             self._fresh.update(job.job_id for _task, job in claimed)
             now = time.time()
             for task, _job in claimed:  # how long each waited for its slot
@@ -136,7 +150,7 @@ class Scheduler:
                                            f"the provider refused to start the job: {e}")
         except CapacityProviderError as e:
             try:
-                moved = await anyio.to_thread.run_sync(self._elsewhere, job, str(e))
+                moved = await anyio.to_thread.run_sync(self._elsewhere, job, f"{REFUSED}: {e}")
             except Exception:  # noqa: BLE001 - the store: the launch is tried again, and refused again
                 moved = False
             if moved:

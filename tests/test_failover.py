@@ -6,6 +6,9 @@ scheduler is ticked by hand, so that moves are counted in ticks, not timed."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -182,7 +185,30 @@ def test_placements_take_options_a_policy_and_max_running_and_errors_name_the_in
     assert problems(catalog_with('{ provider = "local" }', "dearest")) == (
         "c.toml: resource_classes.failover.placement_policy: Input should be 'ordered' or 'cheapest'",)
     assert problems(catalog_with('{ provider = "local" }, ' + cloud_run(CENTRAL).replace(gcp.JOB, "")))[0].startswith(
-        "c.toml: tools.exercise.placements.1.provider_options.job")
+        "c.toml: tools.exercise.placements.1.options.job")  # as the catalog wrote it
+
+
+def test_validate_names_a_bad_option_under_the_key_the_catalog_wrote(tmp_path: Path) -> None:
+    """`controlplane catalog validate` names a placement's bad field under `options` when the
+    catalog wrote `options`, and under `provider_options` when it wrote that."""
+    written = cloud_run(CENTRAL).replace(f'job = "{gcp.JOB}"', 'job = "j", jobb = "k"')
+    path = tmp_path / "catalog.toml"
+    home = tmp_path / "home"
+
+    def validate(text: str) -> subprocess.CompletedProcess[str]:
+        path.write_text(text)
+        return subprocess.run([sys.executable, "-m", "controlplane.cli", "catalog", "validate", str(path)],
+                              capture_output=True, text=True, timeout=60,
+                              env={"COLUMNS": "250", "PATH": os.environ["PATH"], "CONTROLPLANE_HOME": str(home),
+                                   "PYTHONPATH": os.environ.get("PYTHONPATH", "")})
+
+    done = validate(catalog_with('{ provider = "local" }, ' + written))
+    assert done.returncode == 1
+    assert f"error: {path}: tools.exercise.placements.1.options.jobb: unknown field" in done.stderr
+    assert "provider_options" not in done.stderr
+    done = validate(catalog_with('{ provider = "local" }, ' + written.replace("options = {", "provider_options = {")))
+    assert done.returncode == 1
+    assert f"error: {path}: tools.exercise.placements.1.provider_options.jobb: unknown field" in done.stderr
 
 
 # ---- on the wire ----------------------------------------------------------------------------------------
@@ -248,6 +274,60 @@ async def test_max_running_per_placement_leaves_the_task_queued_when_none_has_ro
         assert task is not None and task.state == "queued" and task.attempt == 1 and task.failures == 0
     finally:
         reap_jobs(home)
+
+
+@pytest.mark.anyio
+async def test_a_tick_with_every_placement_full_or_open_writes_nothing(fake: gcp.FakeCloudRun, home: Path) -> None:
+    """While a queued task's every placement is full (max_running) or skipped (its breaker open),
+    the scheduler's ticks only read: no write transaction, no row locked. Room anywhere (the
+    breaker closing) and the next tick claims the task there. (Statements counted on SQLite,
+    by its trace callback.)"""
+    placements = '{ provider = "local", max_running = 1 }, ' + cloud_run(CENTRAL)
+    cp = control_plane(home, catalog_with(placements), placement_breaker_failures=1)
+    try:
+        first = submit(cp)
+        await cp.scheduler.tick()
+        assert where(cp, first) == [("local", 0, None)]
+        cp.breakers.failed(SITE)  # Cloud Run in us-central1 skipped for a while
+        second = submit(cp)
+        await cp.scheduler.tick()  # the claim finds no room: the task stays queued
+        assert where(cp, second) == []
+        seen: list[str] = []
+        if cp.db.is_sqlite:
+            cp.db.engines.dispose()
+            for engine in {cp.db.engines.engine, cp.db.engines.read_engine}:
+                event.listen(engine, "connect", lambda conn, _r: conn.set_trace_callback(seen.append))
+        for _ in range(3):
+            await cp.scheduler.tick()
+        assert where(cp, second) == [] and bool(seen) == cp.db.is_sqlite
+        writes = [sql for sql in seen if sql.split()[0].upper() in ("INSERT", "UPDATE", "DELETE")
+                  or sql.upper().startswith("BEGIN IMMEDIATE") or " FOR UPDATE" in sql.upper()]
+        assert writes == []
+        cp.breakers.succeeded(SITE)
+        await cp.scheduler.tick()
+        assert where(cp, second) == [("cloud_run", 1, None)] and run_calls(fake) == 1
+    finally:
+        reap_jobs(home)
+
+
+@pytest.mark.sqlite_only("counts the statements SQLite runs (its trace callback)")
+def test_a_shard_no_placement_takes_gives_its_sweeps_slot_back(home: Path) -> None:
+    """A sweep's shard that `max_parallel` let through but no placement took (its only one at
+    `max_running`) does not count against the sweep: the claim takes one shard, leaves the rest
+    queued in its one pass over the queue, and reads the queue once."""
+    cp = control_plane(home, catalog_with('{ provider = "local", max_running = 1 }'))
+    cp.service.submit_sweep("local", api.SubmitSweep(tool_name="exercise", base_inputs={"sleep_s": 30},
+                                                     vary=api.Vary.model_validate({"list": [{}] * 6}), max_parallel=3))
+    seen: list[str] = []
+    cp.db.engines.dispose()
+    for engine in {cp.db.engines.engine, cp.db.engines.read_engine}:
+        event.listen(engine, "connect", lambda conn, _r: conn.set_trace_callback(seen.append))
+    claimed = cp.store.jobs.claim_for_launch("failover", 10, place=cp.scheduler.placer, lookahead=32)
+    cp.db.dispose()
+    assert len(claimed) == 1
+    queue_reads = [sql for sql in seen if sql.lstrip().upper().startswith("SELECT") and "FROM TASKS" in sql.upper()
+                   and "LIMIT" in sql.upper()]
+    assert len(queue_reads) == 1, queue_reads
 
 
 @pytest.mark.anyio

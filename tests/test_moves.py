@@ -249,6 +249,37 @@ async def test_a_restart_between_the_stop_and_the_end_finishes_the_move_once(
     assert moves_counted() == before + 1
 
 
+async def test_patience_counts_from_the_recorded_launch_across_a_restart(
+        fake: gcp.FakeCloudRun, gcs: CloudTarget, home: Path) -> None:
+    """A job launched by one control plane, which then stops, moves as soon as the next one
+    looks at it once its patience has passed since the launch the database records: the clock
+    is not started again by the process that first sees it."""
+    patience = 6.0
+    catalog(home, f'{{ {CLOUD_RUN}, patience_s = {patience} }}, {{ provider = "local" }}')
+    settings = Settings(home=home, object_store_url=gcs.url, **FAST)
+    first = ControlPlane(settings)
+    async with Client(build_server(first)) as client:
+        tid = await Agent(client).submit(inputs={"log_lines": 1})
+        await until(lambda: launched(first, tid))
+    job = first_job(first, tid)
+    assert job.provider_status != "moving:patience" and first.store.tasks.get(tid).state == "scheduled"
+    first.db.dispose()  # the first control plane is gone before the job's patience ran out
+    assert job.launched_at is not None and time.time() < job.launched_at + patience
+    await anyio.sleep(job.launched_at + patience + 0.5 - time.time())
+
+    second = ControlPlane(settings)
+    async with Client(build_server(second)) as client:
+        started = time.monotonic()
+        await until(lambda: (first_job(second, tid).provider_status or "").startswith("moving:")
+                    or first_job(second, tid).state != "active", timeout=30)
+        assert time.monotonic() - started < patience / 2  # at its first look, not a patience later
+        done = await Agent(client).wait(tid, timeout=90)
+    assert done["state"] == "succeeded" and done["attempt"] == 2 and done["provider"] == "local"
+    [move] = done["moves"]
+    waited = float(move["reason"].split("waited ", 1)[1].split(" s", 1)[0])
+    assert waited >= patience
+
+
 async def test_with_one_placement_a_waiting_job_keeps_waiting(fake: gcp.FakeCloudRun, gcs: CloudTarget,
                                                                home: Path) -> None:
     catalog(home, f"{{ {CLOUD_RUN}, patience_s = 0.5 }}")

@@ -177,6 +177,11 @@ async def test_an_attempt_refused_for_room_runs_at_the_next_placement_and_every_
         st = await agent.wait(tid)
         assert st["state"] == "succeeded", st
         assert st["attempt"] == 2 and st["error"] is None
+        # what the agent reads: where it runs now, and where it was refused and why, in plain words
+        assert (st["provider"], st["placement"]) == ("local", 1)
+        [move] = st["moves"]
+        assert (move["attempt"], move["provider"], move["placement"]) == (1, FULL, 0)
+        assert move["reason"] == "the launch was refused for want of capacity or quota: zone b has no room"
         first, second = cp.store.jobs.of_task(tid)
         assert (first.provider, first.placement, first.provider_status) == (FULL, 0, NO_CAPACITY)
         assert (second.provider, second.placement) == ("local", 1) and second.handle_json

@@ -201,7 +201,10 @@ def test_examples_output_the_mcp_url_and_the_oauth_settings(example: Path) -> No
     outputs = blocks(example, "output")
     assert {"mcp_url", "oauth", "jobs", "migrate_command"} <= set(outputs)
     for name, body in outputs.items():
-        assert unquote(body["value"]) == f"${{module.controlplane.{name}}}"
+        if name.endswith("_jobs"):  # another cloud's jobs (a jobs-only module's), for `catalog check`
+            assert re.fullmatch(r"\$\{module\.\w+\.jobs\}", unquote(body["value"])), body["value"]
+        else:
+            assert unquote(body["value"]) == f"${{module.controlplane.{name}}}"
         assert unquote(body.get("description", "")), f"output {name} has no description"
     for name, body in blocks(example, "variable").items():
         if "default" not in body:
@@ -427,6 +430,46 @@ def test_a_tool_with_more_placements_is_given_to_the_server_with_each_in_order(e
         assert (first.provider, first.patience_s, second.provider) == ("cloud_run", 600, "aws_batch")
     assert reachable.problems(catalog, job_store_access="grants", default_store="gs://b") == []
     assert reachable.problems(catalog, job_store_access="identity", default_store="gs://b")  # Batch would not reach it
+
+
+def test_the_two_cloud_examples_catalog_check_covers_its_batch_jobs(exported: dict[str, Any], tmp_path: Path) -> None:
+    """The two-cloud example outputs the Batch job definitions beside the Cloud Run jobs, the
+    definitions (and queue) its server's catalog names are the ones `aws-jobs` makes and outputs,
+    and `controlplane catalog check` of the example's outputs finds a Batch job that differs from
+    the catalog, naming the output."""
+    example = TERRAFORM / "examples" / "gcp-with-aws-jobs"
+    assert output_value(example, "jobs")[0] == (TERRAFORM / "modules" / "gcp-jobs").resolve()  # Cloud Run
+    where, batch = output_value(example, "batch_jobs")
+    assert where == (TERRAFORM / "modules" / "aws-jobs").resolve()
+    # the catalog's Batch placement: the queue it makes, and each tool's definition the output lists
+    assert "${{for tool, def in aws_batch_job_definition.tool : tool => {" in batch and "id = def.arn" in batch
+    local = {k: v for block in parsed(where / "main.tf")["locals"] for k, v in block.items()}
+    options = local["provider_options"]
+    assert options.startswith("${{for tool, def in aws_batch_job_definition.tool : tool => {")
+    assert "job_queue = aws_batch_job_queue.this.name" in options and "job_definition = def.arn" in options
+    assert "module.aws_jobs.provider_options" in (example / "main.tf").read_text()
+
+    def job(tool: str, spec: dict[str, Any], at: str) -> dict[str, Any]:
+        return {"name": f"controlplane-{tool}", "id": f"{at}/controlplane-{tool}", "image": spec["image"],
+                "cpu": spec["cpu"], "memory_mb": spec["memory_mb"]}
+
+    run = {t: job(t, j, "projects/p/locations/us-central1/jobs") for t, j in exported["jobs"].items()}
+    batch_jobs = {t: job(t, j, "arn:aws:batch:us-east-1:1:job-definition") for t, j in exported["jobs"].items()}
+    batch_jobs["exercise"]["memory_mb"] = 512  # the Batch side applied with an older catalog
+    del batch_jobs["lj_relax"]
+    out = tmp_path / "outputs.json"
+    out.write_text(json.dumps({name: {"sensitive": False, "type": ["object", {}], "value": value}
+                               for name, value in (("jobs", run), ("batch_jobs", batch_jobs),
+                                                   ("mcp_url", "https://mcp.example.com/mcp"))}))
+    done = subprocess.run([sys.executable, "-m", "controlplane.cli", "catalog", "check",
+                           str(ROOT / "controlplane" / "default_catalog.toml"), str(out), "--default-image", IMAGE],
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "250"})
+    assert done.returncode == 1, done.stderr
+    said = [ln for ln in done.stderr.splitlines() if ln.startswith("mismatch:")]
+    assert len(said) == 2, done.stderr
+    assert any("batch_jobs: tool 'exercise': memory_mb is 2048 in the catalog but 512 in job "
+               "arn:aws:batch:us-east-1:1:job-definition/controlplane-exercise" in ln for ln in said)
+    assert any("batch_jobs: tool 'lj_relax': no job in the deployment" in ln for ln in said)
 
 
 # ---- jobs hold no storage permission ---------------------------------------------------------

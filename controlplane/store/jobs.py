@@ -115,7 +115,8 @@ class JobStore:
                                       values=sweeps.cancel_values(task.sweep_id), now=now)
                     continue
                 got = self._claim_one(c, task, resource_class, now, place, busy, counted)
-                if got is None:
+                if got is None:  # left queued: it holds none of its sweep's slots
+                    sweeps.give_back(task.sweep_id)
                     continue
                 claimed.append(got)
                 free -= 1
@@ -150,6 +151,29 @@ class JobStore:
                                  detail={"job_id": job.job_id, "job_name": job.job_name},
                                  values={"scheduled_at": now, "job_id": job.job_id}, now=now)
         return task, job
+
+    def could_claim(self, resource_class: str, capacity: int, place: Place, lookahead: int = 0) -> bool:
+        """Whether `claim_for_launch` with `place` may claim a task of the class now, read without
+        a write transaction: False only when a slot is free and every queued task ready in the
+        claim's window is one `place` leaves (none a sweep's shard, whose limits only the claim
+        counts). `place` here must choose nothing (`Placer.peek`)."""
+        with self.db.read() as c:
+            free = capacity - c.execute(q.SLOTS_BUSY, {"rc": resource_class}).scalar_one()
+            if free <= 0:
+                return False
+            rows = [TaskRow.from_row(r) for r in self.db.rows(
+                c, q.NEXT_QUEUED, {"rc": resource_class, "now": self.w.clock(), "lim": free + lookahead})]
+            counted: dict[tuple[str, int], int] = {}
+
+            def busy(tool: str, placement: int) -> int:
+                if (tool, placement) not in counted:
+                    counted[tool, placement] = int(c.execute(q.BUSY_AT_PLACEMENT,
+                                                             {"tool": tool, "placement": placement}).scalar_one())
+                return counted[tool, placement]
+
+            return any(t.sweep_id is not None or place(t, lambda t=t: [  # type: ignore[misc]
+                JobRow.from_row(j) for j in self.db.rows(c, q.JOBS_OF_TASK, {"task_id": t.task_id})], busy) is not None
+                for t in rows)
 
     def has_work(self, resource_class: str, capacity: int) -> Literal["full", "idle", "ready"]:
         """"full" (no free slot in the class), "idle" (no queued task ready for one) or "ready":

@@ -64,6 +64,12 @@ class SweepSlots:
         self.room[sweep_id] = room - 1
         return "take"
 
+    def give_back(self, sweep_id: str | None) -> None:
+        """A task `take` counted was left queued after all (no placement took it): its slot is
+        the sweep's again."""
+        if sweep_id is not None and sweep_id in self.room:
+            self.room[sweep_id] += 1
+
     def cancel_values(self, sweep_id: str) -> dict[str, Any]:
         """The values of a stopped sweep's shard cancelled instead of claimed."""
         why = self.stopped[sweep_id]

@@ -13,6 +13,11 @@ output "jobs" {
   value       = module.controlplane.jobs
 }
 
+output "batch_jobs" {
+  description = "Tool -> its AWS Batch job definition, each tool's second placement (`controlplane catalog check` compares it too)."
+  value       = module.aws_jobs.jobs
+}
+
 output "migrate_command" {
   description = "The database migration by hand (each new revision migrates at start; this is for migrating ahead of one)."
   value       = module.controlplane.migrate_command
