@@ -9,12 +9,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import text
 
 from controlplane import api
 from controlplane.app import ControlPlane
 from controlplane.settings import Settings
+from controlplane.states import TaskState as S
 from controlplane.store import sweep_queries as sq
 from tests.conftest import FAST, record_statements
+from tests.test_releases import events_per_task
 
 pytestmark = pytest.mark.anyio
 
@@ -77,5 +80,45 @@ def test_a_queued_sweeps_status_reads_no_running_shards_or_failures(home: Path,
         assert st["counts"] == {"queued": 50} and st["failures"] == [] and st["percent"] == 0.0
         assert sq.RUNNING_SHARDS not in seen and sq.FIRST_FAILURES not in seen
         assert sq.STATE_COUNTS in seen
+    finally:
+        cp.db.dispose()
+
+
+SHARDS, BATCH = 301, 50
+
+
+def states(cp: ControlPlane, sweep_id: str) -> dict[str, int]:
+    return {st.value: n for st, n in cp.store.sweeps.state_counts(sweep_id).items()}
+
+
+def test_a_fail_fast_stop_cancels_a_batch_a_transaction_and_a_restart_half_way_loses_none(
+        home: Path) -> None:
+    cp = control_plane(home, release_batch=BATCH, release_cycle_s=0.3)
+    sweep_id = submit(cp, SHARDS, fail_fast=1)
+    first = cp.store.sweeps.page(sweep_id, 0, 1)[0].task_id
+    for step in (S.SCHEDULED, S.RUNNING, S.FAILED):
+        cp.store.tasks.transition(first, step)
+    # The transaction that tripped the policy moved one batch, not every shard.
+    assert states(cp, sweep_id) == {"failed": 1, "cancelled": BATCH, "queued": SHARDS - 1 - BATCH}
+    assert cp.store.jobs.has_work("cpu_small", 2) == "ready"
+    assert cp.store.jobs.claim_for_launch("cpu_small", 2, lookahead=5) == []  # the claim cancels, never launches
+    assert cp.store.sweeps.stop_left() == BATCH  # one follow-up: one batch
+    left = states(cp, sweep_id)["queued"]
+    assert 0 < left < SHARDS - 1 - 2 * BATCH
+
+    cp.db.dispose()  # the server stops half way; the next one's reconciler finishes the stop
+    cp = control_plane(home, release_batch=BATCH, release_cycle_s=0.3)
+    try:
+        for _ in range(50):
+            cp.reconciler.cycle_sync()
+            if cp.store.sweeps.stop_left() is None:
+                break
+        assert states(cp, sweep_id) == {"failed": 1, "cancelled": SHARDS - 1}
+        cancelled = events_per_task(cp, "cancelled")
+        assert len(cancelled) == SHARDS - 1 and set(cancelled.values()) == {1}, "each shard cancelled once"
+        with cp.db.engine.connect() as c:
+            assert c.execute(text("SELECT COUNT(*) FROM jobs")).scalar_one() == 0, "no shard launched"
+        st = cp.service.sweep_status("alice", api.GetSweepStatus(sweep_id=sweep_id))
+        assert st["done"] and st["stop_reason"] == "stopped by its failure policy (fail_fast: 1 failed shard)"
     finally:
         cp.db.dispose()

@@ -143,6 +143,8 @@ class Sweeps:
             eta = self.estimator.eta(task, progress, now)
             remaining.append(eta if eta is not None else 0.0)
         done = ended >= sweep.shards
+        if done and sweep.stopped_at is None:  # read before the stop that ended it committed: its row again
+            sweep = self.store.sweeps.get(sweep.sweep_id) or sweep
         percent = round(100.0 * (ended + pct) / sweep.shards, 2) if sweep.shards else 100.0
         return SweepStatus(
             sweep_id=sweep.sweep_id, tool_name=sweep.tool_name, shards=sweep.shards,
