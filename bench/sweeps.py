@@ -9,7 +9,7 @@ calls, without the transport):
   p50 over rounds, against one `submit_task` measured in the same run (its p50 over 20 submits):
   the ratio says what a shard costs next to a task submitted alone (N submits would cost N);
 * `get_sweep_status` of an N-shard sweep, p50 and p99 over 50 calls (aggregates: no shard is
-  loaded but the running ones);
+  loaded but the running ones), against its counts by state alone (the GROUP BY, p50);
 * the transaction that ends a `fail_fast: 1` sweep's first failure with N shards queued (it
   cancels one batch, `CONTROLPLANE_RELEASE_BATCH`), and the longest of the reconciler's
   follow-ups that cancel the rest;
@@ -94,6 +94,11 @@ def measure(home: Path, url: str | None, shards: int, rounds: int) -> dict[str, 
             t = time.perf_counter()
             st = svc.sweep_status("bench", req_status)
             status.append(time.perf_counter() - t)
+        counts: list[float] = []  # its GROUP BY alone, for what the rest of the status costs
+        for _ in range(50):
+            t = time.perf_counter()
+            cp.store.sweeps.state_counts(sweep_id)
+            counts.append(time.perf_counter() - t)
         if st["shards"] != shards or st["counts"] != {"queued": shards}:
             raise BenchError(f"the sweep's status is not what was submitted: {st['counts']}")
         stop = fail_fast_stop(cp, shards)
@@ -103,7 +108,9 @@ def measure(home: Path, url: str | None, shards: int, rounds: int) -> dict[str, 
     p50 = percentile(times, 50)
     return {"submit_task_p50_s": one, "submit_sweep_p50_s": p50, "submit_sweep_max_s": max(times),
             "sweep_over_one_submit": p50 / one, "per_shard_over_one_submit": p50 / shards / one,
-            "status_p50_ms": percentile(status, 50) * 1000, "status_p99_ms": percentile(status, 99) * 1000, **stop}
+            "status_p50_ms": percentile(status, 50) * 1000, "status_p99_ms": percentile(status, 99) * 1000,
+            "counts_p50_ms": percentile(counts, 50) * 1000,
+            "status_over_counts": percentile(status, 50) / percentile(counts, 50), **stop}
 
 
 def fail_fast_stop(cp: Any, shards: int) -> dict[str, Any]:
@@ -258,7 +265,8 @@ def main() -> None:
             print(f"{eng:9} submit_sweep({shards}) p50 {r['submit_sweep_p50_s']:.3f} s "
                   f"(= {r['sweep_over_one_submit']:.0f}x one submit_task of {r['submit_task_p50_s'] * 1000:.2f} ms; "
                   f"a shard {r['per_shard_over_one_submit']:.3f}x a task submitted alone); "
-                  f"get_sweep_status p50 {r['status_p50_ms']:.2f} ms, p99 {r['status_p99_ms']:.2f} ms")
+                  f"get_sweep_status p50 {r['status_p50_ms']:.2f} ms, p99 {r['status_p99_ms']:.2f} ms "
+                  f"({r['status_over_counts']:.1f}x its GROUP BY's p50 of {r['counts_p50_ms']:.2f} ms)")
             print(f"{eng:9} fail_fast stop at {shards} queued: {r['fail_fast_stop_s']:.3f} s, longest follow-up "
                   f"{r['fail_fast_follow_up_max_s']:.3f} s; {r['per_queued_shard_kb']:.2f} KB per queued shard "
                   f"(bound 2 KB); {launched} launches at {r['launches_per_s']:.1f}/s = "
