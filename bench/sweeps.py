@@ -9,11 +9,22 @@ calls, without the transport):
   p50 over rounds, against one `submit_task` measured in the same run (its p50 over 20 submits):
   the ratio says what a shard costs next to a task submitted alone (N submits would cost N);
 * `get_sweep_status` of an N-shard sweep, p50 and p99 over 50 calls (aggregates: no shard is
-  loaded but the running ones).
+  loaded but the running ones), against its counts by state alone (the GROUP BY, p50);
+* the transaction that ends a `fail_fast: 1` sweep's first failure with N shards queued (it
+  cancels one batch, `CONTROLPLANE_RELEASE_BATCH`), and the longest of the reconciler's
+  follow-ups that cancel the rest;
+* memory per queued shard: the RSS of a process that opens the control plane on a home holding an
+  N-shard sweep and runs its scheduler, reconciler and a status a few times, over the same on a
+  home holding a 1-shard sweep, per shard (the issue's bound: 2 KB, as per queued task);
+* launches per second of a sweep on a provider double whose launch holds a place in the shared
+  rate limiter (`SlidingWindowLimiter`, `--rate` a second, 20 ms a call), against that limit:
+  the steady rate (the launches after the first window's `--rate`, over the time from the first
+  start to the last) and the most in any one-second window, each as a ratio of the limit.
 
-The control plane runs no loops (nothing is launched); the catalog's queue has room for every
-round. Targets: the submit under 2 s on SQLite and 4 s on PostgreSQL at 10,000
-shards, the status under 20 ms p99. The last line of stdout is one JSON object with every figure.
+The control plane runs no loops for the first three (nothing is launched); the catalog's queue
+has room for every round. Targets: the submit under 2 s on SQLite and 4 s on PostgreSQL at
+10,000 shards, the status under 20 ms p99, 2 KB per queued shard, launches at the limit and never
+over it. The last line of stdout is one JSON object with every figure.
 """
 
 from __future__ import annotations
@@ -23,6 +34,8 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +46,7 @@ if str(ROOT) not in sys.path:  # `python bench/sweeps.py` puts bench/, not the p
 from bench.run import BenchError, percentile  # noqa: E402
 
 
-def catalog(home: Path, queue_length: int) -> None:
+def catalog(home: Path, queue_length: int, concurrency: int = 2) -> None:
     from controlplane.catalog import default_catalog_text
 
     text = default_catalog_text()
@@ -41,8 +54,17 @@ def catalog(home: Path, queue_length: int) -> None:
     if old not in text:
         raise BenchError("the default catalog's cpu_small queue changed: update the benchmark")
     home.mkdir(parents=True, exist_ok=True)
-    (home / "catalog.toml").write_text(text.replace(old, "[resource_classes.cpu_small]\nmax_concurrency = 2\n"
+    (home / "catalog.toml").write_text(text.replace(old, f"[resource_classes.cpu_small]\nmax_concurrency = {concurrency}\n"
                                                          f"max_queue_length = {queue_length}"))
+
+
+def submit_sweep(svc: Any, shards: int, **kw: Any) -> str:
+    from controlplane import api
+
+    vary = {"list": [{"sleep_s": 0.001 * i, "progress_steps": i % 7} for i in range(shards)]}
+    req = api.SubmitSweep.model_validate({"tool_name": "exercise", "base_inputs": {"log_lines": 1}, "vary": vary,
+                                          "tags": ["bench"], **kw})
+    return str(svc.submit_sweep("bench", req)["sweep_id"])
 
 
 def measure(home: Path, url: str | None, shards: int, rounds: int) -> dict[str, Any]:
@@ -60,14 +82,11 @@ def measure(home: Path, url: str | None, shards: int, rounds: int) -> dict[str, 
             t = time.perf_counter()
             svc.submit("bench", req)
             single.append(time.perf_counter() - t)
-        vary = {"list": [{"sleep_s": 0.001 * i, "progress_steps": i % 7} for i in range(shards)]}
-        sweep = api.SubmitSweep.model_validate({"tool_name": "exercise", "base_inputs": {"log_lines": 1},
-                                                "vary": vary, "tags": ["bench"]})
         times: list[float] = []
         sweep_id = ""
         for _ in range(rounds):
             t = time.perf_counter()
-            sweep_id = svc.submit_sweep("bench", sweep)["sweep_id"]
+            sweep_id = submit_sweep(svc, shards)
             times.append(time.perf_counter() - t)
         status: list[float] = []
         req_status = api.GetSweepStatus(sweep_id=sweep_id)
@@ -75,15 +94,139 @@ def measure(home: Path, url: str | None, shards: int, rounds: int) -> dict[str, 
             t = time.perf_counter()
             st = svc.sweep_status("bench", req_status)
             status.append(time.perf_counter() - t)
+        counts: list[float] = []  # its GROUP BY alone, for what the rest of the status costs
+        for _ in range(50):
+            t = time.perf_counter()
+            cp.store.sweeps.state_counts(sweep_id)
+            counts.append(time.perf_counter() - t)
         if st["shards"] != shards or st["counts"] != {"queued": shards}:
             raise BenchError(f"the sweep's status is not what was submitted: {st['counts']}")
+        stop = fail_fast_stop(cp, shards)
     finally:
         cp.store.db.dispose()
     one = percentile(single, 50)
     p50 = percentile(times, 50)
     return {"submit_task_p50_s": one, "submit_sweep_p50_s": p50, "submit_sweep_max_s": max(times),
             "sweep_over_one_submit": p50 / one, "per_shard_over_one_submit": p50 / shards / one,
-            "status_p50_ms": percentile(status, 50) * 1000, "status_p99_ms": percentile(status, 99) * 1000}
+            "status_p50_ms": percentile(status, 50) * 1000, "status_p99_ms": percentile(status, 99) * 1000,
+            "counts_p50_ms": percentile(counts, 50) * 1000,
+            "status_over_counts": percentile(status, 50) / percentile(counts, 50), **stop}
+
+
+def fail_fast_stop(cp: Any, shards: int) -> dict[str, Any]:
+    """The transaction that ends the first failure of a `fail_fast: 1` sweep of `shards` queued
+    shards (its launch refused), and the longest follow-up that cancels what it left."""
+    sweep_id = submit_sweep(cp.service, shards, fail_fast=1, priority=100)  # claimed before the others
+    claimed = cp.store.jobs.claim_for_launch("cpu_small", 1)
+    if [task.sweep_id for task, _ in claimed] != [sweep_id]:
+        raise BenchError("the fail_fast sweep's first shard was not the one claimed")
+    t = time.perf_counter()
+    cp.scheduler.attempts.end_unlaunched(claimed[0][1].ref, "refused by the benchmark")
+    stop_s = time.perf_counter() - t
+    longest = 0.0
+    while True:
+        t = time.perf_counter()
+        if cp.store.sweeps.stop_left() is None:
+            break
+        longest = max(longest, time.perf_counter() - t)
+    counts = {s.value: n for s, n in cp.store.sweeps.state_counts(sweep_id).items()}
+    if counts.get("queued") or counts.get("cancelled", 0) + counts.get("failed", 0) != shards:
+        raise BenchError(f"the fail_fast stop left shards behind: {counts}")
+    return {"fail_fast_stop_s": stop_s, "fail_fast_follow_up_max_s": longest}
+
+
+MEMORY_PROBE = """
+import anyio, gc, json, sys
+from pathlib import Path
+import psutil
+from bench.doubles import CountingProvider
+from controlplane import api
+from controlplane.app import ControlPlane
+from controlplane.settings import Settings
+home, url, sweep_id = Path(sys.argv[1]), sys.argv[2] or None, sys.argv[3]
+cp = ControlPlane(Settings(home=home, database_url=url), providers={"local": CountingProvider()})
+for _ in range(3):
+    anyio.run(cp.scheduler.tick)
+    cp.reconciler.cycle_sync()
+    cp.service.sweep_status("bench", api.GetSweepStatus(sweep_id=sweep_id))
+gc.collect()
+print(json.dumps({"rss": psutil.Process().memory_info().rss}))
+cp.store.db.dispose()
+"""
+
+
+def memory_per_shard(home: Path, url: str | None, shards: int) -> dict[str, Any]:
+    """RSS of a control plane whose database holds an N-shard sweep over one holding a 1-shard
+    sweep, per shard (each in a process of its own, after its loops ran three times)."""
+    import subprocess
+
+    from controlplane.app import ControlPlane
+    from controlplane.settings import Settings
+
+    rss: dict[int, int] = {}
+    for n in (1, shards):
+        at = home / f"memory-{n}"
+        catalog(at, queue_length=n + 100)
+        cp = ControlPlane(Settings(home=at, database_url=url))
+        try:
+            sweep_id = submit_sweep(cp.service, n)
+        finally:
+            cp.store.db.dispose()
+        out = subprocess.run([sys.executable, "-c", MEMORY_PROBE, str(at), url or "", sweep_id], cwd=ROOT,
+                             capture_output=True, text=True, timeout=600, check=False)
+        if out.returncode != 0:
+            raise BenchError(f"the memory probe failed: {out.stderr[-2000:]}")
+        rss[n] = int(json.loads(out.stdout.strip().splitlines()[-1])["rss"])
+    return {"rss_1_shard_mb": rss[1] / 2**20, f"rss_{shards}_shards_mb": rss[shards] / 2**20,
+            # (SQLite: a home, so a database, each; PostgreSQL: one database, holding both sweeps)
+            "per_queued_shard_kb": (rss[shards] - rss[1]) / (shards - 1 if url is None else shards) / 1024}
+
+
+def launch_rate(home: Path, url: str | None, shards: int, rate: int) -> dict[str, Any]:
+    """A sweep of `shards` launched by the scheduler on a provider double whose launch holds a
+    place in a `rate`-a-second limiter for 20 ms: launches per second against the limit."""
+    import anyio
+
+    from bench.doubles import CountingHandle, CountingProvider
+    from controlplane.app import ControlPlane
+    from controlplane.settings import Settings
+    from controlplane_providers.ratelimit import SlidingWindowLimiter
+
+    class Limited(CountingProvider):
+        def __init__(self) -> None:
+            super().__init__()
+            self.limiter = SlidingWindowLimiter(rate)
+            self.starts: list[float] = []
+
+        def launch(self, spec: Any) -> CountingHandle:
+            token = self.limiter.acquire()
+            try:
+                self.starts.append(time.monotonic())
+                time.sleep(0.02)  # the API call
+                return super().launch(spec)
+            finally:
+                self.limiter.release(token)
+
+    catalog(home, queue_length=shards + 100, concurrency=shards)
+    provider = Limited()
+    cp = ControlPlane(Settings(home=home, database_url=url), providers={"local": provider})
+    try:
+        submit_sweep(cp.service, shards)
+        deadline = time.monotonic() + 10 * shards / rate + 30
+        while len(provider.starts) < shards and time.monotonic() < deadline:
+            anyio.run(cp.scheduler.tick)
+    finally:
+        cp.store.db.dispose()
+    starts = sorted(provider.starts)
+    if len(starts) != shards:
+        raise BenchError(f"{len(starts)} of {shards} shards launched")
+    span = starts[-1] - starts[0]
+    most = max(sum(1 for t in starts[i:] if t < s + 1.0) for i, s in enumerate(starts))
+    # The limiter lets the first `rate` start at once (an empty window): the steady rate is of the
+    # launches after them, over the time from the first start to the last.
+    per_s = (shards - rate) / span if span > 0 else float("inf")
+    return {"rate_limit_per_s": rate, "launches_per_s": per_s, "launches_over_limit": per_s / rate,
+            "most_in_a_second": most, "most_in_a_second_over_limit": most / rate}
 
 
 def main() -> None:
@@ -91,25 +234,44 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="2,000 shards, 2 rounds")
     parser.add_argument("--shards", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rate", type=int, default=20, help="the launch rate limit a second")
     args = parser.parse_args()
     shards, rounds = (2_000, 2) if args.quick else (args.shards, args.rounds)
+    launched = 5 * args.rate if args.quick else 20 * args.rate
     from tests.postgres import bindir, pg_cluster
 
     out: dict[str, Any] = {"shards": shards, "rounds": rounds}
     with tempfile.TemporaryDirectory(prefix="bench-sweeps-") as tmp:
-        out["sqlite"] = measure(Path(tmp) / "sqlite", None, shards, rounds)
+        def each(eng: str, fresh: Callable[[], AbstractContextManager[str | None]]) -> dict[str, Any]:
+            """Every figure of one engine, each part on a database of its own (`fresh`)."""
+            at = Path(tmp) / eng
+            with fresh() as url:
+                r = measure(at, url, shards, rounds)
+            with fresh() as url:
+                r.update(memory_per_shard(at, url, shards))
+            with fresh() as url:
+                r.update(launch_rate(at / "launches", url, launched, args.rate))
+            return r
+
+        out["sqlite"] = each("sqlite", lambda: nullcontext(None))  # (each part's home has its own file)
         if bindir() is None:
             print("PostgreSQL's binaries (initdb, postgres) were not found: SQLite only", file=sys.stderr)
         else:
-            with pg_cluster(durable=True) as cluster, cluster.database() as url:
-                out["postgres"] = measure(Path(tmp) / "postgres", url, shards, rounds)
+            with pg_cluster(durable=True) as cluster:
+                out["postgres"] = each("postgres", cluster.database)
     for eng in ("sqlite", "postgres"):
         r = out.get(eng)
         if r is not None:
             print(f"{eng:9} submit_sweep({shards}) p50 {r['submit_sweep_p50_s']:.3f} s "
                   f"(= {r['sweep_over_one_submit']:.0f}x one submit_task of {r['submit_task_p50_s'] * 1000:.2f} ms; "
                   f"a shard {r['per_shard_over_one_submit']:.3f}x a task submitted alone); "
-                  f"get_sweep_status p50 {r['status_p50_ms']:.2f} ms, p99 {r['status_p99_ms']:.2f} ms")
+                  f"get_sweep_status p50 {r['status_p50_ms']:.2f} ms, p99 {r['status_p99_ms']:.2f} ms "
+                  f"({r['status_over_counts']:.1f}x its GROUP BY's p50 of {r['counts_p50_ms']:.2f} ms)")
+            print(f"{eng:9} fail_fast stop at {shards} queued: {r['fail_fast_stop_s']:.3f} s, longest follow-up "
+                  f"{r['fail_fast_follow_up_max_s']:.3f} s; {r['per_queued_shard_kb']:.2f} KB per queued shard "
+                  f"(bound 2 KB); {launched} launches at {r['launches_per_s']:.1f}/s = "
+                  f"{r['launches_over_limit']:.2f}x the limit of {args.rate}/s, at most {r['most_in_a_second']} "
+                  f"in a second ({r['most_in_a_second_over_limit']:.2f}x)")
     print(json.dumps(out))
 
 

@@ -200,12 +200,15 @@ class Reconciler:
         return stats
 
     def _release(self, stats: CycleStats) -> None:
+        """What ends left to settle, a batch a transaction within the cycle's budget: waiting
+        children to release, then stopped sweeps' shards to cancel."""
         deadline = time.monotonic() + self.settings.release_cycle_s
-        while (settled := self.store.tasks.settle_left()) is not None:
-            stats.released += settled
-            if time.monotonic() >= deadline:
-                stats.releases_left = True
-                return
+        for follow_up in (self.store.tasks.settle_left, self.store.sweeps.stop_left):
+            while (settled := follow_up()) is not None:
+                stats.released += settled
+                if time.monotonic() >= deadline:
+                    stats.releases_left = True
+                    return
 
     # ---- stopping -----------------------------------------------------------------------------
     def _stops(self, jobs: list[WatchedJob], now: float, stats: CycleStats) -> None:

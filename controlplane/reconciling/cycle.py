@@ -25,7 +25,7 @@ class CycleStats:
     extra_stopped: int = 0  # extra executions of attempts stopped
     expired: int = 0
     purged: int = 0
-    released: int = 0  # waiting children settled that their parents' ends left (`store.releases`)
+    released: int = 0  # waiting children settled, and stopped sweeps' shards moved, that ends left (`store.releases`, `stop_left`)
     releases_left: bool = False  # ... and some still left when the cycle's time for them ran out
     retention: Swept | None = None  # the retention sweep's batches, timings and what it left
 

@@ -129,7 +129,10 @@ class Sweeps:
         sweep = self.access.sweep(caller, req.sweep_id)
         counts = self.store.sweeps.state_counts(sweep.sweep_id)
         ended = sum(n for state, n in counts.items() if state in FINAL)
-        running = self.store.sweeps.running(sweep.sweep_id)
+        # The running shards and the failures are read only when the counts say there are some
+        # (a queued sweep's status is three statements, not five).
+        running = self.store.sweeps.running(sweep.sweep_id) if counts.get(TaskState.RUNNING) else []
+        failed = any(counts.get(s) for s in sweeps.FAILURES)
         now = time.time()
         pct = 0.0
         remaining: list[float] = []
@@ -140,6 +143,8 @@ class Sweeps:
             eta = self.estimator.eta(task, progress, now)
             remaining.append(eta if eta is not None else 0.0)
         done = ended >= sweep.shards
+        if done and sweep.stopped_at is None:  # read before the stop that ended it committed: its row again
+            sweep = self.store.sweeps.get(sweep.sweep_id) or sweep
         percent = round(100.0 * (ended + pct) / sweep.shards, 2) if sweep.shards else 100.0
         return SweepStatus(
             sweep_id=sweep.sweep_id, tool_name=sweep.tool_name, shards=sweep.shards,
@@ -148,7 +153,8 @@ class Sweeps:
             stopped_at=iso(sweep.stopped_at), stop_reason=sweep.stop_reason, max_parallel=sweep.max_parallel,
             fail_fast=sweep.fail_fast, **self._used(sweep, running, now),
             failures=[SweepFailure(shard=shard, task_id=tid, state=state, error=error)
-                      for shard, tid, state, error in self.store.sweeps.first_failures(sweep.sweep_id, FIRST_FAILURES)],
+                      for shard, tid, state, error in
+                      (self.store.sweeps.first_failures(sweep.sweep_id, FIRST_FAILURES) if failed else [])],
             poll_after_ms=None if done else int(min(30.0, max(1.0, (sum(remaining) or 10.0) / 10)) * 1000))
 
     def _eta(self, sweep: SweepRow, counts: dict[TaskState, int], remaining: list[float]) -> float | None:

@@ -176,12 +176,25 @@ class JobStore:
                 for t in rows)
 
     def has_work(self, resource_class: str, capacity: int) -> Literal["full", "idle", "ready"]:
-        """"full" (no free slot in the class), "idle" (no queued task ready for one) or "ready":
-        a read, so that a scheduler woken by submits skips `claim_for_launch`'s write transaction
-        when there is nothing to claim."""
+        """"full" (no free slot in the class), "idle" (no queued task ready for one, or only shards
+        of sweeps at their `max_parallel`) or "ready": reads, so that a scheduler's tick skips
+        `claim_for_launch`'s write transaction when there is nothing to claim."""
         if self.db.fetch(q.SLOTS_BUSY, {"rc": resource_class})[0]["busy"] >= capacity:
             return "full"
-        return "ready" if self.db.fetch(q.READY_QUEUED, {"rc": resource_class, "now": self.w.clock()}) else "idle"
+        params = {"rc": resource_class, "now": self.w.clock()}
+        found = self.db.fetch(q.READY_QUEUED, params)
+        if not found:
+            return "idle"
+        if found[0]["sweep_id"] is None:
+            return "ready"
+        # A shard: "idle" still when every ready task is a shard of a sweep at its max_parallel,
+        # which the claim would skip (SweepSlots' view, as the claim reads it).
+        with self.db.read() as c:
+            full = SweepSlots.read(self.db, c, resource_class).full()
+            if not full:
+                return "ready"
+            others = q.READY_QUEUED.where(or_(q.T.c.sweep_id.is_(None), q.T.c.sweep_id.not_in(full)))
+            return "ready" if c.execute(others, params).first() is not None else "idle"
 
     def launch_intents(self) -> list[JobRow]:
         """Launch intents without a handle yet (new, or left behind by a crash)."""

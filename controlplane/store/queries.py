@@ -101,7 +101,7 @@ QUEUE_POSITION = (select(func.count().label("ahead")).select_from(T)
                          or_(T.c.priority > _bp("prio"), T.c.pk < _bp("pk"))))
 SLOTS_BUSY = (select(func.count().label("busy")).select_from(T)  # no IN list: it runs on the prebuilt path
               .where(T.c.resource_class == _bp("rc"), or_(*(T.c.state == s for s in SLOT_HOLDING))))
-READY_QUEUED = (select(T.c.pk).where(T.c.resource_class == _bp("rc"), T.c.state == S.QUEUED.value,
+READY_QUEUED = (select(T.c.pk, T.c.sweep_id).where(T.c.resource_class == _bp("rc"), T.c.state == S.QUEUED.value,
                                      T.c.not_before <= _bp("now")).limit(1))
 NEXT_QUEUED = (select(T).where(T.c.resource_class == _bp("rc"), T.c.state == S.QUEUED.value,
                                T.c.not_before <= _bp("now"))

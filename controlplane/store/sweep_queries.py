@@ -62,6 +62,12 @@ STOPPABLE_SHARDS = (select(T.c.task_id).where(T.c.sweep_id == _bp("sweep_id"),
                                               or_(*(T.c.state == s for s in STOPPABLE)))
                     .order_by(T.c.shard).limit(_bp("lim")))
 
+# What stops left: a stopped sweep with a shard not yet ended (the oldest stop first).
+NEXT_STOP_LEFT = (select(SW.c.sweep_id, SW.c.stop_reason)
+                  .where(SW.c.stopped_at.is_not(None),
+                         exists().where(T.c.sweep_id == SW.c.sweep_id, or_(*(T.c.state == s for s in STOPPABLE))))
+                  .order_by(SW.c.stopped_at).limit(1))
+
 # The scheduler's claim: per sweep with shards holding a slot of the class, how many, with its
 # limit and whether it was stopped (along ix_tasks_dispatch: no more rows than the class's slots).
 SWEEPS_BUSY = (select(T.c.sweep_id, SW.c.max_parallel, SW.c.stopped_at, SW.c.stop_reason, func.count().label("busy"))

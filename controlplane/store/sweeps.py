@@ -3,7 +3,9 @@
 nothing: the guards it is given count every shard at once (`NewTask.count`). Reads a sweep's
 aggregates and pages, and stops a sweep (cancel_sweep, or its failure policy in the transaction
 that ends the shard that trips it: `shard_ended`). Knows no policy: whether a failure stops a
-sweep is `controlplane.sweeps.trips`, reasons and errors come from the caller.
+sweep is `controlplane.sweeps.trips`, reasons and errors come from the caller. A stop moves at most
+a batch of shards a transaction (the writer's release batch); what is left the reconciler
+continues (`stop_left`).
 """
 
 from __future__ import annotations
@@ -238,8 +240,21 @@ class SweepStore:
             return
         reason = sweeps.failed_fast(sweep.sweep_id, sweep.fail_fast)
         self.db.run(c, sq.STOP_SWEEP, {"_sid": sweep.sweep_id, "_at": now, "_why": reason})
-        self._stop_shards(c, sweep.sweep_id, reason, sweeps.stopped_error(sweep.sweep_id, reason), now, None,
-                          self.lock_shard)
+        self._stop_shards(c, sweep.sweep_id, reason, sweeps.stopped_error(sweep.sweep_id, reason), now,
+                          self.w.releases.batch, self.lock_shard)
+
+    def stop_left(self) -> int | None:
+        """One batch of what a stop left (a fail_fast stop moves one batch in the transaction that
+        trips it; a stop cut short by a restart): the next stopped sweep's shards not yet ended,
+        moved as `stop` moves them, in a transaction of its own. Returns how many it looked at,
+        or None when no stopped sweep has any left (a read: no write transaction then)."""
+        found = self.db.fetch(sq.NEXT_STOP_LEFT, {})
+        if not found:
+            return None
+        sweep_id, why = found[0]["sweep_id"], found[0]["stop_reason"] or "was stopped"
+        with self.w.tx() as c:
+            return self._stop_shards(c, sweep_id, why, sweeps.stopped_error(sweep_id, why), self.w.clock(),
+                                     self.w.releases.batch, self.w.lock_stmt)
 
     def _stop_shards(self, c: Connection, sweep_id: str, reason: str, error: dict[str, Any], now: float,
                      limit: int | None, lock: Any) -> int:

@@ -1,0 +1,124 @@
+"""The store-side edges of sweeps, on both engines: a scheduler tick that finds only shards of a
+sweep at its `max_parallel` writes nothing; a queued sweep's status reads no running shards or
+failures; a `fail_fast` stop cancels the shards left a batch per transaction, the rest by the
+reconciler's follow-up, losing none across a restart."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from controlplane import api
+from controlplane.app import ControlPlane
+from controlplane.settings import Settings
+from controlplane.states import TaskState as S
+from controlplane.store import sweep_queries as sq
+from tests.conftest import FAST, record_statements
+from tests.test_releases import events_per_task
+
+pytestmark = pytest.mark.anyio
+
+
+def control_plane(home: Path, **settings: Any) -> ControlPlane:
+    """A control plane whose loops are not started: the test drives its scheduler itself."""
+    return ControlPlane(Settings(home=home, **{**FAST, **settings}))
+
+
+def submit(cp: ControlPlane, shards: int, **kw: Any) -> str:
+    req = api.SubmitSweep.model_validate({"tool_name": "exercise", "vary": {"list": [{"sleep_s": 30}] * shards},
+                                          **kw})
+    return str(cp.service.submit_sweep("alice", req)["sweep_id"])
+
+
+def count_writes(cp: ControlPlane, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """One entry per write transaction the database opens from now on."""
+    opened: list[str] = []
+    write, on_loop = cp.db.write, cp.db.write_on_loop
+    monkeypatch.setattr(cp.db, "write", lambda: (opened.append("write"), write())[1])
+
+    async def write_on_loop(fn: Any) -> Any:
+        opened.append("write_on_loop")
+        return await on_loop(fn)
+
+    monkeypatch.setattr(cp.db, "write_on_loop", write_on_loop)
+    return opened
+
+
+async def test_a_tick_that_finds_only_shards_of_a_full_sweep_writes_nothing(
+        home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cp = control_plane(home)
+    try:
+        sweep_id = submit(cp, 3, max_parallel=1)
+        (task, job), = cp.store.jobs.claim_for_launch("cpu_small", 2)
+        assert task.sweep_id == sweep_id
+        assert cp.store.jobs.record_launch(job.job_id, {"pid": 0})  # launched: no intent left to launch
+        assert cp.store.jobs.has_work("cpu_small", 2) == "idle"  # a slot is free, but the sweep is at its limit
+
+        writes, seen = count_writes(cp, monkeypatch), record_statements(cp, monkeypatch)
+        await cp.scheduler.tick()
+        assert writes == [] and "cpu_small" not in seen  # no transaction, no queue lock
+        assert sum(st.value == "queued" for st in cp.store.sweeps.state_counts(sweep_id)) == 1
+
+        cp.service.submit("alice", api.SubmitTask(tool_name="exercise", inputs={"sleep_s": 30}))
+        assert cp.store.jobs.has_work("cpu_small", 2) == "ready"  # a task of its own is claimed past them
+        claimed = cp.store.jobs.claim_for_launch("cpu_small", 2)
+        assert [t.sweep_id for t, _ in claimed] == [None]
+    finally:
+        cp.db.dispose()
+
+
+def test_a_queued_sweeps_status_reads_no_running_shards_or_failures(home: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    cp = control_plane(home)
+    try:
+        sweep_id = submit(cp, 50)
+        seen = record_statements(cp, monkeypatch)
+        st = cp.service.sweep_status("alice", api.GetSweepStatus(sweep_id=sweep_id))
+        assert st["counts"] == {"queued": 50} and st["failures"] == [] and st["percent"] == 0.0
+        assert sq.RUNNING_SHARDS not in seen and sq.FIRST_FAILURES not in seen
+        assert sq.STATE_COUNTS in seen
+    finally:
+        cp.db.dispose()
+
+
+SHARDS, BATCH = 301, 50
+
+
+def states(cp: ControlPlane, sweep_id: str) -> dict[str, int]:
+    return {st.value: n for st, n in cp.store.sweeps.state_counts(sweep_id).items()}
+
+
+def test_a_fail_fast_stop_cancels_a_batch_a_transaction_and_a_restart_half_way_loses_none(
+        home: Path) -> None:
+    cp = control_plane(home, release_batch=BATCH, release_cycle_s=0.3)
+    sweep_id = submit(cp, SHARDS, fail_fast=1)
+    first = cp.store.sweeps.page(sweep_id, 0, 1)[0].task_id
+    for step in (S.SCHEDULED, S.RUNNING, S.FAILED):
+        cp.store.tasks.transition(first, step)
+    # The transaction that tripped the policy moved one batch, not every shard.
+    assert states(cp, sweep_id) == {"failed": 1, "cancelled": BATCH, "queued": SHARDS - 1 - BATCH}
+    assert cp.store.jobs.has_work("cpu_small", 2) == "ready"
+    assert cp.store.jobs.claim_for_launch("cpu_small", 2, lookahead=5) == []  # the claim cancels, never launches
+    assert cp.store.sweeps.stop_left() == BATCH  # one follow-up: one batch
+    left = states(cp, sweep_id)["queued"]
+    assert 0 < left < SHARDS - 1 - 2 * BATCH
+
+    cp.db.dispose()  # the server stops half way; the next one's reconciler finishes the stop
+    cp = control_plane(home, release_batch=BATCH, release_cycle_s=0.3)
+    try:
+        for _ in range(50):
+            cp.reconciler.cycle_sync()
+            if cp.store.sweeps.stop_left() is None:
+                break
+        assert states(cp, sweep_id) == {"failed": 1, "cancelled": SHARDS - 1}
+        cancelled = events_per_task(cp, "cancelled")
+        assert len(cancelled) == SHARDS - 1 and set(cancelled.values()) == {1}, "each shard cancelled once"
+        with cp.db.engine.connect() as c:
+            assert c.execute(text("SELECT COUNT(*) FROM jobs")).scalar_one() == 0, "no shard launched"
+        st = cp.service.sweep_status("alice", api.GetSweepStatus(sweep_id=sweep_id))
+        assert st["done"] and st["stop_reason"] == "stopped by its failure policy (fail_fast: 1 failed shard)"
+    finally:
+        cp.db.dispose()
