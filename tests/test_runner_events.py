@@ -1,7 +1,7 @@
 """The runner's event format (`infra/runner/events.py`): what the builders make parses back to the
 same values; the parser takes anything without raising and hands on only bounded, finite, encodable
 values; the real runner writes nothing the parser does not know; the module needs only the
-standard library (it ships in every job image)."""
+standard library (it and the coercion it reads fields through ship in every job image)."""
 
 from __future__ import annotations
 
@@ -31,6 +31,8 @@ from tests.conftest import ROOT
 from tests.test_runner_image import copies
 
 EVENTS_PY = ROOT / "infra" / "runner" / "events.py"
+# events.py and the one module of the runner it imports: together they need nothing else.
+EVENT_MODULES = [EVENTS_PY, ROOT / "infra" / "runner" / "coercion.py"]
 
 # The fields the module's docstring lists, per type: the runner sends no others.
 DOCUMENTED = {
@@ -506,21 +508,27 @@ def test_a_burst_of_stop_signals_stops_the_runner(tmp_path: Path) -> None:
 
 # ---- what the module may import ---------------------------------------------------------------
 def test_events_imports_only_the_standard_library(tmp_path: Path) -> None:
-    tree = ast.parse(EVENTS_PY.read_text())
-    imported = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            imported |= {a.name.split(".")[0] for a in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            assert node.level == 0 and node.module, "a relative import ties the module to its package"
-            imported.add(node.module.split(".")[0])
-    assert imported and imported <= set(sys.stdlib_module_names) | {"__future__"}, imported
-    # ... and it loads on an interpreter that sees nothing but the standard library
-    shutil.copy(EVENTS_PY, tmp_path / "events.py")
-    probe = (f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import events; "
+    own = {f"controlplane_runner.{path.stem}" for path in EVENT_MODULES}
+    for path in EVENT_MODULES:
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                assert node.level == 0 and node.module, "a relative import ties the module to its package"
+                imported.add(node.module if node.module in own else node.module.split(".")[0])
+        assert imported and imported <= set(sys.stdlib_module_names) | {"__future__"} | own, (path.name, imported)
+    # ... and they load on an interpreter that sees nothing but the standard library
+    package = tmp_path / "controlplane_runner"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    for path in EVENT_MODULES:
+        shutil.copy(path, package / path.name)
+    probe = (f"import sys; sys.path.insert(0, {str(tmp_path)!r}); from controlplane_runner import events; "
              "events.parse(events.log('x')); assert not [p for p in sys.path if 'site-packages' in p]")
     subprocess.run([sys.executable, "-I", "-S", "-c", probe], check=True, timeout=30)
 
 
 def test_the_job_image_ships_it() -> None:
-    assert any((src.is_dir() and EVENTS_PY.is_relative_to(src)) or src == EVENTS_PY for src, _ in copies())
+    for module in EVENT_MODULES:
+        assert any((src.is_dir() and module.is_relative_to(src)) or src == module for src, _ in copies()), module

@@ -1,8 +1,9 @@
 """The runner's events: the one written definition of what a job reports to the control plane.
 
 The runner builds every event with the builders below; the control plane reads them with
-`parse` (events) and `parse_outcome` (`result.json`). Standard library only: this module is
-copied into every job image with the rest of `infra/runner/`.
+`parse` (events) and `parse_outcome` (`result.json`), each field read through
+`controlplane_runner.coercion`. Standard library only (this module and that one): both are copied
+into every job image with the rest of `infra/runner/`.
 
 Every event is a JSON object with
 
@@ -15,7 +16,7 @@ and, by type:
 log       one line of the tool's stdout or stderr, or a note of the runner's own
     stream     str    "stdout" | "stderr"                                      (STREAMS)
     level      str    "debug" | "info" | "warning" | "error" (LEVELS), guessed from the line's
-                      first word ("WARN: ..." is "warning"; see runner.level_of)
+                      first word ("WARN: ..." is "warning"; see relay.level_of)
     message    str    the line without its line ending, cut to MAX_MESSAGE characters
     truncated  true   present only when the line was cut
 
@@ -88,10 +89,11 @@ entry are not checked.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
+
+from controlplane_runner.coercion import as_float, as_int, as_message, as_set_text, as_tag, as_text, as_timestamp
 
 # ---- names -----------------------------------------------------------------------------------
 LOG = "log"
@@ -268,7 +270,7 @@ def seq_of(obj: Any) -> int:
     """The event's sequence number; 0 when it is missing or not a number from 1 to MAX_SEQ."""
     if not isinstance(obj, dict):
         return 0
-    n = _int(obj.get("seq"), MAX_SEQ)
+    n = as_int(obj.get("seq"), MAX_SEQ)
     return n if n is not None and n > 0 else 0
 
 
@@ -281,17 +283,19 @@ def parse(obj: Any) -> Event | None:
     if not isinstance(kind, str):
         return None
     seq = seq_of(obj)
-    ts = _timestamp(obj.get("ts"))
+    ts = as_timestamp(obj.get("ts"), MAX_INT)
     if kind == LOG:
-        return Log(seq=seq, ts=ts, message=_message(obj.get("message")),
-                   stream=_tag(obj.get("stream"), STDOUT), level=_tag(obj.get("level"), INFO),
-                   truncated=obj.get("truncated") is True)
+        return Log(seq=seq, ts=ts, message=as_message(obj.get("message")),
+                   stream=as_tag(obj.get("stream"), STDOUT, MAX_TAG),
+                   level=as_tag(obj.get("level"), INFO, MAX_TAG), truncated=obj.get("truncated") is True)
     if kind == PROGRESS:
-        return Progress(seq=seq, ts=ts, percent=_float(obj.get("percent")), step=_int(obj.get("step")),
-                        step_total=_int(obj.get("step_total")), phase=_text(obj.get("phase")),
-                        message=_text(obj.get("message")), eta_s=_float(obj.get("eta_s")))
+        return Progress(seq=seq, ts=ts, percent=as_float(obj.get("percent"), MAX_INT),
+                        step=as_int(obj.get("step"), MAX_INT), step_total=as_int(obj.get("step_total"), MAX_INT),
+                        phase=as_text(obj.get("phase"), MAX_TEXT), message=as_text(obj.get("message"), MAX_TEXT),
+                        eta_s=as_float(obj.get("eta_s"), MAX_INT))
     if kind == STARTED:
-        return Started(seq=seq, ts=ts, pid=_int(obj.get("pid")), job_name=_text(obj.get("job_name")))
+        return Started(seq=seq, ts=ts, pid=as_int(obj.get("pid"), MAX_INT),
+                       job_name=as_text(obj.get("job_name"), MAX_TEXT))
     if kind == FINISHED:
         return _finished(obj, seq, ts)
     return None
@@ -302,115 +306,18 @@ def parse_outcome(obj: Any) -> Finished | None:
     object. A document without a status parses with status None (the attempt failed). Never raises."""
     if not isinstance(obj, dict):
         return None
-    return _finished(obj, seq_of(obj), _timestamp(obj.get("ts")))
+    return _finished(obj, seq_of(obj), as_timestamp(obj.get("ts"), MAX_INT))
 
 
 def _finished(obj: dict[str, Any], seq: int, ts: float | None) -> Finished:
     result = obj.get("result")
     artifacts = obj.get("artifacts")
     return Finished(
-        seq=seq, ts=ts, status=_set(obj.get("status")), exit_code=_int(obj.get("exit_code")),
-        signal=_set(obj.get("signal")), error=_set(obj.get("error")), stop_reason=_set(obj.get("stop_reason")),
+        seq=seq, ts=ts, status=as_set_text(obj.get("status"), MAX_TEXT),
+        exit_code=as_int(obj.get("exit_code"), MAX_INT), signal=as_set_text(obj.get("signal"), MAX_TEXT),
+        error=as_set_text(obj.get("error"), MAX_TEXT), stop_reason=as_set_text(obj.get("stop_reason"), MAX_TEXT),
         result=result if isinstance(result, dict) else None,
         artifacts=tuple(a for a in artifacts if isinstance(a, dict)) if isinstance(artifacts, list) else (),
-        started_at=_float(obj.get("started_at")), finished_at=_float(obj.get("finished_at")),
+        started_at=as_float(obj.get("started_at"), MAX_INT),
+        finished_at=as_float(obj.get("finished_at"), MAX_INT),
     )
-
-
-# ---- coercion ---------------------------------------------------------------------------------
-def _clean(s: str) -> str:
-    """`s` as text every store keeps as it is: text that encodes to UTF-8 (lone surrogates become
-    U+FFFD, and split pairs join), without NUL (U+FFFD too)."""
-    if "\x00" in s:
-        s = s.replace("\x00", "\ufffd")
-    if s.isascii():
-        return s
-    try:
-        s.encode("utf-8")
-        return s
-    except UnicodeEncodeError:
-        return s.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
-
-
-def _text(v: Any, limit: int = MAX_TEXT) -> str | None:
-    """A text field: a string, or a number written out; anything else is None."""
-    if isinstance(v, str):
-        return _clean(v[: limit * 2])[:limit]  # surrogate pairs may join: cut twice
-    if isinstance(v, bool) or v is None:
-        return None
-    if isinstance(v, int | float):
-        try:
-            return str(v)[:limit]
-        except ValueError:  # more digits than int-to-str allows
-            return None
-    return None
-
-
-def _set(v: Any) -> str | None:
-    """A text field whose absence is any false value (None, "", 0), as `if outcome.get(...)` reads it."""
-    return _text(v) if v else None
-
-
-def _message(v: Any) -> str:
-    """A log line's text: whatever it is, written out ("" when missing); never cut here, the
-    store cuts to its own limit."""
-    if isinstance(v, str):
-        return _clean(v)
-    if v is None:
-        return ""
-    try:
-        return _clean(str(v))
-    except Exception:  # noqa: BLE001 - a huge int, a structure too deep to write out
-        return ""
-
-
-def _tag(v: Any, default: str) -> str:
-    text = _text(v, MAX_TAG)
-    return text if text else default
-
-
-def _float(v: Any) -> float | None:
-    """A finite number (or a string of one); None otherwise."""
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, str):
-        if len(v) > 64:
-            return None
-        try:
-            v = float(v)
-        except ValueError:
-            return None
-    if isinstance(v, int):
-        if not -MAX_INT <= v <= MAX_INT:
-            return None
-        return float(v)
-    if isinstance(v, float) and math.isfinite(v):
-        return v
-    return None
-
-
-def _timestamp(v: Any) -> float | None:
-    """A time in seconds since the epoch; None when missing, not a finite number, or 0 (the
-    store then uses its own clock, as `float(e.get("ts") or now)` did)."""
-    f = _float(v)
-    return f if f else None
-
-
-def _int(v: Any, bound: int = MAX_INT) -> int | None:
-    """An integer (or an integral float, or a string of one) within +-bound; None otherwise."""
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, str):
-        if len(v) > 24:
-            return None
-        try:
-            v = int(v.strip())
-        except ValueError:
-            return None
-    elif isinstance(v, float):
-        if not (math.isfinite(v) and v.is_integer()):
-            return None
-        v = int(v)
-    if isinstance(v, int) and -bound <= v <= bound:
-        return int(v)
-    return None

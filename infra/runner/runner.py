@@ -1,5 +1,6 @@
 """The runner's main program: fetch inputs, run the tool as a process group, relay its output and
-progress, stop it on request, collect its result and artifacts, and report the outcome.
+progress, stop it on request, collect its result and artifacts, and report the outcome. The
+steps around the tool's process have files of their own: `inputs`, `relay`, `outputs`.
 
 The outcome is written to the object store as `result.json` (the durable record) and sent as
 the last event through the callback (the fast path). Every event, and the outcome document, is
@@ -19,30 +20,18 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from controlplane.ids import AttemptRef
-from controlplane.objectstore.base import (
-    ObjectExists,
-    ObjectStore,
-    UnsafeKey,
-    artifact_key,
-    guess_content_type,
-    inputs_key,
-    open_store,
-    result_key,
-    safe_artifact_name,
-)
+from controlplane.objectstore.base import ObjectExists, ObjectStore, open_store, result_key
 from controlplane.objectstore.claim import take_claim
 from controlplane_runner import events, materialize, proc, reporter
 from controlplane_runner.claim import CLAIM_LOST, CLAIM_REFUSED, CLAIM_UNAVAILABLE
-from controlplane_runner.granted import GrantedStore, NoGrant
+from controlplane_runner.granted import GrantedStore
+from controlplane_runner.inputs import fetch_inputs, materialize_files
+from controlplane_runner.outputs import read_result, upload_artifacts
+from controlplane_runner.relay import relay_lines, relay_progress
 from controlplane_runner.reporter import Reporter
-
-LEVEL_PREFIXES = {
-    "debug": events.DEBUG, "info": events.INFO, "warn": events.WARNING, "warning": events.WARNING,
-    "error": events.ERROR, "critical": events.ERROR, "fatal": events.ERROR,
-}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -64,14 +53,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if not args.command:
         p.error("no tool command given (put it after --)")
     return args
-
-
-def level_of(line: str, stream: str) -> str:
-    head = line.lstrip()[:10].lower()
-    for prefix, level in LEVEL_PREFIXES.items():
-        if head.startswith(prefix) and (len(head) == len(prefix) or not head[len(prefix)].isalpha()):
-            return level
-    return events.INFO
 
 
 class Runner:
@@ -185,8 +166,8 @@ class Runner:
         self.reporter.start()
         started = time.time()
         try:
-            inputs = self._fetch_inputs()
-            self._materialize(inputs, workdir)
+            inputs = fetch_inputs(self.store, self.ref)
+            materialize_files(self.store, self.store_url, self.ref, inputs, workdir, has_files=self.file_inputs)
         except Exception as e:  # noqa: BLE001 - reported as the job's failure, never swallowed
             why = f"{events.INPUTS_UNREADABLE}: {type(e).__name__}: {e}"  # the task's log only
             print(why, file=sys.stderr, flush=True)
@@ -224,10 +205,11 @@ class Runner:
             Path(self.args.tool_pid_file).write_text(json.dumps({"pgid": pgid, "started_at": time.time()}))
         self.reporter.emit(events.started(pid=child.pid, job_name=self.args.job_name))
 
+        emit = self.reporter.emit
         readers = [
-            threading.Thread(target=self._relay_lines, args=(child.stdout, events.STDOUT, sys.stdout), daemon=True),
-            threading.Thread(target=self._relay_lines, args=(child.stderr, events.STDERR, sys.stderr), daemon=True),
-            threading.Thread(target=self._relay_progress, args=(read_fd,), daemon=True),
+            threading.Thread(target=relay_lines, args=(child.stdout, events.STDOUT, sys.stdout, emit), daemon=True),
+            threading.Thread(target=relay_lines, args=(child.stderr, events.STDERR, sys.stderr, emit), daemon=True),
+            threading.Thread(target=relay_progress, args=(read_fd, emit, self.artifact_decls), daemon=True),
         ]
         for t in readers:
             t.start()
@@ -243,8 +225,8 @@ class Runner:
         if returncode < 0:
             signal_name = signal.Signals(-returncode).name
             exit_code = 128 - returncode
-        result, error = self._read_result(result_file)
-        artifacts = self._upload_artifacts(artifacts_dir)
+        result, error = read_result(result_file)
+        artifacts = upload_artifacts(self.store, self.ref, artifacts_dir, self.artifact_decls, self.reporter.emit)
         return self._finish(started, exit_code=exit_code, signal_name=signal_name, error=error,
                             result=result, artifacts=artifacts)
 
@@ -267,95 +249,6 @@ class Runner:
                 time.sleep(0.05)
             else:
                 self.stop_requested.wait(0.05)
-
-    # ---- inputs, output, progress ---------------------------------------------------------
-    def _fetch_inputs(self) -> dict[str, Any]:
-        if self.store is None:
-            return {}
-        data = json.loads(self.store.get_bytes(inputs_key(self.ref)))
-        if not isinstance(data, dict):
-            raise ValueError("inputs are not a JSON object")
-        return data
-
-    def _materialize(self, inputs: dict[str, Any], workdir: Path) -> None:
-        """The files the inputs refer to, made local (`controlplane_runner.materialize`): read
-        through the runner's own store access, or through grants the control plane signs."""
-        if self.store is None or not self.file_inputs:
-            return
-        files = materialize.manifest(self.store, self.ref)
-        if files:
-            granted = self.store if isinstance(self.store, GrantedStore) else None
-            open_ = (lambda field, _f: granted.open_input(field)) if granted is not None \
-                else materialize.opener(self.store, self.store_url)
-            n = materialize.materialize(files, inputs, workdir, open_)
-            print(f"# {len(files)} input file(s) materialized ({n} bytes)", flush=True)
-
-    def _relay_lines(self, pipe: IO[bytes], stream: str, echo: IO[str]) -> None:
-        for raw in iter(pipe.readline, b""):
-            line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-            echo.write(line + "\n")  # the job's console shows the tool's output (cloud log sinks)
-            echo.flush()
-            self.reporter.emit(events.log(line, stream=stream, level=level_of(line, stream)))
-        pipe.close()
-
-    def _relay_progress(self, fd: int) -> None:
-        with os.fdopen(fd, "rb") as f:
-            for raw in f:
-                try:
-                    msg = json.loads(raw)
-                except ValueError:
-                    continue
-                if not isinstance(msg, dict):
-                    continue
-                if msg.get("type") == "artifact":
-                    name = msg.get("name")
-                    if isinstance(name, str):
-                        self.artifact_decls[name] = {k: msg[k] for k in ("kind", "content_type") if isinstance(msg.get(k), str)}
-                    continue
-                report = {k: msg[k] for k in events.PROGRESS_FIELDS if k in msg and _scalar(msg[k])}
-                if report:
-                    self.reporter.emit(events.progress(**report))
-
-    def _read_result(self, path: Path) -> tuple[dict[str, Any] | None, str | None]:
-        if not path.exists():
-            return None, None
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            return None, "the tool's result file is not valid JSON"
-        if not isinstance(data, dict):
-            return None, "the tool's result must be a JSON object"
-        return data, None
-
-    def _upload_artifacts(self, directory: Path) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        if self.store is None:
-            return out
-        for path in sorted(p for p in directory.rglob("*") if p.is_file() and not p.is_symlink()):
-            rel = path.relative_to(directory).as_posix()
-            try:
-                name = safe_artifact_name(rel)
-            except UnsafeKey as e:
-                self.reporter.emit(events.log(f"runner: artifact {rel!r} skipped: {e}",
-                                              stream=events.STDERR, level=events.WARNING))
-                continue
-            decl = self.artifact_decls.get(name, {})
-            ctype = decl.get("content_type") or guess_content_type(name)
-            key = artifact_key(self.ref, name)
-            try:
-                info = self.store.put_file(key, str(path), content_type=ctype)
-            except ObjectExists:
-                self.reporter.emit(events.log(f"runner: artifact {name!r} already uploaded; kept the first",
-                                              stream=events.STDERR, level=events.WARNING))
-                continue
-            except NoGrant as e:
-                self.reporter.emit(events.log(f"runner: artifact {name!r} not uploaded: {e}",
-                                              stream=events.STDERR, level=events.WARNING))
-                continue
-            assert info.sha256 is not None  # a put hashes what it writes
-            out.append(events.artifact(name=name, kind=decl.get("kind") or _kind_of(name), key=key,
-                                       size_bytes=info.size_bytes, sha256=info.sha256, content_type=ctype))
-        return out
 
     def _finish(self, started: float, *, exit_code: int | None, signal_name: str | None,
                 error: str | None, result: dict[str, Any] | None, artifacts: list[dict[str, Any]]) -> int:
@@ -392,21 +285,6 @@ def _not_started(why: str, status: int) -> int:
     """Say on the job's console why this execution ends without running the tool."""
     print(f"# not started: {why}; the tool was not run (exit {status})", flush=True)
     return status
-
-
-def _scalar(v: Any) -> bool:
-    return v is None or isinstance(v, str | int | float | bool)
-
-
-KINDS = {
-    ".xyz": "trajectory", ".traj": "trajectory", ".dcd": "trajectory", ".pdb": "structure",
-    ".cif": "structure", ".json": "data", ".csv": "table", ".parquet": "table", ".png": "image",
-    ".jpg": "image", ".svg": "image", ".log": "log", ".txt": "text", ".bin": "binary",
-}
-
-
-def _kind_of(name: str) -> str:
-    return KINDS.get(Path(name).suffix.lower(), "file")
 
 
 def main(argv: list[str] | None = None, early_signals: list[str] | None = None) -> int:
