@@ -1,10 +1,17 @@
 """A placement going down in the middle of a sweep: the tool is placed on Cloud Run first
 (`tests/gcp.py`), then on Container Apps (`tests/azure.py`), both wire-level fakes driven by the
-real SDKs. Once part of the sweep has run, Cloud Run refuses every launch for an allocation quota
-(the capacity signal its provider maps): every shard still succeeds, those refused there move to
-Container Apps and run there, no job name runs twice across the two fakes, the moves spend no
-retry budget, each move is on the shard's status and in `controlplane_moves_total`, and the
-breaker of the refusing site is open.
+real SDKs. Once part of the sweep has run, Cloud Run goes down, one of two ways:
+
+- it refuses every launch for an allocation quota (the capacity signal its provider maps): every
+  shard still succeeds, those refused there move to Container Apps and run there, the moves spend
+  no retry budget, each is on the shard's status and in `controlplane_moves_total`, and the
+  breaker of the refusing site is open;
+- its API fails every request for a few seconds: the launches and polls that fail open the
+  site's breaker, so the shards claimed meanwhile go to Container Apps at their first attempt,
+  and those already placed on Cloud Run wait for it (a passing failure moves nothing) and run
+  there once it answers again.
+
+Either way no job name runs twice across the two fakes and no shard spends retry budget.
 
 Both fakes fork each execution's runner from a preloaded interpreter (`tests/forkserver.py`);
 the tool is a shell command that returns its inputs as its result; the store is the control
@@ -79,9 +86,13 @@ def moves_counted() -> float:
 
 
 @pytest.mark.sqlite_only("the choice of placement under a failing site, not the engine")
+@pytest.mark.parametrize("down", ["capacity", "api"])
 async def test_a_placement_down_mid_sweep_sends_the_rest_elsewhere_each_shard_once_no_budget_spent(
-        fakes: tuple[gcp.FakeCloudRun, azure.FakeAzure], home: Path) -> None:
+        fakes: tuple[gcp.FakeCloudRun, azure.FakeAzure], home: Path, down: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     run, apps = fakes
+    if down == "api":
+        monkeypatch.setenv("CONTROLPLANE_CLOUD_RUN_RETRY_DEADLINE_S", "1")  # a failing call gives up soon
     catalog(home)
     cp = ControlPlane(Settings(home=home, **{**FAST, "placement_breaker_failures": 3,
                                              "placement_breaker_cooldown_s": 600}))
@@ -93,11 +104,18 @@ async def test_a_placement_down_mid_sweep_sends_the_rest_elsewhere_each_shard_on
                              vary={"list": [{"result": {"i": i}} for i in range(SHARDS)]})
         sid = s["sweep_id"]
         deadline = time.monotonic() + 120 + SHARDS
-        down_at = None
+        down_at, opened = None, False
         while not (st := await agent.call("get_sweep_status", sweep_id=sid))["done"]:
             assert time.monotonic() < deadline, f"not done: {st}"
             if down_at is None and st["counts"].get("succeeded", 0) >= SHARDS // 5:
-                run.quota_refusals, down_at = 10**9, time.monotonic()  # Cloud Run is out of room from now on
+                down_at = time.monotonic()
+                if down == "capacity":
+                    run.quota_refusals = 10**9  # Cloud Run is out of room from now on
+                else:
+                    run.fault_rate = 1.0  # every request answered 429 or 503
+            if down == "api" and down_at is not None and time.monotonic() - down_at > 5:
+                run.fault_rate = 0.0  # back
+            opened = opened or cp.breakers.states().get(SITE) == "open"
             await anyio.sleep(0.5)
         took = time.monotonic() - t0
         results = await all_results(agent, sid, limit=200)
@@ -115,11 +133,15 @@ async def test_a_placement_down_mid_sweep_sends_the_rest_elsewhere_each_shard_on
     assert set(run.runs.values()) <= {1} and set(apps.runs.values()) <= {1}
     assert not run.runs.keys() & apps.runs.keys()
     assert run.runs.keys() | apps.runs.keys() == {f"cp-{t.task_id.removeprefix('tsk_')}-a{t.attempt}" for t in tasks}
-    assert ran_on_run >= SHARDS // 5 and ran_on_apps > 0 and len(moved) > 0
+    assert ran_on_run >= SHARDS // 5 and ran_on_apps > 0 and opened
     assert {k.rsplit("-", 1)[1] for k in run.runs} == {"a1"}  # nothing went back to Cloud Run
+    assert {(t.failures, t.recoveries) for t in tasks} == {(0, 0)}  # no retry budget spent
+    if down == "api":  # nothing moved: new claims went round the open breaker
+        assert moved == [] and moves_counted() == before
+        return
 
-    # the moves spent no retry budget, and are what the agent and the operator see
-    assert {(t.failures, t.recoveries) for t in tasks} == {(0, 0)}
+    # the moves are what the agent and the operator see
+    assert len(moved) > 0
     assert {t.attempt for t in moved} == {2}  # one move each: the breaker sent the rest straight on
     assert ran_on_apps == len(moved) + sum(1 for t in tasks if t.attempt == 1 and
                                            f"cp-{t.task_id.removeprefix('tsk_')}-a1" in apps.runs)
