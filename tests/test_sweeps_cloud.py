@@ -72,6 +72,7 @@ def busiest_second(times: list[float]) -> int:
 
 
 @pytest.mark.sqlite_only("the launch path under throttling, not the engine (the engines run the sweep tests)")
+@pytest.mark.timeout(max(300, 240 + SHARDS))  # the size is a setting
 async def test_a_sweep_of_hundreds_of_shards_under_429_storms_runs_each_shard_once(
         fake: gcp.FakeCloudRun, gcs: CloudTarget, home: Path) -> None:
     from tests.cloud import exercise_catalog
