@@ -39,8 +39,8 @@ MAX_TPS = 40
 
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[gcp.FakeCloudRun]:
-    with gcp.FakeCloudRun(seed=11, pending_s=0.01) as fake, \
-            ForkServer(preload=["controlplane_runner.runner", "controlplane.objectstore.gcs"]) as forks:
+    with ForkServer(preload=["controlplane_runner.runner", "controlplane.objectstore.gcs"]) as forks, \
+            gcp.FakeCloudRun(seed=11, pending_s=0.01) as fake:  # the fake reaps its processes first
         fake.spawn = forks.start  # each execution's runner forked, not a new interpreter
         fake.create_job(gcp.PROJECT, gcp.REGION, gcp.JOB, command=gcp.RUNNER,
                         args=["python", "-m", "controlplane_tools.exercise"])
