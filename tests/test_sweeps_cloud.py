@@ -4,7 +4,7 @@ shard succeeds with its own result read back through the control plane, each sta
 (the fake's processes counted per job name), and no second holds more Admin API requests than the
 provider's rate limit (`MAX_TPS`).
 
-300 shards by default, what fits the suite's time on two cores; `CONTROLPLANE_TEST_SWEEP_SHARDS=1000`
+250 shards by default, what fits the suite's time on two cores; `CONTROLPLANE_TEST_SWEEP_SHARDS=1000`
 runs the thousand of the sweeps' design. To afford them, the fake forks each execution's runner
 from a preloaded interpreter (`tests/forkserver.py`) rather than starting Python anew, and the
 tool is a shell command that returns its inputs as its result."""
@@ -32,7 +32,7 @@ from tests.forkserver import ForkServer
 from tests.test_sweeps import all_results
 
 pytestmark = pytest.mark.anyio
-SHARDS = int(os.environ.get("CONTROLPLANE_TEST_SWEEP_SHARDS", "300"))
+SHARDS = int(os.environ.get("CONTROLPLANE_TEST_SWEEP_SHARDS", "250"))
 ECHO = ("sh", "-c", 'cp "$CONTROLPLANE_INPUTS_FILE" "$CONTROLPLANE_RESULT_FILE"')  # the result: the inputs
 MAX_TPS = 40
 
