@@ -141,7 +141,6 @@ from tests.fakehttp import (
     play,
     read_page_token,
     self_signed_tls,
-    start_process,
 )
 
 TERMINAL = {"Succeeded", "Failed", "Stopped"}
@@ -1208,7 +1207,7 @@ class FakeAzure(FakeCloud):
         env = {**e.env, "CONTAINER_APP_JOB_NAME": e.job.name, "CONTAINER_APP_JOB_EXECUTION_NAME": e.name,
                "CONTAINER_APP_REPLICA_NAME": e.replica}
         try:
-            proc = start_process([*entrypoint, *(c.get("args") or [])], env, self.hidden_env)
+            proc = self.spawn([*entrypoint, *(c.get("args") or [])], env, self.hidden_env)
         except OSError as exc:
             e.exit_code = 127
             self._add_row(e, f"fake: the container failed to start: {exc}", time.time_ns() // 100, "stderr")

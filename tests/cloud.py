@@ -221,10 +221,12 @@ def azure(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Cl
 
 # ---- catalogs that run the exercise tool on a cloud runner ---------------------------------------
 def exercise_catalog(home: Path, *, provider: str, resource_class: str, resources: str, options: str,
-                     retry: str = "{ max_attempts = 1 }", reachable_stores: tuple[str, ...] = ()) -> None:
+                     retry: str = "{ max_attempts = 1 }", reachable_stores: tuple[str, ...] = (),
+                     command: tuple[str, ...] = ("{python}", "-m", "controlplane_tools.exercise")) -> None:
     """Write the default catalog with `exercise` moved to `provider`, in a resource class of its
     own (`resources`: its TOML lines; `options`: its provider_options, inline; `reachable_stores`:
-    the stores its jobs reach beyond their cloud's, such as "file://" for a fake's jobs on this host)."""
+    the stores its jobs reach beyond their cloud's, such as "file://" for a fake's jobs on this host;
+    `command`: the tool's command, for a test that wants a cheaper one)."""
     from controlplane.catalog import default_catalog_text
 
     text = default_catalog_text()
@@ -234,9 +236,8 @@ def exercise_catalog(home: Path, *, provider: str, resource_class: str, resource
     where = f'provider = "{provider}"'
     if reachable_stores:
         where = f'placements = [{{ provider = "{provider}", reachable_stores = {json.dumps(list(reachable_stores))} }}]'
-    text = text.replace(old, f'{where}\nresource_class = "{resource_class}"\ncommand = ["{{python}}", '
-                             '"-m", "controlplane_tools.exercise"]\ndefault_runtime_s = 300\nmax_runtime_s = 3600\n'
-                             f"estimate_s = 1\nretry = {retry}")
+    text = text.replace(old, f'{where}\nresource_class = "{resource_class}"\ncommand = {json.dumps(list(command))}\n'
+                             f"default_runtime_s = 300\nmax_runtime_s = 3600\nestimate_s = 1\nretry = {retry}")
     text += f"\n[resource_classes.{resource_class}]\n{resources}\nprovider_options = {{ {options} }}\n"
     home.mkdir(parents=True, exist_ok=True)
     (home / "catalog.toml").write_text(text)

@@ -155,6 +155,9 @@ class FakeCloud:
         self._active: set[str] = set()  # keys of the executions with a process to play, not ended yet
         # Prefixes of this host's variables a job's process does not inherit (e.g. its cloud credentials).
         self.hidden_env: tuple[str, ...] = ()
+        # How an execution's process starts: `start_process`'s contract (tests/forkserver.py forks
+        # `python -m` commands from a preloaded interpreter instead).
+        self.spawn: Callable[[list[str], dict[str, str], tuple[str, ...]], Any] = start_process
 
     def _serve(self, name: str, tls: ssl.SSLContext | None = None) -> None:
         """Start serving `_respond` on `url` and playing executions: the end of a fake's __init__."""

@@ -77,7 +77,6 @@ from tests.fakehttp import (
     page_token,
     play,
     read_page_token,
-    start_process,
 )
 
 EXECUTION_TYPE = "type.googleapis.com/google.cloud.run.v2.Execution"
@@ -1003,7 +1002,7 @@ class FakeCloudRun(FakeCloud):
             e.start_time = time.time()
         e.started_mono, e.transition_time = time.monotonic(), time.time()
         try:
-            proc = start_process(cmd, env, self.hidden_env)
+            proc = self.spawn(cmd, env, self.hidden_env)
         except OSError as exc:
             e.exit_code = 127
             self._complete(e, "failed", f"Task {e.short}-task0 failed to start: {exc}", reason=0)

@@ -9,18 +9,42 @@ the server when idle inside a transaction. docs/design/store.md says why each.
 from __future__ import annotations
 
 import threading
+import weakref
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import create_engine, event, make_url
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import OperationalError
-from sqlalchemy.pool import SingletonThreadPool
+from sqlalchemy.pool import ConnectionPoolEntry, SingletonThreadPool
 
 IDLE_IN_TRANSACTION_S = 5.0  # PostgreSQL: a session idle inside a transaction this long is ended
 
 _FILE_LOCKS: dict[str, threading.RLock] = {}
 _FILE_LOCKS_GUARD = threading.Lock()
+
+
+class ThreadConnections(SingletonThreadPool):
+    """One connection per thread, as SingletonThreadPool keeps them, except that past `pool_size`
+    only connections of threads that have ended are closed: SingletonThreadPool closed any, also
+    one another thread was using (on SQLite a crash of the process, once enough worker threads
+    had come and gone). The pool grows past `pool_size` while that many threads live."""
+
+    def _create_connection(self) -> ConnectionPoolEntry:
+        entry = super()._create_connection()
+        entry.info["owner"] = weakref.ref(threading.current_thread())
+        return entry
+
+    def _cleanup(self) -> None:
+        for entry in [e for e in self._all_conns if not _owner_alive(e)]:
+            self._all_conns.discard(entry)
+            entry.close()
+
+
+def _owner_alive(entry: ConnectionPoolEntry) -> bool:
+    owner = entry.info.get("owner")
+    thread = owner() if owner is not None else None
+    return thread is not None and thread.is_alive()
 
 
 class CannotOpenDatabase(Exception):
@@ -58,13 +82,13 @@ class Engines:
             _install_sqlite_hooks(self.engine)
             # Reads keep one connection per thread: WAL readers never wait for writers, so the
             # event loop can read inline, without a hop to a worker thread or a pool checkout.
-            self.read_engine: Engine = create_engine(url, echo=echo, poolclass=SingletonThreadPool,
+            self.read_engine: Engine = create_engine(url, echo=echo, poolclass=ThreadConnections,
                                                      pool_size=64, connect_args={"check_same_thread": False})
             _install_sqlite_hooks(self.read_engine)
             self.fetch_engine = self.read_engine
             # Writes tried on the event loop never wait for the lock (busy timeout 0): when
             # another writer holds it, the caller retries in a worker thread instead.
-            self.nonblocking_engine: Engine = create_engine(url, echo=echo, poolclass=SingletonThreadPool,
+            self.nonblocking_engine: Engine = create_engine(url, echo=echo, poolclass=ThreadConnections,
                                                             pool_size=4, connect_args={"check_same_thread": False})
             _install_sqlite_hooks(self.nonblocking_engine, busy_timeout_ms=0)
         else:
