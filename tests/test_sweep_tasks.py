@@ -1,6 +1,7 @@
 """A sweep as one native MCP task (docs/design/sweeps.md): a catalog tool called with the sweep
 `_meta` is one task, its status message the sweep's aggregate and its result the sweep's; it
-cancels as one; bad input is refused before any shard exists. Through fastmcp's Client with the
+cancels as one; bad input is refused before any shard exists; `tasks/list` lists it as one task,
+on one page, and none of its shards. Through fastmcp's Client with the
 tasks extension (2026-07-28, in memory and over HTTP), raw 2025-11-25 JSON-RPC over HTTP, and the
 mcp SDK's client over stdio to `controlplane serve`."""
 
@@ -25,7 +26,7 @@ from controlplane.app import ControlPlane
 from controlplane.mcp.server import build_server
 from controlplane.mcp.sweep_tasks import SWEEP_META
 from tests.conftest import ROOT, Agent, ServerProcess, fast_env, serving
-from tests.test_native_tasks import poll_until, tasks_client, tasks_get
+from tests.test_native_tasks import poll_until, tasks_client, tasks_get, tasks_list
 from tests.test_streaming import SERVE_STDIO
 from tests.wire import Legacy
 
@@ -99,6 +100,41 @@ async def test_a_sweep_task_with_a_failed_shard_cancels_and_refuses_as_one(cp: C
             res = await client.call_tool("exercise", {}, meta={SWEEP_META: meta}, raise_on_error=False)
             assert res.is_error and json.loads(res.content[0].text)["code"] == "INVALID_REQUEST", meta
         assert sum(cp.store.tasks.count_by_state().values()) == before
+
+
+async def test_tasks_list_shows_a_sweep_as_one_task_and_none_of_its_shards(cp: ControlPlane) -> None:
+    """Its shards were never MCP tasks of the caller's: 60 of them (over a page of 50) still list
+    as one entry between the tasks submitted before and after, in both eras."""
+    async with serving(cp) as server, tasks_client(server.url) as client, httpx.AsyncClient() as http:
+        agent = Agent(client)
+        before = await agent.submit("exercise", inputs={"sleep_s": 0})
+        handle = await call_tool_task(client, "exercise", {"sleep_s": 0}, meta={SWEEP_META: {
+            "vary": {"list": [{"result": {"i": i}} for i in range(60)]}, "max_parallel": 2}})
+        sid = handle.task_id
+        after = await agent.submit("exercise", inputs={"sleep_s": 0})
+        shard_ids = {t["task_id"] for t in (await agent.call("list_tasks", sweep=sid, limit=100))["tasks"]}
+        assert len(shard_ids) == 60
+
+        listed: list[dict[str, Any]] = []
+        cursor = None
+        for _ in range(10):
+            page = await tasks_list(client, cursor)
+            listed += page["tasks"]
+            cursor = page.get("nextCursor")
+            if cursor is None:
+                break
+        assert [t["taskId"] for t in listed] == [after, sid, before]  # newest first, the sweep once
+        entry = listed[1]
+        assert entry["status"] in ("working", "completed") and "/60 shards ended" in entry["statusMessage"]
+        assert {"ttlMs", "pollIntervalMs", "createdAt"} <= set(entry)
+
+        rpc = Legacy(http, server.url)
+        await rpc.start()
+        legacy = (await rpc.request("tasks/list"))["result"]
+        assert [t["taskId"] for t in legacy["tasks"]] == [after, sid, before] and "nextCursor" not in legacy
+        assert {"ttl", "pollInterval"} <= set(legacy["tasks"][1]) and "ttlMs" not in legacy["tasks"][1]
+        assert not shard_ids & {t["taskId"] for t in listed + legacy["tasks"]}
+        await poll_until(client, sid, {"completed"}, timeout=120)
 
 
 TOKENS = "tok-alice=alice,tok-bob=bob"

@@ -1,8 +1,9 @@
 """Following a sweep as one (docs/design/sweeps.md): wait_sweep streams a sweep's aggregated
 progress, strictly increasing and at most 4 notifications a second, and answers its status when
-every shard has ended, or says the wait gave up; another caller's sweep is NOT_FOUND. Through
-fastmcp's Client in memory and over HTTP in both protocol eras, and over stdio to `controlplane
-serve`."""
+every shard has ended, or says the wait gave up; another caller's sweep is NOT_FOUND; a client
+that cancels the wait (`notifications/cancelled`) gets exactly one answer, CANCELLED, and the
+sweep goes on. Through fastmcp's Client in memory and over HTTP in both protocol eras, and over
+stdio to `controlplane serve`."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
+import httpx
 import pytest
 from fastmcp import Client
 from fastmcp.client.transports import StdioTransport
@@ -21,7 +24,9 @@ from controlplane.app import ControlPlane
 from controlplane.mcp.server import build_server
 from controlplane.settings import Settings
 from tests.conftest import FAST, ROOT, Agent, ServerProcess, fast_env, serving
+from tests.test_cancel_timeout import progress_for
 from tests.test_streaming import SERVE_STDIO, Recorder, assert_throttled, strictly_increasing
+from tests.wire import LEGACY, MODERN, Legacy, Stdio, sse_events
 
 pytestmark = pytest.mark.anyio
 
@@ -143,3 +148,69 @@ async def test_another_callers_sweep_is_not_found(server: ServerProcess) -> None
         assert theirs == missing == {"code": "NOT_FOUND", "message": "sweep not found"}
         mine: dict[str, Any] = await alice.call("wait_sweep", sweep_id=s["sweep_id"], timeout_s=60)
         assert mine["done"] is True and mine["status"]["counts"] == {"succeeded": 2}
+
+
+# ---- cancelling a wait (docs/design/errors-and-cancellation.md) ----------------------------------
+WAITED = {"progress_steps": 12, "sleep_s": 4}  # each shard about 3 s from its end when the wait is cancelled
+TWO = {"list": [{"result": {"i": 0}}, {"result": {"i": 1}}]}
+
+
+def assert_cancelled(answer: dict[str, Any], sweep_id: str) -> None:
+    assert answer["result"]["isError"] is True, answer
+    err = answer["result"]["structuredContent"]
+    assert err["code"] == "CANCELLED" and err["sweep_id"] == sweep_id, err
+    assert "sweep was not" in err["message"] and "cancel_sweep" in err["hint"]
+
+
+@pytest.mark.parametrize("era", [LEGACY, MODERN])
+async def test_a_cancelled_wait_over_stdio_answers_cancelled_once_and_the_sweep_goes_on(home: Path, era: str) -> None:
+    async with Stdio(fast_env(home, keepalive_s=0.3), ROOT, era) as rpc:
+        sid = (await rpc.call("submit_sweep", tool_name="exercise", base_inputs=WAITED, vary=TWO))["sweep_id"]
+        wait = rpc.send("tools/call", {"name": "wait_sweep", "arguments": {"sweep_id": sid, "timeout_s": 60},
+                                       "_meta": {"progressToken": "w"}})
+        while len(progress_for(rpc.messages, "w")) < 2:  # the wait is streaming
+            await anyio.sleep(0.02)
+        rpc.notify("notifications/cancelled", {"requestId": wait, "reason": "bored"})
+        answer = await rpc.answer(wait, timeout=10)
+        assert_cancelled(answer, sid)
+        assert ("resultType" in answer["result"]) == (era == MODERN)  # shaped for its era
+        st = await rpc.call("get_sweep_status", sweep_id=sid)
+        assert st["done"] is False and "cancelled" not in st["counts"], st  # the wait was cancelled, not the sweep
+        done = await rpc.call("wait_sweep", sweep_id=sid, timeout_s=60)
+        assert done["done"] is True and done["status"]["counts"] == {"succeeded": 2}
+        await anyio.sleep(0.5)
+        assert rpc.answers(wait) == [answer]  # exactly one answer, even once the sweep is over
+        assert max(progress_for(rpc.messages, "w")) < rpc.messages.index(answer)  # no progress after it
+
+
+async def test_a_cancelled_wait_over_legacy_http_answers_cancelled_once_and_the_sweep_goes_on(
+        http_server: Any) -> None:
+    async with httpx.AsyncClient(timeout=60) as http:
+        rpc = Legacy(http, http_server.url)
+        await rpc.start()
+
+        async def call(tool: str, **arguments: Any) -> dict[str, Any]:
+            out: dict[str, Any] = (await rpc.request("tools/call", {"name": tool, "arguments": arguments}))
+            return out["result"]["structuredContent"]  # type: ignore[no-any-return]
+
+        sid = (await call("submit_sweep", tool_name="exercise", base_inputs=WAITED, vary=TWO))["sweep_id"]
+        body = rpc.body("tools/call", {"name": "wait_sweep", "arguments": {"sweep_id": sid, "timeout_s": 60},
+                                       "_meta": {"progressToken": "w"}})
+        messages: list[dict[str, Any]] = []
+        async with http.stream("POST", rpc.url, json=body, headers=rpc.headers()) as r:
+            async for event in sse_events(r):
+                if event.data is None:
+                    continue
+                messages.append(event.data)
+                if len(messages) == 2:
+                    cancelled = await http.post(rpc.url, headers=rpc.headers(), json={
+                        "jsonrpc": "2.0", "method": "notifications/cancelled",
+                        "params": {"requestId": body["id"], "reason": "bored"}})
+                    assert cancelled.status_code == 202
+        answers = [m for m in messages if m.get("id") == body["id"]]
+        assert len(answers) == 1 and messages[-1] is answers[0], messages  # one answer, nothing after it
+        assert_cancelled(answers[0], sid)
+        st = await call("get_sweep_status", sweep_id=sid)
+        assert st["done"] is False and "cancelled" not in st["counts"], st
+        done = await call("wait_sweep", sweep_id=sid, timeout_s=60)
+        assert done["done"] is True and done["status"]["counts"] == {"succeeded": 2}

@@ -175,7 +175,7 @@ def wrap_mcp_endpoint(app: Any, path: str, wrap: Callable[[ASGIApp], W]) -> W:
 
 # ---- answering a cancelled wait_task (docs/design/errors-and-cancellation.md) ----------------------
 class CancelledWaitAnswer:
-    """The one answer to a wait_task its client cancelled: CANCELLED (docs/design/errors-and-cancellation.md).
+    """The one answer to a wait its client cancelled: CANCELLED (docs/design/errors-and-cancellation.md).
 
     mcp 2.3 answers nothing for a request its client cancelled with `notifications/cancelled`:
     the dispatcher cancels the handler's scope (mcp/shared/jsonrpc_dispatcher.py:640-645) and
@@ -222,7 +222,7 @@ class CancelledWaitAnswer:
                 return None
             return cls(dctx, dispatcher, rc.protocol_version, low_level_server(ctx.fastmcp))
         except (AttributeError, RuntimeError) as e:
-            log.warning("wait_task: a cancelled wait cannot be answered here: %r", e)
+            log.warning("a cancelled wait cannot be answered here: %r", e)
             return None
 
     @property

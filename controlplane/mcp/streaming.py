@@ -23,36 +23,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-import anyio
 from fastmcp.server.dependencies import get_context
-from fastmcp.tools.base import Tool, ToolResult
 from mcp_types import ToolAnnotations
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
-from pydantic import BaseModel, ValidationError
-from pydantic.json_schema import SkipJsonSchema
+from pydantic import BaseModel
 
 from controlplane import api, blocking
-from controlplane.errors import ControlPlaneError, ErrorCode, not_found
-from controlplane.guards import LimitReached
-from controlplane.limits import limit_exceeded
-from controlplane.mcp.compat import CancelledWaitAnswer
+from controlplane.errors import not_found
 from controlplane.mcp.progress import ProgressSender, is_final, notification_of
-from controlplane.mcp.tools import (
-    TOOLING_VERSION,
-    current_caller,
-    describe_validation_error,
-    error,
-    inline_schema,
-    ok,
-    output_schema,
-)
+from controlplane.mcp.tools import TOOLING_VERSION, inline_schema, output_schema
+from controlplane.mcp.waiting import WaitingTool, discard, progress_sender_for_request
 from controlplane.service import answers
 from controlplane.store.rows import TaskRow
+
+__all__ = ["NOTIFY_META", "Followers", "WaitTool", "follow", "progress_sender_for_request", "wait_tool"]
 
 if TYPE_CHECKING:
     from controlplane.app import ControlPlane
@@ -96,70 +84,25 @@ def _shown(task: TaskRow) -> tuple[str, str | None]:
     return task.state, task.progress_json
 
 
-def progress_sender_for_request() -> ProgressSender | None:
-    """A sender bound to the current request's progressToken (None without one)."""
-    ctx = get_context()
-    rc = ctx.request_context
-    token = (rc.meta or {}).get("progressToken") if rc is not None else None
-    if token is None or rc is None:
-        return None
-    session, request_id = rc.session, rc.request_id
-
-    async def send(progress: float, total: float | None, message: str | None) -> None:
-        await session.send_progress_notification(progress_token=token, progress=progress, total=total,
-                                                 message=message, related_request_id=request_id)
-    return ProgressSender(send)
-
-
-class WaitTool(Tool):
+class WaitTool(WaitingTool):
     """wait_task: waits for a task, streaming its progress."""
 
-    cp: SkipJsonSchema[Any]
-    default_owner: SkipJsonSchema[str] = "local"
+    request: ClassVar[type[BaseModel]] = api.WaitTask
+    what: ClassVar[str] = "task"
 
-    async def run(self, arguments: dict[str, Any]) -> ToolResult:
-        started = time.perf_counter()
-        caller = current_caller(self.default_owner)
-        try:
-            req = api.WaitTask.model_validate_json(json.dumps(arguments))
-        except ValidationError as e:
-            return error(describe_validation_error(e), started)
-        svc = self.cp.service
-        try:
-            if await blocking.call(self.cp.service.get, caller, req.task_id) is None:
-                raise not_found()
-            sender = progress_sender_for_request()
-            if sender is None:  # nobody to stream to: wait quietly
-                sender = ProgressSender(_discard)
-            answer_if_cancelled = CancelledWaitAnswer.for_request()
-            try:
-                async with svc.streams.hold(caller, req.task_id, req.timeout_s):  # the caller's streams limit
-                    task = await follow(self.cp, caller, req.task_id, sender, time.monotonic() + req.timeout_s)
-            except anyio.get_cancelled_exc_class():
-                sender.close()  # nothing after the answer, which follows
-                if answer_if_cancelled is not None and answer_if_cancelled.requested:
-                    with anyio.move_on_after(5, shield=True):
-                        await answer_if_cancelled.send(error(ControlPlaneError(
-                            ErrorCode.CANCELLED, "the wait was cancelled; the task was not, and goes on",
-                            hint="get_task_status or wait_task follow it; cancel_task stops it",
-                            task_id=req.task_id), started))
-                raise
-            finally:
-                sender.close()  # no progress after the terminal answer
-            out = svc.waited(caller, task, req.timeout_s)
-        except ControlPlaneError as e:
-            return error(e, started)
-        except LimitReached as e:
-            return error(limit_exceeded(e), started)
-        except Exception:
-            log.exception("wait_task failed")
-            return error(ControlPlaneError(ErrorCode.INTERNAL, "internal error; the server log has the details"),
-                         started)
-        return ok(out, started)
+    def watched(self, req: api.WaitTask) -> str:
+        return req.task_id
 
+    async def check(self, caller: str, req: api.WaitTask) -> None:
+        if await blocking.call(self.cp.service.get, caller, req.task_id) is None:
+            raise not_found()
 
-async def _discard(progress: float, total: float | None, message: str | None) -> None:
-    return None
+    async def follow(self, caller: str, req: api.WaitTask, sender: ProgressSender, until: float) -> TaskRow:
+        return await follow(self.cp, caller, req.task_id, sender, until)
+
+    async def answer(self, caller: str, req: api.WaitTask, seen: TaskRow) -> dict[str, Any]:
+        out: dict[str, Any] = self.cp.service.waited(caller, seen, req.timeout_s)
+        return out
 
 
 def wait_tool(cp: ControlPlane, default_owner: str) -> WaitTool:
@@ -210,7 +153,7 @@ class Followers:
             await session.send_progress_notification(progress_token=token, progress=progress, total=total,
                                                      message=message)  # the session's own channel
 
-        sender = ProgressSender(send if token is not None else _discard)
+        sender = ProgressSender(send if token is not None else discard)
         try:
             task = await follow(self.cp, caller, task_id, sender, float("inf"))
             sender.close()

@@ -6,44 +6,27 @@
   percent and a line of counts. Never reads the shards themselves.
 * `wait_sweep` (a canonical tool): holds the call open until every shard has ended or
   `timeout_s` passes, streaming that progress for the request's progressToken, and answers the
-  sweep's status (`answers.SweepWaitAnswer`). Leaving early never cancels the sweep.
+  sweep's status (`answers.SweepWaitAnswer`). Leaving early never cancels the sweep; a client
+  that cancels the wait gets one answer, CANCELLED, and the sweep goes on (`waiting.WaitingTool`).
 """
 
 from __future__ import annotations
 
-import json
-import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import anyio
-from fastmcp.tools.base import Tool, ToolResult
 from mcp_types import ToolAnnotations
-from pydantic import ValidationError
-from pydantic.json_schema import SkipJsonSchema
+from pydantic import BaseModel
 
 from controlplane import api, blocking
-from controlplane.errors import ControlPlaneError, ErrorCode
-from controlplane.guards import LimitReached
-from controlplane.limits import limit_exceeded
 from controlplane.mcp.progress import MIN_INTERVAL_S, ProgressSender
-from controlplane.mcp.streaming import progress_sender_for_request
-from controlplane.mcp.tools import (
-    TOOLING_VERSION,
-    current_caller,
-    describe_validation_error,
-    error,
-    inline_schema,
-    ok,
-    output_schema,
-)
+from controlplane.mcp.tools import TOOLING_VERSION, inline_schema, output_schema
+from controlplane.mcp.waiting import WaitingTool
 from controlplane.service.answers import SweepWaitAnswer
 
 if TYPE_CHECKING:
     from controlplane.app import ControlPlane
-
-log = logging.getLogger("controlplane.mcp.sweep_wait")
-
 
 def sweep_message(status: dict[str, Any]) -> str:
     """A sweep's aggregate in words: "7/20 shards ended: 6 succeeded, 1 failed; 4 running"."""
@@ -89,47 +72,27 @@ async def follow_sweep(cp: ControlPlane, caller: str, sweep_id: str, sender: Pro
     return status
 
 
-class WaitSweepTool(Tool):
+class WaitSweepTool(WaitingTool):
     """wait_sweep: waits for a sweep, streaming its aggregated progress."""
 
-    cp: SkipJsonSchema[Any]
-    default_owner: SkipJsonSchema[str] = "local"
+    request: ClassVar[type[BaseModel]] = api.WaitSweep
+    what: ClassVar[str] = "sweep"
 
-    async def run(self, arguments: dict[str, Any]) -> ToolResult:
-        started = time.perf_counter()
-        caller = current_caller(self.default_owner)
-        try:
-            req = api.WaitSweep.model_validate_json(json.dumps(arguments))
-        except ValidationError as e:
-            return error(describe_validation_error(e), started)
-        svc = self.cp.service
-        sender = progress_sender_for_request() or ProgressSender(_discard)
-        try:
-            await blocking.call(svc.sweep_status, caller, api.GetSweepStatus(sweep_id=req.sweep_id))  # NOT_FOUND
-            try:
-                async with svc.streams.hold(caller, req.sweep_id, req.timeout_s):  # the caller's streams limit
-                    status = await follow_sweep(self.cp, caller, req.sweep_id, sender,
-                                                time.monotonic() + req.timeout_s)
-            finally:
-                sender.close()  # no progress after the terminal answer
-        except ControlPlaneError as e:
-            return error(e, started)
-        except LimitReached as e:
-            return error(limit_exceeded(e), started)
-        except Exception:
-            log.exception("wait_sweep failed")
-            return error(ControlPlaneError(ErrorCode.INTERNAL, "internal error; the server log has the details"),
-                         started)
-        if status["done"]:
-            return ok(SweepWaitAnswer.model_validate({"done": True, "status": status}).dump(), started)
-        message = (f"the sweep is still running after {req.timeout_s:g} s ({sweep_message(status)}); call "
+    def watched(self, req: api.WaitSweep) -> str:
+        return req.sweep_id
+
+    async def check(self, caller: str, req: api.WaitSweep) -> None:
+        await blocking.call(self.cp.service.sweep_status, caller, api.GetSweepStatus(sweep_id=req.sweep_id))
+
+    async def follow(self, caller: str, req: api.WaitSweep, sender: ProgressSender, until: float) -> dict[str, Any]:
+        return await follow_sweep(self.cp, caller, req.sweep_id, sender, until)
+
+    async def answer(self, caller: str, req: api.WaitSweep, seen: dict[str, Any]) -> dict[str, Any]:
+        if seen["done"]:
+            return SweepWaitAnswer.model_validate({"done": True, "status": seen}).dump()
+        message = (f"the sweep is still running after {req.timeout_s:g} s ({sweep_message(seen)}); call "
                    "wait_sweep again or poll get_sweep_status")
-        return ok(SweepWaitAnswer.model_validate({"done": False, "message": message, "status": status}).dump(),
-                  started)
-
-
-async def _discard(progress: float, total: float | None, message: str | None) -> None:
-    return None
+        return SweepWaitAnswer.model_validate({"done": False, "message": message, "status": seen}).dump()
 
 
 def wait_sweep_tool(cp: ControlPlane, default_owner: str) -> WaitSweepTool:

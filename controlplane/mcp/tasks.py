@@ -3,7 +3,7 @@
 A client that opts into the extension on a `tools/call` of a catalog tool gets the task itself
 back (`resultType: "task"`), once it is committed; it then polls `tasks/get`, which inlines the
 tool's result when the task is done, and may `tasks/cancel` it (our cancellation, which reaches
-the cloud job). `tasks/list` lists the caller's tasks, page by page. The task id is our task id:
+the cloud job). `tasks/list` lists the caller's tasks, page by page, a sweep as one. The task id is our task id:
 it stays good in a fresh session and after a restart, for this caller only. A call asking for a
 sweep is one task whose id is the sweep's (`controlplane.mcp.sweep_tasks`).
 
@@ -265,15 +265,23 @@ class ControlPlaneTasks(ServerExtension):
                            data={"requiredCapabilities": {"extensions": {TASKS_EXTENSION_ID: {}}}})
         caller = current_caller(self.cp.settings.default_owner)
 
-        def page_of_rows() -> tuple[list[TaskRow | None], str | None]:
-            page = self.cp.service.list(caller, api.ListTasks(cursor=params.cursor, limit=50))
-            return [self.cp.service.get(caller, t["task_id"]) for t in page["tasks"]], page["next_cursor"]
+        def page_of_tasks() -> tuple[list[dict[str, Any]], str | None]:
+            """A sweep is one task here (its shards were never MCP tasks of the caller's): one
+            entry, on one page, in place of its lowest shard."""
+            page = self.cp.service.list(caller, api.ListTasks(cursor=params.cursor, limit=50), whole_sweeps=True)
+            out: list[dict[str, Any]] = []
+            for t in page["tasks"]:
+                if t.get("sweep"):
+                    status = self.cp.service.sweep_status(caller, api.GetSweepStatus(sweep_id=t["sweep"]))
+                    out.append(self.sweeps.fields(status, legacy=not modern))
+                elif (row := self.cp.service.get(caller, t["task_id"])) is not None:
+                    out.append(self._task_fields(row, legacy=not modern))
+            return out, page["next_cursor"]
 
         try:
-            rows, next_cursor = await anyio.to_thread.run_sync(page_of_rows)
+            tasks, next_cursor = await anyio.to_thread.run_sync(page_of_tasks)
         except ControlPlaneError as e:
             raise MCPError(code=INVALID_PARAMS, message=e.message) from None
-        tasks = [self._task_fields(row, legacy=not modern) for row in rows if row is not None]
         out: dict[str, Any] = {"tasks": tasks}
         if next_cursor:
             out["nextCursor"] = next_cursor

@@ -128,8 +128,8 @@ class TaskService:
     def tail(self, caller: str, req: api.TailTaskLogs) -> dict[str, Any]:
         return self.logs.tail(caller, req).dump()
 
-    def list(self, caller: str, req: api.ListTasks) -> dict[str, Any]:
-        return self.listing.list(caller, req).dump()
+    def list(self, caller: str, req: api.ListTasks, *, whole_sweeps: bool = False) -> dict[str, Any]:
+        return self.listing.list(caller, req, whole_sweeps=whole_sweeps).dump()
 
     def cancel(self, caller: str, req: api.CancelTask) -> dict[str, Any]:
         return self.cancels.cancel(caller, req).dump()

@@ -24,7 +24,10 @@ class Listing:
         self.store = store
         self.access = access
 
-    def list(self, caller: str, req: api.ListTasks) -> TaskList:
+    def list(self, caller: str, req: api.ListTasks, *, whole_sweeps: bool = False) -> TaskList:
+        """A page of `req`'s tasks. `whole_sweeps` (the dashboard's and tasks/list's view, not
+        list_tasks'): a sweep's shards take one row, its lowest shard on file, so a sweep shows
+        on one page only; everyone's list (tasks:admin) has no such view and lists every shard."""
         after = decode_cursor(req.cursor) if req.cursor else None
         if req.parent is not None:
             self.access.readable(caller, req.parent)  # another's task answers NOT_FOUND, as an unknown one
@@ -39,7 +42,7 @@ class Listing:
             scope.owner, teams=scope.teams, states_=[s.value for s in req.states] if req.states else None,
             tool_name=req.tool_name, tags_any=req.tags_any, submitted_after=epoch(req.submitted_after),
             submitted_before=epoch(req.submitted_before), after=after, limit=req.limit + 1, parent=req.parent,
-            sweep=req.sweep)
+            sweep=req.sweep, whole_sweeps=whole_sweeps)
         more = len(rows) > req.limit
         rows = rows[: req.limit]
         if scope.audited:

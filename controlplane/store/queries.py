@@ -54,6 +54,7 @@ from controlplane.store.models import (
 )
 
 T = table_of(Task)
+SIBLING = T.alias("sibling")  # another shard of the same sweep
 TAGS = table_of(TaskTag)
 EV = table_of(TaskEvent)
 LOGS = table_of(TaskLog)
@@ -288,10 +289,12 @@ LIST_FIELDS = ("pk", "task_id", "tool_name", "state", "priority", "resource_clas
 def list_page(owner: str, *, teams: Sequence[str] | None = None, states_: Sequence[str] | None, tool_name: str | None,
               tags_any: Sequence[str] | None, submitted_after: float | None, submitted_before: float | None,
               after: tuple[float, int] | None, limit: int, parent: str | None = None,
-              sweep: str | None = None) -> list[Any]:
+              sweep: str | None = None, whole_sweeps: bool = False) -> list[Any]:
     """The statements of one page of list_tasks, newest first, each walking one index in order
     and stopping after `limit` rows: a filter with several values (tags, states) runs one walk
-    per value, and the caller merges them, so that nothing sorts everything that matches."""
+    per value, and the caller merges them, so that nothing sorts everything that matches.
+    `whole_sweeps`: of a sweep's shards only the lowest still on file (one probe of the sweep's
+    shard index per shard walked past), so that a sweep takes one row on one page."""
     if tags_any:
         drivers: list[tuple[Any, Any]] = [(TAGS, TAGS.c.tag == t) for t in dict.fromkeys(tags_any)]
     elif states_ and len(states_) > 1:
@@ -321,6 +324,9 @@ def list_page(owner: str, *, teams: Sequence[str] | None = None, states_: Sequen
             q = q.where(children_of(parent))
         if sweep is not None:
             q = q.where(T.c.sweep_id == sweep)
+        if whole_sweeps:
+            q = q.where(or_(T.c.sweep_id.is_(None), ~exists().where(
+                SIBLING.c.sweep_id == T.c.sweep_id, SIBLING.c.shard < T.c.shard)))
         if submitted_after is not None:
             q = q.where(ts >= submitted_after)
         if submitted_before is not None:

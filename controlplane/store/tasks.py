@@ -228,16 +228,19 @@ class TaskStore:
              tool_name: str | None = None,
              tags_any: Sequence[str] | None = None, submitted_after: float | None = None,
              submitted_before: float | None = None, after: tuple[float, int] | None = None,
-             limit: int = 50, parent: str | None = None, sweep: str | None = None) -> builtins.list[TaskSummary]:
+             limit: int = 50, parent: str | None = None, sweep: str | None = None,
+             whole_sweeps: bool = False) -> builtins.list[TaskSummary]:
         """Newest first by submission time; `after` = (submitted_at, pk) of the last row of the
         previous page (keyset pagination: a page costs the same wherever it starts). `teams`:
         only the tasks shared with one of these teams; `parent`: only the tasks waiting (or that
-        waited) for it; `sweep`: only that sweep's shards."""
+        waited) for it; `sweep`: only that sweep's shards; `whole_sweeps`: of each sweep only
+        its lowest shard on file (the row a list of tasks and sweeps shows the sweep at)."""
         rows: dict[int, TaskSummary] = {}
         with self.db.read() as c:
             for stmt in q.list_page(owner, teams=teams, states_=states_, tool_name=tool_name, tags_any=tags_any,
                                     submitted_after=submitted_after, submitted_before=submitted_before,
-                                    after=after, limit=limit, parent=parent, sweep=sweep):
+                                    after=after, limit=limit, parent=parent, sweep=sweep,
+                                    whole_sweeps=whole_sweeps):
                 result = c.execute(stmt)
                 for r in TaskSummary.many(builtins.list(result.keys()), result.all()):
                     rows.setdefault(r.pk, r)
