@@ -365,6 +365,28 @@ async def test_the_breakers_are_on_metrics_and_the_dashboards_health_view(fake: 
         assert f'<tr data-breaker="{SITE}"><td>{SITE}</td><td>open</td></tr>' in page
 
 
+@pytest.mark.anyio
+async def test_the_dashboard_counts_the_attempts_moved_off_each_placement(fake: gcp.FakeCloudRun, home: Path) -> None:
+    """Two tasks refused for room in us-central1 and launched locally: the dashboard's overview
+    counts two attempts moved off placement 0 and none off placement 1, from the jobs on file (so
+    a restart or another replica shows the same)."""
+    cp = control_plane(home, catalog_with(cloud_run(CENTRAL) + ', { provider = "local" }'))
+    fake.quota_refusals = 100
+    try:
+        for _ in range(2):
+            tid = submit(cp)
+            await cp.scheduler.tick()
+            await cp.scheduler.tick()
+            assert where(cp, tid) == [("cloud_run", 0, NO_CAPACITY), ("local", 1, None)]
+        again = ControlPlane(Settings(home=home, **FAST))  # what any replica reads
+        async with serving(again) as server, httpx.AsyncClient(headers={"Accept": "text/html"}) as http:
+            page = (await http.get(f"{server.url.removesuffix('/mcp')}/dashboard")).text
+        assert '<tr data-moves="exercise/0"><td>exercise</td><td>0: cloud_run</td><td>2</td></tr>' in page
+        assert 'data-moves="exercise/1"' not in page
+    finally:
+        reap_jobs(home)
+
+
 @pytest.mark.sqlite_only("counts the statements SQLite runs (its trace callback)")
 def test_the_choice_costs_a_claim_no_statement_unless_a_placement_has_max_running(home: Path) -> None:
     """Statements of one claim of one task: one placement as before (with or without the placer),

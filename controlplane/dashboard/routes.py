@@ -182,8 +182,8 @@ def routes(cp: ControlPlane, auth: AuthProvider | None) -> list[Route]:
                    "session": session, "csrf": sessions.csrf(session)}
         if q.get("rows"):
             return page("rows.html", **context)
-        overview = await call(svc.overview)
-        return page("tasks.html", **context, queues=overview.queues, states=STATES,
+        overview, moves = await call(svc.overview), await call(svc.moves)
+        return page("tasks.html", **context, queues=overview.queues, moves=moves, states=STATES,
                     tools=sorted(cp.catalog.tools), health=provider_health(), catalog=cp.catalog_status,
                     owners=session.admin or bool(session.teams))
 

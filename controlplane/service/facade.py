@@ -21,7 +21,7 @@ from controlplane.service.answers import WaitDone, WaitPending
 from controlplane.service.cancel import Cancels
 from controlplane.service.listing import Listing
 from controlplane.service.logs import Logs
-from controlplane.service.reads import Overview, Reads
+from controlplane.service.reads import Overview, PlacementMoves, Reads
 from controlplane.service.submit import Submits
 from controlplane.service.sweeps import Sweeps
 from controlplane.service.uploads import Uploads
@@ -157,3 +157,6 @@ class TaskService:
 
     def overview(self) -> Overview:
         return self.reads.overview()
+
+    def moves(self) -> PlacementMoves:
+        return self.reads.moves()

@@ -40,6 +40,9 @@ class Overview:
     queues: list[QueueView]
 
 
+PlacementMoves = list[tuple[str, int, str, int]]  # (tool, placement index, provider, attempts moved off it)
+
+
 class Reads:
     def __init__(self, settings: Settings, store: Store, catalog: Catalog, object_stores: ObjectStores,
                  estimator: Estimator, providers: dict[str, Provider[Any]], access: Access, costs: Costs):
@@ -163,6 +166,11 @@ class Reads:
         task = self.access.readable(caller, task_id)
         return [TimelineEntry(ts=iso(e.ts), kind=e.kind, attempt=e.attempt, from_state=e.from_state,
                               to_state=e.to_state, detail=e.detail) for e in self.store.logs.events(task.task_id)]
+
+    def moves(self) -> PlacementMoves:
+        """(tool, placement index, provider, attempts moved off it) over the jobs on file: a count
+        about everyone's tasks, never a task itself (a scan of the jobs, so not on the metrics' scrape)."""
+        return self.store.jobs.moves_by_placement(NO_CAPACITY)
 
     def overview(self) -> Overview:
         """Every queue's depth and slots, and the tasks on file by state and tool: numbers about

@@ -260,6 +260,12 @@ class JobStore:
         """Every attempt's job of a task."""
         return self.db.fetch(q.JOBS_OF_TASK, {"task_id": task_id}, into=JobRow.many)
 
+    def moves_by_placement(self, status: str) -> list[tuple[str, int, str, int]]:
+        """(tool, placement index, provider, jobs) of the jobs on file that ended with provider
+        status `status` (the placer's word for an attempt moved off its placement), by placement."""
+        return [(r["tool_name"], r["placement"], r["provider"], r["moves"])
+                for r in self.db.fetch(q.MOVES_BY_PLACEMENT, {"status": status})]
+
     def watched_pages(self, size: int, now: float | None = None) -> Iterator[list[WatchedJob]]:
         """Jobs the reconciler watches, with what it needs of their task, `size` at a time (each
         page its own read, from where the last one stopped). Each job watched throughout the

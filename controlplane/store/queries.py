@@ -172,6 +172,11 @@ ATTEMPT_ARTIFACTS = (select(ART).where(ART.c.task_id == _bp("task_id"), ART.c.at
 # ==== jobs =====================================================================================
 GET_JOB = select(JOBS).where(JOBS.c.task_id == _bp("task_id"), JOBS.c.attempt == _bp("attempt"))
 JOBS_OF_TASK = select(JOBS).where(JOBS.c.task_id == _bp("task_id")).order_by(JOBS.c.attempt)
+MOVES_BY_PLACEMENT = (select(T.c.tool_name, JOBS.c.placement, JOBS.c.provider, func.count().label("moves"))
+                      .select_from(JOBS.join(T, T.c.task_id == JOBS.c.task_id))
+                      .where(JOBS.c.provider_status == _bp("status"))
+                      .group_by(T.c.tool_name, JOBS.c.placement, JOBS.c.provider)
+                      .order_by(T.c.tool_name, JOBS.c.placement))
 GET_JOB_BY_ID = select(JOBS).where(JOBS.c.job_id == _bp("job_id"))
 INSERT_JOB = insert(JOBS)
 UPDATE_JOB = update(JOBS).where(JOBS.c.job_id == _bp("_jid"))
