@@ -18,7 +18,7 @@ from controlplane.app import ControlPlane
 from controlplane.ids import AttemptRef
 from controlplane.settings import Settings
 from controlplane.states import WATCHED, JobState, TaskState
-from controlplane.store import queries as q
+from controlplane.store import job_queries as jq
 from controlplane.store.models import WATCHED_JOBS_WHERE
 from controlplane_providers.base import JobPhase, JobStatus, MalformedHandle
 from tests.conftest import query_plan
@@ -179,7 +179,7 @@ def test_a_page_of_handles_decodes_together_and_a_bad_one_is_named_alone(double:
 def test_a_page_is_one_range_of_the_index_of_watched_jobs(cp: ControlPlane) -> None:
     assert WATCHED_JOBS_WHERE == "state IN ({})".format(", ".join(f"'{s.value}'" for s in sorted(WATCHED)))
     with cp.db.read() as c:
-        plan = query_plan(cp.db, c, q.WATCHED_PAGE, {"after_ts": 0.0, "after_jid": "", "lim": PAGE})
+        plan = query_plan(cp.db, c, jq.WATCHED_PAGE, {"after_ts": 0.0, "after_jid": "", "lim": PAGE})
     assert plan == ["SEARCH jobs USING INDEX ix_jobs_watched ((created_at,job_id)>(?,?))"]
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from controlplane.app import ControlPlane
 from controlplane.states import JobState, TaskState
+from controlplane.store import job_queries as jq
 from controlplane.store import queries as q
 from controlplane.store.rows import EventRow, LogLine, TaskSummary, WatchedJob, _field_names
 from tests.test_states import new_task
@@ -20,9 +21,9 @@ def test_list_pages_are_read_in_the_order_of_their_fields() -> None:
 
 
 def test_watched_jobs_are_read_in_the_order_of_their_fields() -> None:
-    selected = tuple(c.name for c in q.WATCHED_PAGE.selected_columns)
+    selected = tuple(c.name for c in jq.WATCHED_PAGE.selected_columns)
     assert selected == _field_names(WatchedJob)[: len(selected)] and selected[-1] == "job_state"
-    assert tuple(c.name for c in q.ATTENTION_TASKS.selected_columns)[1:] == ("attempt", "timeout_at",
+    assert tuple(c.name for c in jq.ATTENTION_TASKS.selected_columns)[1:] == ("attempt", "timeout_at",
                                                                             "stop_reason", "state")
 
 

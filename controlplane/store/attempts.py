@@ -17,6 +17,7 @@ from sqlalchemy.engine import Connection
 
 from controlplane import ids
 from controlplane.states import FINAL, REPORTING, JobState, TaskState
+from controlplane.store import job_queries as jq
 from controlplane.store import queries as q
 from controlplane.store.models import Artifact, table_of
 from controlplane.store.rows import JobRow, TaskRow
@@ -73,7 +74,7 @@ class AttemptTx:
     def acknowledge(self, seq: int) -> None:
         """The runner's events up to `seq` are applied; it was alive just now."""
         assert self.job is not None
-        self.w.db.run(self.c, q.UPDATE_JOB, {"_jid": self.job.job_id, "event_seq": seq, "seen_at": self.now})
+        self.w.db.run(self.c, jq.UPDATE_JOB, {"_jid": self.job.job_id, "event_seq": seq, "seen_at": self.now})
         self.job = self.job.but(event_seq=seq, seen_at=self.now)
         self._pending["heartbeat_at"] = self.now
 
@@ -136,7 +137,7 @@ class AttemptTx:
         """What the provider said when it refused to launch the attempt's job (its status word
         and reason, kept on the job: where the next attempt runs is chosen from them)."""
         assert self.job is not None
-        self.w.db.run(self.c, q.UPDATE_JOB, {"_jid": self.job.job_id, "provider_status": status[:32],
+        self.w.db.run(self.c, jq.UPDATE_JOB, {"_jid": self.job.job_id, "provider_status": status[:32],
                                              "provider_reason": reason})
         self.job = self.job.but(provider_status=status[:32], provider_reason=reason)
 
@@ -193,5 +194,5 @@ class AttemptStore:
         with self.w.tx() as c:
             for ref, ts in beats.items():
                 params = {"_tid": ref.task_id, "_att": ref.number, "_ts": ts}
-                self.db.run(c, q.JOB_HEARTBEAT, params)
+                self.db.run(c, jq.JOB_HEARTBEAT, params)
                 self.db.run(c, q.HEARTBEAT, params)

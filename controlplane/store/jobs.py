@@ -17,6 +17,7 @@ from sqlalchemy.engine import Connection
 
 from controlplane import ids, states
 from controlplane.states import FINAL, JobState, TaskState
+from controlplane.store import job_queries as jq
 from controlplane.store import queries as q
 from controlplane.store.leases import Fence, LeaseStore
 from controlplane.store.rows import JobRow, TaskRow, WatchedJob
@@ -88,7 +89,7 @@ class JobStore:
 
         def busy(tool: str, placement: int) -> int:
             if (tool, placement) not in counted:
-                counted[tool, placement] = int(c.execute(q.BUSY_AT_PLACEMENT,
+                counted[tool, placement] = int(c.execute(jq.BUSY_AT_PLACEMENT,
                                                          {"tool": tool, "placement": placement}).scalar_one())
             return counted[tool, placement]
 
@@ -132,7 +133,7 @@ class JobStore:
         provider, placement = task.provider, 0
         if place is not None:
             chosen = place(task, lambda t=task: [  # type: ignore[misc]
-                JobRow.from_row(j) for j in self.db.rows(c, q.JOBS_OF_TASK, {"task_id": t.task_id})], busy)
+                JobRow.from_row(j) for j in self.db.rows(c, jq.JOBS_OF_TASK, {"task_id": t.task_id})], busy)
             if chosen is None:
                 return None
             provider, placement = chosen
@@ -142,7 +143,7 @@ class JobStore:
                      provider=provider, resource_class=resource_class,
                      job_name=task.ref.job_name, state=J.LAUNCHING,
                      created_at=now, event_seq=0, placement=placement)
-        self.db.run(c, q.INSERT_JOB, {"job_id": job.job_id, "task_id": job.task_id,
+        self.db.run(c, jq.INSERT_JOB, {"job_id": job.job_id, "task_id": job.task_id,
                                       "attempt": job.attempt, "provider": job.provider,
                                       "resource_class": resource_class, "job_name": job.job_name,
                                       "state": job.state.value, "created_at": now, "event_seq": 0,
@@ -167,12 +168,12 @@ class JobStore:
 
             def busy(tool: str, placement: int) -> int:
                 if (tool, placement) not in counted:
-                    counted[tool, placement] = int(c.execute(q.BUSY_AT_PLACEMENT,
+                    counted[tool, placement] = int(c.execute(jq.BUSY_AT_PLACEMENT,
                                                              {"tool": tool, "placement": placement}).scalar_one())
                 return counted[tool, placement]
 
             return any(t.sweep_id is not None or place(t, lambda t=t: [  # type: ignore[misc]
-                JobRow.from_row(j) for j in self.db.rows(c, q.JOBS_OF_TASK, {"task_id": t.task_id})], busy) is not None
+                JobRow.from_row(j) for j in self.db.rows(c, jq.JOBS_OF_TASK, {"task_id": t.task_id})], busy) is not None
                 for t in rows)
 
     def has_work(self, resource_class: str, capacity: int) -> Literal["full", "idle", "ready"]:
@@ -199,7 +200,7 @@ class JobStore:
     def launch_intents(self) -> list[JobRow]:
         """Launch intents without a handle yet (new, or left behind by a crash)."""
         with self.db.read() as c:
-            return [JobRow.from_row(r) for r in c.execute(q.LAUNCH_INTENTS).mappings()]
+            return [JobRow.from_row(r) for r in c.execute(jq.LAUNCH_INTENTS).mappings()]
 
     def record_launch(self, job_id: str, handle: dict[str, Any], fence: Fence | None = None) -> bool:
         """The job was launched (launching -> active with its handle). With a `fence`, only while
@@ -222,7 +223,7 @@ class JobStore:
             job = self._fenced_job(c, job_id, fence)
             if job is None or job.state != J.ACTIVE:
                 return False
-            self.db.run(c, q.UPDATE_JOB, {"_jid": job_id, "handle_json": json.dumps(handle)})
+            self.db.run(c, jq.UPDATE_JOB, {"_jid": job_id, "handle_json": json.dumps(handle)})
             self.w.event(c, job.task_id, "followed", None, None, job.attempt,
                          {"job_id": job_id, "job_name": job.job_name}, now)
             return True
@@ -232,7 +233,7 @@ class JobStore:
         (raises `leases.Fenced`)."""
         if fence is not None:
             self.leases.check(c, fence)
-        rows = self.db.rows(c, q.GET_JOB_BY_ID, {"job_id": job_id})
+        rows = self.db.rows(c, jq.GET_JOB_BY_ID, {"job_id": job_id})
         return JobRow.from_row(rows[0]) if rows else None
 
     def drop_unlaunched(self, ref: ids.AttemptRef, error: dict[str, Any]) -> None:
@@ -253,18 +254,18 @@ class JobStore:
 
     # ---- watching -----------------------------------------------------------------------------
     def get(self, ref: ids.AttemptRef) -> JobRow | None:
-        rows = self.db.fetch(q.GET_JOB, {"task_id": ref.task_id, "attempt": ref.number})
+        rows = self.db.fetch(jq.GET_JOB, {"task_id": ref.task_id, "attempt": ref.number})
         return JobRow.from_row(rows[0]) if rows else None
 
     def of_task(self, task_id: str) -> list[JobRow]:
         """Every attempt's job of a task."""
-        return self.db.fetch(q.JOBS_OF_TASK, {"task_id": task_id}, into=JobRow.many)
+        return self.db.fetch(jq.JOBS_OF_TASK, {"task_id": task_id}, into=JobRow.many)
 
     def moves_by_placement(self, status: str) -> list[tuple[str, int, str, int]]:
         """(tool, placement index, provider, jobs) of the jobs on file that ended with provider
         status `status` (the placer's word for an attempt moved off its placement), by placement."""
         return [(r["tool_name"], r["placement"], r["provider"], r["moves"])
-                for r in self.db.fetch(q.MOVES_BY_PLACEMENT, {"status": status})]
+                for r in self.db.fetch(jq.MOVES_BY_PLACEMENT, {"status": status})]
 
     def watched_pages(self, size: int, now: float | None = None) -> Iterator[list[WatchedJob]]:
         """Jobs the reconciler watches, with what it needs of their task, `size` at a time (each
@@ -272,7 +273,7 @@ class JobStore:
         walk comes exactly once; one that starts being watched meanwhile may come or not.
 
         Tasks are read once per walk, only those that need more than a poll
-        (`queries.ATTENTION_TASKS`: scheduled, cancel requested, cancelling, running past their
+        (`job_queries.ATTENTION_TASKS`: scheduled, cancel requested, cancelling, running past their
         timeout at `now`). Every other task with an active job is running that job's attempt
         within its timeout: an attempt's end moves its job out of `active` in the same
         transaction (`AttemptTx.end`). A task that changed since the walk began is seen as it
@@ -280,10 +281,10 @@ class JobStore:
         (the job is stopped whatever the task does)."""
         now = self.w.clock() if now is None else now
         tasks = {t[0]: (t[1], t[2], t[3], _TASK_STATES[t[4]])
-                 for t in self.db.fetch(q.ATTENTION_TASKS, {"now": now}, into=_tuples)}
+                 for t in self.db.fetch(jq.ATTENTION_TASKS, {"now": now}, into=_tuples)}
         after: tuple[float, str] = (float("-inf"), "")
         while True:
-            rows = self.db.fetch(q.WATCHED_PAGE, {"after_ts": after[0], "after_jid": after[1], "lim": size},
+            rows = self.db.fetch(jq.WATCHED_PAGE, {"after_ts": after[0], "after_jid": after[1], "lim": size},
                                  into=_tuples)
             if rows:
                 yield WatchedJob.of_jobs(rows, tasks)
@@ -301,7 +302,7 @@ class JobStore:
         (32 characters, which PostgreSQL enforces) and NUL in either replaced by U+FFFD."""
         if updates:
             with self.w.tx() as c:
-                self.db.run_many(c, q.SET_PROVIDER_STATUS, [{"jid": w, "st": _storable(st)[:32], "rs": _storable(rs)}
+                self.db.run_many(c, jq.SET_PROVIDER_STATUS, [{"jid": w, "st": _storable(st)[:32], "rs": _storable(rs)}
                                                             for w, st, rs in updates])
 
     def mark_stop_sent(self, job_id: str, fence: Fence | None = None, margin_s: float = 0.0) -> float:
@@ -311,7 +312,7 @@ class JobStore:
         with self.w.tx() as c:
             if fence is not None:
                 self.leases.check(c, fence, margin_s)
-            self.db.run(c, q.MARK_STOP_SENT, {"jid": job_id, "now": now})
+            self.db.run(c, jq.MARK_STOP_SENT, {"jid": job_id, "now": now})
         return now
 
     def begin_move(self, job_id: str, status: str, reason: str, fence: Fence | None = None) -> bool:
@@ -324,7 +325,7 @@ class JobStore:
             task = self.w.lock_task(c, job.task_id) if job is not None else None
             if job is None or task is None or job.state != J.ACTIVE or task.attempt != job.attempt or task.state != S.SCHEDULED:
                 return False
-            self.db.run(c, q.UPDATE_JOB, {"_jid": job_id, "provider_status": _storable(status)[:32],
+            self.db.run(c, jq.UPDATE_JOB, {"_jid": job_id, "provider_status": _storable(status)[:32],
                                           "provider_reason": _storable(reason)})
             return True
 
@@ -333,13 +334,13 @@ class JobStore:
         provider status is the provider's word again from the next poll on."""
         with self.w.tx() as c:
             if self._fenced_job(c, job_id, fence) is not None:
-                self.db.run(c, q.UPDATE_JOB, {"_jid": job_id, "provider_status": None, "provider_reason": None})
+                self.db.run(c, jq.UPDATE_JOB, {"_jid": job_id, "provider_status": None, "provider_reason": None})
 
     def note_refused_claim(self, ref: ids.AttemptRef) -> None:
         """A claim of the attempt was refused to an extra execution: counted on the attempt's job
         (`extra_claims`), for the reconciler to stop that execution and the operator to see it."""
         with self.w.tx() as c:
-            self.db.run(c, q.NOTE_REFUSED_CLAIM, {"_tid": ref.task_id, "_att": ref.number})
+            self.db.run(c, jq.NOTE_REFUSED_CLAIM, {"_tid": ref.task_id, "_att": ref.number})
 
     def extra_checked(self, job_id: str, seen: int, stopped: int, fence: Fence | None = None) -> None:
         """The reconciler looked into the job's first `seen` refused claims and stopped `stopped`
@@ -348,7 +349,7 @@ class JobStore:
         with self.w.tx() as c:
             if fence is not None:
                 self.leases.check(c, fence)
-            self.db.run(c, q.EXTRA_CHECKED, {"_jid": job_id, "_seen": seen, "_stopped": stopped})
+            self.db.run(c, jq.EXTRA_CHECKED, {"_jid": job_id, "_seen": seen, "_stopped": stopped})
 
     def move(self, job_id: str, to: JobState) -> None:
         """A watched job's state (draining -> done, ... -> abandoned), if the move is legal now. A
@@ -377,4 +378,4 @@ class JobStore:
             rows = self.db.rows(c, q.TASK_ATTEMPT, {"task_id": ref.task_id})
             if not rows or rows[0]["attempt"] != ref.number or TaskState(rows[0]["state"]) in FINAL:
                 return None
-            return self.db.count(c, q.CLAIM_SECRET, {"_tid": ref.task_id, "_att": ref.number, "_digest": nonce_digest}) == 1
+            return self.db.count(c, jq.CLAIM_SECRET, {"_tid": ref.task_id, "_att": ref.number, "_digest": nonce_digest}) == 1

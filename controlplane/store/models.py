@@ -161,7 +161,7 @@ class Artifact(SQLModel, table=True):
 
 
 # The jobs the reconciler watches (`states.WATCHED`), word for word as the partial index
-# ix_jobs_watched and the query that walks it (`queries.WATCHED_PAGE`) both say it: SQLite uses a
+# ix_jobs_watched and the query that walks it (`job_queries.WATCHED_PAGE`) both say it: SQLite uses a
 # partial index only for a query whose WHERE repeats the index's own.
 WATCHED_JOBS_WHERE = "state IN ('abandoned', 'active', 'draining')"
 

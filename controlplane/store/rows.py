@@ -252,7 +252,7 @@ class WatchedJob(NamedTuple):
 
     @classmethod
     def of_jobs(cls, jobs: list[tuple[Any, ...]], tasks: Mapping[str, tuple[Any, ...]]) -> list[WatchedJob]:
-        """Rows from the driver's tuples of `queries.WATCHED_PAGE` (the job's fields up to its
+        """Rows from the driver's tuples of `job_queries.WATCHED_PAGE` (the job's fields up to its
         state) and the (attempt, timeout_at, stop_reason, state) of the tasks read for them."""
         new, job_states, active, running = tuple.__new__, _JOB_STATES, JobState.ACTIVE, TaskState.RUNNING
         out = []

@@ -27,6 +27,7 @@ from controlplane.ids import AttemptRef
 from controlplane.scratch import MIB, overflow
 from controlplane.states import JobState, TaskState
 from controlplane.store import inputs
+from controlplane.store import job_queries as jq
 from controlplane.store import queries as q
 from controlplane.store.db import Database
 from controlplane.store.releases import Releases
@@ -135,7 +136,7 @@ class Writer:
         return TaskRow.from_row(rows[0]) if rows else None
 
     def job(self, c: Connection, ref: AttemptRef) -> JobRow | None:
-        rows = self.db.rows(c, q.GET_JOB, {"task_id": ref.task_id, "attempt": ref.number})
+        rows = self.db.rows(c, jq.GET_JOB, {"task_id": ref.task_id, "attempt": ref.number})
         return JobRow.from_row(rows[0]) if rows else None
 
     def event(self, c: Connection, task_id: str, kind: str, frm: str | None, to: str | None, attempt: int,
@@ -229,5 +230,5 @@ class Writer:
             vals["finished_at"] = now
         if to == JobState.ABANDONED:
             vals["abandoned_at"] = now
-        self.db.run(c, q.UPDATE_JOB, {"_jid": job.job_id, **vals})
+        self.db.run(c, jq.UPDATE_JOB, {"_jid": job.job_id, **vals})
         return job.but(**vals)
