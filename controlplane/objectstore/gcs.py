@@ -230,19 +230,30 @@ class GcsObjectStore(ObjectStore):
     # ---- writes -------------------------------------------------------------------------------
     def put_stream(self, key: str, stream: BinaryIO, *, content_type: str | None = None,
                    overwrite: bool = False) -> ObjectInfo:
+        """An object smaller than one upload chunk (a task's inputs, a claim, an event) is one
+        multipart request; a bigger one a resumable upload (two requests and more). Create-only
+        (`overwrite` false) looks whether the key is taken first, and the write itself carries
+        the precondition (`ifGenerationMatch=0`), which decides a race."""
         blob = self._blob(key)
         if not overwrite and blob.exists():
             raise ObjectExists(key)
         cond: dict[str, Any] = {} if overwrite else {"if_generation_match": 0}
+        kind = content_type or "application/octet-stream"
         sha = hashlib.sha256()
-        size = 0
+        first = _read_full(stream, UPLOAD_CHUNK)
+        sha.update(first)
         try:
-            with blob.open("wb", chunk_size=UPLOAD_CHUNK, content_type=content_type or "application/octet-stream",
-                           ignore_flush=True, **cond) as out:
-                while chunk := stream.read(CHUNK):
-                    sha.update(chunk)
+            if len(first) < UPLOAD_CHUNK:
+                blob.upload_from_string(first, content_type=kind, **cond)
+                return ObjectInfo(key=key, size_bytes=len(first), sha256=sha.hexdigest(), content_type=content_type)
+            size = 0
+            with blob.open("wb", chunk_size=UPLOAD_CHUNK, content_type=kind, ignore_flush=True, **cond) as out:
+                chunk = first
+                while chunk:
                     size += len(chunk)
                     out.write(chunk)
+                    chunk = stream.read(CHUNK)
+                    sha.update(chunk)
         except gexc.PreconditionFailed:
             raise ObjectExists(key) from None
         return ObjectInfo(key=key, size_bytes=size, sha256=sha.hexdigest(), content_type=content_type)
@@ -383,3 +394,13 @@ class GcsObjectStore(ObjectStore):
         if self._iam_signer is None:
             self._iam_signer = IamSignBlobSigner(creds, self.iam_endpoint, self.signer_email)
         return {"credentials": self._iam_signer}
+
+
+def _read_full(stream: BinaryIO, n: int) -> bytes:
+    """Up to `n` bytes of `stream`: fewer only at its end (a read may return less than asked)."""
+    parts: list[bytes] = []
+    got = 0
+    while got < n and (chunk := stream.read(n - got)):
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)
