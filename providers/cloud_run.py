@@ -32,7 +32,8 @@ How it maps the core's contract onto Cloud Run:
   in the execution's container env (overrides are applied to the execution's template).
 * poll: there is no batch get and no state filter, so `poll_key` is the job: the reconciler
   hands over every watched execution of one job at once, answered by one paged ListExecutions
-  (newest first, stopping once every watched execution was seen). An execution missing from the
+  (newest first, stopping once every watched execution was seen; one short page when they are
+  where the last poll found them, the newest as a rule). An execution missing from the
   list is confirmed with one GetExecution before it is called GONE (Cloud Run keeps 1,000
   executions per job; a list is not proof of absence).
 * cancel = CancelExecution, idempotent: an execution that has already ended (or vanished)
@@ -144,6 +145,7 @@ class CloudRunProvider(Provider[CloudRunHandle]):
                                                   client_options=options)
         self._logs = LogReader(lambda: self.settings, self.credentials)
         self._log_uris: dict[str, str] = {}  # execution -> its log_uri, learnt from polls
+        self._depth: dict[str, int] = {}  # job -> how far down its list the last poll found its oldest watched
         self._jobs_checked: set[str] = set()  # jobs whose retry setting was found safe
         self._unsure: dict[str, float] = {}  # job_name -> when its RunJob failed ambiguously (monotonic)
 
@@ -267,19 +269,36 @@ class CloudRunProvider(Provider[CloudRunHandle]):
     def same_job(self, a: CloudRunHandle, b: CloudRunHandle) -> bool:
         return a.execution == b.execution
 
-    def _list(self, job_path: str, until: Callable[[set[str]], bool] | None = None) -> list[Any]:
-        """The job's executions, newest first, page by page (stops early once `until(names seen)`
-        holds)."""
+    def _list(self, job_path: str, until: Callable[[set[str]], bool] | None = None,
+              page_size: int | None = None) -> list[Any]:
+        """The job's executions, newest first, page by page of `page_size` (the setting's by
+        default; stops early once `until(names seen)` holds)."""
         out: list[Any] = []
         token = ""
         while True:
-            request = run_v2.ListExecutionsRequest(parent=job_path, page_size=self.settings.page_size, page_token=token)
+            request = run_v2.ListExecutionsRequest(parent=job_path, page_size=page_size or self.settings.page_size,
+                                                   page_token=token)
             pager = self._call(job_path, self.executions.list_executions, request=request)
             response = next(iter(pager.pages))  # this page only: each further page is one more counted call
             out.extend(response.executions)
             token = response.next_page_token
             if not token or (until is not None and until({ex.name for ex in out})):
                 return out
+
+    def _list_watched(self, job_path: str, wanted: set[str]) -> list[Any]:
+        """The job's executions down to the oldest of `wanted`: one short page when they are where
+        the last poll found them (the newest, as a rule: a page of the whole setting would fetch
+        and parse every execution the job keeps, each poll), else the full listing again, from the
+        top (a listing keeps one page size throughout, as the API asks)."""
+        size = min(self.settings.page_size, max(2 * len(wanted), self._depth.get(job_path, 0)) + 20)
+        listed: list[Any] = []
+        if size < self.settings.page_size:
+            listed = self._list(job_path, until=lambda _seen: True, page_size=size)
+        whole = 0 < len(listed) < size  # a short page is the whole list
+        if not whole and not wanted.issubset({ex.name for ex in listed}):
+            listed = self._list(job_path, until=wanted.issubset)
+        self._depth[job_path] = max((i + 1 for i, ex in enumerate(listed) if ex.name in wanted), default=0)
+        return listed
 
     # ---- poll -----------------------------------------------------------------------------------
     def poll_key(self, handle: CloudRunHandle) -> Hashable:
@@ -295,7 +314,7 @@ class CloudRunProvider(Provider[CloudRunHandle]):
         seen: dict[str, Any] = {}
         for job_path, group in by_job.items():
             wanted = {h.execution for h in group}
-            listed = self._list(job_path, until=wanted.issubset)
+            listed = self._list_watched(job_path, wanted)
             seen.update((ex.name, ex) for ex in listed if ex.name in wanted)
             for name in wanted - seen.keys():  # not listed: confirm before calling it gone
                 try:
@@ -342,3 +361,4 @@ class CloudRunProvider(Provider[CloudRunHandle]):
 
     def scratch_note(self, shape: Shape) -> str:
         return NO_SCRATCH
+

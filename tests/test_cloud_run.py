@@ -303,6 +303,32 @@ async def test_log_reads_keep_to_the_quota_and_share_pages(run: Run, monkeypatch
 
 
 # ---- the status table -------------------------------------------------------------------------------
+def test_a_poll_lists_one_short_page_where_its_executions_are(fake: gcp.FakeCloudRun, tmp_path: Path) -> None:
+    """A job that keeps many executions, the watched ones its newest (a sweep's running shards):
+    a poll is one ListExecutions call of a short page, not a page of every execution the job
+    keeps. A watched execution further down costs one full listing once; the next poll's short
+    page reaches down to it."""
+    p = CloudRunProvider.configured(tmp_path, poll_interval_s=0.1)
+    job = f"projects/{PROJECT}/locations/{REGION}/jobs/{gcp.JOB}"
+    [old] = fake.add_executions(PROJECT, REGION, gcp.JOB, 1)
+    newer = fake.add_executions(PROJECT, REGION, gcp.JOB, 300)
+
+    def handle(name: str) -> CloudRunHandle:
+        return CloudRunHandle(execution=name, job=job, job_name="cp-x", created_at=time.time())
+
+    def polled(names: list[str]) -> tuple[int, set[str]]:
+        """ListExecutions calls one poll made, and the raw statuses it answered."""
+        fake.requests.clear()
+        statuses = p.poll([handle(n) for n in names])
+        lists = [r for r in fake.requests if r[1] == "GET" and r[2].endswith(f"/jobs/{gcp.JOB}/executions")]
+        return len(lists), {st.raw_status for st in statuses}
+
+    assert polled(newer[-10:]) == (1, {"RUNNING"})  # the ten newest: one page of 40, not 300
+    assert polled([old, *newer[-10:]]) == (2, {"RUNNING"})  # the oldest too: the short page, then all
+    assert polled([old, *newer[-10:]]) == (1, {"RUNNING"})  # now one page that reaches it
+    assert polled(newer[-10:]) == (1, {"RUNNING"})
+
+
 def test_every_execution_state_maps_onto_a_phase(fake: gcp.FakeCloudRun) -> None:
     from google.cloud import run_v2
 
