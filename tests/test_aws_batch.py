@@ -6,18 +6,14 @@ jobs, a crash between the launch intent and the job id, and a throttling proxy."
 from __future__ import annotations
 
 import hashlib
-import http.client
 import json
 import random
 import secrets
-import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import anyio
 import httpx
@@ -37,6 +33,7 @@ from tests.cloud import moto_server, run_without_callback, usage_of  # noqa: F40
 from tests.conftest import FAST, Agent, most_in_one_second
 from tests.exactly_once import a_late_launch_runs_nothing, a_recorded_execution_refused_its_claim_is_left_for_the_holder
 from tests.provider_contract import Harness, ProviderContract
+from tests.proxy import Proxy
 
 pytestmark = pytest.mark.anyio
 
@@ -387,78 +384,38 @@ async def test_crash_after_submit_before_the_handle_launches_exactly_one_job(mot
 
 
 # ---- throttling ---------------------------------------------------------------------------------
-class FaultProxy:
+class FaultProxy(Proxy):
     """An HTTP proxy in front of moto that answers 429 or 500 to a share of Batch requests and
     records when every request arrived. With `lose_submits`, that share of SubmitJob requests
     reaches moto (the job is made) and is then answered 500: the answer was lost."""
 
     def __init__(self, target: str, fault_rate: float, seed: int = 1, lose_submits: float = 0.0):
-        self.target = urlsplit(target)
         self.fault_rate = fault_rate
         self.lose_submits = lose_submits
         self.lost = 0
         self.rng = random.Random(seed)
-        self.arrivals: list[float] = []
         self.faults = 0
-        self.lock = threading.Lock()
-        proxy = self
+        super().__init__(target)
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("content-length") or 0))
-                with proxy.lock:
-                    proxy.arrivals.append(time.monotonic())
-                    fault = proxy.rng.random() < proxy.fault_rate
-                    if fault:
-                        proxy.faults += 1
-                        code, kind = proxy.rng.choice([(429, "TooManyRequestsException"), (500, "ServerException")])
-                    lose = (proxy.lose_submits > 0 and not fault and self.path.lower().endswith("/submitjob")
-                            and proxy.rng.random() < proxy.lose_submits)
-                    proxy.lost += lose
-                if lose:
-                    self._forward(body)
-                    fault, code, kind = True, 500, "ServerException"
-                if fault:
-                    payload = json.dumps({"__type": kind, "message": "injected"}).encode()
-                    self.send_response(code)
-                    self.send_header("x-amzn-ErrorType", kind)
-                    self.send_header("content-type", "application/json")
-                    self.send_header("content-length", str(len(payload)))
-                    self.end_headers()
-                    self.wfile.write(payload)
-                    return
-                resp, data = self._forward(body)
-                self.send_response(resp.status)
-                for k, v in resp.getheaders():
-                    if k.lower() not in ("transfer-encoding", "connection", "content-length"):
-                        self.send_header(k, v)
-                self.send_header("content-length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def _forward(self, body: bytes) -> tuple[http.client.HTTPResponse, bytes]:
-                conn = http.client.HTTPConnection(proxy.target.hostname, proxy.target.port, timeout=30)
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
-                conn.request("POST", self.path, body=body, headers=headers)
-                resp = conn.getresponse()
-                data = resp.read()
-                conn.close()
-                return resp, data
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+    def answer(self, method: str, path: str, headers: list[tuple[str, str]], body: bytes) -> tuple[int, list[tuple[str, str]], bytes]:
+        with self.lock:
+            fault = self.rng.random() < self.fault_rate
+            if fault:
+                self.faults += 1
+                code, kind = self.rng.choice([(429, "TooManyRequestsException"), (500, "ServerException")])
+            lose = (self.lose_submits > 0 and not fault and path.lower().endswith("/submitjob")
+                    and self.rng.random() < self.lose_submits)
+            self.lost += lose
+        if lose:
+            self.forward(method, path, headers, body)
+            fault, code, kind = True, 500, "ServerException"
+        if fault:
+            payload = json.dumps({"__type": kind, "message": "injected"}).encode()
+            return code, [("x-amzn-ErrorType", kind), ("content-type", "application/json")], payload
+        return self.forward(method, path, headers, body)
 
     def max_per_second(self) -> int:
-        return most_in_one_second(self.arrivals)
-
-    def close(self) -> None:
-        self.server.shutdown()
+        return most_in_one_second([t for t, _method, _path in self.requests])
 
 
 async def test_throttled_batch_api_fails_no_task_and_stays_under_the_rate(moto: str, bucket: str, home: Path,

@@ -30,6 +30,7 @@ from controlplane.objectstore.base import task_prefix
 from controlplane.settings import Settings
 from tests.cloud import AWS_ENV, CloudTarget, azure, azurite_server, cloud, gcs_server, moto_server  # noqa: F401
 from tests.conftest import FAST, Agent, expire_soon
+from tests.proxy import Proxy
 
 SEVEN_DAYS = 7 * 24 * 3600
 
@@ -100,53 +101,6 @@ def test_store_contract(cloud: CloudTarget) -> None:
             store.put_bytes(bad, b"x")
 
 
-class CountingProxy:
-    """An HTTP proxy on 127.0.0.1 in front of `target` that forwards every request as it came and
-    records (method, path and query) of each."""
-
-    def __init__(self, target: str):
-        import http.client
-        import threading
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-        upstream = urlsplit(target)
-        self.requests: list[tuple[str, str]] = []
-        proxy = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def forward(self) -> None:
-                body = self.rfile.read(int(self.headers.get("content-length") or 0))
-                proxy.requests.append((self.command, self.path))
-                conn = http.client.HTTPConnection(upstream.hostname or "127.0.0.1", upstream.port, timeout=60)
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
-                conn.request(self.command, self.path, body=body, headers=headers)
-                resp = conn.getresponse()
-                data = resp.read()
-                self.send_response(resp.status)
-                for k, v in resp.getheaders():
-                    if k.lower() not in ("transfer-encoding", "connection", "content-length"):
-                        self.send_header(k, v)
-                self.send_header("content-length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-                conn.close()
-
-            do_GET = do_POST = do_PUT = do_DELETE = forward
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 def test_a_small_gcs_object_is_one_upload_request(gcs_server: str, tmp_path: Path,  # noqa: F811
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """A task's inputs, a claim, an event: a small create-only write is a look whether the key is
@@ -155,14 +109,14 @@ def test_a_small_gcs_object_is_one_upload_request(gcs_server: str, tmp_path: Pat
     from tests.cloud import gcs_target
 
     target = gcs_target(gcs_server, tmp_path)
-    proxy = CountingProxy(gcs_server)
+    proxy = Proxy(gcs_server)
     try:
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
         store = open_store(target.url)
         store.put_bytes("t/first", b"x")  # (the store looks its bucket up once, at its first call)
         proxy.requests.clear()
         store.put_bytes("t/inputs.json", b'{"n": 1}', content_type="application/json")
-        uploads = [r for r in proxy.requests if r[1].startswith("/upload/")]
+        uploads = [(m, p) for _t, m, p in proxy.requests if p.startswith("/upload/")]
         assert len(uploads) == 1 and uploads[0][0] == "POST" and "uploadType=multipart" in uploads[0][1], proxy.requests
         assert len(proxy.requests) == 2, proxy.requests  # the look, the upload
         proxy.requests.clear()
@@ -172,7 +126,7 @@ def test_a_small_gcs_object_is_one_upload_request(gcs_server: str, tmp_path: Pat
         size = 9 << 20
         store.put_stream("t/big.bin", Chunks(size))
         # resumable (its chunks go to the session's URL, which the emulator names without the proxy)
-        assert any("uploadType=resumable" in r[1] for r in proxy.requests), proxy.requests
+        assert any("uploadType=resumable" in p for _t, _m, p in proxy.requests), proxy.requests
         assert store.get_bytes("t/inputs.json") == b'{"n": 1}'
         assert store.stat("t/big.bin").size_bytes == size
     finally:
