@@ -19,6 +19,7 @@ from controlplane import ids, states
 from controlplane.states import FINAL, JobState, TaskState
 from controlplane.store import job_queries as jq
 from controlplane.store import queries as q
+from controlplane.store.db import Database
 from controlplane.store.leases import Fence, LeaseStore
 from controlplane.store.rows import JobRow, TaskRow, WatchedJob
 from controlplane.store.sweep_slots import MAX_PASSES, SweepSlots
@@ -40,6 +41,30 @@ def _storable(text: Any) -> Any:
 
 def _tuples(_columns: list[str], tuples: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
     return tuples
+
+
+class _Placing:
+    """What `Place` reads inside one transaction, each only if asked: a task's earlier jobs, and
+    the jobs not ended per (tool, placement), counted once and then kept (`placed` adds the claims
+    this transaction makes)."""
+
+    def __init__(self, db: Database, c: Connection):
+        self.db, self.c = db, c
+        self.counted: dict[tuple[str, int], int] = {}
+
+    def busy(self, tool: str, placement: int) -> int:
+        if (tool, placement) not in self.counted:
+            self.counted[tool, placement] = int(self.c.execute(
+                jq.BUSY_AT_PLACEMENT, {"tool": tool, "placement": placement}).scalar_one())
+        return self.counted[tool, placement]
+
+    def choose(self, place: Place, task: TaskRow) -> tuple[str, int] | None:
+        return place(task, lambda: [JobRow.from_row(j) for j in self.db.rows(
+            self.c, jq.JOBS_OF_TASK, {"task_id": task.task_id})], self.busy)
+
+    def placed(self, tool: str, placement: int) -> None:
+        if (tool, placement) in self.counted:
+            self.counted[tool, placement] += 1
 
 
 class JobStore:
@@ -85,14 +110,7 @@ class JobStore:
         stop skipped because another transaction held it)."""
         sweeps = SweepSlots.read(self.db, c, resource_class)
         claimed: list[tuple[TaskRow, JobRow]] = []
-        counted: dict[tuple[str, int], int] = {}  # jobs not ended per (tool, placement): counted once, then kept
-
-        def busy(tool: str, placement: int) -> int:
-            if (tool, placement) not in counted:
-                counted[tool, placement] = int(c.execute(jq.BUSY_AT_PLACEMENT,
-                                                         {"tool": tool, "placement": placement}).scalar_one())
-            return counted[tool, placement]
-
+        placing = _Placing(self.db, c)
         for _ in range(MAX_PASSES):  # a pass skips the shards of sweeps at their limit, the next leaves them out
             params = {"rc": resource_class, "now": now, "lim": free + lookahead}
             full = sweeps.full()
@@ -115,7 +133,7 @@ class JobStore:
                     self.w.transition(c, task, S.CANCELLED, kind="cancelled", detail={"sweep": task.sweep_id},
                                       values=sweeps.cancel_values(task.sweep_id), now=now)
                     continue
-                got = self._claim_one(c, task, resource_class, now, place, busy, counted)
+                got = self._claim_one(c, task, resource_class, now, place, placing)
                 if got is None:  # left queued: it holds none of its sweep's slots
                     sweeps.give_back(task.sweep_id)
                     continue
@@ -126,19 +144,16 @@ class JobStore:
         return claimed
 
     def _claim_one(self, c: Connection, task: TaskRow, resource_class: str, now: float, place: Place | None,
-                   busy: Callable[[str, int], int],
-                   counted: dict[tuple[str, int], int]) -> tuple[TaskRow, JobRow] | None:
+                   placing: _Placing) -> tuple[TaskRow, JobRow] | None:
         """The task's launch intent (a job row in `launching`) on the placement `place` chooses and
         its move to `scheduled`; None when `place` leaves it queued."""
         provider, placement = task.provider, 0
         if place is not None:
-            chosen = place(task, lambda t=task: [  # type: ignore[misc]
-                JobRow.from_row(j) for j in self.db.rows(c, jq.JOBS_OF_TASK, {"task_id": t.task_id})], busy)
+            chosen = placing.choose(place, task)
             if chosen is None:
                 return None
             provider, placement = chosen
-            if (task.tool_name, placement) in counted:
-                counted[task.tool_name, placement] += 1
+            placing.placed(task.tool_name, placement)
         job = JobRow(job_id=ids.new_job_id(), task_id=task.task_id, attempt=task.attempt,
                      provider=provider, resource_class=resource_class,
                      job_name=task.ref.job_name, state=J.LAUNCHING,
@@ -164,17 +179,8 @@ class JobStore:
                 return False
             rows = [TaskRow.from_row(r) for r in self.db.rows(
                 c, q.NEXT_QUEUED, {"rc": resource_class, "now": self.w.clock(), "lim": free + lookahead})]
-            counted: dict[tuple[str, int], int] = {}
-
-            def busy(tool: str, placement: int) -> int:
-                if (tool, placement) not in counted:
-                    counted[tool, placement] = int(c.execute(jq.BUSY_AT_PLACEMENT,
-                                                             {"tool": tool, "placement": placement}).scalar_one())
-                return counted[tool, placement]
-
-            return any(t.sweep_id is not None or place(t, lambda t=t: [  # type: ignore[misc]
-                JobRow.from_row(j) for j in self.db.rows(c, jq.JOBS_OF_TASK, {"task_id": t.task_id})], busy) is not None
-                for t in rows)
+            placing = _Placing(self.db, c)
+            return any(t.sweep_id is not None or placing.choose(place, t) is not None for t in rows)
 
     def has_work(self, resource_class: str, capacity: int) -> Literal["full", "idle", "ready"]:
         """"full" (no free slot in the class), "idle" (no queued task ready for one, or only shards
