@@ -19,6 +19,29 @@ OwnerOpt = Annotated[str | None, typer.Option("--owner", help="A caller: a stati
                                                               "caller's '<issuer>#<subject>'")]
 
 
+def json_option(text: str, option: str, kind: type[dict[str, Any]] | type[list[Any]] = dict) -> Any:
+    """The JSON value of a command-line option, or exit 2 naming the option. `@FILE` reads it from
+    a file and `@-` from standard input (a sweep's thousands of overrides do not fit a command
+    line)."""
+    import json
+    import sys
+
+    if text.startswith("@"):
+        try:
+            text = sys.stdin.read() if text == "@-" else Path(text[1:]).read_text()
+        except OSError as e:
+            err.print(f"[red]{option}: cannot read {text[1:]}: {e.strerror}[/]")
+            raise typer.Exit(2) from None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, kind):
+        err.print(f"[red]{option} must be a JSON {'object' if kind is dict else 'array'}[/]")
+        raise typer.Exit(2)
+    return value
+
+
 def settings_of(home: Path | None) -> Any:
     """The settings, with `home` as the state directory when given."""
     from controlplane.settings import Settings

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from controlplane.cli.common import JsonOpt, err
+from controlplane.cli.common import JsonOpt, err, json_option
 
 app = typer.Typer(no_args_is_help=True, help="Work with the tasks of a running server (over MCP).")
 
@@ -225,18 +225,13 @@ def tasks_result(task_id: str, url: UrlOpt = DEFAULT_URL, token: TokenOpt = None
 
 
 @app.command("submit")
-def tasks_submit(tool_name: str, inputs: Annotated[str, typer.Option(help="JSON object of inputs")] = "{}",
+def tasks_submit(tool_name: str, inputs: Annotated[str, typer.Option(help="JSON object of inputs (@FILE: from a file)")] = "{}",
                  url: UrlOpt = DEFAULT_URL, token: TokenOpt = None, priority: int = 0,
                  idempotency_key: str | None = None,
                  after: Annotated[list[str] | None, typer.Option(help="A task to wait for (repeat for several)")] = None,
                  as_json: JsonOpt = False) -> None:
     """Submit a catalog tool as a task."""
-    try:
-        parsed = json.loads(inputs)
-    except ValueError:
-        err.print("[red]--inputs must be a JSON object[/]")
-        raise typer.Exit(2) from None
-    args: dict[str, Any] = {"tool_name": tool_name, "inputs": parsed, "priority": priority}
+    args: dict[str, Any] = {"tool_name": tool_name, "inputs": json_option(inputs, "--inputs"), "priority": priority}
     if idempotency_key:
         args["idempotency_key"] = idempotency_key
     if after:
