@@ -53,7 +53,7 @@ from fastmcp import Client  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from bench.run import BenchError, bytes_written, cpu_seconds, helper, percentile, ready_info  # noqa: E402
+from bench.harness import BenchError, bytes_written, cpu_seconds, helper, percentile, ready_info  # noqa: E402
 
 SUBMIT_RATIO = 0.8
 READ_RATIO = 0.9

@@ -56,7 +56,7 @@ from fastmcp import Client  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from bench.run import BenchError, ServerProc, call, helper, ready_info, standalone  # noqa: E402
+from bench.harness import BenchError, ServerProc, call, helper, ready_info, standalone  # noqa: E402
 from bench.seed import seed_history, seed_inflight  # noqa: E402
 from bench.servers import CYCLE  # noqa: E402
 

@@ -33,7 +33,7 @@ from fastmcp import Client  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from bench.run import BenchError, call, helper, ready_info, standalone, summary  # noqa: E402
+from bench.harness import BenchError, call, helper, ready_info, standalone, summary  # noqa: E402
 from bench.scale import open_db  # noqa: E402
 from bench.seed import seed_history  # noqa: E402
 

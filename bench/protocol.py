@@ -53,7 +53,7 @@ from fastmcp_tasks.client_models import ClientGetTaskResult, GetTaskRequest, Get
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from bench.run import BenchError, ServerProc, finite, helper, ready_info, reap_jobs, summary  # noqa: E402
+from bench.harness import BenchError, ServerProc, finite, helper, ready_info, reap_jobs, summary  # noqa: E402
 from tests.wire import modern_request  # noqa: E402
 
 TASKS_GET_RATIO = 1.2

@@ -50,7 +50,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from bench.concurrency import Window, clients_heap_frozen, open_clients, write_catalog  # noqa: E402
-from bench.run import BenchError, ServerProc, call, helper, percentile, ready_info, reap_jobs, standalone, summary  # noqa: E402
+from bench.harness import BenchError, ServerProc, call, helper, percentile, ready_info, reap_jobs, standalone, summary  # noqa: E402
 
 CLIENTS = 16
 INFLIGHT = 10_000

@@ -70,17 +70,14 @@ import math
 import os
 import platform
 import random
-import re
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -94,11 +91,23 @@ from rich.console import Console  # noqa: E402
 from rich.markup import escape  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from bench.seed import RARE_TAG, Seeded, seed_history, seed_inflight, seed_log  # noqa: E402
-from bench.servers import READY  # noqa: E402
+from bench.harness import (  # noqa: E402
+    MB,
+    Answer,
+    BenchError,
+    call,
+    cpu_seconds,
+    finite,
+    git_state,
+    helper,
+    percentile,
+    ready_info,
+    reap_jobs,
+    summary,
+)
+from bench.seed import Seeded, list_variants, seed_history, seed_inflight, seed_log  # noqa: E402
 
 TERMINAL = {"succeeded", "failed", "cancelled", "timed_out", "expired"}
-MB = 1024 * 1024
 
 # The issue's targets.
 SUBMIT_RATIO = 1.5  # submit_task p50 / no-op p50
@@ -127,182 +136,11 @@ class Config:
     seed: int
 
 
-class BenchError(RuntimeError):
-    """Something did not work: the benchmark's figures would be meaningless."""
-
-
-# ==== statistics ===================================================================================
-def percentile(xs: list[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default)."""
-    s = sorted(xs)
-    if not s:
-        return math.nan
-    k = (len(s) - 1) * q / 100
-    lo, hi = math.floor(k), math.ceil(k)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
-
-
-def summary(ms: list[float]) -> dict[str, Any]:
-    return {"n": len(ms), "p50_ms": percentile(ms, 50), "p99_ms": percentile(ms, 99),
-            "mean_ms": sum(ms) / len(ms) if ms else math.nan, "max_ms": max(ms) if ms else math.nan}
-
-
-def finite(x: Any) -> Any:
-    """The result with NaN/inf (an empty sample) as null, so the JSON line is strict JSON."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: finite(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [finite(v) for v in x]
-    return x
-
-
-# ==== processes ====================================================================================
-def child_env() -> dict[str, str]:
-    """The environment of a server subprocess: no CONTROLPLANE_* from ours, the project importable."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLPLANE_")}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    return env
-
-
-class ServerProc:
-    """A server subprocess; its output goes to a log file, which is searched for its ready line."""
-
-    def __init__(self, name: str, argv: list[str], log: Path, ready: str):
-        self.name, self.argv, self.log, self.ready = name, argv, log, re.compile(ready)
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.match: re.Match[str] | None = None
-
-    def start(self) -> ServerProc:
-        with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen(self.argv, cwd=ROOT, env=child_env(), stdin=subprocess.DEVNULL,
-                                         stdout=out, stderr=subprocess.STDOUT)
-        return self
-
-    async def wait_ready(self, timeout: float = 120) -> re.Match[str]:
-        assert self.proc is not None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            m = self.ready.search(self.log.read_text(errors="replace"))
-            if m:
-                self.match = m
-                return m
-            if self.proc.poll() is not None:
-                break
-            await asyncio.sleep(0.05)
-        tail = self.log.read_text(errors="replace")[-3000:]
-        raise BenchError(f"{self.name} server did not start (exit {self.proc.poll()}):\n{tail}")
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def stop(self) -> None:
-        p = self.proc
-        if p is None or p.poll() is not None:
-            return
-        p.send_signal(signal.SIGTERM)
-        try:
-            p.wait(15)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(5)
-
-
-def helper(name: str, tmp: Path, *args: str) -> ServerProc:
-    """A `bench.servers` subprocess; its ready line carries a JSON object."""
-    argv = [sys.executable, "-m", "bench.servers", *args]
-    return ServerProc(name, argv, tmp / f"{name}.log", re.escape(READY) + r"(\{.*\})\n")
-
-
-def ready_info(proc: ServerProc) -> dict[str, Any]:
-    assert proc.match is not None
-    return json.loads(proc.match.group(1))
-
-
-def cpu_seconds(pid: int) -> float:
-    t = psutil.Process(pid).cpu_times()
-    return t.user + t.system
-
-
-def bytes_written(pid: int) -> int:
-    """What the process has passed to write() and pwrite() so far (files and pipes, not sockets:
-    Linux's wchar), or 0 where the platform does not say."""
-    try:
-        return int(psutil.Process(pid).io_counters().write_chars)
-    except (AttributeError, psutil.Error):
-        return 0
-
-
-def reap_jobs(home: Path) -> None:
-    """Kill any runner process (and its children) the local provider left in `home` (ours only)."""
-    for pidfile in (home / "jobs").glob("*/runner.pid"):
-        try:
-            h = json.loads(pidfile.read_text())
-            p = psutil.Process(int(h["pid"]))
-            if abs(p.create_time() - float(h.get("create_time") or 0)) > 0.05:
-                continue  # that pid belongs to someone else now
-            for c in p.children(recursive=True):
-                c.kill()
-            p.kill()
-        except (psutil.Error, ValueError, KeyError, OSError):
-            pass
-
-
-# ==== MCP calls ====================================================================================
-@dataclass
-class Answer:
-    ms: float  # wall time of the call, as the client sees it
-    data: dict[str, Any]  # the JSON answer
-    tool_ms: float | None  # the time the control plane's tool itself took (its `duration` meta (ms))
-
-
-async def call(client: Client, tool: str, args: dict[str, Any]) -> Answer:
-    """One tool call, timed; an error answer is a BenchError."""
-    t0 = time.perf_counter()
-    res = await client.call_tool(tool, args, raise_on_error=False)
-    ms = (time.perf_counter() - t0) * 1000
-    data = res.structured_content
-    if data is None:
-        data = json.loads(res.content[0].text) if res.content else {}
-    if res.is_error:
-        raise BenchError(f"{tool}({json.dumps(args)}) answered an error: {data}")
-    return Answer(ms, data, (res.meta or {}).get("duration"))
-
-
-def list_cursor(submitted_at: float, pk: int) -> str:
-    """A list_tasks cursor continuing below the task (submitted_at, pk), as the service makes them."""
-    from controlplane.service.listing import encode_cursor
-
-    return encode_cursor(submitted_at, pk)
-
-
-def iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
 def parse_iso(s: str) -> float:
     return datetime.fromisoformat(s.replace("Z", "+00:00")).timestamp()
 
 
 # ==== 1-3: latency of the MCP calls ================================================================
-def list_variants(seeded: Seeded) -> dict[str, dict[str, Any]]:
-    assert seeded.window and seeded.mid_pk and seeded.sweep_tag
-    return {
-        "newest page": {},
-        "states=[failed]": {"states": ["failed"]},
-        "tool_name=exercise": {"tool_name": "exercise"},
-        "tags_any common": {"tags_any": ["project:alpha"]},
-        "tags_any rare": {"tags_any": [RARE_TAG]},
-        "tags_any old batch": {"tags_any": [seeded.sweep_tag]},
-        "1-day window 5 days ago": {"submitted_after": iso(seeded.window[0]), "submitted_before": iso(seeded.window[1])},
-        "cursor halfway down": {"cursor": list_cursor(seeded.mid_submitted_at, seeded.mid_pk)},
-        "limit=200": {"limit": 200},
-    }
-
-
 def tail_variants(seeded: Seeded, lines: int) -> dict[str, dict[str, Any]]:
     tid = seeded.log_task_id
     return {
@@ -693,17 +531,6 @@ def render(r: dict[str, Any], console: Console) -> None:
                   + (f"; missed: {escape(', '.join(missed))}" if missed else ""))
 
 
-def git_state() -> dict[str, Any]:
-    """The commit measured, and whether the working tree differed from it."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                               capture_output=True, text=True, check=True)
-    except (OSError, subprocess.CalledProcessError):
-        return {"git_commit": None}
-    return {"git_commit": head.stdout.strip(), "git_dirty": bool(dirty.stdout.strip())}
-
-
 def run(cfg: Config, tmp: Path, console: Console) -> dict[str, Any]:
     """Every part in its own event loop. With `--transport memory` the control planes run in this
     process, and a control plane that stops leaves its internal listener's socket registered in the
@@ -741,35 +568,6 @@ def run(cfg: Config, tmp: Path, console: Console) -> dict[str, Any]:
     r["env"] = {"python": platform.python_version(), "fastmcp": fastmcp.__version__, "cpus": os.cpu_count(),
                 "platform": platform.platform(), **git_state()}
     return r
-
-
-def standalone(name: str, measure: Callable[[Path, Console], dict[str, Any]],
-               render_result: Callable[[dict[str, Any], Console], None], *, keep: bool = False,
-               extra: dict[str, Any] | None = None) -> int:
-    """The main of a benchmark script (`bench/scale.py`, `bench/inflight.py`, ...): an environment
-    free of the caller's CONTROLPLANE_* settings, a scratch directory (removed unless `keep`),
-    the table, and the JSON line last; exit 1 when something did not work."""
-    for k in [k for k in os.environ if k.startswith("CONTROLPLANE_")]:
-        del os.environ[k]
-    console = Console(width=None if sys.stdout.isatty() else 150)
-    tmp = Path(tempfile.mkdtemp(prefix=f"cp-{name}-"))
-    head = {"benchmark": f"mcp-controlplane-{name}", **(extra or {})}
-    t0 = time.perf_counter()
-    try:
-        result = measure(tmp, console)
-    except BenchError as e:
-        console.print(f"[bold red]benchmark failed:[/] {e}")
-        print(json.dumps({**head, "error": str(e)}))
-        return 1
-    finally:
-        if keep:
-            console.log(f"kept {tmp}")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
-    result = {**head, **result, "elapsed_s": time.perf_counter() - t0, "env": git_state()}
-    render_result(result, console)
-    print(json.dumps(finite(result), separators=(",", ":"), allow_nan=False, default=str), flush=True)
-    return 0
 
 
 def main() -> int:

@@ -59,8 +59,15 @@ from rich.console import Console  # noqa: E402
 from rich.markup import escape  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from bench.run import MB, ServerProc, call, finite, helper, list_variants, percentile, ready_info, standalone, summary  # noqa: E402
-from bench.seed import CHUNK, DAY, MAIN_OWNER, Seeded, seed_history  # noqa: E402
+from bench.harness import MB, ServerProc, call, finite, helper, percentile, ready_info, standalone, summary  # noqa: E402
+from bench.seed import (  # noqa: E402
+    CHUNK,
+    DAY,
+    MAIN_OWNER,
+    Seeded,
+    list_variants,  # noqa: E402
+    seed_history,
+)
 
 LIST_P99_MS = 20.0
 STARTUP_S = 2.0

@@ -22,6 +22,7 @@ import random
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import insert, update
@@ -289,3 +290,30 @@ def seed_inflight(db: Database, n: int, *, seed: int = 11, now: float | None = N
         _insert(c, EV, events)
         _insert(c, JOBS, jobs)
     return [t["task_id"] for t in tasks]
+
+
+# ---- the list_tasks filters measured over a seeded store (bench/run.py, bench/scale.py) -----------
+def list_cursor(submitted_at: float, pk: int) -> str:
+    """A list_tasks cursor continuing below the task (submitted_at, pk), as the service makes them."""
+    from controlplane.service.listing import encode_cursor
+
+    return encode_cursor(submitted_at, pk)
+
+
+def iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def list_variants(seeded: Seeded) -> dict[str, dict[str, Any]]:
+    assert seeded.window and seeded.mid_pk and seeded.sweep_tag
+    return {
+        "newest page": {},
+        "states=[failed]": {"states": ["failed"]},
+        "tool_name=exercise": {"tool_name": "exercise"},
+        "tags_any common": {"tags_any": ["project:alpha"]},
+        "tags_any rare": {"tags_any": [RARE_TAG]},
+        "tags_any old batch": {"tags_any": [seeded.sweep_tag]},
+        "1-day window 5 days ago": {"submitted_after": iso(seeded.window[0]), "submitted_before": iso(seeded.window[1])},
+        "cursor halfway down": {"cursor": list_cursor(seeded.mid_submitted_at, seeded.mid_pk)},
+        "limit=200": {"limit": 200},
+    }

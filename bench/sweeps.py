@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # `python bench/sweeps.py` puts bench/, not the project, on the path
     sys.path.insert(0, str(ROOT))
 
-from bench.run import BenchError, percentile  # noqa: E402
+from bench.harness import BenchError, percentile  # noqa: E402
 
 
 def catalog(home: Path, queue_length: int, concurrency: int = 2) -> None:
