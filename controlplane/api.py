@@ -145,6 +145,8 @@ class ListTasks(_Input):
     sweep: Annotated[str | None, StoredText] = Field(default=None, min_length=4, max_length=64,
                                                      description="Only the shards of this sweep (submit_sweep's "
                                                                  "sweep_id)")
+    whole_sweeps: bool = Field(default=False, description="A sweep's shards take one row, with its sweep_id, "
+                               "state, percent and shard counts (get_sweep_status says the rest); ignored with sweep")
 
 
 class CancelTask(_Input):

@@ -1,6 +1,6 @@
 """Sweeps (`submit_sweep`): what a sweep's `vary` makes of its shards, and when its failure policy
-stops it, and how a sweep reads as one row of a list of tasks (`fold`: the dashboard's and `tasks
-watch`'s). Pure decisions; the store applies them (`store.sweeps`), the service answers with them
+stops it, and how a sweep reads as one row of a list of tasks (`fold`: list_tasks' with
+whole_sweeps, and so the dashboard's and `tasks watch`'s). Pure decisions; the store applies them (`store.sweeps`), the service answers with them
 (`service.sweeps`), docs/design/sweeps.md says why.
 
 `vary` is one of two JSON forms:
@@ -98,8 +98,9 @@ def shards_text(st: dict[str, Any]) -> str:
 def fold(tasks: list[dict[str, Any]], sweeps: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """A page of `list_tasks` rows with each sweep's shards folded into one row where its first
     shard was, made from the sweep's `get_sweep_status` answer in `sweeps` (a shard of a sweep
-    not in it keeps its own row). A sweep's row has `sweep_id`, `shards` (its line), `counts` and
-    `cost` so far."""
+    not in it keeps its own row). A sweep's row has every field of a task's row (what all its
+    shards share: priority, queue, tags, owner; attempt 0, started_at and updated_at null), and
+    `sweep_id`, `shards` (its line), `counts` and `cost` so far."""
     out: list[dict[str, Any]] = []
     seen: set[str] = set()
     for t in tasks:
@@ -110,8 +111,11 @@ def fold(tasks: list[dict[str, Any]], sweeps: dict[str, dict[str, Any]]) -> list
             seen.add(sid)
             st = sweeps[sid]
             cost = (st.get("estimated_cost") or {}).get("amount")
+            shared = {k: t[k] for k in ("priority", "queue", "tags", "owner") if k in t}
             out.append({"task_id": sid, "sweep_id": sid, "tool_name": st["tool_name"], "state": sweep_state(st),
-                        "percent": st["percent"], "submitted_at": st["submitted_at"], "shards": shards_text(st),
-                        "counts": st.get("counts") or {}, "cost": cost,
+                        **shared, "attempt": 0, "percent": st["percent"], "submitted_at": st["submitted_at"],
+                        "started_at": None, "updated_at": None,
+                        "completed_at": st.get("stopped_at") if st.get("done") else None,
+                        "shards": shards_text(st), "counts": st.get("counts") or {}, "cost": cost,
                         "currency": (st.get("estimated_cost") or {}).get("currency")})
     return out

@@ -2,9 +2,10 @@
 (rich's Live), refreshed from `list_tasks` over one MCP session.
 
 `table(tasks)` renders one frame from a `list_tasks` page, `watch()` keeps it up to date. The
-server is asked once per interval, whatever the number of tasks (one page of `list_tasks`), and
-once more per sweep on the page: a sweep's shards are one row (`sweeps.fold`), its bar the sweep's
-progress from `get_sweep_status` and its `shards` column what has ended, runs and failed.
+server is asked once per interval, whatever the number of tasks or sweeps (one page of
+`list_tasks` with `whole_sweeps`): a sweep's shards are one row, so the tasks submitted before a
+big sweep stay on the page; its bar is the sweep's progress (get_sweep_status') and its `shards`
+column what has ended, runs and failed.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from rich.table import Table
 from rich.text import Text
 
 from controlplane.states import FINAL, TaskState
-from controlplane.sweeps import fold
 
 STYLE = {"succeeded": "green", "failed": "red", "timed_out": "red", "cancelled": "dim", "expired": "dim",
          "running": "cyan", "queued": "yellow", "scheduled": "yellow", "waiting": "blue"}
@@ -92,10 +92,7 @@ async def watch(url: str, token: str | None, args: dict[str, Any], console: Cons
     async with Client(url, auth=token) as client:
         with Live(console=console, auto_refresh=False, transient=False) as live:
             while True:
-                page = await _call(client, "list_tasks", args)
-                sweeps = {sid: await _call(client, "get_sweep_status", {"sweep_id": sid})
-                          for sid in dict.fromkeys(t["sweep"] for t in page["tasks"] if t.get("sweep"))}
-                tasks = fold(page["tasks"], sweeps)
+                tasks = (await _call(client, "list_tasks", {**args, "whole_sweeps": True}))["tasks"]
                 live.update(table(tasks, width=console.width), refresh=True)
                 shown += 1
                 if (until_done and all(t["state"] in FINAL for t in tasks)) or (frames is not None and shown >= frames):

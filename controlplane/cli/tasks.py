@@ -123,9 +123,13 @@ def tasks_list(url: UrlOpt = DEFAULT_URL, token: TokenOpt = None, state: Annotat
                                                               "teammate's)")] = None,
                parent: Annotated[str | None, typer.Option(help="Only the tasks waiting (or that waited) for "
                                                                "this one")] = None,
+               whole_sweeps: Annotated[bool, typer.Option("--whole-sweeps", help="A sweep's shards as one row "
+                                                          "(its sweep id, state, percent, shards)")] = False,
                limit: int = 50, cursor: str | None = None, as_json: JsonOpt = False) -> None:
     """List your tasks, newest first."""
     args: dict[str, Any] = {"limit": limit}
+    if whole_sweeps:
+        args["whole_sweeps"] = True
     if parent:
         args["parent"] = parent
     if owner:
@@ -144,11 +148,12 @@ def tasks_list(url: UrlOpt = DEFAULT_URL, token: TokenOpt = None, state: Annotat
         return
     # Ids and times are never cut or wrapped (they are what users copy); the table grows instead.
     table = Table(box=None, pad_edge=False)
-    for name in ("task_id", "tool", "state", "%", "submitted", "completed"):
+    shards = any("shards" in t for t in data["tasks"])  # a sweep's row (--whole-sweeps)
+    for name in ("task_id", "tool", "state", "%", "submitted", "completed", *(["shards"] if shards else [])):
         table.add_column(name, no_wrap=True, overflow="ignore")
     for t in data["tasks"]:
         table.add_row(t["task_id"], t["tool_name"], t["state"], str(t["percent"] or ""), t["submitted_at"],
-                      t["completed_at"] or "")
+                      t["completed_at"] or "", *([t.get("shards") or ""] if shards else []))
     Console(width=max(200, Console().width)).print(table)
     if data.get("next_cursor"):
         err.print(f"more: --cursor {data['next_cursor']}")

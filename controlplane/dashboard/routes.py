@@ -171,14 +171,13 @@ def routes(cp: ControlPlane, auth: AuthProvider | None) -> list[Route]:
             raise invalid(f"state: one of {', '.join(STATES)}")
         req = api.ListTasks(states=[TaskState(filters["state"])] if filters["state"] else None,
                             tool_name=filters["tool"] or None, tags_any=[filters["tag"]] if filters["tag"] else None,
-                            owner=filters["owner"] or None, cursor=q.get("cursor") or None, limit=50)
-        # A sweep is one row, on one page, unless the list is of a state: its shards in that state
-        # are then rows of their own (a sweep as a whole is in no task state).
-        whole = not filters["state"]
-        listed = await call(functools.partial(svc.list, whole_sweeps=whole), session.caller, req)
-        statuses = {sid: await call(svc.sweep_status, session.caller, api.GetSweepStatus(sweep_id=sid))
-                    for sid in dict.fromkeys(t["sweep"] for t in listed["tasks"] if whole and t.get("sweep"))}
-        context = {"tasks": sweeps.fold(listed["tasks"], statuses), "next_cursor": listed["next_cursor"], "filters": filters,
+                            owner=filters["owner"] or None, cursor=q.get("cursor") or None, limit=50,
+                            # A sweep is one row, on one page, unless the list is of a state: its
+                            # shards in that state are then rows of their own (a sweep as a whole
+                            # is in no task state).
+                            whole_sweeps=not filters["state"])
+        listed = await call(svc.list, session.caller, req)
+        context = {"tasks": listed["tasks"], "next_cursor": listed["next_cursor"], "filters": filters,
                    "session": session, "csrf": sessions.csrf(session)}
         if q.get("rows"):
             return page("rows.html", **context)

@@ -132,8 +132,8 @@ def build_server(cp: ControlPlane, *, with_auth: bool = True) -> FastMCP:
         canonical_tool("list_tasks", "Your tasks, newest first, filtered by state, tool, tags and submission "
                        "time, with cursor pagination (an administrator's: anyone's, or everyone's).", api.ListTasks,
                        answers.TaskList, svc.list, default_owner=owner, read_only=True, inline=True,
-                       schema_version=8),  # 2: `owner`; 3: no NUL; 4: `everyone`; 5: outputSchema; 6: `parent`,
-        # waiting; 7: `sweep`; 8: a shard's row names its `sweep`
+                       schema_version=9),  # 2: `owner`; 3: no NUL; 4: `everyone`; 5: outputSchema; 6: `parent`,
+        # waiting; 7: `sweep`; 8: a shard's row names its `sweep`; 9: `whole_sweeps`, a sweep's row
         canonical_tool("cancel_task", "Cancel a task: a queued or waiting task is cancelled at once; a running "
                        "one is stopped (its cloud job or process tree included). cascade=true also cancels the "
                        "tasks waiting for it. Idempotent.", api.CancelTask,

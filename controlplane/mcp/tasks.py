@@ -268,7 +268,8 @@ class ControlPlaneTasks(ServerExtension):
         def page_of_tasks() -> tuple[list[dict[str, Any]], str | None]:
             """A sweep is one task here (its shards were never MCP tasks of the caller's): one
             entry, on one page, in place of its lowest shard."""
-            page = self.cp.service.list(caller, api.ListTasks(cursor=params.cursor, limit=50), whole_sweeps=True)
+            page = self.cp.service.list(caller, api.ListTasks(cursor=params.cursor, limit=50, whole_sweeps=True),
+                                        sweep_rows=False)
             out: list[dict[str, Any]] = []
             for t in page["tasks"]:
                 if t.get("sweep"):

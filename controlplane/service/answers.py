@@ -179,6 +179,12 @@ class ListedTask(TypedDict):
     percent: Number | None
     owner: NotRequired[str]  # only in a list of everyone's tasks
     sweep: NotRequired[str]  # only on a sweep's shard: its sweep's id
+    # Only on a sweep's own row (list_tasks' whole_sweeps): task_id is then the sweep's id too.
+    sweep_id: NotRequired[str]
+    shards: NotRequired[str]  # "ended/all N run N failed"
+    counts: NotRequired[dict[str, int]]  # shards per state
+    cost: NotRequired[Number | None]  # estimated so far
+    currency: NotRequired[str | None]
 
 
 class TaskList(Answer):

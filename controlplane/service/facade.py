@@ -19,7 +19,7 @@ from controlplane.references import Resolver
 from controlplane.service.access import Access, AdminReads
 from controlplane.service.answers import WaitDone, WaitPending
 from controlplane.service.cancel import Cancels
-from controlplane.service.listing import Listing
+from controlplane.service.listing import Listing, folds
 from controlplane.service.logs import Logs
 from controlplane.service.reads import Overview, PlacementMoves, Reads
 from controlplane.service.submit import Submits
@@ -128,8 +128,13 @@ class TaskService:
     def tail(self, caller: str, req: api.TailTaskLogs) -> dict[str, Any]:
         return self.logs.tail(caller, req).dump()
 
-    def list(self, caller: str, req: api.ListTasks, *, whole_sweeps: bool = False) -> dict[str, Any]:
-        return self.listing.list(caller, req, whole_sweeps=whole_sweeps).dump()
+    def list(self, caller: str, req: api.ListTasks, *, sweep_rows: bool = True) -> dict[str, Any]:
+        """A page of list_tasks; with whole_sweeps each sweep's row is the sweep's own (unless not
+        `sweep_rows`: its lowest shard's, naming its `sweep`, for a view that builds its own)."""
+        page = self.listing.list(caller, req).dump()
+        if sweep_rows and folds(req):
+            page["tasks"] = self.sweeps.rows(caller, page["tasks"])
+        return page
 
     def cancel(self, caller: str, req: api.CancelTask) -> dict[str, Any]:
         return self.cancels.cancel(caller, req).dump()

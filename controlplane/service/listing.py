@@ -24,17 +24,18 @@ class Listing:
         self.store = store
         self.access = access
 
-    def list(self, caller: str, req: api.ListTasks, *, whole_sweeps: bool = False) -> TaskList:
-        """A page of `req`'s tasks. `whole_sweeps` (the dashboard's and tasks/list's view, not
-        list_tasks'): a sweep's shards take one row, its lowest shard on file, so a sweep shows
-        on one page only; everyone's list (tasks:admin) has no such view and lists every shard."""
+    def list(self, caller: str, req: api.ListTasks) -> TaskList:
+        """A page of `req`'s tasks. With `whole_sweeps` a sweep's shards take one row, its lowest
+        shard on file (of those in `states`, when given), so a sweep shows on one page only; with
+        `sweep` the filter wins and that sweep's shards are listed."""
         after = decode_cursor(req.cursor) if req.cursor else None
+        whole_sweeps = folds(req)
         if req.parent is not None:
             self.access.readable(caller, req.parent)  # another's task answers NOT_FOUND, as an unknown one
         if req.sweep is not None:
             self.access.sweep(caller, req.sweep)  # likewise another's sweep
         if req.everyone:
-            return self._everyone(caller, req, after)
+            return self._everyone(caller, req, after, whole_sweeps)
         scope = self.access.list_scope(caller, req.owner)
         if scope.nothing:
             return page([], None)
@@ -50,7 +51,8 @@ class Listing:
         cursor = encode_cursor(rows[-1].submitted_at, rows[-1].pk) if more and rows else None
         return page([listed(r) for r in rows], cursor)
 
-    def _everyone(self, caller: str, req: api.ListTasks, after: tuple[float, int] | None) -> TaskList:
+    def _everyone(self, caller: str, req: api.ListTasks, after: tuple[float, int] | None,
+                  whole_sweeps: bool) -> TaskList:
         """Every owner's tasks for tasks:admin, each row with its owner (audited); anyone else is
         refused as usage_report refuses everyone's usage (FORBIDDEN)."""
         Access.everyone(caller, req.owner, "everyone's tasks need the tasks:admin scope",
@@ -59,13 +61,18 @@ class Listing:
             states_=[s.value for s in req.states] if req.states else None, tool_name=req.tool_name,
             tags_any=req.tags_any, submitted_after=epoch(req.submitted_after),
             submitted_before=epoch(req.submitted_before), after_pk=after[1] if after else None,
-            limit=req.limit + 1, parent=req.parent, sweep=req.sweep)
+            limit=req.limit + 1, parent=req.parent, sweep=req.sweep, whole_sweeps=whole_sweeps)
         more = len(found) > req.limit
         found = found[: req.limit]
         self.access.audit.listed(caller, found)
         last = found[-1][0] if more and found else None
         return page([listed(r, owner) for r, owner in found],
                     encode_cursor(last.submitted_at, last.pk) if last else None)
+
+
+def folds(req: api.ListTasks) -> bool:
+    """Whether a page of `req` takes each sweep as one row (whole_sweeps, unless it lists one sweep)."""
+    return req.whole_sweeps and req.sweep is None
 
 
 def listed(r: TaskSummary, owner: str | None = None) -> ListedTask:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from controlplane import api, sweeps
 from controlplane.admission import Admission, Base
@@ -21,6 +21,7 @@ from controlplane.prices import Pricing, Usage, money
 from controlplane.service.access import Access
 from controlplane.service.answers import (
     CostSoFar,
+    ListedTask,
     Money,
     ShardResult,
     SweepAnswer,
@@ -125,6 +126,18 @@ class Sweeps:
                 from None
 
     # ---- get_sweep_status ---------------------------------------------------------------------
+    def rows(self, caller: str, tasks: list[ListedTask]) -> list[ListedTask]:
+        """A page of list_tasks whose sweeps take one row each (its lowest shard's, naming its
+        `sweep`) with each made the sweep's own row (`sweeps.fold`, from get_sweep_status)."""
+        statuses: dict[str, dict[str, Any]] = {}
+        for sid in dict.fromkeys(t["sweep"] for t in tasks if "sweep" in t):
+            try:
+                statuses[sid] = self.status(caller, api.GetSweepStatus(sweep_id=sid)).dump()
+            except ControlPlaneError as e:  # (purged since the page was read: its shard's row stays)
+                if e.code is not ErrorCode.NOT_FOUND:
+                    raise
+        return cast(list[ListedTask], sweeps.fold(cast(list[dict[str, Any]], tasks), statuses))
+
     def status(self, caller: str, req: api.GetSweepStatus) -> SweepStatus:
         sweep = self.access.sweep(caller, req.sweep_id)
         counts = self.store.sweeps.state_counts(sweep.sweep_id)

@@ -240,8 +240,8 @@ def list_page(owner: str, *, teams: Sequence[str] | None = None, states_: Sequen
     """The statements of one page of list_tasks, newest first, each walking one index in order
     and stopping after `limit` rows: a filter with several values (tags, states) runs one walk
     per value, and the caller merges them, so that nothing sorts everything that matches.
-    `whole_sweeps`: of a sweep's shards only the lowest still on file (one probe of the sweep's
-    shard index per shard walked past), so that a sweep takes one row on one page."""
+    `whole_sweeps`: of a sweep's shards only one (`lowest_shard`), so that a sweep takes one row
+    on one page."""
     if tags_any:
         drivers: list[tuple[Any, Any]] = [(TAGS, TAGS.c.tag == t) for t in dict.fromkeys(tags_any)]
     elif states_ and len(states_) > 1:
@@ -272,8 +272,7 @@ def list_page(owner: str, *, teams: Sequence[str] | None = None, states_: Sequen
         if sweep is not None:
             q = q.where(T.c.sweep_id == sweep)
         if whole_sweeps:
-            q = q.where(or_(T.c.sweep_id.is_(None), ~exists().where(
-                SIBLING.c.sweep_id == T.c.sweep_id, SIBLING.c.shard < T.c.shard)))
+            q = q.where(lowest_shard(states_))
         if submitted_after is not None:
             q = q.where(ts >= submitted_after)
         if submitted_before is not None:
@@ -286,7 +285,7 @@ def list_page(owner: str, *, teams: Sequence[str] | None = None, states_: Sequen
 
 def everyone_page(*, states_: Sequence[str] | None, tool_name: str | None, tags_any: Sequence[str] | None,
                   submitted_after: float | None, submitted_before: float | None, after_pk: int | None,
-                  limit: int, parent: str | None = None, sweep: str | None = None) -> Any:
+                  limit: int, parent: str | None = None, sweep: str | None = None, whole_sweeps: bool = False) -> Any:
     """One page of every owner's tasks (an administrator's list), newest first by submission
     order (`pk`), each row with its owner: a walk of the primary key, backwards, that stops after
     `limit` rows. Every filter is checked on the way, so an index of its own (one more write per
@@ -308,7 +307,20 @@ def everyone_page(*, states_: Sequence[str] | None, tool_name: str | None, tags_
         q = q.where(children_of(parent))
     if sweep is not None:
         q = q.where(T.c.sweep_id == sweep)
+    if whole_sweeps:
+        q = q.where(lowest_shard(states_))
     return q.order_by(T.c.pk.desc()).limit(limit)
+
+
+def lowest_shard(states_: Sequence[str] | None) -> Any:
+    """The condition of a list that takes a sweep as one row: a task of no sweep, or the lowest
+    shard of its sweep still on file (of those in `states_`, when given). It holds of a row
+    whatever page it is on, so a cursor pages past a sweep once; without states it is one probe
+    of the sweep's shard index per shard walked past."""
+    lower = exists().where(SIBLING.c.sweep_id == T.c.sweep_id, SIBLING.c.shard < T.c.shard)
+    if states_:
+        lower = lower.where(SIBLING.c.state.in_(list(states_)))
+    return or_(T.c.sweep_id.is_(None), ~lower)
 
 
 def children_of(parent: str) -> Any:

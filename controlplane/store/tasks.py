@@ -234,7 +234,8 @@ class TaskStore:
         previous page (keyset pagination: a page costs the same wherever it starts). `teams`:
         only the tasks shared with one of these teams; `parent`: only the tasks waiting (or that
         waited) for it; `sweep`: only that sweep's shards; `whole_sweeps`: of each sweep only
-        its lowest shard on file (the row a list of tasks and sweeps shows the sweep at)."""
+        its lowest shard on file (in `states_`, when given: the row a list of tasks and sweeps
+        shows the sweep at)."""
         rows: dict[int, TaskSummary] = {}
         with self.db.read() as c:
             for stmt in q.list_page(owner, teams=teams, states_=states_, tool_name=tool_name, tags_any=tags_any,
@@ -249,14 +250,15 @@ class TaskStore:
     def list_everyone(self, *, states_: Sequence[str] | None = None, tool_name: str | None = None,
                       tags_any: Sequence[str] | None = None, submitted_after: float | None = None,
                       submitted_before: float | None = None, after_pk: int | None = None,
-                      limit: int = 50, parent: str | None = None,
-                      sweep: str | None = None) -> builtins.list[tuple[TaskSummary, str]]:
+                      limit: int = 50, parent: str | None = None, sweep: str | None = None,
+                      whole_sweeps: bool = False) -> builtins.list[tuple[TaskSummary, str]]:
         """Every owner's tasks, newest first by submission order (`pk`; `after_pk`: the last row of
-        the previous page), each with its owner: an administrator's list."""
+        the previous page), each with its owner: an administrator's list (`whole_sweeps` as in `list`)."""
         with self.db.read() as c:
             result = c.execute(q.everyone_page(states_=states_, tool_name=tool_name, tags_any=tags_any,
                                                submitted_after=submitted_after, submitted_before=submitted_before,
-                                               after_pk=after_pk, limit=limit, parent=parent, sweep=sweep))
+                                               after_pk=after_pk, limit=limit, parent=parent, sweep=sweep,
+                                               whole_sweeps=whole_sweeps))
             rows = result.all()
         n = len(q.LIST_FIELDS)
         return [(TaskSummary(*r[:n]), r[n]) for r in rows]
