@@ -1,7 +1,8 @@
 """The store-side edges of sweeps, on both engines: a scheduler tick that finds only shards of a
 sweep at its `max_parallel` writes nothing; a queued sweep's status reads no running shards or
 failures; a `fail_fast` stop cancels the shards left a batch per transaction, the rest by the
-reconciler's follow-up, losing none across a restart."""
+reconciler's follow-up, losing none across a restart, and a stop once done costs the reconciler's
+look for what stops left nothing (it reads only the stops not done)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from controlplane.app import ControlPlane
 from controlplane.settings import Settings
 from controlplane.states import TaskState as S
 from controlplane.store import sweep_queries as sq
-from tests.conftest import FAST, record_statements
+from tests.conftest import FAST, query_plan, record_statements
 from tests.test_releases import events_per_task
 
 pytestmark = pytest.mark.anyio
@@ -105,6 +106,7 @@ def test_a_fail_fast_stop_cancels_a_batch_a_transaction_and_a_restart_half_way_l
     assert cp.store.sweeps.stop_left() == BATCH  # one follow-up: one batch
     left = states(cp, sweep_id)["queued"]
     assert 0 < left < SHARDS - 1 - 2 * BATCH
+    assert cp.store.sweeps.get(sweep_id).stop_done_at is None  # type: ignore[union-attr]
 
     cp.db.dispose()  # the server stops half way; the next one's reconciler finishes the stop
     cp = control_plane(home, release_batch=BATCH, release_cycle_s=0.3)
@@ -114,11 +116,37 @@ def test_a_fail_fast_stop_cancels_a_batch_a_transaction_and_a_restart_half_way_l
             if cp.store.sweeps.stop_left() is None:
                 break
         assert states(cp, sweep_id) == {"failed": 1, "cancelled": SHARDS - 1}
+        assert cp.store.sweeps.get(sweep_id).stop_done_at is not None  # type: ignore[union-attr]
         cancelled = events_per_task(cp, "cancelled")
         assert len(cancelled) == SHARDS - 1 and set(cancelled.values()) == {1}, "each shard cancelled once"
         with cp.db.engine.connect() as c:
             assert c.execute(text("SELECT COUNT(*) FROM jobs")).scalar_one() == 0, "no shard launched"
         st = cp.service.sweep_status("alice", api.GetSweepStatus(sweep_id=sweep_id))
         assert st["done"] and st["stop_reason"] == "stopped by its failure policy (fail_fast: 1 failed shard)"
+    finally:
+        cp.db.dispose()
+
+
+def test_a_finished_stop_costs_the_reconcilers_look_nothing(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cp = control_plane(home, release_batch=BATCH)
+    try:
+        stopped = [submit(cp, 3) for _ in range(5)]
+        for sweep_id in stopped:
+            assert cp.service.cancel_sweep("alice", api.CancelSweep(sweep_id=sweep_id))["cancelled"] == 3
+            assert cp.store.sweeps.get(sweep_id).stop_done_at is not None  # type: ignore[union-attr]
+        # A stop from before `stop_done_at` was kept (a migrated database): looked at once, then done.
+        with cp.db.engine.begin() as c:
+            c.execute(text("UPDATE sweeps SET stop_done_at = NULL WHERE sweep_id = :s"), {"s": stopped[0]})
+        assert cp.store.sweeps.stop_left() == 0
+        assert cp.store.sweeps.get(stopped[0]).stop_done_at is not None  # type: ignore[union-attr]
+
+        seen = record_statements(cp, monkeypatch)
+        assert cp.store.sweeps.stop_left() is None
+        assert seen == [sq.NEXT_STOP_LEFT]
+        with cp.db.engine.connect() as c:
+            if not cp.db.is_sqlite:
+                c.execute(text("SET enable_seqscan = off"))  # a few rows: show what the planner can use
+            plan = " ".join(query_plan(cp.db, c, sq.NEXT_STOP_LEFT, {}))
+        assert "ix_sweeps_stop_left" in plan and "tasks" not in plan, plan  # no shard is probed
     finally:
         cp.db.dispose()
