@@ -150,3 +150,38 @@ def test_a_finished_stop_costs_the_reconcilers_look_nothing(home: Path, monkeypa
         assert "ix_sweeps_stop_left" in plan and "tasks" not in plan, plan  # no shard is probed
     finally:
         cp.db.dispose()
+
+
+def test_two_replicas_finishing_one_stop_at_once_cancel_each_shard_once_and_mark_it_done(home: Path) -> None:
+    import threading
+
+    replicas = [control_plane(home, release_batch=BATCH) for _ in range(2)]
+    try:
+        sweep_id = submit(replicas[0], SHARDS, fail_fast=1)
+        first = replicas[0].store.sweeps.page(sweep_id, 0, 1)[0].task_id
+        for step in (S.SCHEDULED, S.RUNNING, S.FAILED):
+            replicas[0].store.tasks.transition(first, step)
+        assert replicas[1].store.sweeps.get(sweep_id).stop_done_at is None  # type: ignore[union-attr]
+        go, errors = threading.Barrier(2), []
+
+        def follow_up(cp: ControlPlane) -> None:
+            try:
+                go.wait()
+                while cp.store.sweeps.stop_left() is not None:
+                    pass
+            except Exception as e:  # (said by the assertion below)
+                errors.append(e)
+
+        threads = [threading.Thread(target=follow_up, args=(cp,)) for cp in replicas]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert errors == [] and not any(t.is_alive() for t in threads)
+        assert states(replicas[1], sweep_id) == {"failed": 1, "cancelled": SHARDS - 1}
+        cancelled = events_per_task(replicas[0], "cancelled")
+        assert len(cancelled) == SHARDS - 1 and set(cancelled.values()) == {1}, "each shard cancelled once"
+        assert all(cp.store.sweeps.get(sweep_id).stop_done_at is not None for cp in replicas)  # type: ignore[union-attr]
+    finally:
+        for cp in replicas:
+            cp.db.dispose()
