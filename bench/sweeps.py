@@ -19,7 +19,11 @@ calls, without the transport):
 * launches per second of a sweep on a provider double whose launch holds a place in the shared
   rate limiter (`SlidingWindowLimiter`, `--rate` a second, 20 ms a call), against that limit:
   the steady rate (the launches after the first window's `--rate`, over the time from the first
-  start to the last) and the most in any one-second window, each as a ratio of the limit.
+  start to the last) and the most in any one-second window, each as a ratio of the limit;
+* an idle reconciler cycle with `--stops` (1,000) stopped sweeps on file whose stops are done
+  (each cancelled whole): its statements and p50 time, against the same cycles reading what stops
+  left with the look kept before `stop_done_at` (an EXISTS over a sweep's shards per stopped
+  sweep, put back for the measure), and the look alone each way (`--part stops` runs only this).
 
 The control plane runs no loops for the first three (nothing is launched); the catalog's queue
 has room for every round. Targets: the submit under 2 s on SQLite and 4 s on PostgreSQL at
@@ -229,12 +233,74 @@ def launch_rate(home: Path, url: str | None, shards: int, rate: int) -> dict[str
             "most_in_a_second": most, "most_in_a_second_over_limit": most / rate}
 
 
+def finished_stops(home: Path, url: str | None, stops: int, cycles: int = 30) -> dict[str, Any]:
+    """Idle reconciler cycles with `stops` stopped sweeps whose stops are done, reading what stops
+    left as now and as before `stop_done_at` (the old look, an EXISTS per stopped sweep): the
+    statements and p50 time of a cycle, and of the look alone, each way."""
+    from sqlalchemy import exists, or_, select
+
+    from controlplane import api
+    from controlplane.app import ControlPlane
+    from controlplane.settings import Settings
+    from controlplane.store import sweep_queries as sq
+
+    old_look = (select(sq.SW.c.sweep_id, sq.SW.c.stop_reason)
+                .where(sq.SW.c.stopped_at.is_not(None),
+                       exists().where(sq.T.c.sweep_id == sq.SW.c.sweep_id, or_(*(sq.T.c.state == s for s in sq.STOPPABLE))))
+                .order_by(sq.SW.c.stopped_at).limit(1))
+    catalog(home, queue_length=2 * stops + 100)
+    cp = ControlPlane(Settings(home=home, database_url=url))
+    statements = [0]
+
+    def counted(method: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*a: Any, **kw: Any) -> Any:
+            statements[0] += 1
+            return method(*a, **kw)
+        return call
+
+    for name in ("fetch", "run", "rows", "count", "run_many"):  # every prebuilt statement the store runs
+        setattr(cp.db, name, counted(getattr(cp.db, name)))
+    try:
+        for _ in range(stops):
+            sweep_id = submit_sweep(cp.service, 2)
+            cp.service.cancel_sweep("bench", api.CancelSweep(sweep_id=sweep_id))
+        if cp.store.sweeps.stop_left() is not None:
+            raise BenchError("a cancelled sweep's stop was not marked done")
+        out: dict[str, Any] = {"stops": stops}
+        new_look = sq.NEXT_STOP_LEFT
+        for name, look in (("old", old_look), ("new", new_look)):
+            sq.NEXT_STOP_LEFT = look  # what `SweepStore.stop_left` reads
+            try:
+                times, counts, reads = [], [], []
+                for _ in range(cycles):
+                    before, t = statements[0], time.perf_counter()
+                    cp.reconciler.cycle_sync()
+                    times.append(time.perf_counter() - t)
+                    counts.append(statements[0] - before)
+                    t = time.perf_counter()
+                    if cp.store.sweeps.stop_left() is not None:
+                        raise BenchError("an idle cycle found a stop left")
+                    reads.append(time.perf_counter() - t)
+            finally:
+                sq.NEXT_STOP_LEFT = new_look
+            out[f"{name}_cycle_ms"] = percentile(times, 50) * 1000
+            out[f"{name}_cycle_statements"] = percentile([float(n) for n in counts], 50)
+            out[f"{name}_look_ms"] = percentile(reads, 50) * 1000
+    finally:
+        cp.store.db.dispose()
+    out["cycle_new_over_old"] = out["new_cycle_ms"] / out["old_cycle_ms"]
+    out["look_new_over_old"] = out["new_look_ms"] / out["old_look_ms"]
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2,000 shards, 2 rounds")
     parser.add_argument("--shards", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rate", type=int, default=20, help="the launch rate limit a second")
+    parser.add_argument("--stops", type=int, default=1_000, help="stopped sweeps on file for the idle cycle")
+    parser.add_argument("--part", choices=("all", "stops"), default="all", help="stops: the idle cycle alone")
     args = parser.parse_args()
     shards, rounds = (2_000, 2) if args.quick else (args.shards, args.rounds)
     launched = 5 * args.rate if args.quick else 20 * args.rate
@@ -246,7 +312,11 @@ def main() -> None:
             """Every figure of one engine, each part on a database of its own (`fresh`)."""
             at = Path(tmp) / eng
             with fresh() as url:
-                r = measure(at, url, shards, rounds)
+                r = finished_stops(at / "stops", url, args.stops)
+            if args.part == "stops":
+                return r
+            with fresh() as url:
+                r.update(measure(at, url, shards, rounds))
             with fresh() as url:
                 r.update(memory_per_shard(at, url, shards))
             with fresh() as url:
@@ -262,6 +332,12 @@ def main() -> None:
     for eng in ("sqlite", "postgres"):
         r = out.get(eng)
         if r is not None:
+            print(f"{eng:9} idle reconciler cycle with {r['stops']} finished stops on file: "
+                  f"{r['new_cycle_ms']:.2f} ms, {r['new_cycle_statements']:.0f} statements (before stop_done_at: "
+                  f"{r['old_cycle_ms']:.2f} ms, {r['old_cycle_statements']:.0f}) = {r['cycle_new_over_old']:.3f}x; "
+                  f"the look for what stops left {r['new_look_ms']:.3f} ms against {r['old_look_ms']:.3f} ms "
+                  f"= {r['look_new_over_old']:.3f}x")
+        if r is not None and args.part == "all":
             print(f"{eng:9} submit_sweep({shards}) p50 {r['submit_sweep_p50_s']:.3f} s "
                   f"(= {r['sweep_over_one_submit']:.0f}x one submit_task of {r['submit_task_p50_s'] * 1000:.2f} ms; "
                   f"a shard {r['per_shard_over_one_submit']:.3f}x a task submitted alone); "

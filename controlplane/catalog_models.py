@@ -15,10 +15,12 @@ from pydantic import (
     ConfigDict,
     Field,
     PrivateAttr,
+    ValidationError,
     ValidatorFunctionWrapHandler,
     field_validator,
     model_validator,
 )
+from pydantic_core import InitErrorDetails
 
 from controlplane.objectstore.base import split_store_url
 
@@ -138,8 +140,14 @@ class Placement(_Strict):
             return cast(Placement, handler(data))
         if "provider_options" in data:
             raise ValueError("give options or provider_options, not both")
-        placed = cast(Placement, handler({k: v for k, v in data.items() if k != "options"}
-                                         | {"provider_options": data["options"]}))
+        try:
+            placed = cast(Placement, handler({k: v for k, v in data.items() if k != "options"}
+                                             | {"provider_options": data["options"]}))
+        except ValidationError as e:  # named as written: `options`, not the field it fills
+            raise ValidationError.from_exception_data(e.title, [
+                cast(InitErrorDetails, {k: v for k, v in err.items() if k in ("type", "input", "ctx")}
+                     | {"loc": ("options", *err["loc"][1:]) if err["loc"][:1] == ("provider_options",) else err["loc"]})
+                for err in e.errors()]) from None
         placed._written = "options"
         return placed
 

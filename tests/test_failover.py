@@ -188,19 +188,23 @@ def test_placements_take_options_a_policy_and_max_running_and_errors_name_the_in
         "c.toml: tools.exercise.placements.1.options.job")  # as the catalog wrote it
 
 
+def validate_cli(path: Path, text: str) -> subprocess.CompletedProcess[str]:
+    """`controlplane catalog validate` of `text` written at `path`, as a user runs it."""
+    path.write_text(text)
+    return subprocess.run([sys.executable, "-m", "controlplane.cli", "catalog", "validate", str(path)],
+                          capture_output=True, text=True, timeout=60,
+                          env={"COLUMNS": "250", "PATH": os.environ["PATH"], "CONTROLPLANE_HOME": str(path.parent / "home"),
+                               "PYTHONPATH": os.environ.get("PYTHONPATH", "")})
+
+
 def test_validate_names_a_bad_option_under_the_key_the_catalog_wrote(tmp_path: Path) -> None:
     """`controlplane catalog validate` names a placement's bad field under `options` when the
     catalog wrote `options`, and under `provider_options` when it wrote that."""
     written = cloud_run(CENTRAL).replace(f'job = "{gcp.JOB}"', 'job = "j", jobb = "k"')
     path = tmp_path / "catalog.toml"
-    home = tmp_path / "home"
 
     def validate(text: str) -> subprocess.CompletedProcess[str]:
-        path.write_text(text)
-        return subprocess.run([sys.executable, "-m", "controlplane.cli", "catalog", "validate", str(path)],
-                              capture_output=True, text=True, timeout=60,
-                              env={"COLUMNS": "250", "PATH": os.environ["PATH"], "CONTROLPLANE_HOME": str(home),
-                                   "PYTHONPATH": os.environ.get("PYTHONPATH", "")})
+        return validate_cli(path, text)
 
     done = validate(catalog_with('{ provider = "local" }, ' + written))
     assert done.returncode == 1
@@ -209,6 +213,23 @@ def test_validate_names_a_bad_option_under_the_key_the_catalog_wrote(tmp_path: P
     done = validate(catalog_with('{ provider = "local" }, ' + written.replace("options = {", "provider_options = {")))
     assert done.returncode == 1
     assert f"error: {path}: tools.exercise.placements.1.provider_options.jobb: unknown field" in done.stderr
+
+
+@pytest.mark.parametrize("options", ['"us-central1"', '["us-central1"]'])
+def test_validate_names_options_of_the_wrong_type_as_written_in_toml_and_yaml(tmp_path: Path, options: str) -> None:
+    """A placement whose `options` is not a table is named `options` (what the catalog wrote,
+    not the field it fills), in a TOML and in a YAML catalog alike."""
+    import tomllib
+
+    import yaml
+
+    text = catalog_with(f'{{ provider = "local" }}, {{ provider = "cloud_run", options = {options} }}')
+    as_yaml = yaml.safe_dump(tomllib.loads(text))
+    for path, written in ((tmp_path / "catalog.toml", text), (tmp_path / "catalog.yaml", as_yaml)):
+        done = validate_cli(path, written)
+        assert done.returncode == 1, done.stderr
+        assert f"error: {path}: tools.exercise.placements.1.options: Input should be a valid dictionary" in done.stderr
+        assert "provider_options" not in done.stderr
 
 
 # ---- on the wire ----------------------------------------------------------------------------------------

@@ -24,8 +24,8 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-import anyio
 import pytest
 from fastmcp import Client
 
@@ -38,8 +38,8 @@ from controlplane_providers import ratelimit
 from tests import azure, gcp
 from tests.conftest import FAST, Agent
 from tests.forkserver import ForkServer
+from tests.sweeping import run_sweep
 from tests.test_container_apps import settings_env
-from tests.test_sweeps import all_results
 
 pytestmark = pytest.mark.anyio
 pytest.importorskip("google.cloud.run_v2")
@@ -97,29 +97,25 @@ async def test_a_placement_down_mid_sweep_sends_the_rest_elsewhere_each_shard_on
     cp = ControlPlane(Settings(home=home, **{**FAST, "placement_breaker_failures": 3,
                                              "placement_breaker_cooldown_s": 600}))
     before = moves_counted()
-    t0 = time.monotonic()
+    down_at: float | None = None
+    opened = False
+
+    def go_down(st: dict[str, Any]) -> None:
+        nonlocal down_at, opened
+        if down_at is None and st["counts"].get("succeeded", 0) >= SHARDS // 5:
+            down_at = time.monotonic()
+            if down == "capacity":
+                run.quota_refusals = 10**9  # Cloud Run is out of room from now on
+            else:
+                run.fault_rate = 1.0  # every request answered 429 or 503
+        if down == "api" and down_at is not None and time.monotonic() - down_at > 5:
+            run.fault_rate = 0.0  # back
+        opened = opened or cp.breakers.states().get(SITE) == "open"
+
     async with Client(build_server(cp)) as client:
         agent = Agent(client)
-        s = await agent.call("submit_sweep", tool_name="exercise",
-                             vary={"list": [{"result": {"i": i}} for i in range(SHARDS)]})
-        sid = s["sweep_id"]
-        deadline = time.monotonic() + 120 + SHARDS
-        down_at, opened = None, False
-        while not (st := await agent.call("get_sweep_status", sweep_id=sid))["done"]:
-            assert time.monotonic() < deadline, f"not done: {st}"
-            if down_at is None and st["counts"].get("succeeded", 0) >= SHARDS // 5:
-                down_at = time.monotonic()
-                if down == "capacity":
-                    run.quota_refusals = 10**9  # Cloud Run is out of room from now on
-                else:
-                    run.fault_rate = 1.0  # every request answered 429 or 503
-            if down == "api" and down_at is not None and time.monotonic() - down_at > 5:
-                run.fault_rate = 0.0  # back
-            opened = opened or cp.breakers.states().get(SITE) == "open"
-            await anyio.sleep(0.5)
-        took = time.monotonic() - t0
-        results = await all_results(agent, sid, limit=200)
-        tasks = cp.store.sweeps.page(sid, 0, SHARDS)
+        ran = await run_sweep(agent, cp, SHARDS, go_down, 120 + SHARDS)
+        st, results, tasks, took = ran.status, ran.results, ran.tasks, ran.took
         moved = [t for t in tasks if t.attempt > 1]
         status = await agent.call("get_task_status", task_id=moved[0].task_id) if moved else {}
     assert down_at is not None

@@ -12,12 +12,11 @@ tool is a shell command that returns its inputs as its result."""
 from __future__ import annotations
 
 import os
-import time
 from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-import anyio
 import pytest
 from fastmcp import Client
 
@@ -29,7 +28,7 @@ from tests import gcp
 from tests.cloud import CloudTarget, gcs_server, gcs_target  # noqa: F401  (fixture)
 from tests.conftest import FAST, Agent
 from tests.forkserver import ForkServer
-from tests.test_sweeps import all_results
+from tests.sweeping import run_sweep
 
 pytestmark = pytest.mark.anyio
 SHARDS = int(os.environ.get("CONTROLPLANE_TEST_SWEEP_SHARDS", "250"))
@@ -84,23 +83,16 @@ async def test_a_sweep_of_hundreds_of_shards_under_429_storms_runs_each_shard_on
     cp = ControlPlane(Settings(home=home, object_store_url=gcs.url, **FAST))
     fake.rate_refusals = 30  # a storm of RATE_LIMIT_EXCEEDED on RunJob at the start
     fake.fault_rate = 0.05  # and 429 or 503 to one request in twenty throughout
-    t0 = time.monotonic()
+    storms = 1
+
+    def storm(st: dict[str, Any]) -> None:
+        nonlocal storms
+        if storms < 3 and fake.rate_refusals == 0 and st["counts"].get("succeeded", 0) > storms * SHARDS // 3:
+            fake.rate_refusals, storms = 20, storms + 1  # another storm while shards run
+
     async with Client(build_server(cp)) as client:
-        agent = Agent(client)
-        s = await agent.call("submit_sweep", tool_name="exercise",
-                             vary={"list": [{"result": {"i": i}} for i in range(SHARDS)]})
-        sid = s["sweep_id"]
-        deadline = time.monotonic() + 120 + SHARDS
-        storms = 1
-        while not (st := await agent.call("get_sweep_status", sweep_id=sid))["done"]:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"not done: {st}")
-            if storms < 3 and fake.rate_refusals == 0 and st["counts"].get("succeeded", 0) > storms * SHARDS // 3:
-                fake.rate_refusals, storms = 20, storms + 1  # another storm while shards run
-            await anyio.sleep(0.5)
-        took = time.monotonic() - t0
-        shards = [t for t in cp.store.sweeps.page(sid, 0, SHARDS)]
-        results = await all_results(agent, sid, limit=200)
+        ran = await run_sweep(Agent(client), cp, SHARDS, storm, 120 + SHARDS)
+    st, shards, results, took = ran.status, ran.tasks, ran.results, ran.took
     print(f"{SHARDS} shards on the Cloud Run fake in {took:.1f} s; {fake.faults} injected faults")
     assert st["counts"] == {"succeeded": SHARDS}, st
     assert {t.attempt for t in shards} == {1}

@@ -1,7 +1,8 @@
 """The store-side edges of sweeps, on both engines: a scheduler tick that finds only shards of a
 sweep at its `max_parallel` writes nothing; a queued sweep's status reads no running shards or
 failures; a `fail_fast` stop cancels the shards left a batch per transaction, the rest by the
-reconciler's follow-up, losing none across a restart."""
+reconciler's follow-up, losing none across a restart, and a stop once done costs the reconciler's
+look for what stops left nothing (it reads only the stops not done)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from controlplane.app import ControlPlane
 from controlplane.settings import Settings
 from controlplane.states import TaskState as S
 from controlplane.store import sweep_queries as sq
-from tests.conftest import FAST, record_statements
+from tests.conftest import FAST, query_plan, record_statements
 from tests.test_releases import events_per_task
 
 pytestmark = pytest.mark.anyio
@@ -105,6 +106,7 @@ def test_a_fail_fast_stop_cancels_a_batch_a_transaction_and_a_restart_half_way_l
     assert cp.store.sweeps.stop_left() == BATCH  # one follow-up: one batch
     left = states(cp, sweep_id)["queued"]
     assert 0 < left < SHARDS - 1 - 2 * BATCH
+    assert cp.store.sweeps.get(sweep_id).stop_done_at is None  # type: ignore[union-attr]
 
     cp.db.dispose()  # the server stops half way; the next one's reconciler finishes the stop
     cp = control_plane(home, release_batch=BATCH, release_cycle_s=0.3)
@@ -114,6 +116,7 @@ def test_a_fail_fast_stop_cancels_a_batch_a_transaction_and_a_restart_half_way_l
             if cp.store.sweeps.stop_left() is None:
                 break
         assert states(cp, sweep_id) == {"failed": 1, "cancelled": SHARDS - 1}
+        assert cp.store.sweeps.get(sweep_id).stop_done_at is not None  # type: ignore[union-attr]
         cancelled = events_per_task(cp, "cancelled")
         assert len(cancelled) == SHARDS - 1 and set(cancelled.values()) == {1}, "each shard cancelled once"
         with cp.db.engine.connect() as c:
@@ -122,3 +125,63 @@ def test_a_fail_fast_stop_cancels_a_batch_a_transaction_and_a_restart_half_way_l
         assert st["done"] and st["stop_reason"] == "stopped by its failure policy (fail_fast: 1 failed shard)"
     finally:
         cp.db.dispose()
+
+
+def test_a_finished_stop_costs_the_reconcilers_look_nothing(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cp = control_plane(home, release_batch=BATCH)
+    try:
+        stopped = [submit(cp, 3) for _ in range(5)]
+        for sweep_id in stopped:
+            assert cp.service.cancel_sweep("alice", api.CancelSweep(sweep_id=sweep_id))["cancelled"] == 3
+            assert cp.store.sweeps.get(sweep_id).stop_done_at is not None  # type: ignore[union-attr]
+        # A stop from before `stop_done_at` was kept (a migrated database): looked at once, then done.
+        with cp.db.engine.begin() as c:
+            c.execute(text("UPDATE sweeps SET stop_done_at = NULL WHERE sweep_id = :s"), {"s": stopped[0]})
+        assert cp.store.sweeps.stop_left() == 0
+        assert cp.store.sweeps.get(stopped[0]).stop_done_at is not None  # type: ignore[union-attr]
+
+        seen = record_statements(cp, monkeypatch)
+        assert cp.store.sweeps.stop_left() is None
+        assert seen == [sq.NEXT_STOP_LEFT]
+        with cp.db.engine.connect() as c:
+            if not cp.db.is_sqlite:
+                c.execute(text("SET enable_seqscan = off"))  # a few rows: show what the planner can use
+            plan = " ".join(query_plan(cp.db, c, sq.NEXT_STOP_LEFT, {}))
+        assert "ix_sweeps_stop_left" in plan and "tasks" not in plan, plan  # no shard is probed
+    finally:
+        cp.db.dispose()
+
+
+def test_two_replicas_finishing_one_stop_at_once_cancel_each_shard_once_and_mark_it_done(home: Path) -> None:
+    import threading
+
+    replicas = [control_plane(home, release_batch=BATCH) for _ in range(2)]
+    try:
+        sweep_id = submit(replicas[0], SHARDS, fail_fast=1)
+        first = replicas[0].store.sweeps.page(sweep_id, 0, 1)[0].task_id
+        for step in (S.SCHEDULED, S.RUNNING, S.FAILED):
+            replicas[0].store.tasks.transition(first, step)
+        assert replicas[1].store.sweeps.get(sweep_id).stop_done_at is None  # type: ignore[union-attr]
+        go, errors = threading.Barrier(2), []
+
+        def follow_up(cp: ControlPlane) -> None:
+            try:
+                go.wait()
+                while cp.store.sweeps.stop_left() is not None:
+                    pass
+            except Exception as e:  # (said by the assertion below)
+                errors.append(e)
+
+        threads = [threading.Thread(target=follow_up, args=(cp,)) for cp in replicas]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert errors == [] and not any(t.is_alive() for t in threads)
+        assert states(replicas[1], sweep_id) == {"failed": 1, "cancelled": SHARDS - 1}
+        cancelled = events_per_task(replicas[0], "cancelled")
+        assert len(cancelled) == SHARDS - 1 and set(cancelled.values()) == {1}, "each shard cancelled once"
+        assert all(cp.store.sweeps.get(sweep_id).stop_done_at is not None for cp in replicas)  # type: ignore[union-attr]
+    finally:
+        for cp in replicas:
+            cp.db.dispose()

@@ -16,6 +16,8 @@ from sqlmodel import Field, SQLModel
 EXPIRES_WHERE = "expires_at IS NOT NULL"
 # The tasks in the sweep indexes: a sweep's shards (a query naming a sweep implies it).
 IN_SWEEP = "sweep_id IS NOT NULL"
+# The sweeps in ix_sweeps_stop_left: stopped, with shards that may still be left to end.
+STOP_LEFT = "stopped_at IS NOT NULL AND stop_done_at IS NULL"
 
 
 class Task(SQLModel, table=True):
@@ -383,13 +385,16 @@ class TaskInput(SQLModel, table=True):
 class Sweep(SQLModel, table=True):
     """One submit of many tasks of one tool (its shards, each a task with `sweep_id`): the base
     inputs and how they vary (the JSON `vary` as given, from which each shard's override is
-    derived), its limits and failure policy, and when and why it was stopped (cancel_sweep, or
-    its `fail_fast` tripped)."""
+    derived), its limits and failure policy, when and why it was stopped (cancel_sweep, or its
+    `fail_fast` tripped), and when that stop had no shard left to end (`stop_done_at`)."""
 
     __tablename__ = "sweeps"
     __table_args__ = (
         UniqueConstraint("owner", "tool_name", "idempotency_key", name="uq_sweeps_idempotency"),
         Index("ix_sweeps_owner", "owner", "created_at", "pk"),
+        # The stops the reconciler still has to finish, oldest first (only those are indexed).
+        Index("ix_sweeps_stop_left", "stopped_at", sqlite_where=text(STOP_LEFT),
+              postgresql_where=text(STOP_LEFT)),
     )
 
     pk: int | None = Field(default=None, primary_key=True)
@@ -411,6 +416,7 @@ class Sweep(SQLModel, table=True):
     created_at: float
     stopped_at: float | None = None
     stop_reason: str | None = Field(default=None, sa_column=Column(String(500)))
+    stop_done_at: float | None = None  # no shard left to end: its stop costs the reconciler nothing
 
 
 def table_of(model: type[SQLModel]) -> Table:

@@ -397,6 +397,7 @@ class SweepRow(_Row):
     estimate_cost: float | None = None
     stopped_at: float | None = None
     stop_reason: str | None = None
+    stop_done_at: float | None = None
 
     @property
     def tags(self) -> list[str]:

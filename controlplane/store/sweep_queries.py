@@ -62,11 +62,16 @@ STOPPABLE_SHARDS = (select(T.c.task_id).where(T.c.sweep_id == _bp("sweep_id"),
                                               or_(*(T.c.state == s for s in STOPPABLE)))
                     .order_by(T.c.shard).limit(_bp("lim")))
 
-# What stops left: a stopped sweep with a shard not yet ended (the oldest stop first).
+# What stops left: the oldest stopped sweep whose stop is not yet done (along ix_sweeps_stop_left,
+# which holds only those: a finished stop costs no read).
 NEXT_STOP_LEFT = (select(SW.c.sweep_id, SW.c.stop_reason)
-                  .where(SW.c.stopped_at.is_not(None),
-                         exists().where(T.c.sweep_id == SW.c.sweep_id, or_(*(T.c.state == s for s in STOPPABLE))))
+                  .where(SW.c.stopped_at.is_not(None), SW.c.stop_done_at.is_(None))
                   .order_by(SW.c.stopped_at).limit(1))
+# A stop is done once none of its shards is in a state a stop ends (none returns to one).
+STOP_DONE = (update(SW).where(SW.c.sweep_id == _bp("_sid"), SW.c.stopped_at.is_not(None), SW.c.stop_done_at.is_(None),
+                              ~exists().where(T.c.sweep_id == SW.c.sweep_id,
+                                              or_(*(T.c.state == s for s in STOPPABLE))))
+             .values(stop_done_at=_bp("_at")))
 
 # The scheduler's claim: per sweep with shards holding a slot of the class, how many, with its
 # limit and whether it was stopped (along ix_tasks_dispatch: no more rows than the class's slots).

@@ -246,8 +246,9 @@ class SweepStore:
     def stop_left(self) -> int | None:
         """One batch of what a stop left (a fail_fast stop moves one batch in the transaction that
         trips it; a stop cut short by a restart): the next stopped sweep's shards not yet ended,
-        moved as `stop` moves them, in a transaction of its own. Returns how many it looked at,
-        or None when no stopped sweep has any left (a read: no write transaction then)."""
+        moved as `stop` moves them, in a transaction of its own that marks the stop done when
+        none is left. Returns how many it looked at, or None when every stop is done (one read
+        of the sweeps whose stop is not: no write transaction then)."""
         found = self.db.fetch(sq.NEXT_STOP_LEFT, {})
         if not found:
             return None
@@ -259,7 +260,9 @@ class SweepStore:
     def _stop_shards(self, c: Connection, sweep_id: str, reason: str, error: dict[str, Any], now: float,
                      limit: int | None, lock: Any) -> int:
         """Up to `limit` (None: all) of the sweep's shards not yet ended moved as a cancel moves
-        them, each locked by `lock`. Returns how many were looked at."""
+        them, each locked by `lock`; when that was all of them, the stop is marked done (unless a
+        shard was skipped, or is still held by another transaction). Returns how many were
+        looked at."""
         found = self.db.rows(c, sq.STOPPABLE_SHARDS, {"sweep_id": sweep_id,
                                                           "lim": limit if limit is not None else 2**31 - 1})
         detail = {"reason": reason, "sweep": sweep_id}
@@ -275,4 +278,6 @@ class SweepStore:
             elif task.state in (S.SCHEDULED, S.RUNNING):
                 self.w.transition(c, task, S.CANCEL_REQUESTED, kind="cancel_requested", detail=detail,
                                   values={**vals, "stop_reason": "cancel"}, now=now)
+        if limit is None or len(found) < limit:
+            self.db.run(c, sq.STOP_DONE, {"_sid": sweep_id, "_at": now})
         return len(found)
