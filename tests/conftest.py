@@ -452,6 +452,16 @@ async def http_server(cp: ControlPlane) -> AsyncIterator[Any]:
         yield server
 
 
+@pytest.fixture
+def idp() -> Iterator[Any]:
+    """An OpenID provider on 127.0.0.1 that signs the tests' tokens (tests/oidc.py's FakeIdP)."""
+    from tests.oidc import FakeIdP
+
+    provider = FakeIdP().start()
+    yield provider
+    provider.stop()
+
+
 async def expire_soon(cp: ControlPlane, tid: str) -> None:
     """Reconcile until the task expired: a job whose runner is still exiting keeps its directory
     (and its task) for one more cycle."""

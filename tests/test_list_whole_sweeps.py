@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +28,6 @@ pytestmark = pytest.mark.anyio
 OWN = ["tasks:submit", "tasks:read", "tasks:cancel"]
 SHARDS = 300
 ID = re.compile(r"\b(tsk_[a-z2-7]{26}|swp_[a-z2-7]{26})\b")
-
-
-@pytest.fixture
-def idp() -> Iterator[FakeIdP]:
-    provider = FakeIdP().start()
-    yield provider
-    provider.stop()
 
 
 @pytest.fixture

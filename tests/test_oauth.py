@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +30,6 @@ pytestmark = pytest.mark.anyio
 
 OWN = ["tasks:submit", "tasks:read", "tasks:cancel"]
 CHALLENGE_SCOPE = 'scope="tasks:submit tasks:read tasks:cancel"'
-
-
-@pytest.fixture
-def idp() -> Iterator[FakeIdP]:
-    provider = FakeIdP().start()
-    yield provider
-    provider.stop()
 
 
 def oauth_settings(home: Path, idp: FakeIdP, **extra: Any) -> Settings:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -75,13 +75,6 @@ async def test_a_sweep_stays_while_a_shard_is_on_file_and_goes_after_the_last(ho
             assert await agent.error("get_sweep_status", sweep_id=sid) == {"code": "NOT_FOUND",
                                                                             "message": "sweep not found"}
         assert cp.store.sweeps.get(ids[0]) is None
-
-
-@pytest.fixture
-def idp() -> Iterator[FakeIdP]:
-    provider = FakeIdP().start()
-    yield provider
-    provider.stop()
 
 
 @pytest.fixture

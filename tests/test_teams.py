@@ -6,7 +6,7 @@ answer an unknown task gets."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -24,13 +24,6 @@ pytestmark = pytest.mark.anyio
 
 OWN = ["tasks:submit", "tasks:read", "tasks:cancel"]
 UNKNOWN_ID = "tsk_" + "a" * 26
-
-
-@pytest.fixture
-def idp() -> Iterator[FakeIdP]:
-    provider = FakeIdP().start()
-    yield provider
-    provider.stop()
 
 
 @pytest.fixture
