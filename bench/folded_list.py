@@ -6,8 +6,9 @@ a page of 50 with `whole_sweeps` with 0, 1 and 10 sweeps of N queued shards on f
 60 tasks of their own, p50 over `--calls`, without a filter, with `tool_name` and with
 `states=[queued]`, each against a plain page of 50 (no fold: the newest shards) measured in the
 same run, and against the walk that skips every other shard one probe at a time
-(`queries.lowest_shard`, the fallback for the filters the merge cannot answer) on the same data.
-The last line of stdout is one JSON object with every figure.
+(`queries.lowest_shard`, the fallback for the filters the merge cannot answer) on the same data;
+and what the partial indexes of the tasks of no sweep cost a `submit_task` (p50 of 300, taking
+turns with a database where they were dropped). The last line of stdout is one JSON object with every figure.
 """
 
 from __future__ import annotations
@@ -84,6 +85,35 @@ def measure(home: Path, url: str | None, shards: int, calls: int) -> dict[str, A
     return out
 
 
+def submit_cost(tmp: Path, urls: tuple[str | None, str | None], n: int = 300) -> dict[str, Any]:
+    """submit_task's p50 with the partial indexes and without them (dropped), taking turns."""
+    from sqlalchemy import text
+
+    from controlplane import api
+    from controlplane.app import ControlPlane
+    from controlplane.settings import Settings
+
+    cps = []
+    for name, url in zip(("with", "without"), urls, strict=True):
+        catalog(tmp / name, queue_length=10 * n)
+        cps.append(ControlPlane(Settings(home=tmp / name, database_url=url)))
+    with cps[1].store.db.engine.begin() as c:
+        for ix in ("ix_tasks_owner_plain", "ix_tasks_owner_state_plain", "ix_tasks_owner_tool_plain"):
+            c.execute(text(f"DROP INDEX {ix}"))
+    times: list[list[float]] = [[], []]
+    try:
+        for i in range(n):
+            for k, cp in enumerate(cps):
+                t = time.perf_counter()
+                cp.service.submit("bench", api.SubmitTask(tool_name="exercise", inputs={"sleep_s": 0.001 * i}))
+                times[k].append(time.perf_counter() - t)
+    finally:
+        for cp in cps:
+            cp.store.db.dispose()
+    with_, without = (percentile(t, 50) * 1000 for t in times)
+    return {"submit_with_ms": with_, "submit_without_ms": without, "submit_with_over_without": with_ / without}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2,000 shards a sweep, 10 calls")
@@ -97,13 +127,21 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-fold-") as tmp:
         with nullcontext(None) as url:
             out["sqlite"] = measure(Path(tmp) / "sqlite", url, shards, calls)
+            out["sqlite"]["submit"] = submit_cost(Path(tmp) / "sqlite-submit", (None, None))
         if bindir() is None:
             print("PostgreSQL's binaries (initdb, postgres) were not found: SQLite only", file=sys.stderr)
         else:
-            with pg_cluster(durable=True) as cluster, cluster.database() as url:
-                out["postgres"] = measure(Path(tmp) / "postgres", url, shards, calls)
+            with pg_cluster(durable=True) as cluster:
+                with cluster.database() as url:
+                    out["postgres"] = measure(Path(tmp) / "postgres", url, shards, calls)
+                with cluster.database() as with_, cluster.database() as without:
+                    out["postgres"]["submit"] = submit_cost(Path(tmp) / "postgres-submit", (with_, without))
     for eng in ("sqlite", "postgres"):
         for key, r in out.get(eng, {}).items():
+            if key == "submit":
+                print(f"{eng:9} submit_task p50 with the partial indexes {r['submit_with_ms']:.3f} ms, without "
+                      f"{r['submit_without_ms']:.3f} ms = {r['submit_with_over_without']:.3f}x")
+                continue
             n, name = key.split(":")
             print(f"{eng:9} {n:>2} sweeps of {shards}, filter {name:6}: plain {r['plain_ms']:.2f} ms, folded "
                   f"{r['folded_ms']:.2f} ms = {r['folded_over_plain']:.2f}x, the shard-by-shard walk "
