@@ -16,6 +16,8 @@ from sqlmodel import Field, SQLModel
 EXPIRES_WHERE = "expires_at IS NOT NULL"
 # The tasks in the sweep indexes: a sweep's shards (a query naming a sweep implies it).
 IN_SWEEP = "sweep_id IS NOT NULL"
+# The tasks in ix_tasks_owner_plain: those of no sweep.
+PLAIN = "sweep_id IS NULL"
 # The sweeps in ix_sweeps_stop_left: stopped, with shards that may still be left to end.
 STOP_LEFT = "stopped_at IS NOT NULL AND stop_done_at IS NULL"
 
@@ -30,16 +32,25 @@ class Task(SQLModel, table=True):
         Index("ix_tasks_owner", "owner", "submitted_at", "pk"),
         Index("ix_tasks_owner_state", "owner", "state", "submitted_at", "pk"),
         Index("ix_tasks_owner_tool", "owner", "tool_name", "submitted_at", "pk"),
+        # A list that folds sweeps (`store.folded`): the owner's tasks of no sweep (no shard in
+        # them), optionally by state or tool.
+        Index("ix_tasks_owner_plain", "owner", "submitted_at", "pk", sqlite_where=text(PLAIN),
+              postgresql_where=text(PLAIN)),
+        Index("ix_tasks_owner_state_plain", "owner", "state", "submitted_at", "pk", sqlite_where=text(PLAIN),
+              postgresql_where=text(PLAIN)),
+        Index("ix_tasks_owner_tool_plain", "owner", "tool_name", "submitted_at", "pk", sqlite_where=text(PLAIN),
+              postgresql_where=text(PLAIN)),
         # Sweeps: timeouts and expiry (only ended tasks have an expires_at: migration 0014).
         Index("ix_tasks_state_timeout", "state", "timeout_at"),
         Index("ix_tasks_state_expires", "state", "expires_at", sqlite_where=text(EXPIRES_WHERE),
               postgresql_where=text(EXPIRES_WHERE)),
         # Runtime estimates: a tool's recent successful runs.
         Index("ix_tasks_tool_state", "tool_name", "state", "pk"),
-        # A sweep's shards in shard order (its result's pages), and by state (its status's counts).
+        # A sweep's shards in shard order (its result's pages), and by state (its status's counts,
+        # and a folded list's lowest shard in a state).
         Index("ix_tasks_sweep_shard", "sweep_id", "shard", unique=True, sqlite_where=text(IN_SWEEP),
               postgresql_where=text(IN_SWEEP)),
-        Index("ix_tasks_sweep_state", "sweep_id", "state", sqlite_where=text(IN_SWEEP),
+        Index("ix_tasks_sweep_state", "sweep_id", "state", "shard", sqlite_where=text(IN_SWEEP),
               postgresql_where=text(IN_SWEEP)),
     )
 

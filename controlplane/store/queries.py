@@ -236,12 +236,12 @@ LIST_FIELDS = ("pk", "task_id", "tool_name", "state", "priority", "resource_clas
 def list_page(owner: str, *, teams: Sequence[str] | None = None, states_: Sequence[str] | None, tool_name: str | None,
               tags_any: Sequence[str] | None, submitted_after: float | None, submitted_before: float | None,
               after: tuple[float, int] | None, limit: int, parent: str | None = None,
-              sweep: str | None = None, whole_sweeps: bool = False) -> list[Any]:
+              sweep: str | None = None, whole_sweeps: bool = False, outside_sweeps: bool = False) -> list[Any]:
     """The statements of one page of list_tasks, newest first, each walking one index in order
     and stopping after `limit` rows: a filter with several values (tags, states) runs one walk
     per value, and the caller merges them, so that nothing sorts everything that matches.
     `whole_sweeps`: of a sweep's shards only one (`lowest_shard`), so that a sweep takes one row
-    on one page."""
+    on one page; `outside_sweeps`: no shard at all (along ix_tasks_owner_plain without filters)."""
     if tags_any:
         drivers: list[tuple[Any, Any]] = [(TAGS, TAGS.c.tag == t) for t in dict.fromkeys(tags_any)]
     elif states_ and len(states_) > 1:
@@ -273,6 +273,8 @@ def list_page(owner: str, *, teams: Sequence[str] | None = None, states_: Sequen
             q = q.where(T.c.sweep_id == sweep)
         if whole_sweeps:
             q = q.where(lowest_shard(states_))
+        if outside_sweeps:
+            q = q.where(T.c.sweep_id.is_(None))
         if submitted_after is not None:
             q = q.where(ts >= submitted_after)
         if submitted_before is not None:
@@ -316,7 +318,8 @@ def lowest_shard(states_: Sequence[str] | None) -> Any:
     """The condition of a list that takes a sweep as one row: a task of no sweep, or the lowest
     shard of its sweep still on file (of those in `states_`, when given). It holds of a row
     whatever page it is on, so a cursor pages past a sweep once; without states it is one probe
-    of the sweep's shard index per shard walked past."""
+    of the sweep's shard index per shard walked past (so `store.folded` walks this way only for
+    the filters its merge cannot answer)."""
     lower = exists().where(SIBLING.c.sweep_id == T.c.sweep_id, SIBLING.c.shard < T.c.shard)
     if states_:
         lower = lower.where(SIBLING.c.state.in_(list(states_)))

@@ -8,12 +8,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import bindparam, delete, exists, func, insert, or_, select, update
+from sqlalchemy import bindparam, delete, exists, func, insert, or_, select, tuple_, update
 
 from controlplane import states
 from controlplane.states import TaskState
 from controlplane.store.models import Sweep, table_of
-from controlplane.store.queries import _USAGE_SUMS, SLOT_HOLDING, USAGE, T
+from controlplane.store.queries import _USAGE_SUMS, LIST_FIELDS, SLOT_HOLDING, USAGE, T
 
 SW = table_of(Sweep)
 S = TaskState
@@ -87,8 +87,38 @@ DUE_SWEEPS = (select(SW.c.pk).where(SW.c.created_at <= _bp("before"), ~exists().
               .limit(_bp("lim")))
 DELETE_SWEEP = delete(SW).where(SW.c.pk == _bp("pk"))
 
+# A folded list's row of a sweep (`store.folded`): its lowest shard on file, one probe of
+# ix_tasks_sweep_shard; of those in one state, one probe of ix_tasks_sweep_state.
+_LISTED = [T.c[f] for f in LIST_FIELDS]
+LOWEST_SHARD = select(*_LISTED).where(T.c.sweep_id == _bp("sweep_id")).order_by(T.c.shard).limit(1)
+LOWEST_SHARD_IN = (select(*_LISTED).where(T.c.sweep_id == _bp("sweep_id"), T.c.state == _bp("state"))
+                   .order_by(T.c.shard).limit(1))
+
 
 def sweep_limits(sweep_ids: Sequence[str]) -> Any:
     """(sweep_id, max_parallel, stopped_at, stop_reason) of these sweeps (an IN list: run through
     SQLAlchemy)."""
     return select(SW.c.sweep_id, SW.c.max_parallel, SW.c.stopped_at, SW.c.stop_reason).where(SW.c.sweep_id.in_(list(sweep_ids)))
+
+
+def owner_sweeps(owner: str, *, teams: Sequence[str] | None, tool_name: str | None, submitted_after: float | None,
+                 submitted_before: float | None, until: float | None, after: tuple[float, int] | None,
+                 limit: int) -> Any:
+    """(sweep_id, created_at, pk) of up to `limit` of an owner's sweeps, newest first along
+    ix_sweeps_owner: created at `until` or before, after the (created_at, pk) `after` of a
+    previous batch, of `tool_name` and `teams` and created in [submitted_after, submitted_before)
+    when given (a shard's submitted_at is its sweep's created_at)."""
+    q = select(SW.c.sweep_id, SW.c.created_at, SW.c.pk).where(SW.c.owner == owner)
+    if tool_name:
+        q = q.where(SW.c.tool_name == tool_name)
+    if teams is not None:
+        q = q.where(SW.c.team.in_(list(teams)))
+    if submitted_after is not None:
+        q = q.where(SW.c.created_at >= submitted_after)
+    if submitted_before is not None:
+        q = q.where(SW.c.created_at < submitted_before)
+    if until is not None:
+        q = q.where(SW.c.created_at <= until)
+    if after is not None:
+        q = q.where(tuple_(SW.c.created_at, SW.c.pk) < tuple_(after[0], after[1]))
+    return q.order_by(SW.c.created_at.desc(), SW.c.pk.desc()).limit(limit)

@@ -16,7 +16,7 @@ from sqlalchemy.exc import IntegrityError
 
 from controlplane import dependencies, ids, states
 from controlplane.states import TaskState
-from controlplane.store import inputs, parents
+from controlplane.store import folded, inputs, parents
 from controlplane.store import queries as q
 from controlplane.store.counts import Counts, Guard, Refused
 from controlplane.store.inputs import InputRow
@@ -235,9 +235,14 @@ class TaskStore:
         only the tasks shared with one of these teams; `parent`: only the tasks waiting (or that
         waited) for it; `sweep`: only that sweep's shards; `whole_sweeps`: of each sweep only
         its lowest shard on file (in `states_`, when given: the row a list of tasks and sweeps
-        shows the sweep at)."""
+        shows the sweep at: `folded.page`, or for the filters it does not answer a walk that
+        passes every other shard)."""
         rows: dict[int, TaskSummary] = {}
         with self.db.read() as c:
+            if whole_sweeps and folded.answers(tags_any, parent, sweep):
+                return folded.page(c, owner, teams=teams, states_=states_, tool_name=tool_name,
+                                   submitted_after=submitted_after, submitted_before=submitted_before,
+                                   after=after, limit=limit)
             for stmt in q.list_page(owner, teams=teams, states_=states_, tool_name=tool_name, tags_any=tags_any,
                                     submitted_after=submitted_after, submitted_before=submitted_before,
                                     after=after, limit=limit, parent=parent, sweep=sweep,
