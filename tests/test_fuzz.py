@@ -73,6 +73,10 @@ PROTOCOL_CODES = {mcp_types.PARSE_ERROR, mcp_types.INVALID_REQUEST, mcp_types.ME
 TASK_ERROR_CODES = {str(c) for c in TaskErrorCode} | {"NOT_FOUND"}  # -32603 data: a task ended badly
 # INTERNAL is documented, but only for a fault of the server: no argument may cause one.
 CALL_ERROR_CODES = {str(c) for c in ErrorCode} - {"INTERNAL"}
+# The fields an error of a code may carry besides code, message and hint, as docs/troubleshooting.md
+# and docs/reference/tools.md document them (an invalid sweep shard; a limit or budget; a sweep too large).
+ERROR_FIELDS = {"INVALID_REQUEST": {"shard", "field"}, "LIMIT_EXCEEDED": {"limit", "max", "retry_after_s", "budget"},
+                "SWEEP_TOO_LARGE": {"shards", "max"}}
 
 # What must never reach a client: tracebacks, paths, exception classes and exception texts.
 LEAKS = re.compile(r"Traceback|File \"|\.py\b|site-packages|[A-Z]\w*(Error|Exception)\b|sqlite|sqlalchemy|"
@@ -270,6 +274,8 @@ def arguments(name: str, pools: Pools) -> st.SearchStrategy[Any]:
     schema = pools.schemas[name]
     # the arguments are an object (anything else is the SDK's to refuse): hostile values go inside
     args = st.one_of(_typed("object", schema, pools, True), poisoned(from_schema(schema, pools, mix=False), schema))
+    if "timeout_s" in schema.get("properties", {}):  # its default (60 s) would hold the example that long
+        args = args.map(lambda a: {**a, "timeout_s": 0.05} if isinstance(a, dict) and "timeout_s" not in a else a)
     if name != "submit_task":
         return args
     # inputs that fit the tool named, so that a hostile value deep in them is what gets judged
@@ -580,7 +586,8 @@ def check(h: Harness, method: str, params: dict[str, Any], answer: Answer) -> bo
         assert content and content[0]["type"] == "text", result
         payload = strict_json(content[0]["text"])
         if result.get("isError"):
-            assert set(payload) <= {"code", "message", "hint"} and payload["code"] in CALL_ERROR_CODES, payload
+            assert payload.get("code") in CALL_ERROR_CODES, payload
+            assert set(payload) <= {"code", "message", "hint"} | ERROR_FIELDS.get(payload["code"], set()), payload
             assert result.get("structuredContent") in (None, payload), result
             assert_no_internals(payload["message"] + " " + payload.get("hint", ""), params, h.cp.settings.home)
             return True
