@@ -1,7 +1,8 @@
 """Sweeps (`submit_sweep`): what a sweep's `vary` makes of its shards, and when its failure policy
 stops it, and how a sweep reads as one row of a list of tasks (`fold`: list_tasks' with
-whole_sweeps, and so the dashboard's and `tasks watch`'s). Pure decisions; the store applies them (`store.sweeps`), the service answers with them
-(`service.sweeps`), docs/design/sweeps.md says why.
+whole_sweeps, and so the dashboard's and `tasks watch`'s). Pure decisions; the store applies
+them (`store.sweeps`), the service answers with them (`service.sweeps`), docs/design/sweeps.md
+says why.
 
 `vary` is one of two JSON forms:
 

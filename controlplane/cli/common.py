@@ -19,8 +19,8 @@ OwnerOpt = Annotated[str | None, typer.Option("--owner", help="A caller: a stati
                                                               "caller's '<issuer>#<subject>'")]
 
 
-def json_option(text: str, option: str, kind: type[dict[str, Any]] | type[list[Any]] = dict) -> Any:
-    """The JSON value of a command-line option, or exit 2 naming the option. `@FILE` reads it from
+def json_option(text: str, option: str) -> dict[str, Any]:
+    """The JSON object of a command-line option, or exit 2 naming the option. `@FILE` reads it from
     a file and `@-` from standard input (a sweep's thousands of overrides do not fit a command
     line)."""
     import json
@@ -36,8 +36,8 @@ def json_option(text: str, option: str, kind: type[dict[str, Any]] | type[list[A
         value = json.loads(text)
     except ValueError:
         value = None
-    if not isinstance(value, kind):
-        err.print(f"[red]{option} must be a JSON {'object' if kind is dict else 'array'}[/]")
+    if not isinstance(value, dict):
+        err.print(f"[red]{option} must be a JSON object[/]")
         raise typer.Exit(2)
     return value
 

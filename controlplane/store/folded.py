@@ -9,6 +9,7 @@ sweep's created_at, so the sweeps come in the order of their rows' times. The ro
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from sqlalchemy import Connection
 
@@ -30,14 +31,9 @@ def page(c: Connection, owner: str, *, teams: Sequence[str] | None, states_: Seq
     no sweep, and for each sweep its lowest shard on file (in `states_`, when given; a sweep with
     none there has no row). Reads a page of tasks, and the sweeps down to the page's last row,
     a probe (per state) each: a sweep whose shards were all purged costs its probe too."""
-    rows: dict[int, TaskSummary] = {}
-    for stmt in q.list_page(owner, teams=teams, states_=states_, tool_name=tool_name, tags_any=None,
-                            submitted_after=submitted_after, submitted_before=submitted_before, after=after,
-                            limit=limit, outside_sweeps=True):
-        result = c.execute(stmt)
-        for r in TaskSummary.many(list(result.keys()), result.all()):
-            rows.setdefault(r.pk, r)
-    plain = sorted(rows.values(), key=_key, reverse=True)[:limit]
+    plain = newest(c, q.list_page(owner, teams=teams, states_=states_, tool_name=tool_name, tags_any=None,
+                                  submitted_after=submitted_after, submitted_before=submitted_before, after=after,
+                                  limit=limit, outside_sweeps=True), limit)
     floor = plain[-1].submitted_at if len(plain) == limit else None  # an older sweep cannot enter
     folded: list[TaskSummary] = []
     last: tuple[float, int] | None = None
@@ -56,6 +52,17 @@ def page(c: Connection, owner: str, *, teams: Sequence[str] | None, states_: Seq
             last = (created_at, pk)
         if len(batch) < limit:
             return _merged(plain, folded, limit)
+
+
+def newest(c: Connection, stmts: Sequence[Any], limit: int) -> list[TaskSummary]:
+    """The rows of a list page's statements (`queries.list_page`: one walk per tag or state), each
+    once, newest first by (submitted_at, pk), the first `limit`."""
+    rows: dict[int, TaskSummary] = {}
+    for stmt in stmts:
+        result = c.execute(stmt)
+        for r in TaskSummary.many(list(result.keys()), result.all()):
+            rows.setdefault(r.pk, r)
+    return sorted(rows.values(), key=_key, reverse=True)[:limit]
 
 
 def _lowest(c: Connection, sweep_id: str, states_: Sequence[str] | None) -> TaskSummary | None:

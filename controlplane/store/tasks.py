@@ -237,20 +237,15 @@ class TaskStore:
         its lowest shard on file (in `states_`, when given: the row a list of tasks and sweeps
         shows the sweep at: `folded.page`, or for the filters it does not answer a walk that
         passes every other shard)."""
-        rows: dict[int, TaskSummary] = {}
         with self.db.read() as c:
             if whole_sweeps and folded.answers(tags_any, parent, sweep):
                 return folded.page(c, owner, teams=teams, states_=states_, tool_name=tool_name,
                                    submitted_after=submitted_after, submitted_before=submitted_before,
                                    after=after, limit=limit)
-            for stmt in q.list_page(owner, teams=teams, states_=states_, tool_name=tool_name, tags_any=tags_any,
-                                    submitted_after=submitted_after, submitted_before=submitted_before,
-                                    after=after, limit=limit, parent=parent, sweep=sweep,
-                                    whole_sweeps=whole_sweeps):
-                result = c.execute(stmt)
-                for r in TaskSummary.many(builtins.list(result.keys()), result.all()):
-                    rows.setdefault(r.pk, r)
-        return sorted(rows.values(), key=lambda r: (r.submitted_at, r.pk), reverse=True)[:limit]
+            return folded.newest(c, q.list_page(owner, teams=teams, states_=states_, tool_name=tool_name,
+                                                tags_any=tags_any, submitted_after=submitted_after,
+                                                submitted_before=submitted_before, after=after, limit=limit,
+                                                parent=parent, sweep=sweep, whole_sweeps=whole_sweeps), limit)
 
     def list_everyone(self, *, states_: Sequence[str] | None = None, tool_name: str | None = None,
                       tags_any: Sequence[str] | None = None, submitted_after: float | None = None,
