@@ -185,3 +185,78 @@ def test_two_replicas_finishing_one_stop_at_once_cancel_each_shard_once_and_mark
     finally:
         for cp in replicas:
             cp.db.dispose()
+
+
+def waiting_on_a_lock(cp: ControlPlane) -> bool:
+    """Whether another session of the database waits on a lock (PostgreSQL's own view)."""
+    with cp.db.engine.connect() as c:
+        return bool(c.execute(text("SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                                   "AND datname = current_database()")).scalar_one())
+
+
+@pytest.mark.parametrize("stopper", ["cancel_sweep", "stop_left"])
+def test_a_stop_and_a_claim_at_once_never_deadlock(engine: str, home: Path, stopper: str,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """One replica's stop has cancelled a queued shard (so it holds its queue's depth row) when
+    another replica's scheduler claims from that queue (taking the next shards, and cancelling
+    them as the sweep is stopped): the stop goes on to the shards the claim holds. Both must
+    finish, each shard cancelled once, where the stop could wait for the claim while the claim
+    waited for the depth row, which PostgreSQL ends by failing one of them (a cancel_sweep that
+    answered INTERNAL)."""
+    import threading
+
+    if engine != "postgres":
+        pytest.skip("the race needs writers that are not serialised (PostgreSQL)")
+    one, two = (control_plane(home, release_batch=BATCH) for _ in range(2))
+    try:
+        shards = 20
+        if stopper == "cancel_sweep":
+            sweep_id = submit(one, shards)
+        else:  # a fail_fast stop that left shards for the reconciler's follow-up
+            sweep_id = submit(one, shards + BATCH, fail_fast=1)
+            first = one.store.sweeps.page(sweep_id, 0, 1)[0].task_id
+            for step in (S.SCHEDULED, S.RUNNING, S.FAILED):
+                one.store.tasks.transition(first, step)
+            assert states(one, sweep_id)["queued"] == shards - 1
+        held, go, errors = threading.Event(), threading.Event(), []
+        transition = one.store.sweeps.w.transition
+
+        def pausing(*args: Any, **kw: Any) -> Any:  # the stop's first move, then a pause
+            moved = transition(*args, **kw)
+            if not held.is_set():
+                held.set()
+                go.wait(30)
+            return moved
+
+        monkeypatch.setattr(one.store.sweeps.w, "transition", pausing)
+
+        def run(fn: Any) -> None:
+            try:
+                fn()
+            except Exception as e:  # (said by the assertion below)
+                errors.append(e)
+
+        stop = (lambda: one.store.sweeps.stop(sweep_id, "cancelled by its owner", {"code": "CANCELLED"})) \
+            if stopper == "cancel_sweep" else one.store.sweeps.stop_left
+        threads = [threading.Thread(target=run, args=(stop,))]
+        threads[0].start()
+        assert held.wait(30)
+        threads.append(threading.Thread(target=run, args=(lambda: two.store.jobs.claim_for_launch("cpu_small", 8),)))
+        threads[1].start()
+        for _ in range(300):  # the claim waits (for the queue, or the stop's depth row)
+            if waiting_on_a_lock(two):
+                break
+            threads[1].join(0.05)
+        go.set()
+        for t in threads:
+            t.join(60)
+        assert errors == [] and not any(t.is_alive() for t in threads)
+        while one.store.sweeps.stop_left() is not None:
+            pass
+        counts = states(two, sweep_id)
+        assert counts.get("queued", 0) == 0 and counts.get("scheduled", 0) == 0, counts
+        cancelled = events_per_task(one, "cancelled")
+        assert set(cancelled.values()) == {1} and len(cancelled) == counts["cancelled"], "each shard cancelled once"
+    finally:
+        for cp in (one, two):
+            cp.db.dispose()
