@@ -260,3 +260,69 @@ def test_a_stop_and_a_claim_at_once_never_deadlock(engine: str, home: Path, stop
     finally:
         for cp in (one, two):
             cp.db.dispose()
+
+
+@pytest.mark.parametrize("other", ["cancel_task", "submit_after"])
+def test_a_stop_and_a_write_on_one_of_its_shards_at_once_never_deadlock(engine: str, home: Path, other: str,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """One replica's stop has cancelled its first queued shard (it holds its queue's depth row,
+    and held the queue's lock) when another replica writes on one of the sweep's last shards:
+    cancels it (its row, then the depth row), or submits a task after it (its row shared, then
+    the queue's lock). The stop then reaches that shard. Both must finish, where each waited for
+    the other and PostgreSQL failed one of them (an INTERNAL answer)."""
+    import threading
+
+    if engine != "postgres":
+        pytest.skip("the race needs writers that are not serialised (PostgreSQL)")
+    one, two = (control_plane(home) for _ in range(2))
+    try:
+        sweep_id = submit(one, 20)
+        last = one.store.sweeps.page(sweep_id, 19, 1)[0].task_id
+        held, go, errors = threading.Event(), threading.Event(), []
+        transition = one.store.sweeps.w.transition
+
+        def pausing(*args: Any, **kw: Any) -> Any:  # the stop's first move, then a pause
+            moved = transition(*args, **kw)
+            if not held.is_set():
+                held.set()
+                go.wait(30)
+            return moved
+
+        monkeypatch.setattr(one.store.sweeps.w, "transition", pausing)
+        out: dict[str, Any] = {}
+
+        def run(name: str, fn: Any) -> None:
+            try:
+                out[name] = fn()
+            except Exception as e:  # (said by the assertion below)
+                errors.append(e)
+
+        def write() -> Any:
+            if other == "cancel_task":
+                return two.service.cancel("alice", api.CancelTask(task_id=last, reason="mine"))
+            return two.service.submit("alice", api.SubmitTask(tool_name="exercise", inputs={"sleep_s": 1},
+                                                              after=[last]))
+
+        threads = [threading.Thread(target=run, args=("stop", lambda: one.store.sweeps.stop(
+            sweep_id, "cancelled by its owner", {"code": "CANCELLED", "message": "cancelled by its owner"})))]
+        threads[0].start()
+        assert held.wait(30)
+        threads.append(threading.Thread(target=run, args=("write", write)))
+        threads[1].start()
+        for _ in range(300):  # the write waits (for the shard, the depth row or the queue's lock)
+            if waiting_on_a_lock(two):
+                break
+            threads[1].join(0.05)
+        go.set()
+        for t in threads:
+            t.join(60)
+        assert errors == [] and not any(t.is_alive() for t in threads)
+        assert states(two, sweep_id) == {"cancelled": 20}
+        cancelled = events_per_task(one, "cancelled")
+        assert set(cancelled.values()) == {1} and len(cancelled) == 20, "each shard cancelled once"
+        if other == "submit_after":  # its parent was cancelled: it ends at once, as it would after
+            child = two.store.tasks.get(out["write"]["task_id"])
+            assert child is not None and child.state == S.FAILED
+    finally:
+        for cp in (one, two):
+            cp.db.dispose()
