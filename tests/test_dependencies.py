@@ -22,6 +22,7 @@ from controlplane.states import TaskState
 from controlplane.store import NewTask
 from tests.callers import alice, bob, token_server  # noqa: F401
 from tests.conftest import FAST, Agent, ServerProcess, ToolCallError, fast_env, write_catalog
+from tests.postgres import waiting_on_a_lock
 
 pytestmark = pytest.mark.anyio
 
@@ -239,7 +240,6 @@ def test_children_submitted_while_parents_end_never_wait_forever(engine: str, ho
     assert depth == sum(1 for child, _ in children if one.store.tasks.get(child).state == TaskState.QUEUED)
 
 
-
 def test_a_parents_end_and_a_submit_after_its_child_at_once_never_deadlock(
         engine: str, home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Replica two submits a task after a waiting child (it holds the child's row shared and then
@@ -283,7 +283,7 @@ def test_a_parents_end_and_a_submit_after_its_child_at_once_never_deadlock(
             parent, TaskState.SUCCEEDED, values={"started_at": time.time()}),)))
         threads[1].start()
         for _ in range(300):  # the end waits (for the child's row, or the queue's lock)
-            if waiting_on_a_lock(one):
+            if waiting_on_a_lock(one.db.engine):
                 break
             threads[1].join(0.05)
         go.set()
@@ -297,14 +297,6 @@ def test_a_parents_end_and_a_submit_after_its_child_at_once_never_deadlock(
         for cp in (one, two):
             cp.db.dispose()
 
-
-def waiting_on_a_lock(cp: ControlPlane) -> bool:
-    """Whether a session of the database waits on a lock (PostgreSQL's own view)."""
-    from sqlalchemy import text
-
-    with cp.db.engine.connect() as c:
-        return bool(c.execute(text("SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                                   "AND datname = current_database()")).scalar_one())
 
 def test_waiting_tasks_take_no_place_in_a_queue_and_count_in_flight(home: Path) -> None:
     """A waiting task passes a full queue (it is in no queue), counts against its caller's tasks

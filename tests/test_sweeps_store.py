@@ -18,6 +18,7 @@ from controlplane.settings import Settings
 from controlplane.states import TaskState as S
 from controlplane.store import sweep_queries as sq
 from tests.conftest import FAST, query_plan, record_statements
+from tests.postgres import waiting_on_a_lock
 from tests.test_releases import events_per_task
 
 pytestmark = pytest.mark.anyio
@@ -187,12 +188,6 @@ def test_two_replicas_finishing_one_stop_at_once_cancel_each_shard_once_and_mark
             cp.db.dispose()
 
 
-def waiting_on_a_lock(cp: ControlPlane) -> bool:
-    """Whether another session of the database waits on a lock (PostgreSQL's own view)."""
-    with cp.db.engine.connect() as c:
-        return bool(c.execute(text("SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                                   "AND datname = current_database()")).scalar_one())
-
 
 @pytest.mark.parametrize("stopper", ["cancel_sweep", "stop_left"])
 def test_a_stop_and_a_claim_at_once_never_deadlock(engine: str, home: Path, stopper: str,
@@ -244,7 +239,7 @@ def test_a_stop_and_a_claim_at_once_never_deadlock(engine: str, home: Path, stop
         threads.append(threading.Thread(target=run, args=(lambda: two.store.jobs.claim_for_launch("cpu_small", 8),)))
         threads[1].start()
         for _ in range(300):  # the claim waits (for the queue, or the stop's depth row)
-            if waiting_on_a_lock(two):
+            if waiting_on_a_lock(two.db.engine):
                 break
             threads[1].join(0.05)
         go.set()
@@ -310,7 +305,7 @@ def test_a_stop_and_a_write_on_one_of_its_shards_at_once_never_deadlock(engine: 
         threads.append(threading.Thread(target=run, args=("write", write)))
         threads[1].start()
         for _ in range(300):  # the write waits (for the shard, the depth row or the queue's lock)
-            if waiting_on_a_lock(two):
+            if waiting_on_a_lock(two.db.engine):
                 break
             threads[1].join(0.05)
         go.set()

@@ -52,12 +52,11 @@ class Pending:
     parent_id: str
     after: str = ""
     cascade: tuple[str, dict[str, Any]] | None = None
-    may_queue: bool = True  # False: the parent did not succeed, so none of these can join a queue
 
     @classmethod
     def from_row(cls, r: Any) -> Pending:
         cascade = (r["ancestor"], json.loads(r["cascade_json"])) if r["cascade_json"] else None
-        return cls(r["parent_id"], r["after_id"], cascade, may_queue=cascade is None)
+        return cls(r["parent_id"], r["after_id"], cascade)
 
     def row(self, now: float) -> dict[str, Any]:
         ancestor, error = self.cascade if self.cascade else (None, None)
@@ -73,15 +72,13 @@ class Releases:
         self._of = self.db.for_update(q.RELEASE_OF)
         self._next = self.db.for_update(q.NEXT_RELEASE, skip_locked=True)
 
-    def settle(self, c: Connection, parent: str, now: float, cascade: tuple[str, dict[str, Any]] | None = None,
-               may_queue: bool = True) -> int:
+    def settle(self, c: Connection, parent: str, now: float, cascade: tuple[str, dict[str, Any]] | None = None) -> int:
         """Settle up to `batch` waiting children of `parent` (from where an earlier transaction
         stopped, if its release row says so), then theirs: each queued once all its parents
         succeeded, ended DEPENDENCY_FAILED once one did not, or with `cascade` (or a cascade
-        recorded for `parent`) cancelled with its error (`may_queue` False: `parent` did not
-        succeed). What is left is recorded for `follow_up`. Returns the children settled."""
+        recorded for `parent`) cancelled with its error. What is left is recorded for `follow_up`. Returns the children settled."""
         rows = self.db.rows(c, self._of, {"parent_id": parent})
-        first = Pending(parent, "", cascade, may_queue and cascade is None)
+        first = Pending(parent, "", cascade)
         return self._settle(c, [Pending.from_row(r) for r in rows] or [first], {r["parent_id"] for r in rows}, now)
 
     def _settle(self, c: Connection, todo: list[Pending], recorded: set[str], now: float) -> int:
@@ -105,7 +102,7 @@ class Releases:
                 ended = self._one(c, child_id, item, now, released)
                 settled += ended is not None
                 if ended is not None and ended.state != S.WAITING:
-                    todo.append(Pending(child_id, "", item.cascade, may_queue=False))
+                    todo.append(Pending(child_id, "", item.cascade))
             if more:
                 todo.append(Pending(item.parent_id, children[-1][0], item.cascade))
                 continued[item.parent_id] = children[-1][0]
