@@ -30,6 +30,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -203,3 +204,13 @@ def pg_cluster(durable: bool = False) -> Iterator[Cluster]:
         if proc is not None:
             _stop(proc)
         shutil.rmtree(base, ignore_errors=True)
+
+
+def waiting_on_a_lock(engine: Any) -> bool:
+    """Whether a session of `engine`'s database waits for a lock now (PostgreSQL's own view): a
+    test that forces two transactions to meet waits for this before it lets the first go on."""
+    from sqlalchemy import text
+
+    with engine.connect() as c:
+        return bool(c.execute(text("SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                                   "AND datname = current_database()")).scalar_one())

@@ -15,12 +15,14 @@ from typing import Any
 import pytest
 from fastmcp import Client
 
+from controlplane import api
 from controlplane.app import ControlPlane
 from controlplane.settings import Settings
 from controlplane.states import TaskState
 from controlplane.store import NewTask
 from tests.callers import alice, bob, token_server  # noqa: F401
 from tests.conftest import FAST, Agent, ServerProcess, ToolCallError, fast_env, write_catalog
+from tests.postgres import waiting_on_a_lock
 
 pytestmark = pytest.mark.anyio
 
@@ -236,6 +238,64 @@ def test_children_submitted_while_parents_end_never_wait_forever(engine: str, ho
         assert state == (TaskState.FAILED if failed else TaskState.QUEUED), (child, after, state)
     depth = sum(one.store.tasks.queue_depths().values())
     assert depth == sum(1 for child, _ in children if one.store.tasks.get(child).state == TaskState.QUEUED)
+
+
+def test_a_parents_end_and_a_submit_after_its_child_at_once_never_deadlock(
+        engine: str, home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Replica two submits a task after a waiting child (it holds the child's row shared and then
+    takes its queue's lock) as replica one ends the child's parent (it releases the child into
+    that queue). Both must commit, the child queued and the new task waiting for it, where the
+    end took the queue's lock and then waited for the child's row while the submit, holding the
+    row, waited for the lock, which PostgreSQL ended by failing one of them."""
+    from controlplane.store.counts import Counts
+
+    if engine != "postgres":
+        pytest.skip("the race needs writers that are not serialised (PostgreSQL)")
+    one = ControlPlane(Settings(home=home, **FAST))
+    two = ControlPlane(Settings(home=home, **FAST))
+    try:
+        parent = one.store.tasks.submit(new_task()).task.task_id
+        for step in (TaskState.SCHEDULED, TaskState.RUNNING):
+            one.store.tasks.transition(parent, step)
+        child = one.store.tasks.submit(new_task((parent,))).task.task_id
+        held, go, errors, out = threading.Event(), threading.Event(), [], []
+        lock_parents = Counts.lock_parents
+
+        def pausing(self: Counts, task_ids: list[str]) -> None:  # the submit's parents shared, then a pause
+            lock_parents(self, task_ids)
+            if task_ids and not held.is_set():
+                held.set()
+                go.wait(30)
+
+        monkeypatch.setattr(Counts, "lock_parents", pausing)
+
+        def run(fn: Any) -> None:
+            try:
+                out.append(fn())
+            except Exception as e:  # (said by the assertion below)
+                errors.append(e)
+
+        threads = [threading.Thread(target=run, args=(lambda: two.service.submit("alice", api.SubmitTask(
+            tool_name="exercise", inputs={}, after=[child]))["task_id"],))]
+        threads[0].start()
+        assert held.wait(30)
+        threads.append(threading.Thread(target=run, args=(lambda: one.store.tasks.transition(
+            parent, TaskState.SUCCEEDED, values={"started_at": time.time()}),)))
+        threads[1].start()
+        for _ in range(300):  # the end waits (for the child's row, or the queue's lock)
+            if waiting_on_a_lock(one.db.engine):
+                break
+            threads[1].join(0.05)
+        go.set()
+        for t in threads:
+            t.join(60)
+        assert errors == [] and not any(t.is_alive() for t in threads)
+        assert one.store.tasks.get(child).state == TaskState.QUEUED
+        grandchild = next(o for o in out if isinstance(o, str))
+        assert one.store.tasks.get(grandchild).state == TaskState.WAITING
+    finally:
+        for cp in (one, two):
+            cp.db.dispose()
 
 
 def test_waiting_tasks_take_no_place_in_a_queue_and_count_in_flight(home: Path) -> None:

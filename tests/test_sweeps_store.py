@@ -18,6 +18,7 @@ from controlplane.settings import Settings
 from controlplane.states import TaskState as S
 from controlplane.store import sweep_queries as sq
 from tests.conftest import FAST, query_plan, record_statements
+from tests.postgres import waiting_on_a_lock
 from tests.test_releases import events_per_task
 
 pytestmark = pytest.mark.anyio
@@ -187,12 +188,6 @@ def test_two_replicas_finishing_one_stop_at_once_cancel_each_shard_once_and_mark
             cp.db.dispose()
 
 
-def waiting_on_a_lock(cp: ControlPlane) -> bool:
-    """Whether another session of the database waits on a lock (PostgreSQL's own view)."""
-    with cp.db.engine.connect() as c:
-        return bool(c.execute(text("SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                                   "AND datname = current_database()")).scalar_one())
-
 
 @pytest.mark.parametrize("stopper", ["cancel_sweep", "stop_left"])
 def test_a_stop_and_a_claim_at_once_never_deadlock(engine: str, home: Path, stopper: str,
@@ -244,7 +239,7 @@ def test_a_stop_and_a_claim_at_once_never_deadlock(engine: str, home: Path, stop
         threads.append(threading.Thread(target=run, args=(lambda: two.store.jobs.claim_for_launch("cpu_small", 8),)))
         threads[1].start()
         for _ in range(300):  # the claim waits (for the queue, or the stop's depth row)
-            if waiting_on_a_lock(two):
+            if waiting_on_a_lock(two.db.engine):
                 break
             threads[1].join(0.05)
         go.set()
@@ -257,6 +252,72 @@ def test_a_stop_and_a_claim_at_once_never_deadlock(engine: str, home: Path, stop
         assert counts.get("queued", 0) == 0 and counts.get("scheduled", 0) == 0, counts
         cancelled = events_per_task(one, "cancelled")
         assert set(cancelled.values()) == {1} and len(cancelled) == counts["cancelled"], "each shard cancelled once"
+    finally:
+        for cp in (one, two):
+            cp.db.dispose()
+
+
+@pytest.mark.parametrize("other", ["cancel_task", "submit_after"])
+def test_a_stop_and_a_write_on_one_of_its_shards_at_once_never_deadlock(engine: str, home: Path, other: str,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """One replica's stop has cancelled its first queued shard (it holds its queue's depth row,
+    and held the queue's lock) when another replica writes on one of the sweep's last shards:
+    cancels it (its row, then the depth row), or submits a task after it (its row shared, then
+    the queue's lock). The stop then reaches that shard. Both must finish, where each waited for
+    the other and PostgreSQL failed one of them (an INTERNAL answer)."""
+    import threading
+
+    if engine != "postgres":
+        pytest.skip("the race needs writers that are not serialised (PostgreSQL)")
+    one, two = (control_plane(home) for _ in range(2))
+    try:
+        sweep_id = submit(one, 20)
+        last = one.store.sweeps.page(sweep_id, 19, 1)[0].task_id
+        held, go, errors = threading.Event(), threading.Event(), []
+        transition = one.store.sweeps.w.transition
+
+        def pausing(*args: Any, **kw: Any) -> Any:  # the stop's first move, then a pause
+            moved = transition(*args, **kw)
+            if not held.is_set():
+                held.set()
+                go.wait(30)
+            return moved
+
+        monkeypatch.setattr(one.store.sweeps.w, "transition", pausing)
+        out: dict[str, Any] = {}
+
+        def run(name: str, fn: Any) -> None:
+            try:
+                out[name] = fn()
+            except Exception as e:  # (said by the assertion below)
+                errors.append(e)
+
+        def write() -> Any:
+            if other == "cancel_task":
+                return two.service.cancel("alice", api.CancelTask(task_id=last, reason="mine"))
+            return two.service.submit("alice", api.SubmitTask(tool_name="exercise", inputs={"sleep_s": 1},
+                                                              after=[last]))
+
+        threads = [threading.Thread(target=run, args=("stop", lambda: one.store.sweeps.stop(
+            sweep_id, "cancelled by its owner", {"code": "CANCELLED", "message": "cancelled by its owner"})))]
+        threads[0].start()
+        assert held.wait(30)
+        threads.append(threading.Thread(target=run, args=("write", write)))
+        threads[1].start()
+        for _ in range(300):  # the write waits (for the shard, the depth row or the queue's lock)
+            if waiting_on_a_lock(two.db.engine):
+                break
+            threads[1].join(0.05)
+        go.set()
+        for t in threads:
+            t.join(60)
+        assert errors == [] and not any(t.is_alive() for t in threads)
+        assert states(two, sweep_id) == {"cancelled": 20}
+        cancelled = events_per_task(one, "cancelled")
+        assert set(cancelled.values()) == {1} and len(cancelled) == 20, "each shard cancelled once"
+        if other == "submit_after":  # its parent was cancelled: it ends at once, as it would after
+            child = two.store.tasks.get(out["write"]["task_id"])
+            assert child is not None and child.state == S.FAILED
     finally:
         for cp in (one, two):
             cp.db.dispose()

@@ -52,12 +52,11 @@ class Pending:
     parent_id: str
     after: str = ""
     cascade: tuple[str, dict[str, Any]] | None = None
-    may_queue: bool = True  # False: the parent did not succeed, so none of these can join a queue
 
     @classmethod
     def from_row(cls, r: Any) -> Pending:
         cascade = (r["ancestor"], json.loads(r["cascade_json"])) if r["cascade_json"] else None
-        return cls(r["parent_id"], r["after_id"], cascade, may_queue=cascade is None)
+        return cls(r["parent_id"], r["after_id"], cascade)
 
     def row(self, now: float) -> dict[str, Any]:
         ancestor, error = self.cascade if self.cascade else (None, None)
@@ -73,15 +72,13 @@ class Releases:
         self._of = self.db.for_update(q.RELEASE_OF)
         self._next = self.db.for_update(q.NEXT_RELEASE, skip_locked=True)
 
-    def settle(self, c: Connection, parent: str, now: float, cascade: tuple[str, dict[str, Any]] | None = None,
-               may_queue: bool = True) -> int:
+    def settle(self, c: Connection, parent: str, now: float, cascade: tuple[str, dict[str, Any]] | None = None) -> int:
         """Settle up to `batch` waiting children of `parent` (from where an earlier transaction
         stopped, if its release row says so), then theirs: each queued once all its parents
         succeeded, ended DEPENDENCY_FAILED once one did not, or with `cascade` (or a cascade
-        recorded for `parent`) cancelled with its error (`may_queue` False: `parent` did not
-        succeed). What is left is recorded for `follow_up`. Returns the children settled."""
+        recorded for `parent`) cancelled with its error. What is left is recorded for `follow_up`. Returns the children settled."""
         rows = self.db.rows(c, self._of, {"parent_id": parent})
-        first = Pending(parent, "", cascade, may_queue and cascade is None)
+        first = Pending(parent, "", cascade)
         return self._settle(c, [Pending.from_row(r) for r in rows] or [first], {r["parent_id"] for r in rows}, now)
 
     def _settle(self, c: Connection, todo: list[Pending], recorded: set[str], now: float) -> int:
@@ -89,35 +86,32 @@ class Releases:
         `batch` children were looked at: the ended ones' children join it (a chain may be
         long). What is left is recorded: a release row updated in place (a transaction waiting
         for its lock reads it then), deleted once done, new ones inserted. Lock order: the
-        parent's row (held by the caller), its release rows, the queues children are released
-        into (as a submit takes them: all in one call, so an item that would need another
-        queue waits for the next transaction), each child's row by id; a child's other
-        parents are read, not locked."""
+        parent's row (held by the caller), its release rows, each child's row by id, and only
+        then the queues the released children join (as a submit takes them: all in one call),
+        just before they move into them: a submit naming a child as a parent holds the child's
+        row (shared) while it waits for its queue's lock. A child's other parents are read, not
+        locked."""
         room, settled, done, continued = self.batch, 0, [], {}
-        queues: set[str] | None = None  # the queue locks this transaction holds
+        released: list[tuple[TaskRow, list[str]]] = []  # (child, its parents): to queue, once locked
         while todo and room > 0:
             item = todo.pop()
             children = parents.waiting_children(self.db, c, item.parent_id, item.after, room + 1)
-            if item.may_queue and children:  # they may join queues, as a submit does: its lock
-                wanted = {queue for _, queue in children[:room]}
-                if queues is None:
-                    self.db.lock(c, *wanted)
-                    queues = wanted
-                elif not wanted <= queues:
-                    todo.append(item)
-                    break
             more, children = len(children) > room, children[:room]
             room -= len(children)
             for child_id, _ in children:
-                ended = self._one(c, child_id, item, now)
+                ended = self._one(c, child_id, item, now, released)
                 settled += ended is not None
-                if ended is not None and ended.state != S.QUEUED:
-                    todo.append(Pending(child_id, "", item.cascade, may_queue=False))
+                if ended is not None and ended.state != S.WAITING:
+                    todo.append(Pending(child_id, "", item.cascade))
             if more:
                 todo.append(Pending(item.parent_id, children[-1][0], item.cascade))
                 continued[item.parent_id] = children[-1][0]
             elif item.parent_id in recorded:
                 done.append({"parent_id": item.parent_id})
+        if released:
+            self.db.lock(c, *{child.resource_class for child, _ in released})
+            for child, waited_for in released:
+                self.w.transition_alone(c, child, S.QUEUED, kind="released", detail={"after": waited_for}, now=now)
         if done:
             c.execute(q.DELETE_RELEASE, done)
         for parent_id, after in continued.items():
@@ -128,8 +122,10 @@ class Releases:
             c.execute(q.INSERT_RELEASE, new)
         return settled
 
-    def _one(self, c: Connection, child_id: str, item: Pending, now: float) -> TaskRow | None:
-        """One child of `item`'s parent settled; its new row, or None when it stays as it is."""
+    def _one(self, c: Connection, child_id: str, item: Pending, now: float,
+             released: list[tuple[TaskRow, list[str]]]) -> TaskRow | None:
+        """One child of `item`'s parent settled: its new row, the row it has when it is to be
+        queued (added to `released`, moved by the caller), or None when it stays as it is."""
         child = self.w.lock_task(c, child_id)
         if child is None or child.state != S.WAITING:
             return None
@@ -142,8 +138,8 @@ class Releases:
         verdict = dependencies.verdict(found)
         unfit = self.w.unfit_inputs(c, child) if verdict == S.QUEUED else None
         if verdict == S.QUEUED and unfit is None:
-            return self.w.transition_alone(c, child, S.QUEUED, kind="released", detail={"after": sorted(found)},
-                                           now=now)
+            released.append((child, sorted(found)))
+            return child
         if verdict == S.FAILED or unfit is not None:
             error = unfit or dependencies.dependency_failed(found)
             return self.w.transition_alone(c, child, S.FAILED, kind="dependency_failed",

@@ -64,7 +64,7 @@ STOPPABLE_SHARDS = (select(T.c.task_id).where(T.c.sweep_id == _bp("sweep_id"),
 
 # What stops left: the oldest stopped sweep whose stop is not yet done (along ix_sweeps_stop_left,
 # which holds only those: a finished stop costs no read).
-NEXT_STOP_LEFT = (select(SW.c.sweep_id, SW.c.stop_reason, SW.c.resource_class)
+NEXT_STOP_LEFT = (select(SW.c.sweep_id, SW.c.stop_reason)
                   .where(SW.c.stopped_at.is_not(None), SW.c.stop_done_at.is_(None))
                   .order_by(SW.c.stopped_at).limit(1))
 # A stop is done once none of its shards is in a state a stop ends (none returns to one).

@@ -206,8 +206,8 @@ class SweepStore:
         """Stop the sweep (its `stopped_at` and `stop_reason`, kept if it had stopped already) and
         cancel every shard not yet ended as cancel_task would (queued or waiting: cancelled;
         scheduled or running: cancel_requested, its job stopped by the reconciler), with `error`,
-        `batch` shards per transaction, each holding the sweep's queue lock (`_stop_shards`).
-        Returns the sweep and how many shards it moved."""
+        `batch` shards per transaction (`_stop_shards`). Returns the sweep and how many shards it
+        moved."""
         now = self.w.clock()
         with self.w.tx() as c:
             self.db.run(c, sq.STOP_SWEEP, {"_sid": sweep_id, "_at": now, "_why": reason[:500]})
@@ -218,7 +218,6 @@ class SweepStore:
         moved = 0
         while True:
             with self.w.tx() as c:
-                self.db.lock(c, sweep.resource_class)
                 n = self._stop_shards(c, sweep_id, reason, error, self.w.clock(), batch, self.w.lock_stmt)
             moved += n
             if n < batch:
@@ -256,7 +255,6 @@ class SweepStore:
             return None
         sweep_id, why = found[0]["sweep_id"], found[0]["stop_reason"] or "was stopped"
         with self.w.tx() as c:
-            self.db.lock(c, found[0]["resource_class"])
             return self._stop_shards(c, sweep_id, why, sweeps.stopped_error(sweep_id, why), self.w.clock(),
                                      self.w.releases.batch, self.w.lock_stmt)
 
@@ -265,18 +263,17 @@ class SweepStore:
         """Up to `limit` (None: all) of the sweep's shards not yet ended moved as a cancel moves
         them, each locked by `lock`; when that was all of them, the stop is marked done (unless a
         shard was skipped, or is still held by another transaction). Returns how many were
-        looked at. A `lock` that waits needs the queue's lock held first, as a claim holds it: a
-        claim holds the shards it took while it writes the queue's depth rows, which a stop that
-        cancelled a queued shard holds while it waits for the next shard."""
+        looked at. Every shard is locked, in id order, before any moves: a `lock` that waits then
+        waits holding no queue's depth row (a queued shard's cancel writes it), and in the order
+        a submit naming shards as parents takes their rows (docs/design/guards.md#lock-order)."""
         found = self.db.rows(c, sq.STOPPABLE_SHARDS, {"sweep_id": sweep_id,
                                                           "lim": limit if limit is not None else 2**31 - 1})
         detail = {"reason": reason, "sweep": sweep_id}
         vals: dict[str, Any] = {"cancel_requested": True, "cancel_reason": reason[:500]}
-        for r in found:
-            locked = self.db.rows(c, lock, {"task_id": r["task_id"]})
-            if not locked:
-                continue
-            task = TaskRow.from_row(locked[0])
+        locked = [rows[0] for r in sorted(found, key=lambda r: r["task_id"])
+                  if (rows := self.db.rows(c, lock, {"task_id": r["task_id"]}))]
+        for row in locked:
+            task = TaskRow.from_row(row)
             if task.state in (S.QUEUED, S.WAITING):
                 self.w.transition(c, task, S.CANCELLED, kind="cancelled", detail=detail,
                                   values={**vals, "error_json": json.dumps(error)}, now=now)

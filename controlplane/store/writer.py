@@ -161,7 +161,7 @@ class Writer:
         (`on_shard_end`: its failure policy)."""
         moved = self.transition_alone(c, task, to, kind=kind, detail=detail, values=values, now=now)
         if to in states.TERMINAL:
-            self.releases.settle(c, moved.task_id, now, may_queue=to == TaskState.SUCCEEDED)
+            self.releases.settle(c, moved.task_id, now)
             if moved.sweep_id is not None and self.on_shard_end is not None:
                 self.on_shard_end(c, moved, now)
         return moved
