@@ -37,6 +37,7 @@ from controlplane.objectstore.grants import MAX_NAMES, grant_method, sign_grants
 from controlplane.ops import logs, metrics
 from controlplane.states import FINAL
 from controlplane.store import StaleAttempt, inputs
+from controlplane.store.conflicts import rerun
 
 if TYPE_CHECKING:
     from controlplane.attempts import Attempts
@@ -160,7 +161,10 @@ def routes(cp: RouteDeps) -> list[Route]:
             job = await anyio.to_thread.run_sync(cp.store.jobs.get, ref)
             return JSONResponse({"ack_seq": job.event_seq if job else 0, "cancel": bool(task.cancel_requested)})
         try:
-            result = await anyio.to_thread.run_sync(cp.attempts.apply, ref, events)
+            # A batch is applied by its events' seqs: a transaction PostgreSQL aborted for a
+            # conflict is run again, from the start (`store.conflicts`).
+            result = await anyio.to_thread.run_sync(
+                lambda: rerun(lambda: cp.attempts.apply(ref, events), "a runner's events"))
         except StaleAttempt:
             return _error(409, "this attempt is no longer current")
         except Exception:  # noqa: BLE001

@@ -19,6 +19,7 @@ from controlplane import ids, states
 from controlplane.states import FINAL, JobState, TaskState
 from controlplane.store import job_queries as jq
 from controlplane.store import queries as q
+from controlplane.store.conflicts import rerun_on_conflict
 from controlplane.store.db import Database
 from controlplane.store.leases import Fence, LeaseStore
 from controlplane.store.rows import JobRow, TaskRow, WatchedJob
@@ -342,9 +343,11 @@ class JobStore:
             if self._fenced_job(c, job_id, fence) is not None:
                 self.db.run(c, jq.UPDATE_JOB, {"_jid": job_id, "provider_status": None, "provider_reason": None})
 
+    @rerun_on_conflict
     def note_refused_claim(self, ref: ids.AttemptRef) -> None:
         """A claim of the attempt was refused to an extra execution: counted on the attempt's job
-        (`extra_claims`), for the reconciler to stop that execution and the operator to see it."""
+        (`extra_claims`), for the reconciler to stop that execution and the operator to see it.
+        Its transaction is run again when PostgreSQL aborts it for a conflict (`store.conflicts`)."""
         with self.w.tx() as c:
             self.db.run(c, jq.NOTE_REFUSED_CLAIM, {"_tid": ref.task_id, "_att": ref.number})
 
@@ -377,9 +380,11 @@ class JobStore:
             return [JobRow.from_row(r) for r in c.execute(q.operator_jobs(job_states, limit)).mappings()]
 
     # ---- the runner's credentials -------------------------------------------------------------
+    @rerun_on_conflict
     def claim_runner_secret(self, ref: ids.AttemptRef, nonce_digest: str) -> bool | None:
         """Record the one runner allowed the attempt's secret: True for the first claim and for a
-        repeat with the same nonce, False for any other nonce, None if the attempt is not current."""
+        repeat with the same nonce, False for any other nonce, None if the attempt is not current.
+        Its transaction is run again when PostgreSQL aborts it for a conflict (`store.conflicts`)."""
         with self.w.tx() as c:
             rows = self.db.rows(c, q.TASK_ATTEMPT, {"task_id": ref.task_id})
             if not rows or rows[0]["attempt"] != ref.number or TaskState(rows[0]["state"]) in FINAL:

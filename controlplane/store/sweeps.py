@@ -23,6 +23,7 @@ from controlplane.states import TaskState
 from controlplane.store import inputs
 from controlplane.store import queries as q
 from controlplane.store import sweep_queries as sq
+from controlplane.store.conflicts import rerun, rerun_on_conflict
 from controlplane.store.counts import Counts
 from controlplane.store.rows import SweepRow, TaskRow
 from controlplane.store.tasks import Guards, NewTask
@@ -64,10 +65,12 @@ class SweepStore:
         self.lock_shard = self.db.for_update(q.GET_TASK, skip_locked=True)
 
     # ---- submit -------------------------------------------------------------------------------
+    @rerun_on_conflict
     def submit(self, new: NewSweep, shards: Sequence[NewTask], guards: Guards) -> SweptIn:
         """Write the sweep and its shards (each a task) in one transaction once `guards` pass for
         all of them at once, or return the sweep a repeated idempotency key made. Raises the
-        first guard's `Refused`, having written nothing."""
+        first guard's `Refused`, having written nothing. Run again whole when PostgreSQL aborts
+        the transaction for a conflict (`store.conflicts`)."""
         try:
             with self.w.tx() as c:
                 return self._submit(c, new, shards, guards)
@@ -207,18 +210,26 @@ class SweepStore:
         cancel every shard not yet ended as cancel_task would (queued or waiting: cancelled;
         scheduled or running: cancel_requested, its job stopped by the reconciler), with `error`,
         `batch` shards per transaction (`_stop_shards`). Returns the sweep and how many shards it
-        moved."""
+        moved. Each of its transactions is run again when PostgreSQL aborts it for a conflict
+        (`store.conflicts`): each is idempotent, and the count stays that of the ones committed."""
         now = self.w.clock()
-        with self.w.tx() as c:
-            self.db.run(c, sq.STOP_SWEEP, {"_sid": sweep_id, "_at": now, "_why": reason[:500]})
-            rows = self.db.rows(c, sq.GET_SWEEP, {"sweep_id": sweep_id})
+
+        def mark() -> list[Any]:
+            with self.w.tx() as c:
+                self.db.run(c, sq.STOP_SWEEP, {"_sid": sweep_id, "_at": now, "_why": reason[:500]})
+                return self.db.rows(c, sq.GET_SWEEP, {"sweep_id": sweep_id})
+
+        def one_batch() -> int:
+            with self.w.tx() as c:
+                return self._stop_shards(c, sweep_id, reason, error, self.w.clock(), batch, self.w.lock_stmt)
+
+        rows = rerun(mark, "a sweep's stop")
         if not rows:
             return None, 0
         sweep = SweepRow.from_row(rows[0])
         moved = 0
         while True:
-            with self.w.tx() as c:
-                n = self._stop_shards(c, sweep_id, reason, error, self.w.clock(), batch, self.w.lock_stmt)
+            n = rerun(one_batch, "a sweep's stop")
             moved += n
             if n < batch:
                 return sweep, moved

@@ -18,6 +18,7 @@ from controlplane import dependencies, ids, states
 from controlplane.states import TaskState
 from controlplane.store import folded, inputs, parents
 from controlplane.store import queries as q
+from controlplane.store.conflicts import rerun_on_conflict
 from controlplane.store.counts import Counts, Guard, Refused
 from controlplane.store.inputs import InputRow
 from controlplane.store.rows import TaskRow, TaskSummary
@@ -88,11 +89,13 @@ class TaskStore:
             raise out
         return out
 
+    @rerun_on_conflict
     def submit_many(self, items: Sequence[Submit]) -> list[Submitted | Exception]:
         """Submit several tasks in one transaction (one commit, one fsync: group commit), so that
         one task refused (by a guard, or a lost idempotency race) leaves the others in. Returns,
         in order, each task's Submitted or its exception. Nothing is answered before the commit:
-        every Submitted is on disk when this returns."""
+        every Submitted is on disk when this returns. A transaction PostgreSQL aborts for a
+        conflict (`store.conflicts`) wrote nothing, and the whole batch is run again."""
         try:
             with self.w.tx() as c:
                 return self._submit_all(c, items, guarded=not self.db.is_sqlite)
@@ -327,6 +330,7 @@ class TaskStore:
                 return None
             return self.w.transition(c, task, to, kind=kind, detail=detail, values=values, now=now)
 
+    @rerun_on_conflict
     def request_cancel(self, task_id: str, owner: str, reason: str, error: dict[str, Any],
                        admin: str | None = None, cascade: dict[str, Any] | None = None) -> tuple[TaskRow | None, bool]:
         """Returns (task, acknowledged). A queued or waiting task is cancelled at once (with
@@ -334,7 +338,8 @@ class TaskStore:
         its job; a finished one is left as it is (acknowledged=False). `admin`: the administrator
         who asked for another owner's task; the audit names them, for a cancel that changed
         nothing too. `cascade`: the error of its waiting descendants, cancelled with it (without
-        it they end as its end decides)."""
+        it they end as its end decides). Its one transaction is run again when PostgreSQL aborts
+        it for a conflict (`store.conflicts`)."""
         if not could_be_task_id(task_id):
             return None, False
         now = self.w.clock()

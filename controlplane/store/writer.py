@@ -95,6 +95,10 @@ class Writer:
         self._announce(changed)
         return out
 
+    def in_tx(self) -> bool:
+        """Whether this thread is inside a write transaction of this writer's (`tx`, `tx_on_loop`)."""
+        return getattr(self._local, "changed", None) is not None
+
     @contextmanager
     def guarded(self, check: Callable[[Connection], None]) -> Iterator[None]:
         """While inside, every `tx()` this thread opens runs `check(conn)` first (it raises to
