@@ -139,6 +139,25 @@ def test_a_transaction_takes_the_queues_it_releases_into_at_once(engine: str, ho
     assert cp.store.tasks.queue_depths() == {"cpu_small": BATCH + rest, "cpu_standard": BATCH + rest}
 
 
+def test_children_of_two_parents_left_to_the_follow_up_are_released_once(engine: str, home: Path) -> None:
+    """Children waiting for two parents, more than a batch: each parent's end leaves the ones
+    beyond its batch to the follow-up, which then walks both parents' rows in one transaction and
+    meets each of those children twice. Each is queued once, and none is left waiting."""
+    cp = control_plane(home)
+    one, two = running_parent(cp), running_parent(cp)
+    rest = BATCH // 2
+    kids = children_of(cp, (one, two), BATCH + rest)
+    for parent in (one, two):
+        cp.store.tasks.transition(parent, S.SUCCEEDED)
+    for _ in range(10):
+        if cp.store.tasks.settle_left() is None:
+            break
+    assert states_of(cp, kids) == {"queued": BATCH + rest}
+    released = events_per_task(cp, "released")
+    assert len(released) == BATCH + rest and set(released.values()) == {1}, "each child released once"
+    assert cp.store.tasks.queue_depths() == {"cpu_small": BATCH + rest}
+
+
 @pytest.mark.anyio
 async def test_a_server_runs_every_child_beyond_the_first_batch(alice: Agent, home: Path) -> None:
     """`controlplane serve` with batches of 2: the children its reconciler releases run too, and a

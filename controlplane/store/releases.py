@@ -76,7 +76,8 @@ class Releases:
         """Settle up to `batch` waiting children of `parent` (from where an earlier transaction
         stopped, if its release row says so), then theirs: each queued once all its parents
         succeeded, ended DEPENDENCY_FAILED once one did not, or with `cascade` (or a cascade
-        recorded for `parent`) cancelled with its error. What is left is recorded for `follow_up`. Returns the children settled."""
+        recorded for `parent`) cancelled with its error. What is left is recorded for
+        `follow_up`. Returns the children settled."""
         rows = self.db.rows(c, self._of, {"parent_id": parent})
         first = Pending(parent, "", cascade)
         return self._settle(c, [Pending.from_row(r) for r in rows] or [first], {r["parent_id"] for r in rows}, now)
@@ -92,7 +93,9 @@ class Releases:
         row (shared) while it waits for its queue's lock. A child's other parents are read, not
         locked."""
         room, settled, done, continued = self.batch, 0, [], {}
-        released: list[tuple[TaskRow, list[str]]] = []  # (child, its parents): to queue, once locked
+        # {child id: (child, its parents)}: to queue once every one is locked; a child of two
+        # parents walked here is met twice, still waiting, and queued once.
+        released: dict[str, tuple[TaskRow, list[str]]] = {}
         while todo and room > 0:
             item = todo.pop()
             children = parents.waiting_children(self.db, c, item.parent_id, item.after, room + 1)
@@ -109,8 +112,8 @@ class Releases:
             elif item.parent_id in recorded:
                 done.append({"parent_id": item.parent_id})
         if released:
-            self.db.lock(c, *{child.resource_class for child, _ in released})
-            for child, waited_for in released:
+            self.db.lock(c, *{child.resource_class for child, _ in released.values()})
+            for child, waited_for in released.values():
                 self.w.transition_alone(c, child, S.QUEUED, kind="released", detail={"after": waited_for}, now=now)
         if done:
             c.execute(q.DELETE_RELEASE, done)
@@ -123,9 +126,12 @@ class Releases:
         return settled
 
     def _one(self, c: Connection, child_id: str, item: Pending, now: float,
-             released: list[tuple[TaskRow, list[str]]]) -> TaskRow | None:
+             released: dict[str, tuple[TaskRow, list[str]]]) -> TaskRow | None:
         """One child of `item`'s parent settled: its new row, the row it has when it is to be
-        queued (added to `released`, moved by the caller), or None when it stays as it is."""
+        queued (added to `released`, moved by the caller), or None when it stays as it is (or
+        is in `released` already)."""
+        if child_id in released:
+            return None
         child = self.w.lock_task(c, child_id)
         if child is None or child.state != S.WAITING:
             return None
@@ -138,7 +144,7 @@ class Releases:
         verdict = dependencies.verdict(found)
         unfit = self.w.unfit_inputs(c, child) if verdict == S.QUEUED else None
         if verdict == S.QUEUED and unfit is None:
-            released.append((child, sorted(found)))
+            released[child_id] = (child, sorted(found))
             return child
         if verdict == S.FAILED or unfit is not None:
             error = unfit or dependencies.dependency_failed(found)
