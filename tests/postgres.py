@@ -26,8 +26,9 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -206,11 +207,53 @@ def pg_cluster(durable: bool = False) -> Iterator[Cluster]:
         shutil.rmtree(base, ignore_errors=True)
 
 
+
 def waiting_on_a_lock(engine: Any) -> bool:
-    """Whether a session of `engine`'s database waits for a lock now (PostgreSQL's own view): a
-    test that forces two transactions to meet waits for this before it lets the first go on."""
+    """Whether a session of `engine`'s database waits for a lock now (PostgreSQL's own view)."""
     from sqlalchemy import text
 
     with engine.connect() as c:
         return bool(c.execute(text("SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
                                    "AND datname = current_database()")).scalar_one())
+
+
+class Meeting:
+    """Two calls forced to meet on PostgreSQL: `first` runs until it calls `pause()` (from a
+    wrapped method of the control plane's own), then `second` starts and runs until a session
+    waits for a lock, then `first` goes on. Where their locks form a cycle PostgreSQL fails one."""
+
+    def __init__(self, engine: Any):
+        self.engine = engine
+        self.held, self.go = threading.Event(), threading.Event()
+
+    def pause(self) -> None:
+        """Called by the first call where it must wait for the second (the first time only)."""
+        if not self.held.is_set():
+            self.held.set()
+            self.go.wait(30)
+
+    def run(self, first: Callable[[], Any], second: Callable[[], Any]) -> tuple[list[Any], list[BaseException]]:
+        """Both calls, met as above: their answers (in the order given; None for one that
+        raised) and the errors they raised."""
+        out: list[Any] = [None, None]
+        errors: list[BaseException] = []
+
+        def call(i: int, fn: Callable[[], Any]) -> None:
+            try:
+                out[i] = fn()
+            except Exception as e:  # (the caller's assertion says it)
+                errors.append(e)
+
+        threads = [threading.Thread(target=call, args=(i, fn)) for i, fn in enumerate((first, second))]
+        threads[0].start()
+        assert self.held.wait(30), "the first call never paused"
+        threads[1].start()
+        for _ in range(300):  # the second waits for a lock the first holds
+            if waiting_on_a_lock(self.engine):
+                break
+            threads[1].join(0.05)
+        self.go.set()
+        for t in threads:
+            t.join(60)
+        assert not any(t.is_alive() for t in threads), "a call never finished"
+        return out, errors

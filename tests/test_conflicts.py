@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ from controlplane.settings import Settings
 from controlplane.store.conflicts import is_conflict, rerun
 from controlplane.store.counts import Counts
 from tests.conftest import FAST
-from tests.postgres import waiting_on_a_lock
+from tests.postgres import Meeting
 
 
 def timeline(cp: ControlPlane, task_id: str) -> list[tuple[str, str | None, str | None]]:
@@ -49,19 +48,13 @@ def test_a_cancel_and_a_group_commit_caught_in_a_deadlock_both_answer(engine: st
     try:
         parent = submit(one)
         child = submit(one, [parent])
-        held, go, errors, out = threading.Event(), threading.Event(), [], {}
-
-        def pause() -> None:
-            if not held.is_set():
-                held.set()
-                go.wait(30)
-
+        meeting = Meeting(one.db.engine)
         if victim == "submit":  # the cancel waits last: it holds the depth row, then pauses
             releases = one.store.tasks.w.releases
             settle = releases.settle
 
             def pausing_settle(*args: Any, **kw: Any) -> int:
-                pause()
+                meeting.pause()
                 return settle(*args, **kw)
 
             monkeypatch.setattr(releases, "settle", pausing_settle)
@@ -71,7 +64,7 @@ def test_a_cancel_and_a_group_commit_caught_in_a_deadlock_both_answer(engine: st
             def pausing_lock(self: Counts, task_ids: list[str]) -> None:
                 lock_parents(self, task_ids)
                 if task_ids:
-                    pause()
+                    meeting.pause()
 
             monkeypatch.setattr(Counts, "lock_parents", pausing_lock)
 
@@ -85,27 +78,16 @@ def test_a_cancel_and_a_group_commit_caught_in_a_deadlock_both_answer(engine: st
                 two.service.submit_grouped("alice", api.SubmitTask(tool_name="exercise", inputs={}, after=[child])),
                 two.service.submit_grouped("alice", api.SubmitTask(tool_name="exercise", inputs={}))))
 
-        def run(name: str, fn: Any) -> None:
-            try:
-                out[name] = fn()
-            except Exception as e:  # (said by the assertion below)
-                errors.append(e)
+        def cancel() -> dict[str, Any]:
+            return one.service.cancel("alice", api.CancelTask(task_id=parent, reason="not needed"))
 
-        cancel = threading.Thread(target=run, args=("cancel", lambda: one.service.cancel(
-            "alice", api.CancelTask(task_id=parent, reason="not needed"))))
-        submits = threading.Thread(target=run, args=("submits", lambda: asyncio.run(both())))
-        first, second = (cancel, submits) if victim == "submit" else (submits, cancel)
-        first.start()
-        assert held.wait(30)
-        second.start()
-        for _ in range(300):  # the second waits for a lock the first holds
-            if waiting_on_a_lock(one.db.engine):
-                break
-            second.join(0.05)
-        go.set()
-        for t in (first, second):
-            t.join(60)
-        assert errors == [] and not first.is_alive() and not second.is_alive(), errors
+        def submits() -> list[dict[str, Any]]:
+            return asyncio.run(both())
+
+        names = ("cancel", "submits") if victim == "submit" else ("submits", "cancel")
+        outs, errors = meeting.run(*(cancel, submits) if victim == "submit" else (submits, cancel))
+        assert errors == [], errors
+        out = dict(zip(names, outs, strict=True))
         assert commits.batches == 1 and commits.items == 2
         assert out["cancel"]["acknowledged"] is True and out["cancel"]["state"] == "cancelled"
         after, alone = (a["task_id"] for a in out["submits"])

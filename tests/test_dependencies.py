@@ -22,7 +22,7 @@ from controlplane.states import TaskState
 from controlplane.store import NewTask
 from tests.callers import alice, bob, token_server  # noqa: F401
 from tests.conftest import FAST, Agent, ServerProcess, ToolCallError, fast_env, write_catalog
-from tests.postgres import waiting_on_a_lock
+from tests.postgres import Meeting
 
 pytestmark = pytest.mark.anyio
 
@@ -258,41 +258,20 @@ def test_a_parents_end_and_a_submit_after_its_child_at_once_never_deadlock(
         for step in (TaskState.SCHEDULED, TaskState.RUNNING):
             one.store.tasks.transition(parent, step)
         child = one.store.tasks.submit(new_task((parent,))).task.task_id
-        held, go, errors, out = threading.Event(), threading.Event(), [], []
-        lock_parents = Counts.lock_parents
+        meeting, lock_parents = Meeting(one.db.engine), Counts.lock_parents
 
         def pausing(self: Counts, task_ids: list[str]) -> None:  # the submit's parents shared, then a pause
             lock_parents(self, task_ids)
-            if task_ids and not held.is_set():
-                held.set()
-                go.wait(30)
+            if task_ids:
+                meeting.pause()
 
         monkeypatch.setattr(Counts, "lock_parents", pausing)
-
-        def run(fn: Any) -> None:
-            try:
-                out.append(fn())
-            except Exception as e:  # (said by the assertion below)
-                errors.append(e)
-
-        threads = [threading.Thread(target=run, args=(lambda: two.service.submit("alice", api.SubmitTask(
-            tool_name="exercise", inputs={}, after=[child]))["task_id"],))]
-        threads[0].start()
-        assert held.wait(30)
-        threads.append(threading.Thread(target=run, args=(lambda: one.store.tasks.transition(
-            parent, TaskState.SUCCEEDED, values={"started_at": time.time()}),)))
-        threads[1].start()
-        for _ in range(300):  # the end waits (for the child's row, or the queue's lock)
-            if waiting_on_a_lock(one.db.engine):
-                break
-            threads[1].join(0.05)
-        go.set()
-        for t in threads:
-            t.join(60)
-        assert errors == [] and not any(t.is_alive() for t in threads)
+        (submitted, _), errors = meeting.run(
+            lambda: two.service.submit("alice", api.SubmitTask(tool_name="exercise", inputs={}, after=[child])),
+            lambda: one.store.tasks.transition(parent, TaskState.SUCCEEDED, values={"started_at": time.time()}))
+        assert errors == []
         assert one.store.tasks.get(child).state == TaskState.QUEUED
-        grandchild = next(o for o in out if isinstance(o, str))
-        assert one.store.tasks.get(grandchild).state == TaskState.WAITING
+        assert one.store.tasks.get(submitted["task_id"]).state == TaskState.WAITING
     finally:
         for cp in (one, two):
             cp.db.dispose()

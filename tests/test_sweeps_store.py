@@ -18,7 +18,7 @@ from controlplane.settings import Settings
 from controlplane.states import TaskState as S
 from controlplane.store import sweep_queries as sq
 from tests.conftest import FAST, query_plan, record_statements
-from tests.postgres import waiting_on_a_lock
+from tests.postgres import Meeting
 from tests.test_releases import events_per_task
 
 pytestmark = pytest.mark.anyio
@@ -189,6 +189,20 @@ def test_two_replicas_finishing_one_stop_at_once_cancel_each_shard_once_and_mark
 
 
 
+def pause_after_the_first_move(cp: ControlPlane, monkeypatch: pytest.MonkeyPatch) -> Meeting:
+    """A meeting whose first call pauses just after its first transition of a task (a stop's
+    first shard moved: a queued one's depth row written)."""
+    meeting, transition = Meeting(cp.db.engine), cp.store.sweeps.w.transition
+
+    def pausing(*args: Any, **kw: Any) -> Any:
+        moved = transition(*args, **kw)
+        meeting.pause()
+        return moved
+
+    monkeypatch.setattr(cp.store.sweeps.w, "transition", pausing)
+    return meeting
+
+
 @pytest.mark.parametrize("stopper", ["cancel_sweep", "stop_left"])
 def test_a_stop_and_a_claim_at_once_never_deadlock(engine: str, home: Path, stopper: str,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
@@ -198,8 +212,6 @@ def test_a_stop_and_a_claim_at_once_never_deadlock(engine: str, home: Path, stop
     finish, each shard cancelled once, where the stop could wait for the claim while the claim
     waited for the depth row, which PostgreSQL ends by failing one of them (a cancel_sweep that
     answered INTERNAL)."""
-    import threading
-
     if engine != "postgres":
         pytest.skip("the race needs writers that are not serialised (PostgreSQL)")
     one, two = (control_plane(home, release_batch=BATCH) for _ in range(2))
@@ -213,39 +225,11 @@ def test_a_stop_and_a_claim_at_once_never_deadlock(engine: str, home: Path, stop
             for step in (S.SCHEDULED, S.RUNNING, S.FAILED):
                 one.store.tasks.transition(first, step)
             assert states(one, sweep_id)["queued"] == shards - 1
-        held, go, errors = threading.Event(), threading.Event(), []
-        transition = one.store.sweeps.w.transition
-
-        def pausing(*args: Any, **kw: Any) -> Any:  # the stop's first move, then a pause
-            moved = transition(*args, **kw)
-            if not held.is_set():
-                held.set()
-                go.wait(30)
-            return moved
-
-        monkeypatch.setattr(one.store.sweeps.w, "transition", pausing)
-
-        def run(fn: Any) -> None:
-            try:
-                fn()
-            except Exception as e:  # (said by the assertion below)
-                errors.append(e)
-
+        meeting = pause_after_the_first_move(one, monkeypatch)
         stop = (lambda: one.store.sweeps.stop(sweep_id, "cancelled by its owner", {"code": "CANCELLED"})) \
             if stopper == "cancel_sweep" else one.store.sweeps.stop_left
-        threads = [threading.Thread(target=run, args=(stop,))]
-        threads[0].start()
-        assert held.wait(30)
-        threads.append(threading.Thread(target=run, args=(lambda: two.store.jobs.claim_for_launch("cpu_small", 8),)))
-        threads[1].start()
-        for _ in range(300):  # the claim waits (for the queue, or the stop's depth row)
-            if waiting_on_a_lock(two.db.engine):
-                break
-            threads[1].join(0.05)
-        go.set()
-        for t in threads:
-            t.join(60)
-        assert errors == [] and not any(t.is_alive() for t in threads)
+        _, errors = meeting.run(stop, lambda: two.store.jobs.claim_for_launch("cpu_small", 8))
+        assert errors == []
         while one.store.sweeps.stop_left() is not None:
             pass
         counts = states(two, sweep_id)
@@ -260,37 +244,18 @@ def test_a_stop_and_a_claim_at_once_never_deadlock(engine: str, home: Path, stop
 @pytest.mark.parametrize("other", ["cancel_task", "submit_after"])
 def test_a_stop_and_a_write_on_one_of_its_shards_at_once_never_deadlock(engine: str, home: Path, other: str,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    """One replica's stop has cancelled its first queued shard (it holds its queue's depth row,
-    and held the queue's lock) when another replica writes on one of the sweep's last shards:
+    """One replica's stop has cancelled its first queued shard (it holds its queue's depth row)
+    when another replica writes on one of the sweep's last shards:
     cancels it (its row, then the depth row), or submits a task after it (its row shared, then
     the queue's lock). The stop then reaches that shard. Both must finish, where each waited for
     the other and PostgreSQL failed one of them (an INTERNAL answer)."""
-    import threading
-
     if engine != "postgres":
         pytest.skip("the race needs writers that are not serialised (PostgreSQL)")
     one, two = (control_plane(home) for _ in range(2))
     try:
         sweep_id = submit(one, 20)
         last = one.store.sweeps.page(sweep_id, 19, 1)[0].task_id
-        held, go, errors = threading.Event(), threading.Event(), []
-        transition = one.store.sweeps.w.transition
-
-        def pausing(*args: Any, **kw: Any) -> Any:  # the stop's first move, then a pause
-            moved = transition(*args, **kw)
-            if not held.is_set():
-                held.set()
-                go.wait(30)
-            return moved
-
-        monkeypatch.setattr(one.store.sweeps.w, "transition", pausing)
-        out: dict[str, Any] = {}
-
-        def run(name: str, fn: Any) -> None:
-            try:
-                out[name] = fn()
-            except Exception as e:  # (said by the assertion below)
-                errors.append(e)
+        meeting = pause_after_the_first_move(one, monkeypatch)
 
         def write() -> Any:
             if other == "cancel_task":
@@ -298,25 +263,14 @@ def test_a_stop_and_a_write_on_one_of_its_shards_at_once_never_deadlock(engine: 
             return two.service.submit("alice", api.SubmitTask(tool_name="exercise", inputs={"sleep_s": 1},
                                                               after=[last]))
 
-        threads = [threading.Thread(target=run, args=("stop", lambda: one.store.sweeps.stop(
-            sweep_id, "cancelled by its owner", {"code": "CANCELLED", "message": "cancelled by its owner"})))]
-        threads[0].start()
-        assert held.wait(30)
-        threads.append(threading.Thread(target=run, args=("write", write)))
-        threads[1].start()
-        for _ in range(300):  # the write waits (for the shard, the depth row or the queue's lock)
-            if waiting_on_a_lock(two.db.engine):
-                break
-            threads[1].join(0.05)
-        go.set()
-        for t in threads:
-            t.join(60)
-        assert errors == [] and not any(t.is_alive() for t in threads)
+        (_, wrote), errors = meeting.run(lambda: one.store.sweeps.stop(
+            sweep_id, "cancelled by its owner", {"code": "CANCELLED", "message": "cancelled by its owner"}), write)
+        assert errors == []
         assert states(two, sweep_id) == {"cancelled": 20}
         cancelled = events_per_task(one, "cancelled")
         assert set(cancelled.values()) == {1} and len(cancelled) == 20, "each shard cancelled once"
         if other == "submit_after":  # its parent was cancelled: it ends at once, as it would after
-            child = two.store.tasks.get(out["write"]["task_id"])
+            child = two.store.tasks.get(wrote["task_id"])
             assert child is not None and child.state == S.FAILED
     finally:
         for cp in (one, two):
