@@ -37,14 +37,15 @@ async def test_a_browser_follows_a_task_to_its_end_and_cancels_another(http_serv
     root = http_server.url.removesuffix("/mcp")
     async with Client(http_server.url) as client:
         agent = Agent(client)
-        followed = await agent.submit("exercise", inputs={"sleep_s": 3, "progress_steps": 6, "log_lines": 5,
-                                                          "artifact_bytes": 2048})
-        doomed = await agent.submit("exercise", inputs={"sleep_s": 120})
-
         async with async_playwright() as pw:
+            # The browser before the tasks: it takes seconds to start on a busy machine, and the
+            # followed task must still be running when its page opens.
             browser = await pw.chromium.launch(executable_path=browser_path, headless=True)
             try:
                 page = await browser.new_page()
+                followed = await agent.submit("exercise", inputs={"sleep_s": 6, "progress_steps": 6, "log_lines": 5,
+                                                                  "artifact_bytes": 2048})
+                doomed = await agent.submit("exercise", inputs={"sleep_s": 120})
                 await page.goto(f"{root}/dashboard")
                 await expect(page.locator(f'tr[data-task="{followed}"]')).to_be_visible()
                 await expect(page.locator(f'tr[data-task="{doomed}"]')).to_be_visible()
