@@ -25,11 +25,11 @@ def of(db: Database, c: Any, child_id: str) -> ParentStates:
             for r in db.rows(c, q.PARENTS_OF, {"child_id": child_id})}
 
 
-def waiting_children(db: Database, c: Any, parent_id: str, after: str, limit: int) -> list[tuple[str, str]]:
-    """(task id, queue) of the parent's children still waiting with ids above `after`, by id, at
-    most `limit`."""
-    return [(r["task_id"], r["resource_class"])
-            for r in db.rows(c, q.WAITING_CHILDREN, {"parent_id": parent_id, "after": after, "lim": limit})]
+def waiting_children(db: Database, c: Any, parent_id: str, after: str, limit: int) -> list[str]:
+    """The ids of the parent's children still waiting with ids above `after`, in order, at most
+    `limit`."""
+    return [r["task_id"] for r in db.rows(c, q.WAITING_CHILDREN, {"parent_id": parent_id, "after": after,
+                                                                  "lim": limit})]
 
 
 def read(db: Database, child_id: str) -> ParentStates:

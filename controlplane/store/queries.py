@@ -193,7 +193,7 @@ INSERT_PARENT = insert(TP)
 PARENT_STATE = select(T.c.task_id, T.c.state).where(T.c.task_id == _bp("task_id"))
 # A parent's waiting children after a child id (ix_task_parents_parent), in id order: the order
 # their rows are locked; at most `lim`.
-WAITING_CHILDREN = (select(T.c.task_id, T.c.resource_class)
+WAITING_CHILDREN = (select(T.c.task_id)
                     .select_from(TP.join(T, T.c.task_id == TP.c.child_id))
                     .where(TP.c.parent_id == _bp("parent_id"), TP.c.child_id > _bp("after"),
                            T.c.state == S.WAITING.value)

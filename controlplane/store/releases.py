@@ -101,14 +101,14 @@ class Releases:
             children = parents.waiting_children(self.db, c, item.parent_id, item.after, room + 1)
             more, children = len(children) > room, children[:room]
             room -= len(children)
-            for child_id, _ in children:
+            for child_id in children:
                 ended = self._one(c, child_id, item, now, released)
                 settled += ended is not None
                 if ended is not None and ended.state != S.WAITING:
                     todo.append(Pending(child_id, "", item.cascade))
             if more:
-                todo.append(Pending(item.parent_id, children[-1][0], item.cascade))
-                continued[item.parent_id] = children[-1][0]
+                todo.append(Pending(item.parent_id, children[-1], item.cascade))
+                continued[item.parent_id] = children[-1]
             elif item.parent_id in recorded:
                 done.append({"parent_id": item.parent_id})
         if released:
